@@ -1,0 +1,40 @@
+# The developer and CI entry points. `make run` (the demo) and `make test` (the suite) are the README's commands.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CLUSTER_DIR ?= .local/cluster
+export PYTHONUNBUFFERED := 1
+
+.PHONY: venv binaries cluster-up cluster-down test lint run netbox format
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Python 3.11+ is needed (set PYTHON=...)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint]'
+	touch $@
+
+binaries:
+	hack/control-plane/build-binaries.sh
+
+cluster-up: venv
+	@$(BIN)/python -m tools.controlplane up --dir $(CLUSTER_DIR)
+
+cluster-down: venv
+	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
+
+test: venv binaries
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check ipam_provider backends
+	$(BIN)/mypy --strict ipam_provider backends
+
+format: venv
+	$(BIN)/ruff format ipam_provider backends
+	$(BIN)/ruff check --fix .
+
+run: cluster-up

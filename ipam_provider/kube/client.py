@@ -1,0 +1,225 @@
+"""A small typed facade over kubernetes-asyncio's ApiClient for JSON objects of any resource.
+
+Objects are plain JSON dicts as the API server sends them; callers parse them into pydantic models where they
+need types. Non-2xx answers raise `ApiError` carrying the Status reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import Resource
+
+Object = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+class KubeClient:
+    """Asynchronous access to the API server. One instance is shared by the whole process."""
+
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0) -> None:
+        self._api = api_client
+        self._timeout = request_timeout
+
+    @classmethod
+    async def from_kubeconfig(cls, path: str | None = None, *, max_connections: int = 64) -> KubeClient:
+        """Build a client from a kubeconfig file, or from the in-cluster service account when `path` is None
+        and no default kubeconfig exists."""
+        configuration = client.Configuration()
+        try:
+            await config.load_kube_config(config_file=path, client_configuration=configuration)
+        except config.ConfigException:
+            if path is not None:
+                raise
+            config.load_incluster_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = max_connections
+        return cls(client.ApiClient(configuration))
+
+    @property
+    def host(self) -> str:
+        return str(self._api.configuration.host)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> aiohttp.ClientResponse:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
+        response: aiohttp.ClientResponse = await self._api.call_api(
+            path,
+            method,
+            query_params=query_params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout if timeout is not None else self._timeout,
+        )
+        if not 200 <= response.status <= 299:
+            raw = await response.read()
+            response.release()
+            raise _api_error(response.status, raw)
+        return response
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Object:
+        response = await self._request(method, path, **kwargs)
+        try:
+            data: Object = await response.json(content_type=None)
+        finally:
+            response.release()
+        return data
+
+    async def get(self, resource: Resource, name: str, namespace: str | None = None) -> Object | None:
+        """The object, or None if it does not exist. Always read from the API server, never a cache."""
+        try:
+            return await self._json("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.not_found:
+                return None
+            raise
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Object], str]:
+        """Every object (following continue tokens) and the list's resourceVersion. A consistent read."""
+        items: list[Object] = []
+        token: str | None = None
+        while True:
+            page = await self._json(
+                "GET",
+                resource.path(namespace),
+                query={"labelSelector": label_selector, "limit": limit, "continue": token},
+            )
+            for item in page.get("items", []):
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
+            token = page.get("metadata", {}).get("continue") or None
+            if not token:
+                return items, str(page.get("metadata", {}).get("resourceVersion", ""))
+
+    async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
+        return await self._json("POST", resource.path(namespace), body=dict(body))
+
+    async def replace(self, resource: Resource, body: Mapping[str, Any], *, subresource: str | None = None) -> Object:
+        meta = body["metadata"]
+        return await self._json(
+            "PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=dict(body)
+        )
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
+        field_manager: str | None = None,
+        force: bool = False,
+    ) -> Object:
+        """Patch an object. A merge patch that carries metadata.resourceVersion fails with 409 when stale.
+        `force` takes over conflicting fields in a server-side apply."""
+        return await self._json(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            body=patch,
+            content_type=content_type,
+            query={"fieldManager": field_manager, "force": True if force else None},
+        )
+
+    async def delete(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> bool:
+        """Delete an object; False if it was already gone. `uid`/`resource_version` become preconditions."""
+        preconditions = {k: v for k, v in {"uid": uid, "resourceVersion": resource_version}.items() if v}
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if preconditions:
+            body["preconditions"] = preconditions  # type: ignore[assignment]
+        try:
+            await self._json("DELETE", resource.path(namespace, name), body=body)
+        except ApiError as error:
+            if error.not_found:
+                return False
+            raise
+        return True
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Object]]:
+        """Yield (type, object) events from `resource_version` on, bookmarks included, until the server ends
+        the watch. An expired resourceVersion raises ApiError with status 410."""
+        response = await self._request(
+            "GET",
+            resource.path(namespace),
+            query={
+                "watch": "true",
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "labelSelector": label_selector,
+                "timeoutSeconds": timeout_seconds,
+            },
+            timeout=timeout_seconds + 30,
+        )
+        try:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type", ""), event.get("object", {})
+                if kind == "ERROR":
+                    raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""), obj)
+                yield kind, obj
+        finally:
+            response.release()
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _api_error(status: int, raw: bytes) -> ApiError:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return ApiError(status, "", raw.decode("utf-8", "replace")[:500])
+    if not isinstance(body, dict):
+        return ApiError(status, "", str(body)[:500], body)
+    return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")), body)

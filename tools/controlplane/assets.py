@@ -1,0 +1,75 @@
+"""Where the control plane's binaries and the Cluster API CRDs come from.
+
+Binaries are built by `hack/control-plane/build-binaries.sh` (cached by version outside the work tree, or taken
+from KUBEBUILDER_ASSETS). The Cluster API CRDs are read from the pinned `sigs.k8s.io/cluster-api` Go module in
+the module cache; they are never copied into the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tools.controlplane.versions import REPO_ROOT, Versions
+
+BUILD_SCRIPT = REPO_ROOT / "hack" / "control-plane" / "build-binaries.sh"
+CAPI_CRD_FILES = (
+    "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+    "ipam.cluster.x-k8s.io_ipaddresses.yaml",
+    "cluster.x-k8s.io_clusters.yaml",
+    "cluster.x-k8s.io_machines.yaml",
+)
+OUR_CRD_DIR = REPO_ROOT / "crds"
+
+
+class AssetError(RuntimeError):
+    """A binary or CRD needed by the local control plane cannot be had; the message says what is missing."""
+
+
+def binaries_dir() -> Path:
+    """Build (or find) kube-apiserver, etcd and kubectl; return their directory."""
+    try:
+        result = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as error:
+        raise AssetError(
+            "could not build kube-apiserver/etcd/kubectl from their Go modules "
+            f"(needs Go 1.26+ and the Go module proxy, or KUBEBUILDER_ASSETS):\n{error.stderr[-4000:]}"
+        ) from error
+    directory = Path(result.stdout.strip().splitlines()[-1])
+    for name in ("kube-apiserver", "etcd"):
+        if not (directory / name).is_file():
+            raise AssetError(f"{name} is missing from {directory}")
+    return directory
+
+
+def capi_crd_paths(versions: Versions) -> list[Path]:
+    """The Cluster API CRD files of the pinned release, downloaded into the Go module cache if needed."""
+    go = shutil.which("go")
+    override = os.environ.get("CAPI_CRD_DIR")
+    if override:
+        base = Path(override)
+    elif go is None:
+        raise AssetError("Go is needed to fetch the Cluster API CRDs (or set CAPI_CRD_DIR to a directory of them)")
+    else:
+        try:
+            result = subprocess.run(
+                [go, "mod", "download", "-json", f"sigs.k8s.io/cluster-api@{versions.capi}"],
+                check=True, capture_output=True, text=True, cwd="/",
+            )
+        except subprocess.CalledProcessError as error:
+            raise AssetError(f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}") from error
+        module_dir = Path(json.loads(result.stdout)["Dir"])
+        candidates = [module_dir / "config" / "crd" / "bases", module_dir / "core" / "config" / "crd" / "bases"]
+        base = next((c for c in candidates if (c / CAPI_CRD_FILES[0]).is_file()), candidates[0])
+    paths = [base / name for name in CAPI_CRD_FILES]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise AssetError(f"Cluster API CRDs not found: {', '.join(missing)}")
+    return paths
+
+
+def our_crd_paths() -> list[Path]:
+    return sorted(OUR_CRD_DIR.glob("*.yaml"))

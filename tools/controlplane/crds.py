@@ -1,0 +1,49 @@
+"""Install CRDs (Cluster API's and ours) with server-side apply and wait until each is Established."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ipam_provider.kube.client import APPLY_PATCH, KubeClient
+from ipam_provider.kube.resources import CRDS
+
+FIELD_MANAGER = "ipam-provider-dev"
+
+
+def load_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    documents: list[dict[str, Any]] = []
+    for path in paths:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                documents.append(document)
+    return documents
+
+
+async def install_crds(kube: KubeClient, paths: Iterable[Path], timeout: float = 60.0) -> list[str]:
+    """Apply every CRD in `paths` and wait for `Established`; return their names."""
+    names = []
+    for crd in load_documents(paths):
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        name = crd["metadata"]["name"]
+        await kube.patch(
+            CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=True
+        )
+        names.append(name)
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = await kube.get(CRDS, name)
+            conditions = (crd or {}).get("status", {}).get("conditions", [])
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s: {conditions}")
+            await asyncio.sleep(0.1)
+    return names

@@ -1,0 +1,38 @@
+"""The pinned versions of external components, read from `hack/versions.env`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+    capi: str
+    netbox: str
+
+    def describe(self) -> str:
+        return (
+            f"kube-apiserver/kubectl {self.kubernetes}, etcd {self.etcd}, "
+            f"Cluster API CRDs {self.capi}, NetBox {self.netbox}"
+        )
+
+
+def load_versions(path: Path = VERSIONS_FILE) -> Versions:
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return Versions(
+        kubernetes=values["KUBERNETES_VERSION"],
+        etcd=values["ETCD_VERSION"],
+        capi=values["CAPI_VERSION"],
+        netbox=values["NETBOX_VERSION"],
+    )
