@@ -156,9 +156,7 @@ class Backend(Protocol):
         """The pool kinds this backend serves."""
         ...
 
-    async def allocate(
-        self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None
-    ) -> Allocation:
+    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
         """Return the address the pool holds for `claim.uid`, allocating one if it holds none.
 
         With `existing` (an IPAddress already names this claim), the claim must end up holding exactly that

@@ -39,7 +39,7 @@ class KubeClient:
         except config.ConfigException:
             if path is not None:
                 raise
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         configuration.connection_pool_maxsize = max_connections
         return cls(client.ApiClient(configuration))
 
@@ -125,9 +125,7 @@ class KubeClient:
 
     async def replace(self, resource: Resource, body: Mapping[str, Any], *, subresource: str | None = None) -> Object:
         meta = body["metadata"]
-        return await self._json(
-            "PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=dict(body)
-        )
+        return await self._json("PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=dict(body))
 
     async def patch(
         self,

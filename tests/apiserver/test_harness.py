@@ -17,7 +17,12 @@ def claim(name: str, pool_name: str | None = "pool") -> dict[str, Any]:
     pool_ref: dict[str, str] = {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"}
     if pool_name is not None:
         pool_ref["name"] = pool_name
-    return {"apiVersion": CLAIMS.api_version, "kind": "IPAddressClaim", "metadata": {"name": name}, "spec": {"poolRef": pool_ref}}
+    return {
+        "apiVersion": CLAIMS.api_version,
+        "kind": "IPAddressClaim",
+        "metadata": {"name": name},
+        "spec": {"poolRef": pool_ref},
+    }
 
 
 async def test_claim_without_pool_name_is_refused_by_the_real_schema(kube: KubeClient, namespace: str) -> None:
@@ -47,7 +52,10 @@ async def test_watch_sees_added_then_modified_through_the_status_subresource(kub
     assert [kind for kind, _ in events] == ["ADDED", "MODIFIED"]
     versions = [int(obj["metadata"]["resourceVersion"]) for _, obj in events]
     assert versions == sorted(versions) and versions[0] < versions[1]
-    assert versions == [int(created["metadata"]["resourceVersion"]), int(patched["metadata"]["resourceVersion"])]
+    assert versions == [
+        int(created["metadata"]["resourceVersion"]),
+        int(patched["metadata"]["resourceVersion"]),
+    ]
     assert events[1][1]["status"]["addressRef"] == {"name": "watched"}
     # The main resource ignores status: a status written through it is dropped.
     spec_write = await kube.patch(CLAIMS, "watched", {"status": {"addressRef": {"name": "other"}}}, namespace)
@@ -65,7 +73,12 @@ async def test_update_with_a_stale_resource_version_conflicts(kube: KubeClient, 
         await kube.patch(
             CLAIMS,
             "stale",
-            {"metadata": {"resourceVersion": created["metadata"]["resourceVersion"], "labels": {"step": "3"}}},
+            {
+                "metadata": {
+                    "resourceVersion": created["metadata"]["resourceVersion"],
+                    "labels": {"step": "3"},
+                }
+            },
             namespace,
         )
     assert merge_conflict.value.conflict

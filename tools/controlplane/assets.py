@@ -57,12 +57,20 @@ def capi_crd_paths(versions: Versions) -> list[Path]:
         try:
             result = subprocess.run(
                 [go, "mod", "download", "-json", f"sigs.k8s.io/cluster-api@{versions.capi}"],
-                check=True, capture_output=True, text=True, cwd="/",
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd="/",
             )
         except subprocess.CalledProcessError as error:
-            raise AssetError(f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}") from error
+            raise AssetError(
+                f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}"
+            ) from error
         module_dir = Path(json.loads(result.stdout)["Dir"])
-        candidates = [module_dir / "config" / "crd" / "bases", module_dir / "core" / "config" / "crd" / "bases"]
+        candidates = [
+            module_dir / "config" / "crd" / "bases",
+            module_dir / "core" / "config" / "crd" / "bases",
+        ]
         base = next((c for c in candidates if (c / CAPI_CRD_FILES[0]).is_file()), candidates[0])
     paths = [base / name for name in CAPI_CRD_FILES]
     missing = [str(p) for p in paths if not p.is_file()]

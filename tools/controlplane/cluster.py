@@ -106,14 +106,21 @@ class LocalControlPlane:
             "etcd",
             [
                 str(self.binaries / "etcd"),
-                "--data-dir", str(self.directory / "etcd-data"),
-                "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                "--data-dir",
+                str(self.directory / "etcd-data"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer_port}",
                 "--unsafe-no-fsync",
-                "--log-level", "warn",
+                "--log-level",
+                "warn",
             ],
             preexec,
         )
@@ -220,7 +227,10 @@ class LocalControlPlane:
             "clusters": [
                 {
                     "name": "local",
-                    "cluster": {"server": self.state.server, "certificate-authority": str(self.state.ca_path)},
+                    "cluster": {
+                        "server": self.state.server,
+                        "certificate-authority": str(self.state.ca_path),
+                    },
                 }
             ],
             "users": [{"name": name, "user": {"token": token}} for name, token in users.items()],

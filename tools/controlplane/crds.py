@@ -32,9 +32,7 @@ async def install_crds(kube: KubeClient, paths: Iterable[Path], timeout: float =
         if crd.get("kind") != "CustomResourceDefinition":
             continue
         name = crd["metadata"]["name"]
-        await kube.patch(
-            CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=True
-        )
+        await kube.patch(CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=True)
         names.append(name)
     deadline = time.monotonic() + timeout
     for name in names:

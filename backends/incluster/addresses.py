@@ -1,0 +1,219 @@
+"""Parsing and validation of an in-cluster pool's address entries, and its allocatable set.
+
+An entry of `addresses` or `excludedAddresses` is one of:
+
+- a single IP: `10.0.0.5`, `fd00::5`;
+- a range `A-B` of two IPs of the same family with A <= B: `10.0.0.10-10.0.0.20` (blanks around `-` allowed);
+- a CIDR with a decimal prefix length: `10.0.0.0/24`. A CIDR with host bits set (`10.0.0.5/24`) is accepted
+  and means its whole network (`10.0.0.0/24`), as the Go in-cluster provider does.
+
+Blanks around an entry are ignored. Netmask notation (`10.0.0.0/255.255.255.0`) and scoped IPv6 addresses
+(`fe80::1%eth0`) are refused. Entries become integer intervals at once; no entry is ever expanded address by
+address, so a /16 IPv4 or /48 IPv6 pool is as cheap as a /30.
+
+Validation messages start with the exact text of the Go in-cluster provider's webhook, optionally followed by
+`: <offending entry>`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backends.incluster.allocator import IntervalSet
+
+ADDRESSES_REQUIRED = "addresses is required"
+INVALID_ADDRESS = "provided address is not a valid IP, range, nor CIDR"
+MIXED_FAMILIES = "provided addresses are of mixed IP families"
+GATEWAY_MIXED_FAMILIES = "provided gateway and addresses are of mixed IP families"
+EXCLUDED_MIXED_FAMILIES = "addresses and excluded addresses are of mixed IP families"
+INVALID_PREFIX = "provided prefix is not valid"
+DIFFERENT_SUBNET = "provided address belongs to a different subnet than others"
+# Not among the Go provider's listed messages: our own wording for an unparsable gateway.
+INVALID_GATEWAY = "provided gateway is not a valid IP address"
+
+ADDRESS_BITS = {4: 32, 6: 128}
+
+
+class PoolSpecError(ValueError):
+    """A pool spec the in-cluster backend refuses.
+
+    `messages` holds every problem found, each starting with the Go provider's text; `str(error)` joins them
+    with `; `, so it starts with the first one.
+    """
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        if not messages:
+            raise ValueError("PoolSpecError needs at least one message")
+        self.messages: tuple[str, ...] = tuple(messages)
+        super().__init__("; ".join(self.messages))
+
+
+@dataclass(frozen=True)
+class AddressEntry:
+    """One parsed entry: the closed integer interval `[first, last]` of IP `family` (4 or 6)."""
+
+    text: str
+    family: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class AllocatableSet:
+    """The addresses a pool may hand out, and the pool's IP family and subnet (as integers)."""
+
+    addresses: IntervalSet
+    family: int
+    subnet_first: int
+    subnet_last: int
+
+
+def _parse_ip(text: str) -> tuple[int, int]:
+    """The (family, integer) of a plain IP address. Raises ValueError, also for a scoped IPv6 address."""
+    address = ipaddress.ip_address(text.strip())
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise ValueError("scoped IPv6 addresses are not supported")
+    return address.version, int(address)
+
+
+def parse_address_entry(text: str) -> AddressEntry:
+    """Parse one entry (IP, range or CIDR). Raises PoolSpecError(INVALID_ADDRESS) when it is none of these."""
+    if not isinstance(text, str):
+        raise PoolSpecError([f"{INVALID_ADDRESS}: {text!r}"])
+    entry = text.strip()
+    try:
+        if "/" in entry:
+            address_part, _, length_part = entry.partition("/")
+            if not (length_part.isascii() and length_part.isdigit()):
+                raise ValueError("prefix length must be a decimal number")
+            _parse_ip(address_part)  # refuses a scoped address, which ip_network would tolerate
+            network = ipaddress.ip_network(f"{address_part.strip()}/{int(length_part)}", strict=False)
+            return AddressEntry(entry, network.version, int(network.network_address), int(network[-1]))
+        if "-" in entry:
+            low_text, high_text = entry.split("-")  # more than one `-` raises ValueError
+            (low_family, first), (high_family, last) = _parse_ip(low_text), _parse_ip(high_text)
+            if low_family != high_family:
+                raise ValueError("range ends are of different IP families")
+            if first > last:
+                raise ValueError("range start is after its end")
+            return AddressEntry(entry, low_family, first, last)
+        family, value = _parse_ip(entry)
+        return AddressEntry(entry, family, value, value)
+    except ValueError:
+        raise PoolSpecError([f"{INVALID_ADDRESS}: {entry}"]) from None
+
+
+def _parse_entries(entries: Sequence[str], errors: list[str]) -> list[AddressEntry]:
+    parsed: list[AddressEntry] = []
+    for text in entries:
+        try:
+            parsed.append(parse_address_entry(text))
+        except PoolSpecError as error:
+            errors.extend(error.messages)
+    return parsed
+
+
+def _subnet_bounds(first_address: int, prefix: int, family: int) -> tuple[int, int]:
+    host_bits = ADDRESS_BITS[family] - prefix
+    subnet_first = (first_address >> host_bits) << host_bits
+    return subnet_first, subnet_first + (1 << host_bits) - 1
+
+
+def _check_spec(
+    addresses: Sequence[str],
+    prefix: int,
+    gateway: str | None,
+    excluded_addresses: Sequence[str],
+) -> tuple[list[AddressEntry], list[AddressEntry], int | None, int]:
+    """Validate a pool spec; return its parsed addresses, exclusions, gateway and family, or raise."""
+    if not addresses:
+        raise PoolSpecError([ADDRESSES_REQUIRED])
+    errors: list[str] = []
+    entries = _parse_entries(addresses, errors)
+    if errors:
+        raise PoolSpecError(errors)
+    exclusions = _parse_entries(excluded_addresses, errors)
+    if errors:
+        raise PoolSpecError(errors)
+
+    family = entries[0].family
+    mixed = [entry.text for entry in entries if entry.family != family]
+    if mixed:
+        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(mixed)}"])
+
+    gateway_value: int | None = None
+    if gateway is not None and gateway.strip():
+        try:
+            gateway_family, gateway_value = _parse_ip(gateway)
+        except ValueError:
+            errors.append(f"{INVALID_GATEWAY}: {gateway.strip()}")
+        else:
+            if gateway_family != family:
+                errors.append(f"{GATEWAY_MIXED_FAMILIES}: {gateway.strip()}")
+
+    mixed_exclusions = [entry.text for entry in exclusions if entry.family != family]
+    if mixed_exclusions:
+        errors.append(f"{EXCLUDED_MIXED_FAMILIES}: {', '.join(mixed_exclusions)}")
+
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= ADDRESS_BITS[family]:
+        errors.append(f"{INVALID_PREFIX}: {prefix!r}")
+    else:
+        subnet_first, subnet_last = _subnet_bounds(entries[0].first, prefix, family)
+        errors.extend(
+            f"{DIFFERENT_SUBNET}: {entry.text}"
+            for entry in entries
+            if entry.first < subnet_first or entry.last > subnet_last
+        )
+    if errors:
+        raise PoolSpecError(errors)
+    return entries, exclusions, gateway_value, family
+
+
+def validate_pool_spec(
+    addresses: Sequence[str],
+    prefix: int,
+    gateway: str | None = None,
+    excluded_addresses: Sequence[str] = (),
+) -> None:
+    """Raise PoolSpecError listing what is wrong with a pool spec; return None when it is valid.
+
+    Checks, in the Go provider's order (a failing stage stops before the next):
+    1. `addresses` is not empty;
+    2. every entry of `addresses`, then of `excluded_addresses`, parses;
+    3. all of `addresses` share one family;
+    4. the gateway (blank means none) parses and is of that family; every exclusion is of that family; the
+       prefix is within 0..32 (IPv4) or 0..128 (IPv6); every entry of `addresses` lies wholly inside the
+       subnet formed by the first address of the first entry and the prefix.
+    Exclusions and the gateway may lie outside the subnet.
+    """
+    _check_spec(addresses, prefix, gateway, excluded_addresses)
+
+
+def build_allocatable_set(
+    addresses: Sequence[str],
+    prefix: int,
+    gateway: str | None = None,
+    excluded_addresses: Sequence[str] = (),
+    allocate_reserved: bool = False,
+) -> AllocatableSet:
+    """Validate a pool spec (as `validate_pool_spec`) and compute the addresses the pool may hand out.
+
+    The set is the union of `addresses` minus `excluded_addresses`. Unless `allocate_reserved`, the first
+    address of the subnet (the first address of the first entry masked by `prefix`) is removed: the network
+    address for IPv4 and the subnet-router anycast address for IPv6; for IPv4 the subnet's last (broadcast)
+    address is removed too, even for a /31 or /32. The gateway is always removed. Cost is O(k log k) for k
+    entries, whatever the pool size.
+    """
+    entries, exclusions, gateway_value, family = _check_spec(addresses, prefix, gateway, excluded_addresses)
+    subnet_first, subnet_last = _subnet_bounds(entries[0].first, prefix, family)
+    removed = [(entry.first, entry.last) for entry in exclusions]
+    if not allocate_reserved:
+        removed.append((subnet_first, subnet_first))
+        if family == 4:
+            removed.append((subnet_last, subnet_last))
+    if gateway_value is not None:
+        removed.append((gateway_value, gateway_value))
+    allocatable = IntervalSet((entry.first, entry.last) for entry in entries).subtract(IntervalSet(removed))
+    return AllocatableSet(allocatable, family, subnet_first, subnet_last)

@@ -1,0 +1,359 @@
+"""Interval arithmetic and the lowest-free allocator of the in-cluster backend.
+
+Addresses are plain Python integers (IPv4 and IPv6 alike), so every structure here works on closed integer
+intervals `[start, end]` and never expands a range address by address. Costs follow the number of intervals
+(and, for the allocator, the number of runs of consecutive used addresses), not the number of addresses: a
+/48 IPv6 pool costs the same as a /24.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+INT64_MAX = 2**63 - 1
+
+Interval = tuple[int, int]
+
+
+def cap_int64(count: int) -> int:
+    """Clamp a non-negative count to the largest value a Kubernetes int64 status field can hold."""
+    return min(count, INT64_MAX)
+
+
+def int_to_address(value: int, family: int) -> str:
+    """The canonical text of the integer address `value` of IP `family` (4 or 6).
+
+    Raises ValueError when `value` is out of range for the family.
+    """
+    if family == 4:
+        return str(ipaddress.IPv4Address(value))
+    if family == 6:
+        return str(ipaddress.IPv6Address(value))
+    raise ValueError(f"unknown IP family {family!r}")
+
+
+def address_to_int(address: str, family: int | None = None) -> int:
+    """The integer of the textual IP `address`, which must be of `family` when one is given.
+
+    Raises ValueError for text that is not a plain IP address (a scoped IPv6 address such as `fe80::1%eth0`
+    is refused: an integer cannot carry its zone) or that is of another family.
+    """
+    parsed = ipaddress.ip_address(address.strip())
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.scope_id is not None:
+        raise ValueError(f"scoped IPv6 address not supported: {address!r}")
+    if family is not None and parsed.version != family:
+        raise ValueError(f"{address!r} is not an IPv{family} address")
+    return int(parsed)
+
+
+class IntervalSet:
+    """An immutable set of integers, held as sorted, disjoint, non-adjacent closed intervals.
+
+    Construction merges overlapping and adjacent intervals, so two sets holding the same integers are
+    always equal and hash alike. Every operation returns a new set. Membership is O(log n) in the number of
+    intervals; `union`, `subtract`, `intersection` and `count_within` are linear merges, O(n + m).
+    """
+
+    __slots__ = ("_ends", "_size", "_starts")
+
+    _starts: tuple[int, ...]
+    _ends: tuple[int, ...]
+    _size: int
+
+    def __init__(self, intervals: Iterable[Interval] = ()) -> None:
+        """Build the set covering every `[start, end]` of `intervals` (any order, overlaps allowed).
+
+        Raises ValueError for an interval whose start is greater than its end.
+        """
+        ordered = sorted(intervals)
+        for start, end in ordered:
+            if start > end:
+                raise ValueError(f"interval start {start} is greater than its end {end}")
+        self._set_normalized(_merge_sorted(ordered))
+
+    @classmethod
+    def from_points(cls, points: Iterable[int]) -> IntervalSet:
+        """The set of the given integers."""
+        return cls((point, point) for point in points)
+
+    @classmethod
+    def _from_normalized(cls, intervals: list[Interval]) -> IntervalSet:
+        instance = cls.__new__(cls)
+        instance._set_normalized(intervals)
+        return instance
+
+    def _set_normalized(self, intervals: list[Interval]) -> None:
+        self._starts = tuple(start for start, _ in intervals)
+        self._ends = tuple(end for _, end in intervals)
+        self._size = sum(end - start + 1 for start, end in intervals)
+
+    @property
+    def size(self) -> int:
+        """How many integers the set holds (unbounded: an IPv6 /0 holds 2**128)."""
+        return self._size
+
+    @property
+    def interval_count(self) -> int:
+        """How many disjoint, non-adjacent intervals make up the set."""
+        return len(self._starts)
+
+    def interval_at(self, index: int) -> Interval:
+        """The `index`-th interval, in ascending order."""
+        return self._starts[index], self._ends[index]
+
+    def index_of(self, value: int) -> int | None:
+        """The index of the interval holding `value`, or None when `value` is not in the set."""
+        index = bisect_right(self._starts, value) - 1
+        if index >= 0 and value <= self._ends[index]:
+            return index
+        return None
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and self.index_of(value) is not None
+
+    def __iter__(self) -> Iterator[Interval]:
+        """The intervals, in ascending order."""
+        return zip(self._starts, self._ends, strict=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)
+
+    def first(self) -> int | None:
+        """The smallest integer of the set, or None when it is empty."""
+        return self._starts[0] if self._starts else None
+
+    def last(self) -> int | None:
+        """The largest integer of the set, or None when it is empty."""
+        return self._ends[-1] if self._ends else None
+
+    def union(self, other: IntervalSet) -> IntervalSet:
+        """The integers in either set."""
+        return IntervalSet._from_normalized(_merge_sorted(sorted([*self, *other])))
+
+    def subtract(self, other: IntervalSet) -> IntervalSet:
+        """The integers of this set that are not in `other`."""
+        result: list[Interval] = []
+        removals = list(other)
+        cursor = 0
+        for start, end in self:
+            while cursor < len(removals) and removals[cursor][1] < start:
+                cursor += 1
+            position = start
+            scan = cursor
+            while scan < len(removals) and removals[scan][0] <= end:
+                removal_start, removal_end = removals[scan]
+                if removal_start > position:
+                    result.append((position, removal_start - 1))
+                position = max(position, removal_end + 1)
+                if removal_end > end:
+                    break
+                scan += 1
+            if position <= end:
+                result.append((position, end))
+            cursor = scan
+        return IntervalSet._from_normalized(result)
+
+    def intersection(self, other: IntervalSet) -> IntervalSet:
+        """The integers in both sets."""
+        return IntervalSet._from_normalized(list(_overlaps(self, other)))
+
+    def count_within(self, other: IntervalSet) -> int:
+        """How many integers of this set are also in `other`, without building the intersection."""
+        return sum(end - start + 1 for start, end in _overlaps(self, other))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IntervalSet):
+            return NotImplemented
+        return self._starts == other._starts and self._ends == other._ends
+
+    def __hash__(self) -> int:
+        return hash((self._starts, self._ends))
+
+    def __repr__(self) -> str:
+        return f"IntervalSet({list(self)!r})"
+
+
+def _merge_sorted(intervals: Iterable[Interval]) -> list[Interval]:
+    """Merge valid intervals sorted by start into disjoint, non-adjacent ones."""
+    merged: list[Interval] = []
+    for start, end in intervals:
+        if merged and start <= merged[-1][1] + 1:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlaps(left: IntervalSet, right: IntervalSet) -> Iterator[Interval]:
+    """The non-empty pairwise overlaps of two normalized sets, in ascending order."""
+    left_intervals, right_intervals = list(left), list(right)
+    i = j = 0
+    while i < len(left_intervals) and j < len(right_intervals):
+        left_start, left_end = left_intervals[i]
+        right_start, right_end = right_intervals[j]
+        start, end = max(left_start, right_start), min(left_end, right_end)
+        if start <= end:
+            yield start, end
+        if left_end < right_end:
+            i += 1
+        else:
+            j += 1
+
+
+class PoolAllocator:
+    """The used addresses of one pool, and lowest-free allocation from its allocatable set. Mutable.
+
+    Used addresses are kept as merged runs of consecutive integers (a sorted map run start -> run end), so
+    memory and every operation follow the number of runs, never the pool size. Used addresses outside the
+    allocatable set are tracked too: a pool can shrink, and those count as out of range.
+
+    Cost: `mark_used`, `mark_free` and `is_used` are O(log r) for r runs; `lowest_free` is O(log r) per
+    allocatable interval it inspects, and it skips intervals already known to be full, so sequential
+    allocation is O(log r) amortized even in a pool fragmented by many exclusions.
+    """
+
+    def __init__(self, allocatable: IntervalSet, used: Iterable[int] = ()) -> None:
+        """Start with `used` (any order, duplicates allowed, inside or outside `allocatable`) marked used."""
+        self._allocatable = allocatable
+        used_set = IntervalSet.from_points(used)
+        self._runs: Any = SortedDict(dict(used_set))
+        self._used_count = used_set.size
+        self._used_in_range_count = allocatable.count_within(used_set)
+        # Every allocatable interval before this index is entirely used.
+        self._first_unfilled_interval = 0
+
+    @property
+    def allocatable(self) -> IntervalSet:
+        """The addresses this pool may hand out."""
+        return self._allocatable
+
+    @property
+    def total(self) -> int:
+        """The size of the allocatable set."""
+        return self._allocatable.size
+
+    @property
+    def used_count(self) -> int:
+        """How many addresses are used, inside or outside the allocatable set."""
+        return self._used_count
+
+    @property
+    def used_in_range_count(self) -> int:
+        """How many used addresses lie in the allocatable set."""
+        return self._used_in_range_count
+
+    @property
+    def out_of_range_count(self) -> int:
+        """How many used addresses lie outside the allocatable set."""
+        return self._used_count - self._used_in_range_count
+
+    @property
+    def free_count(self) -> int:
+        """How many allocatable addresses are not used: `total - used_in_range_count`."""
+        return self.total - self._used_in_range_count
+
+    @property
+    def used_run_count(self) -> int:
+        """How many runs of consecutive used addresses are stored (the allocator's memory footprint)."""
+        return len(self._runs)
+
+    def used_runs(self) -> Iterator[Interval]:
+        """The runs of consecutive used addresses, as closed intervals in ascending order."""
+        return iter(list(self._runs.items()))
+
+    def used_outside(self) -> IntervalSet:
+        """The used addresses that lie outside the allocatable set."""
+        return IntervalSet._from_normalized(list(self._runs.items())).subtract(self._allocatable)
+
+    def _run_index_at_or_before(self, address: int) -> int:
+        """The index of the last run starting at or before `address`, or -1."""
+        return int(self._runs.bisect_right(address)) - 1
+
+    def _run_holding(self, address: int) -> Interval | None:
+        index = self._run_index_at_or_before(address)
+        if index < 0:
+            return None
+        start, end = self._runs.peekitem(index)
+        return (start, end) if address <= end else None
+
+    def is_used(self, address: int) -> bool:
+        """Whether `address` is marked used."""
+        return self._run_holding(address) is not None
+
+    def is_allocatable(self, address: int) -> bool:
+        """Whether `address` belongs to the allocatable set (used or not)."""
+        return address in self._allocatable
+
+    def mark_used(self, address: int) -> bool:
+        """Mark `address` used. Returns False (and changes nothing) when it already was."""
+        index = self._run_index_at_or_before(address)
+        before: Interval | None = None
+        if index >= 0:
+            before = self._runs.peekitem(index)
+            if address <= before[1]:
+                return False
+        after_start = address + 1
+        after_end: int | None = self._runs.get(after_start)
+        if after_end is not None:
+            del self._runs[after_start]
+        new_end = after_end if after_end is not None else address
+        if before is not None and before[1] == address - 1:
+            self._runs[before[0]] = new_end
+        else:
+            self._runs[address] = new_end
+        self._used_count += 1
+        if address in self._allocatable:
+            self._used_in_range_count += 1
+        return True
+
+    def mark_free(self, address: int) -> bool:
+        """Mark `address` free. Returns False (and changes nothing) when it was not used."""
+        run = self._run_holding(address)
+        if run is None:
+            return False
+        start, end = run
+        if start == address:
+            del self._runs[start]
+        else:
+            self._runs[start] = address - 1
+        if address < end:
+            self._runs[address + 1] = end
+        self._used_count -= 1
+        interval_index = self._allocatable.index_of(address)
+        if interval_index is not None:
+            self._used_in_range_count -= 1
+            self._first_unfilled_interval = min(self._first_unfilled_interval, interval_index)
+        return True
+
+    def lowest_free(self) -> int | None:
+        """The lowest allocatable address that is not used, or None when the pool is full."""
+        allocatable = self._allocatable
+        for index in range(self._first_unfilled_interval, allocatable.interval_count):
+            start, end = allocatable.interval_at(index)
+            run = self._run_holding(start)
+            candidate = start if run is None else run[1] + 1
+            # Runs are merged, so the address right after a run is never used.
+            if candidate <= end:
+                self._first_unfilled_interval = index
+                return candidate
+        self._first_unfilled_interval = allocatable.interval_count
+        return None
+
+    def allocate(self) -> int | None:
+        """Mark the lowest free address used and return it, or return None when the pool is full."""
+        address = self.lowest_free()
+        if address is not None:
+            self.mark_used(address)
+        return address
+
+    def __repr__(self) -> str:
+        return (
+            f"PoolAllocator(total={self.total}, used={self._used_count}, "
+            f"out_of_range={self.out_of_range_count}, runs={len(self._runs)})"
+        )

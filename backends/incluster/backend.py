@@ -1,0 +1,240 @@
+"""The in-cluster backend: pools defined by InClusterIPPool / GlobalInClusterIPPool (v1alpha2).
+
+Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
+name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
+allocations, not the pool's size (see `allocator`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+from pydantic import Field, ValidationError
+
+from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
+from backends.incluster.allocator import address_to_int, cap_int64, int_to_address
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.reservations import ReservationClient
+from backends.protocol import (
+    JSON,
+    Allocation,
+    AllocationFailedError,
+    BackendContext,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolKind,
+    PoolNotReadyError,
+    PoolRef,
+    PoolReport,
+)
+from ipam_provider.api.meta import Model, now_rfc3339
+from ipam_provider.kube.resources import IPAM_GROUP
+
+log = structlog.get_logger(__name__)
+
+IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "inclusterippools", namespaced=True)
+GLOBAL_IN_CLUSTER_POOL = PoolKind(
+    IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
+)
+RESYNC_SECONDS = 600.0
+
+
+class InClusterPoolSpec(Model):
+    addresses: list[str] = Field(default_factory=list)
+    prefix: int = 0
+    gateway: str | None = None
+    excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
+    allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
+    reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+
+
+def pool_ref_of(pool: JSON) -> PoolRef:
+    group = str(pool.get("apiVersion", "")).split("/")[0]
+    meta = pool["metadata"]
+    return PoolRef(group, str(pool.get("kind", "")), meta.get("namespace"), meta["name"])
+
+
+def parse_pool(pool: JSON) -> tuple[InClusterPoolSpec, AllocatableSet]:
+    """The pool's spec and allocatable set; PoolSpecError or ValidationError when invalid."""
+    spec = InClusterPoolSpec.model_validate(pool.get("spec") or {})
+    allocatable = build_allocatable_set(
+        spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved
+    )
+    return spec, allocatable
+
+
+class InClusterBackend:
+    """Serves InClusterIPPool and GlobalInClusterIPPool."""
+
+    def __init__(self, context: BackendContext) -> None:
+        self.reservations = ReservationClient(context.kube)
+        self._indexes: dict[PoolRef, PoolIndex] = {}
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL)
+
+    def _parse(self, pool: JSON) -> tuple[PoolRef, InClusterPoolSpec, AllocatableSet]:
+        ref = pool_ref_of(pool)
+        try:
+            spec, allocatable = parse_pool(pool)
+        except (PoolSpecError, ValidationError, ValueError) as error:
+            raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
+        return ref, spec, allocatable
+
+    async def _index(self, ref: PoolRef, spec: InClusterPoolSpec, allocatable: AllocatableSet) -> PoolIndex:
+        key = (allocatable.addresses, allocatable.family)
+        index = self._indexes.get(ref)
+        if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
+            index = await self._rebuild(ref, allocatable, key)
+        elif index.spec_key != key:
+            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+        if spec.reuse_grace_seconds is not None:
+            await self._reclaim_expired(index, spec.reuse_grace_seconds)
+        return index
+
+    async def _rebuild(self, ref: PoolRef, allocatable: AllocatableSet, key: object) -> PoolIndex:
+        reservations = await self.reservations.list_pool(ref)
+        index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key)
+        self._indexes[ref] = index
+        return index
+
+    async def _reclaim_expired(self, index: PoolIndex, grace_seconds: int) -> None:
+        for reservation in index.expired_releases(grace_seconds):
+            await self.reservations.delete(reservation)
+            index.drop(reservation)
+
+    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
+        ref, spec, allocatable = self._parse(pool)
+        index = await self._index(ref, spec, allocatable)
+        if existing is not None:
+            return await self._hold_existing(ref, index, claim, existing)
+        held = index.by_claim.get(claim.uid)
+        if held is not None:
+            return Allocation(held.address, held.prefix, held.gateway)
+        rebuilt = False
+        while True:
+            candidate = index.allocator.lowest_free()
+            if candidate is None:
+                if not rebuilt:  # another process may have released addresses since the index was built
+                    index = await self._rebuild(ref, allocatable, index.spec_key)
+                    rebuilt = True
+                    held = index.by_claim.get(claim.uid)
+                    if held is not None:
+                        return Allocation(held.address, held.prefix, held.gateway)
+                    continue
+                total = cap_int64(index.allocator.total)
+                raise PoolExhaustedError(
+                    f"{ref} has no free address: all {total} are in use; add addresses to the pool or delete claims"
+                )
+            address = int_to_address(candidate, allocatable.family)
+            reservation = await self.reservations.create(
+                ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
+            )
+            if reservation is None:  # reserved by someone this index did not know about
+                reservation = await self.reservations.get(ref, address)
+                if reservation is None:
+                    continue  # released in between: try the same address again
+                index.hold(reservation)
+                if reservation.claim_uid != claim.uid:
+                    log.info("address already reserved elsewhere", pool=str(ref), address=address)
+                    continue
+            index.hold(reservation)
+            return Allocation(reservation.address, reservation.prefix, reservation.gateway)
+
+    async def _hold_existing(
+        self, ref: PoolRef, index: PoolIndex, claim: ClaimContext, existing: Allocation
+    ) -> Allocation:
+        """Make the claim hold exactly the address its IPAddress names (adoption, or a lost race)."""
+        try:
+            value = address_to_int(existing.address, index.family)
+        except ValueError as error:
+            raise AllocationFailedError(
+                f"IPAddress {claim} names {existing.address!r}, which is not an address of {ref}'s family"
+            ) from error
+        holder = index.by_address.get(value)
+        if holder is None or holder.claim_uid != claim.uid:
+            reservation = await self.reservations.create(
+                ref,
+                existing.address,
+                existing.prefix,
+                existing.gateway,
+                claim.namespace,
+                claim.name,
+                claim.uid,
+            )
+            if reservation is None:
+                reservation = await self.reservations.get(ref, existing.address)
+            if reservation is None or reservation.claim_uid != claim.uid:
+                if reservation is not None:
+                    index.hold(reservation)
+                owner = reservation.claim if reservation is not None else "another claim"
+                raise AllocationFailedError(
+                    f"address {existing.address} of IPAddress {claim} is already held by {owner} in {ref}; "
+                    "delete one of the two IPAddresses"
+                )
+            index.hold(reservation)
+        for other in await self.reservations.list_claim(ref, claim.uid):
+            if other.address != existing.address:  # a reservation lost to a concurrent allocation
+                await self.reservations.delete(other)
+                index.drop(other)
+        return existing
+
+    async def release(
+        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        grace = None
+        if pool is not None:
+            try:
+                grace = InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds
+            except ValidationError:
+                grace = None
+        index = self._indexes.get(pool_ref)
+        for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
+            if grace:
+                released = await self.reservations.mark_released(reservation, now_rfc3339())
+                if index is not None:
+                    index.drop(reservation)
+                    index.hold(released)
+            else:
+                await self.reservations.delete(reservation)
+                if index is not None:
+                    index.drop(reservation)
+
+    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+        try:
+            _, _, allocatable = self._parse(pool)
+        except PoolNotReadyError as error:
+            counts = {"total": 0, "free": 0, "used": len(addresses), "outOfRange": len(addresses)}
+            return PoolReport(False, "InvalidConfiguration", error.message, {"ipAddresses": counts})
+        out_of_range = 0
+        for allocation in addresses:
+            try:
+                inside = address_to_int(allocation.address, allocatable.family) in allocatable.addresses
+            except ValueError:
+                inside = False
+            out_of_range += 0 if inside else 1
+        total = allocatable.addresses.size
+        used_inside = len(addresses) - out_of_range
+        counts = {
+            "total": cap_int64(total),
+            "used": len(addresses),
+            "free": cap_int64(max(total - used_inside, 0)),
+            "outOfRange": out_of_range,
+        }
+        message = f"{counts['free']} of {counts['total']} addresses free"
+        if out_of_range:
+            message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
+        return PoolReport(True, "PoolReady", message, {"ipAddresses": counts})
+
+    async def close(self) -> None:
+        self._indexes.clear()
+
+
+def _first_line(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        return f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return str(error).splitlines()[0]

@@ -1,0 +1,76 @@
+"""The in-memory view of one pool's reservations: an allocator plus who holds what.
+
+It is a *hint* that makes allocation cheap; correctness never depends on it. It is built from a fresh
+(consistent) list of the pool's reservations the first time the pool is used by this process, rebuilt when the
+pool looks exhausted or is older than the resync period, and updated by this process's own reservations. A
+reservation made by another process is discovered when creating it fails with AlreadyExists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+
+from backends.incluster.allocator import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster.reservations import Reservation
+
+
+@dataclass
+class PoolIndex:
+    allocator: PoolAllocator
+    family: int
+    by_claim: dict[str, Reservation] = field(default_factory=dict)
+    by_address: dict[int, Reservation] = field(default_factory=dict)
+    built_at: float = field(default_factory=time.monotonic)
+    spec_key: object = None
+
+    @classmethod
+    def build(
+        cls, allocatable: IntervalSet, family: int, reservations: list[Reservation], spec_key: object
+    ) -> PoolIndex:
+        index = cls(PoolAllocator(allocatable), family, spec_key=spec_key)
+        for reservation in reservations:
+            index.hold(reservation)
+        return index
+
+    def with_allocatable(self, allocatable: IntervalSet, spec_key: object) -> PoolIndex:
+        """The same holdings over a new allocatable set (the pool's spec changed)."""
+        return PoolIndex.build(allocatable, self.family, list(self.by_address.values()), spec_key)
+
+    def hold(self, reservation: Reservation) -> None:
+        try:
+            value = address_to_int(reservation.address, self.family)
+        except ValueError:
+            return  # another family: cannot collide with this pool's addresses
+        self.by_address[value] = reservation
+        if reservation.claim_uid:
+            self.by_claim[reservation.claim_uid] = reservation
+        self.allocator.mark_used(value)
+
+    def drop(self, reservation: Reservation) -> None:
+        try:
+            value = address_to_int(reservation.address, self.family)
+        except ValueError:
+            return
+        if self.by_address.get(value, reservation).name == reservation.name:
+            self.by_address.pop(value, None)
+            self.allocator.mark_free(value)
+        if self.by_claim.get(reservation.claim_uid) == reservation:
+            del self.by_claim[reservation.claim_uid]
+
+    def expired_releases(self, grace_seconds: int) -> list[Reservation]:
+        """Released reservations whose reuse grace period is over."""
+        now = datetime.datetime.now(datetime.UTC)
+        expired = []
+        for reservation in self.by_address.values():
+            if reservation.released_at is None:
+                continue
+            try:
+                released = datetime.datetime.fromisoformat(reservation.released_at.replace("Z", "+00:00"))
+            except ValueError:
+                expired.append(reservation)
+                continue
+            if (now - released).total_seconds() >= grace_seconds:
+                expired.append(reservation)
+        return expired

@@ -1,0 +1,145 @@
+"""Reservations: the record that an address of an in-cluster pool is held by one claim.
+
+A reservation is a cluster-scoped `InClusterIPReservation` whose *name* encodes (pool, address). The API
+server refuses to create a second object of the same name, so two controller processes, or one with a stale
+cache, can never both hold an address: etcd's create-uniqueness decides, as for Service ClusterIPs (KEP-1880).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+
+from backends.protocol import PoolRef
+from ipam_provider.kube.client import KubeClient, Object
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import IPAM_GROUP, Resource
+
+RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
+LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"
+LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
+
+
+def pool_hash(ref: PoolRef) -> str:
+    identity = f"{ref.group}/{ref.kind}/{ref.namespace or ''}/{ref.name}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def reservation_name(ref: PoolRef, address: str) -> str:
+    ip = ipaddress.ip_address(address)
+    encoded = str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
+    return f"{pool_hash(ref)}.{encoded}"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    address: str
+    prefix: int
+    gateway: str | None
+    claim_uid: str
+    claim: str
+    released_at: str | None
+    resource_version: str
+    uid: str
+
+    @classmethod
+    def parse(cls, obj: Object) -> Reservation:
+        spec, meta = obj.get("spec", {}), obj["metadata"]
+        claim = spec.get("claim", {})
+        return cls(
+            name=meta["name"],
+            address=spec["address"],
+            prefix=int(spec.get("prefix", 0)),
+            gateway=spec.get("gateway"),
+            claim_uid=claim.get("uid", ""),
+            claim=f"{claim.get('namespace', '')}/{claim.get('name', '')}",
+            released_at=spec.get("releasedAt"),
+            resource_version=meta.get("resourceVersion", ""),
+            uid=meta.get("uid", ""),
+        )
+
+
+class ReservationClient:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    async def create(
+        self,
+        ref: PoolRef,
+        address: str,
+        prefix: int,
+        gateway: str | None,
+        claim_ns: str,
+        claim_name: str,
+        claim_uid: str,
+    ) -> Reservation | None:
+        """Create the reservation; None when the address is already reserved (by anyone)."""
+        spec: Object = {
+            "pool": {"apiGroup": ref.group, "kind": ref.kind, "name": ref.name},
+            "address": address,
+            "prefix": prefix,
+            "claim": {"namespace": claim_ns, "name": claim_name, "uid": claim_uid},
+        }
+        if ref.namespace:
+            spec["pool"]["namespace"] = ref.namespace
+        if gateway:
+            spec["gateway"] = gateway
+        body = {
+            "apiVersion": RESERVATIONS.api_version,
+            "kind": RESERVATIONS.kind,
+            "metadata": {
+                "name": reservation_name(ref, address),
+                "labels": {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim_uid},
+            },
+            "spec": spec,
+        }
+        try:
+            return Reservation.parse(await self.kube.create(RESERVATIONS, body))
+        except ApiError as error:
+            if error.already_exists:
+                return None
+            raise
+
+    async def get(self, ref: PoolRef, address: str) -> Reservation | None:
+        obj = await self.kube.get(RESERVATIONS, reservation_name(ref, address))
+        return Reservation.parse(obj) if obj is not None else None
+
+    async def list_pool(self, ref: PoolRef) -> list[Reservation]:
+        items, _ = await self.kube.list(RESERVATIONS, label_selector=f"{LABEL_POOL}={pool_hash(ref)}")
+        return [Reservation.parse(item) for item in items]
+
+    async def list_claim(self, ref: PoolRef, claim_uid: str) -> list[Reservation]:
+        selector = f"{LABEL_POOL}={pool_hash(ref)},{LABEL_CLAIM_UID}={claim_uid}"
+        items, _ = await self.kube.list(RESERVATIONS, label_selector=selector)
+        return [Reservation.parse(item) for item in items]
+
+    async def delete(self, reservation: Reservation) -> None:
+        """Delete exactly this reservation (uid and resourceVersion preconditions); gone already is fine."""
+        try:
+            await self.kube.delete(
+                RESERVATIONS,
+                reservation.name,
+                uid=reservation.uid,
+                resource_version=reservation.resource_version,
+            )
+        except ApiError as error:
+            if not error.conflict:
+                raise
+            # It changed since we read it (or was re-created for someone else): leave it alone.
+
+    async def mark_released(self, reservation: Reservation, at: str) -> Reservation:
+        """Keep the address held, without an owner, until the pool's reuse grace period has passed."""
+        updated = await self.kube.patch(
+            RESERVATIONS,
+            reservation.name,
+            {
+                "metadata": {
+                    "resourceVersion": reservation.resource_version,
+                    "labels": {LABEL_CLAIM_UID: None},
+                },
+                "spec": {"releasedAt": at, "claim": {"uid": ""}},
+            },
+        )
+        return Reservation.parse(updated)

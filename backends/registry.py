@@ -1,0 +1,80 @@
+"""Backends register per (apiGroup, kind) through the entry-point group `ipam_provider.backends`.
+
+An entry point names a factory `create_backend(context: BackendContext) -> Backend`. The built-in backends are
+registered by this project's own pyproject; a separately installed package adds a pool kind by declaring an
+entry point in the same group. The reconciler looks backends up here and knows none by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from importlib.metadata import entry_points
+
+import structlog
+
+from backends.protocol import Backend, BackendContext, PoolKind
+
+ENTRY_POINT_GROUP = "ipam_provider.backends"
+BackendFactory = Callable[[BackendContext], Backend]
+log = structlog.get_logger(__name__)
+
+
+class RegistryError(RuntimeError):
+    """Two backends claim the same pool kind, or a factory did not return a Backend."""
+
+
+class BackendRegistry:
+    """The backends of this process, by pool (apiGroup, kind)."""
+
+    def __init__(self, backends: Iterable[Backend] = ()) -> None:
+        self._by_kind: dict[tuple[str, str], tuple[Backend, PoolKind]] = {}
+        self._backends: list[Backend] = []
+        for backend in backends:
+            self.register(backend)
+
+    def register(self, backend: Backend) -> None:
+        if not isinstance(backend, Backend):
+            raise RegistryError(f"{backend!r} does not implement the Backend protocol")
+        for kind in backend.kinds:
+            key = (kind.group, kind.kind)
+            if key in self._by_kind:
+                raise RegistryError(f"pool kind {kind.kind}.{kind.group} is served by two backends")
+            self._by_kind[key] = (backend, kind)
+        self._backends.append(backend)
+
+    def lookup(self, group: str, kind: str) -> tuple[Backend, PoolKind] | None:
+        return self._by_kind.get((group, kind))
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return [kind for _, kind in self._by_kind.values()]
+
+    @property
+    def backends(self) -> Sequence[Backend]:
+        return list(self._backends)
+
+    async def close(self) -> None:
+        for backend in self._backends:
+            await backend.close()
+
+
+def discover_factories(enabled: Iterable[str] | None = None) -> dict[str, BackendFactory]:
+    """The backend factories installed in this environment, by entry-point name (optionally only `enabled`)."""
+    wanted = set(enabled) if enabled is not None else None
+    factories: dict[str, BackendFactory] = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if wanted is not None and entry.name not in wanted:
+            continue
+        factories[entry.name] = entry.load()
+    if wanted is not None and wanted - set(factories):
+        raise RegistryError(f"unknown backends: {', '.join(sorted(wanted - set(factories)))}")
+    return factories
+
+
+def load_registry(context: BackendContext, enabled: Iterable[str] | None = None) -> BackendRegistry:
+    registry = BackendRegistry()
+    for name, factory in sorted(discover_factories(enabled).items()):
+        backend = factory(context)
+        registry.register(backend)
+        log.info("backend loaded", backend=name, kinds=",".join(k.kind for k in backend.kinds))
+    return registry

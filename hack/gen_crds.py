@@ -1,0 +1,336 @@
+"""Generate the in-cluster CRDs under crds/ (run `make generate`; the output is committed).
+
+InClusterIPPool and GlobalInClusterIPPool share one schema, wire-compatible with the Go in-cluster provider's
+v1alpha2 API: same group, version, kinds, fields, printer columns and category. Validation that the Go provider
+does in a webhook is done here with OpenAPI and CEL, with the same messages.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GROUP = "ipam.cluster.x-k8s.io"
+OUT = Path(__file__).resolve().parents[1] / "crds"
+ENTRY = (
+    "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
+    "or a CIDR (10.0.0.0/24)."
+)
+ENTRY_RULE = (
+    "isIP(self.trim()) || isCIDR(self.trim()) || (self.split('-').size() == 2 && "
+    "isIP(self.split('-')[0].trim()) && isIP(self.split('-')[1].trim()))"
+)
+ENTRY_ITEMS = {
+    "type": "string",
+    "maxLength": 100,
+    "x-kubernetes-validations": [
+        {"rule": ENTRY_RULE, "message": "provided address is not a valid IP, range, nor CIDR"}
+    ],
+}
+
+
+def condition_schema() -> dict[str, Any]:
+    return {
+        "description": "conditions of the pool; Ready tells whether claims can be served.",
+        "type": "array",
+        "maxItems": 32,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "reason", "lastTransitionTime"],
+            "properties": {
+                "type": {"type": "string", "maxLength": 316, "description": "type of the condition."},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "status."},
+                "reason": {"type": "string", "maxLength": 1024, "description": "reason, in CamelCase."},
+                "message": {"type": "string", "maxLength": 32768, "description": "message for people."},
+                "lastTransitionTime": {"type": "string", "format": "date-time", "description": "last flip."},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            },
+        },
+    }
+
+
+def pool_schema(scope_note: str) -> dict[str, Any]:
+    family_v6 = "self.addresses[0].contains(':')"
+    spec = {
+        "description": f"spec is the desired state of the pool. {scope_note}",
+        "type": "object",
+        "required": ["addresses", "prefix"],
+        "properties": {
+            "addresses": {
+                "description": f"addresses is the list of addresses the pool hands out. {ENTRY}",
+                "type": "array",
+                "maxItems": 1024,
+                "items": ENTRY_ITEMS,
+            },
+            "prefix": {
+                "description": "prefix is the network prefix length of the handed-out addresses.",
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 128,
+            },
+            "gateway": {
+                "description": "gateway is the gateway of the network; it is never handed out.",
+                "type": "string",
+                "maxLength": 39,
+                "x-kubernetes-validations": [
+                    {"rule": "isIP(self)", "message": "provided gateway is not a valid IP address"}
+                ],
+            },
+            "allocateReservedIPAddresses": {
+                "description": (
+                    "allocateReservedIPAddresses lets the pool hand out the first address of the subnet "
+                    "and, for IPv4, its broadcast address."
+                ),
+                "type": "boolean",
+            },
+            "excludedAddresses": {
+                "description": f"excludedAddresses are never handed out. {ENTRY}",
+                "type": "array",
+                "maxItems": 1024,
+                "items": ENTRY_ITEMS,
+            },
+            "addressReuseGracePeriodSeconds": {
+                "description": "addressReuseGracePeriodSeconds keeps a released address unused for this long.",
+                "type": "integer",
+                "format": "int64",
+                "minimum": 0,
+            },
+        },
+        "x-kubernetes-validations": [
+            {"rule": "self.addresses.size() > 0", "message": "addresses is required"},
+            {
+                "rule": "self.addresses.all(a, a.contains(':')) || self.addresses.all(a, !a.contains(':'))",
+                "message": "provided addresses are of mixed IP families",
+            },
+            {
+                "rule": (
+                    "!has(self.gateway) || self.addresses.size() == 0 || "
+                    f"self.gateway.contains(':') == {family_v6}"
+                ),
+                "message": "provided gateway and addresses are of mixed IP families",
+            },
+            {
+                "rule": (
+                    "!has(self.excludedAddresses) || self.addresses.size() == 0 || "
+                    f"self.excludedAddresses.all(e, e.contains(':') == {family_v6})"
+                ),
+                "message": "addresses and excluded addresses are of mixed IP families",
+            },
+            {
+                "rule": f"self.addresses.size() == 0 || {family_v6} || self.prefix <= 32",
+                "message": "provided prefix is not valid",
+            },
+        ],
+    }
+    count = {"type": "integer", "format": "int64"}
+    status = {
+        "description": "status is the observed state of the pool.",
+        "type": "object",
+        "properties": {
+            "ipAddresses": {
+                "description": "ipAddresses counts the pool's addresses.",
+                "type": "object",
+                "properties": {
+                    "total": {
+                        **count,
+                        "description": "total is the number of addresses the pool can hand out.",
+                    },
+                    "used": {**count, "description": "used is the number of IPAddresses of the pool."},
+                    "free": {**count, "description": "free is the number of addresses still free."},
+                    "outOfRange": {
+                        **count,
+                        "description": "outOfRange counts used addresses outside the pool.",
+                    },
+                },
+            },
+            "conditions": condition_schema(),
+        },
+    }
+    return {
+        "type": "object",
+        "description": "",
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "required": ["spec"],
+    }
+
+
+def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, Any]:
+    schema = pool_schema("Wire-compatible with the Go in-cluster provider's v1alpha2 API.")
+    schema["description"] = description
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"cluster.x-k8s.io/provider": "ipam-in-cluster"}},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "categories": ["cluster-api"],
+            },
+            "scope": scope,
+            "versions": [
+                {
+                    "name": "v1alpha2",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {
+                            "name": "Addresses",
+                            "type": "string",
+                            "jsonPath": ".spec.addresses",
+                            "description": "List of addresses, to allocate from",
+                        },
+                        {
+                            "name": "Total",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.total",
+                            "description": "Count of IPs configured for the pool",
+                        },
+                        {
+                            "name": "Free",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.free",
+                            "description": "Count of unallocated IPs in the pool",
+                        },
+                        {
+                            "name": "Used",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.used",
+                            "description": "Count of allocated IPs in the pool",
+                        },
+                    ],
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def reservation_crd() -> dict[str, Any]:
+    string = {"type": "string"}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"inclusteripreservations.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": "InClusterIPReservation",
+                "listKind": "InClusterIPReservationList",
+                "plural": "inclusteripreservations",
+                "singular": "inclusteripreservation",
+                "categories": ["cluster-api"],
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": "v1alpha2",
+                    "served": True,
+                    "storage": True,
+                    "additionalPrinterColumns": [
+                        {"name": "Address", "type": "string", "jsonPath": ".spec.address"},
+                        {"name": "Pool", "type": "string", "jsonPath": ".spec.pool.name"},
+                        {"name": "Claim", "type": "string", "jsonPath": ".spec.claim.name"},
+                        {"name": "Released", "type": "string", "jsonPath": ".spec.releasedAt"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": (
+                                "InClusterIPReservation records that one address of an in-cluster pool is held. "
+                                "Its name encodes (pool, address), so the API server's name uniqueness guarantees "
+                                "that no address is held twice. Managed by the controller; do not edit."
+                            ),
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": string,
+                                "kind": string,
+                                "metadata": {"type": "object"},
+                                "spec": {
+                                    "type": "object",
+                                    "required": ["pool", "address", "prefix", "claim"],
+                                    "x-kubernetes-validations": [
+                                        {
+                                            "rule": "self == oldSelf || has(self.releasedAt)",
+                                            "message": "a reservation changes only to be released",
+                                        }
+                                    ],
+                                    "properties": {
+                                        "pool": {
+                                            "type": "object",
+                                            "description": "pool is the pool the address belongs to.",
+                                            "properties": {
+                                                "apiGroup": string,
+                                                "kind": string,
+                                                "namespace": string,
+                                                "name": string,
+                                            },
+                                        },
+                                        "address": {**string, "description": "address is the held address."},
+                                        "prefix": {"type": "integer", "minimum": 0, "maximum": 128},
+                                        "gateway": string,
+                                        "claim": {
+                                            "type": "object",
+                                            "description": "claim is the IPAddressClaim holding the address.",
+                                            "properties": {
+                                                "namespace": string,
+                                                "name": string,
+                                                "uid": string,
+                                            },
+                                        },
+                                        "releasedAt": {
+                                            **string,
+                                            "description": "releasedAt is set while a released address waits "
+                                            "out the pool's reuse grace period.",
+                                        },
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def main() -> int:
+    documents = {
+        "ipam.cluster.x-k8s.io_inclusterippools.yaml": pool_crd(
+            "InClusterIPPool",
+            "inclusterippools",
+            "Namespaced",
+            "InClusterIPPool is a namespaced pool of addresses held in the cluster itself.",
+        ),
+        "ipam.cluster.x-k8s.io_globalinclusterippools.yaml": pool_crd(
+            "GlobalInClusterIPPool",
+            "globalinclusterippools",
+            "Cluster",
+            "GlobalInClusterIPPool is a cluster-wide pool of addresses held in the cluster itself.",
+        ),
+        "ipam.cluster.x-k8s.io_inclusteripreservations.yaml": reservation_crd(),
+    }
+    OUT.mkdir(exist_ok=True)
+    for name, document in documents.items():
+        text = "# Generated by hack/gen_crds.py; do not edit.\n---\n" + yaml.safe_dump(document, sort_keys=False)
+        (OUT / name).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from ipam_provider.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Typed shapes of the Kubernetes objects the controller reads and writes."""

@@ -1,0 +1,108 @@
+"""Object metadata and standard conditions (metav1.Condition), as pydantic models."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    """Base for API shapes: camelCase on the wire, unknown fields kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class OwnerReference(Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = Field(default=None, alias="blockOwnerDeletion")
+
+
+class ObjectMeta(Model):
+    name: str
+    namespace: str | None = None
+    uid: str = ""
+    resource_version: str = Field(default="", alias="resourceVersion")
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list, alias="ownerReferences")
+    deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+
+class Condition(Model):
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    last_transition_time: str = Field(alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    *,
+    type: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+) -> tuple[list[Condition], bool]:
+    """The conditions with `type` set; lastTransitionTime moves only when the status flips.
+
+    Returns the new list and whether anything changed.
+    """
+    wanted_status = "True" if status else "False"
+    result: list[Condition] = []
+    changed = True
+    found = False
+    for condition in conditions:
+        if condition.type != type:
+            result.append(condition)
+            continue
+        found = True
+        transition = condition.last_transition_time if condition.status == wanted_status else now_rfc3339()
+        updated = Condition(
+            type=type,
+            status=wanted_status,
+            reason=reason,
+            message=message,
+            last_transition_time=transition,
+            observed_generation=generation,
+        )
+        changed = updated.wire() != condition.wire()
+        result.append(updated)
+    if not found:
+        result.append(
+            Condition(
+                type=type,
+                status=wanted_status,
+                reason=reason,
+                message=message,
+                last_transition_time=now_rfc3339(),
+                observed_generation=generation,
+            )
+        )
+    return result, changed
+
+
+def find_condition(conditions: Sequence[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)

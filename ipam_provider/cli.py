@@ -1,0 +1,163 @@
+"""`ipam-provider run|status`: the controller's command line, with controller-runtime's flag names."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from aiohttp import web
+from prometheus_client import start_http_server
+
+from backends.protocol import BackendContext
+from backends.registry import load_registry
+from ipam_provider.controller import Controller, Settings
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.leader import LeaderElector
+from ipam_provider.logconfig import configure_logging
+
+log = structlog.get_logger(__name__)
+
+
+def _split(values: Sequence[str] | None) -> list[str]:
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """controller-runtime's bind-address form: ":8080", "127.0.0.1:8080", or "0" to disable."""
+    if address in ("", "0"):
+        return None
+    host, _, port = address.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ipam-provider", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the controller")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    run.add_argument("--namespace", action="append", help="watch only this namespace (repeatable or a,b)")
+    run.add_argument("--watch-filter", help="only claims labelled cluster.x-k8s.io/watch-filter=<value>")
+    run.add_argument("--workers", type=int, default=8, help="concurrent reconciles (one per pool at a time)")
+    run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
+    run.add_argument("--leader-elect", action="store_true", help="run only while holding the leader lease")
+    run.add_argument("--leader-election-namespace", default="capi-ipam-system")
+    run.add_argument("--leader-election-id", default="capi-ipam-provider-py")
+    run.add_argument("--metrics-bind-address", default=":8080", help='"0" disables the metrics endpoint')
+    run.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables /healthz and /readyz')
+    run.add_argument("--log-format", choices=["json", "console"], default="console")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    status = commands.add_parser("status", help="show claims with their addresses")
+    status.add_argument("--kubeconfig")
+    status.add_argument("--namespace", action="append")
+    return parser
+
+
+async def _serve_probes(address: tuple[str, int], controller: Controller) -> web.AppRunner:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if controller.synced else web.Response(status=503, text="caches not synced")
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, address[0], address[1]).start()
+    return runner
+
+
+async def run(args: argparse.Namespace) -> int:
+    kube = await KubeClient.from_kubeconfig(args.kubeconfig)
+    registry = load_registry(BackendContext(kube=kube), _split([args.backends]) if args.backends else None)
+    settings = Settings(namespaces=_split(args.namespace), watch_filter=args.watch_filter, workers=args.workers)
+    controller = Controller(kube, registry, settings)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, controller.stop)
+    metrics_address = _host_port(args.metrics_bind_address)
+    if metrics_address is not None:
+        start_http_server(metrics_address[1], metrics_address[0])
+    probes_address = _host_port(args.health_probe_bind_address)
+    probes = await _serve_probes(probes_address, controller) if probes_address else None
+    elector = None
+    try:
+        if args.leader_elect:
+            elector = LeaderElector(kube, args.leader_election_namespace, args.leader_election_id)
+            acquire = asyncio.create_task(elector.acquire())
+            stopping = asyncio.create_task(controller._stopping.wait())
+            await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not acquire.done():
+                acquire.cancel()
+                return 0
+            stopping.cancel()
+            keeper = asyncio.create_task(elector.keep())
+            keeper.add_done_callback(lambda _: controller.stop())
+        log.info(
+            "controller starting",
+            kinds=",".join(k.kind for k in registry.kinds),
+            workers=settings.workers,
+            namespaces=",".join(settings.namespaces) or "*",
+        )
+        await controller.run()
+    finally:
+        if elector is not None:
+            await elector.release()
+        if probes is not None:
+            await probes.cleanup()
+        await registry.close()
+        await kube.close()
+    return 0
+
+
+async def status(args: argparse.Namespace) -> int:
+    kube = await KubeClient.from_kubeconfig(args.kubeconfig)
+    try:
+        namespaces: list[str | None] = [*_split(args.namespace)] or [None]
+        rows = []
+        for namespace in namespaces:
+            claims, _ = await kube.list(CLAIMS, namespace)
+            addresses, _ = await kube.list(ADDRESSES, namespace)
+            by_name = {(a["metadata"]["namespace"], a["metadata"]["name"]): a for a in addresses}
+            for claim in claims:
+                meta, status_ = claim["metadata"], claim.get("status") or {}
+                ready: dict[str, str] = next(
+                    (c for c in status_.get("conditions") or [] if c.get("type") == "Ready"), {}
+                )
+                ref = (status_.get("addressRef") or {}).get("name")
+                address = by_name.get((meta["namespace"], ref)) if ref else None
+                shown = f"{address['spec']['address']}/{address['spec']['prefix']}" if address else "-"
+                pool = claim["spec"]["poolRef"]
+                rows.append(
+                    (
+                        meta["namespace"],
+                        meta["name"],
+                        f"{pool['kind']}/{pool['name']}",
+                        shown,
+                        ready.get("reason", "-"),
+                    )
+                )
+        widths = [
+            max(len(str(r[i])) for r in [("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY"), *rows]) for i in range(5)
+        ]
+        for row in [("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY"), *rows]:
+            print("  ".join(str(value).ljust(width) for value, width in zip(row, widths, strict=True)))
+    finally:
+        await kube.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_format", "console"), getattr(args, "log_level", "info"))
+    command = run if args.command == "run" else status
+    return asyncio.run(command(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

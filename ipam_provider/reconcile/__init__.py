@@ -1,0 +1,1 @@
+"""Step 3 of a claim's path: level-triggered reconcilers for claims and pools."""

@@ -1,0 +1,68 @@
+"""Releasing a deleted claim: IPAddress first, then the backend, then the claim's finalizer.
+
+The IPAddress is read fresh from the API server, not from the cache, so that a lagging watch cannot leave an
+IPAddress behind once the claim is gone. A backend that can never release (ReleaseImpossibleError) gets a
+Warning Event and the claim is let go; any other failure keeps the finalizer and is retried.
+"""
+
+from __future__ import annotations
+
+from backends.protocol import Allocation, Backend, ClaimContext, PoolKind, PoolRef, ReleaseImpossibleError
+from ipam_provider.api.capi import (
+    FINALIZER_PROTECT_ADDRESS,
+    FINALIZER_RELEASE_ADDRESS,
+    IPAddress,
+    IPAddressClaim,
+)
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.reconcile.addresses import allocation_of, belongs_to
+from ipam_provider.reconcile.context import Object, ReconcileContext, patch_cached
+from ipam_provider.reconcile.events import WARNING
+
+
+async def release_claim(
+    ctx: ReconcileContext,
+    raw: Object,
+    claim: IPAddressClaim,
+    backend: Backend,
+    kind: PoolKind,
+    pool_ref: PoolRef,
+    pool: Object | None,
+    context: ClaimContext,
+) -> None:
+    namespace, name = claim.metadata.namespace or "", claim.metadata.name
+    allocation: Allocation | None = None
+    address_raw = await ctx.kube.get(ADDRESSES, name, namespace)
+    if address_raw is not None:
+        address_raw = {**address_raw, "apiVersion": ADDRESSES.api_version, "kind": ADDRESSES.kind}
+        address = IPAddress.model_validate(address_raw)
+        if belongs_to(address, claim, kind):
+            allocation = allocation_of(address)
+            await _delete_address(ctx, address_raw)
+    try:
+        await backend.release(pool_ref, pool, context, allocation)
+    except ReleaseImpossibleError as error:
+        await ctx.recorder.record(raw, WARNING, error.reason, error.message)
+    finalizers = [f for f in claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
+    try:
+        await patch_cached(ctx, ctx.caches.claims, CLAIMS, raw, {"metadata": {"finalizers": finalizers}})
+    except ApiError as error:
+        if not error.not_found:
+            raise
+    ctx.pool_changed(pool_ref)
+
+
+async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> None:
+    meta = address_raw["metadata"]
+    finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
+    try:
+        if finalizers != (meta.get("finalizers") or []):
+            address_raw = await patch_cached(
+                ctx, ctx.caches.addresses, ADDRESSES, address_raw, {"metadata": {"finalizers": finalizers}}
+            )
+        await ctx.kube.delete(ADDRESSES, meta["name"], meta["namespace"], uid=meta.get("uid"))
+    except ApiError as error:
+        if not error.not_found:
+            raise
+    ctx.caches.addresses.remove((meta["namespace"], meta["name"]))

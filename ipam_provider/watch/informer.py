@@ -1,0 +1,125 @@
+"""List-then-watch one resource into a Store, and report every change.
+
+For each watched namespace (or the whole cluster) the informer lists, then watches from the list's
+resourceVersion with bookmarks. When the server ends a watch it resumes from the last seen version; on 410 Gone
+it lists again and reports the difference; on any other error it backs off (capped exponential) and lists again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+
+import aiohttp
+import structlog
+
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import Resource
+from ipam_provider.watch.store import Object, Store, object_key
+
+EventHandler = Callable[[str, Object | None, Object | None], None]
+log = structlog.get_logger(__name__)
+
+
+class Informer:
+    """Keeps `store` in step with the API server and calls `handler(type, old, new)` for every change."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        resource: Resource,
+        store: Store,
+        handler: EventHandler,
+        *,
+        namespaces: Sequence[str] | None = None,
+        label_selector: str | None = None,
+        watch_timeout: int = 300,
+    ) -> None:
+        self.kube = kube
+        self.resource = resource
+        self.store = store
+        self.handler = handler
+        self.scopes: list[str | None] = list(namespaces) if namespaces and resource.namespaced else [None]
+        self.label_selector = label_selector
+        self.watch_timeout = watch_timeout
+        self._synced = [asyncio.Event() for _ in self.scopes]
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(event.wait() for event in self._synced))
+
+    @property
+    def synced(self) -> bool:
+        return all(event.is_set() for event in self._synced)
+
+    async def run(self) -> None:
+        await asyncio.gather(
+            *(self._run_scope(scope, synced) for scope, synced in zip(self.scopes, self._synced, strict=True))
+        )
+
+    async def _run_scope(self, namespace: str | None, synced: asyncio.Event) -> None:
+        failures = 0
+        bound = log.bind(resource=self.resource.plural, namespace=namespace or "*")
+        while True:
+            try:
+                version = await self._relist(namespace)
+                synced.set()
+                failures = 0
+                while True:
+                    version = await self._watch(namespace, version)
+            except asyncio.CancelledError:
+                raise
+            except ApiError as error:
+                if error.gone:
+                    bound.debug("watch expired; listing again")
+                    continue
+                failures += 1
+                bound.warning("watch failed", status=error.status, reason=error.reason, error=error.message)
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
+                failures += 1
+                bound.warning("watch connection failed", error=str(error) or type(error).__name__)
+            delay = min(30.0, 0.2 * 2 ** min(failures, 8)) * (0.5 + random.random() / 2)
+            await asyncio.sleep(delay)
+
+    async def _relist(self, namespace: str | None) -> str:
+        items, version = await self.kube.list(self.resource, namespace, label_selector=self.label_selector)
+        seen = set()
+        for obj in items:
+            key = object_key(obj)
+            seen.add(key)
+            self._apply("ADDED", obj)
+        for key in list(self.store.keys()):
+            if key not in seen and (namespace is None or key[0] == namespace):
+                old = self.store.remove(key)
+                self.handler("DELETED", old, None)
+        return version
+
+    async def _watch(self, namespace: str | None, version: str) -> str:
+        async for kind, obj in self.kube.watch(
+            self.resource,
+            namespace,
+            resource_version=version,
+            label_selector=self.label_selector,
+            timeout_seconds=self.watch_timeout,
+        ):
+            version = obj.get("metadata", {}).get("resourceVersion", version)
+            if kind == "BOOKMARK":
+                continue
+            obj.setdefault("apiVersion", self.resource.api_version)
+            obj.setdefault("kind", self.resource.kind)
+            if kind == "DELETED":
+                old = self.store.remove(object_key(obj))
+                self.handler("DELETED", old or obj, None)
+            else:
+                self._apply(kind, obj)
+        return version
+
+    def _apply(self, kind: str, obj: Object) -> None:
+        previous = self.store.upsert(obj)
+        if previous is False:
+            return
+        if previous is None or previous is True:
+            self.handler("ADDED", None, obj)
+        elif previous.get("metadata", {}).get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+            self.handler("MODIFIED", previous, obj)

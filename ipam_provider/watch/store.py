@@ -1,0 +1,98 @@
+"""A local cache of one resource, with secondary indexes.
+
+The cache is fed by its informer and by the controller's own writes (read-your-writes). An object is never
+replaced by an older resourceVersion of itself, so a lagging watch cannot undo what the controller just wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+Object = dict[str, Any]
+Key = tuple[str | None, str]
+IndexFunc = Callable[[Object], Iterable[Hashable]]
+
+
+def object_key(obj: Object) -> Key:
+    meta = obj.get("metadata", {})
+    return meta.get("namespace"), meta["name"]
+
+
+def resource_version(obj: Object) -> int | None:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+class Store:
+    """Objects by (namespace, name), plus named indexes from a computed value to keys."""
+
+    def __init__(self) -> None:
+        self._objects: dict[Key, Object] = {}
+        self._index_funcs: dict[str, IndexFunc] = {}
+        self._indexes: dict[str, dict[Hashable, set[Key]]] = {}
+
+    def add_index(self, name: str, func: IndexFunc) -> None:
+        self._index_funcs[name] = func
+        self._indexes[name] = {}
+        for key, obj in self._objects.items():
+            self._index(name, key, obj)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def get(self, namespace: str | None, name: str) -> Object | None:
+        return self._objects.get((namespace, name))
+
+    def items(self) -> list[Object]:
+        return list(self._objects.values())
+
+    def keys(self) -> list[Key]:
+        return list(self._objects)
+
+    def by_index(self, index: str, value: Hashable) -> list[Object]:
+        return [self._objects[key] for key in self._indexes[index].get(value, ())]
+
+    def upsert(self, obj: Object) -> Object | bool | None:
+        """Store `obj` unless the cache holds a newer version. Returns the previous object (None if new), or
+        False when `obj` was older and was ignored."""
+        key = object_key(obj)
+        previous = self._objects.get(key)
+        if previous is not None:
+            new_version, old_version = resource_version(obj), resource_version(previous)
+            if new_version is not None and old_version is not None and new_version < old_version:
+                return False
+            self._unindex(key, previous)
+        self._objects[key] = obj
+        for name in self._index_funcs:
+            self._index(name, key, obj)
+        return previous
+
+    def remove(self, key: Key) -> Object | None:
+        previous = self._objects.pop(key, None)
+        if previous is not None:
+            self._unindex(key, previous)
+        return previous
+
+    def _index(self, name: str, key: Key, obj: Object) -> None:
+        try:
+            values = list(self._index_funcs[name](obj))
+        except (KeyError, TypeError, AttributeError, ValueError):
+            values = []  # malformed objects are kept but not indexed
+        for value in values:
+            self._indexes[name].setdefault(value, set()).add(key)
+
+    def _unindex(self, key: Key, obj: Object) -> None:
+        for name, func in self._index_funcs.items():
+            try:
+                values = list(func(obj))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                continue
+            for value in values:
+                bucket = self._indexes[name].get(value)
+                if bucket is not None:
+                    bucket.discard(key)
+                    if not bucket:
+                        del self._indexes[name][value]

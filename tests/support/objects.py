@@ -1,0 +1,86 @@
+"""Builders for the objects tests create, and waits on what the controller does with them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
+from ipam_provider.reconcile.context import pool_resource
+from tests.support.cluster import wait_for
+
+POOLS = pool_resource(IN_CLUSTER_POOL)
+GLOBAL_POOLS = pool_resource(GLOBAL_IN_CLUSTER_POOL)
+Object = dict[str, Any]
+
+
+def pool(name: str, addresses: list[str], prefix: int, **spec: Any) -> Object:
+    return {
+        "apiVersion": POOLS.api_version,
+        "kind": POOLS.kind,
+        "metadata": {"name": name},
+        "spec": {"addresses": addresses, "prefix": prefix, **spec},
+    }
+
+
+def global_pool(name: str, addresses: list[str], prefix: int, **spec: Any) -> Object:
+    return {**pool(name, addresses, prefix, **spec), "apiVersion": GLOBAL_POOLS.api_version, "kind": GLOBAL_POOLS.kind}
+
+
+def claim(
+    name: str,
+    pool_name: str,
+    *,
+    kind: str = "InClusterIPPool",
+    group: str = IPAM_GROUP,
+    cluster: str | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Object:
+    spec: Object = {"poolRef": {"apiGroup": group, "kind": kind, "name": pool_name}}
+    if cluster:
+        spec["clusterName"] = cluster
+    return {
+        "apiVersion": CLAIMS.api_version,
+        "kind": CLAIMS.kind,
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def cluster(name: str, *, paused: bool = False) -> Object:
+    spec = {"paused": paused}  # a v1beta2 Cluster spec needs at least one property
+    return {"apiVersion": CLUSTERS.api_version, "kind": CLUSTERS.kind, "metadata": {"name": name}, "spec": spec}
+
+
+def ready_condition(obj: Object | None) -> Object | None:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "Ready"), None)
+
+
+async def wait_claim_reason(kube: KubeClient, namespace: str, name: str, reason: str, timeout: float = 30) -> Object:
+    """Wait until the claim's Ready condition has `reason`; return the claim."""
+
+    async def probe() -> Object | None:
+        obj = await kube.get(CLAIMS, name, namespace)
+        condition = ready_condition(obj)
+        return obj if condition is not None and condition.get("reason") == reason else None
+
+    async def describe() -> str:
+        return str(ready_condition(await kube.get(CLAIMS, name, namespace)))
+
+    return await wait_for(probe, timeout=timeout, message=f"claim {namespace}/{name} to have Ready reason {reason}")
+
+
+async def wait_address(kube: KubeClient, namespace: str, name: str, timeout: float = 30) -> Object:
+    """Wait until the claim is fulfilled; return its IPAddress."""
+    await wait_claim_reason(kube, namespace, name, "AddressAllocated", timeout)
+    address = await kube.get(ADDRESSES, name, namespace)
+    assert address is not None, f"claim {namespace}/{name} is Ready but IPAddress {name} does not exist"
+    return address
+
+
+async def addresses_of(kube: KubeClient, namespace: str | None = None) -> list[str]:
+    items, _ = await kube.list(ADDRESSES, namespace)
+    return [item["spec"]["address"] for item in items]
