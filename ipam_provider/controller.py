@@ -20,6 +20,7 @@ from backends.registry import BackendRegistry
 from ipam_provider import metrics
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME, LABEL_WATCH_FILTER
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.queue.workqueue import WorkQueue
 from ipam_provider.reconcile.claims import ClaimReconciler
@@ -208,7 +209,8 @@ class Controller:
             except Exception as error:
                 result = "error"
                 delay = self.queue.add_rate_limited(key, shard)
-                log.warning(
+                routine = isinstance(error, ApiError) and error.conflict  # another writer was first: just retry
+                (log.debug if routine else log.warning)(
                     "reconcile failed; retrying",
                     key="/".join(str(k) for k in key if k),
                     error=str(error),

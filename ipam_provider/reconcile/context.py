@@ -77,5 +77,9 @@ async def patch_cached(
         raise
     updated.setdefault("apiVersion", resource.api_version)
     updated.setdefault("kind", resource.kind)
-    store.upsert(updated)
+    finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
+    if finalized:  # the API server deletes it now: it must not linger in the cache
+        store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
+    else:
+        store.upsert(updated)
     return updated

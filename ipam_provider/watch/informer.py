@@ -109,7 +109,7 @@ class Informer:
             obj.setdefault("apiVersion", self.resource.api_version)
             obj.setdefault("kind", self.resource.kind)
             if kind == "DELETED":
-                old = self.store.remove(object_key(obj))
+                old = self.store.remove(object_key(obj), obj)
                 self.handler("DELETED", old or obj, None)
             else:
                 self._apply(kind, obj)

@@ -1,7 +1,8 @@
 """A local cache of one resource, with secondary indexes.
 
 The cache is fed by its informer and by the controller's own writes (read-your-writes). An object is never
-replaced by an older resourceVersion of itself, so a lagging watch cannot undo what the controller just wrote.
+replaced by an older resourceVersion of itself, so a lagging watch cannot undo what the controller just wrote;
+and a deleted object leaves a tombstone, so a late answer to one of our own writes cannot bring it back.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Store:
         self._objects: dict[Key, Object] = {}
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[Hashable, set[Key]]] = {}
+        self._tombstones: dict[Key, int] = {}
 
     def add_index(self, name: str, func: IndexFunc) -> None:
         self._index_funcs[name] = func
@@ -60,8 +62,14 @@ class Store:
         False when `obj` was older and was ignored."""
         key = object_key(obj)
         previous = self._objects.get(key)
+        new_version = resource_version(obj)
+        tombstone = self._tombstones.get(key)
+        if tombstone is not None and new_version is not None:
+            if new_version <= tombstone:
+                return False
+            del self._tombstones[key]
         if previous is not None:
-            new_version, old_version = resource_version(obj), resource_version(previous)
+            old_version = resource_version(previous)
             if new_version is not None and old_version is not None and new_version < old_version:
                 return False
             self._unindex(key, previous)
@@ -70,7 +78,14 @@ class Store:
             self._index(name, key, obj)
         return previous
 
-    def remove(self, key: Key) -> Object | None:
+    def remove(self, key: Key, deleted: Object | None = None) -> Object | None:
+        """Forget the object; `deleted` (its last state, e.g. from a DELETED event) leaves a tombstone so that
+        no version up to that one is stored again."""
+        version = resource_version(deleted or self._objects.get(key) or {})
+        if version is not None:
+            self._tombstones[key] = max(version, self._tombstones.get(key, 0))
+            while len(self._tombstones) > 10_000:
+                del self._tombstones[next(iter(self._tombstones))]
         previous = self._objects.pop(key, None)
         if previous is not None:
             self._unindex(key, previous)
