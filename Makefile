@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries cluster-up cluster-down test lint run netbox format
+.PHONY: venv binaries cluster-up cluster-down test lint run format generate
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -37,4 +37,8 @@ format: venv
 	$(BIN)/ruff format ipam_provider backends
 	$(BIN)/ruff check --fix .
 
-run: cluster-up
+run: venv
+	hack/run-demo.sh
+
+generate: venv
+	$(BIN)/python hack/gen_crds.py

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `make run`: the controller on a local control plane with the in-cluster backend and the examples.
+#
+# - With KUBECONFIG pointing at a reachable cluster, that cluster is used; otherwise a local control plane is
+#   started (etcd + kube-apiserver built from their Go modules, see hack/control-plane).
+# - Installs the CRDs, applies examples/incluster/, runs the controller, waits until every example claim has
+#   an address and shows them. Then the controller keeps running in the foreground until Ctrl-C, unless
+#   RUN_ONCE=1, in which case it stops after showing the claims.
+# The local control plane stays up afterwards; `make cluster-down` stops it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=.venv/bin/python
+CLUSTER_DIR="${CLUSTER_DIR:-.local/cluster}"
+KUBECTL="$(hack/control-plane/build-binaries.sh)/kubectl"
+[[ -x "$KUBECTL" ]] || KUBECTL="$(command -v kubectl)"
+
+if [[ -n "${KUBECONFIG:-}" ]] && "$KUBECTL" --request-timeout=5s get --raw=/readyz >/dev/null 2>&1; then
+  echo "using the cluster of KUBECONFIG=$KUBECONFIG"
+  $PY -m tools.controlplane install-crds --kubeconfig "$KUBECONFIG"
+else
+  if [[ ! -f "$CLUSTER_DIR/kubeconfig" ]]; then
+    $PY -m tools.controlplane up --dir "$CLUSTER_DIR" >/dev/null
+  else
+    $PY -m tools.controlplane install-crds --dir "$CLUSTER_DIR"
+  fi
+  export KUBECONFIG="$PWD/$CLUSTER_DIR/kubeconfig"
+  echo "local control plane: export KUBECONFIG=$KUBECONFIG"
+fi
+
+"$KUBECTL" apply -f examples/incluster/
+mkdir -p .local
+log=.local/controller.log
+.venv/bin/ipam-provider run --kubeconfig "$KUBECONFIG" --metrics-bind-address=127.0.0.1:0 \
+  --health-probe-bind-address=0 --log-format=console >"$log" 2>&1 &
+controller=$!
+trap 'kill -TERM $controller 2>/dev/null; wait $controller 2>/dev/null || true' EXIT
+echo "controller running (pid $controller, log $log); waiting for the example claims..."
+
+claims=$("$KUBECTL" get ipaddressclaims -A --no-headers 2>/dev/null | wc -l)
+for _ in $(seq 1 120); do
+  ready=$("$KUBECTL" get ipaddressclaims -A -o jsonpath='{range .items[*]}{.status.addressRef.name}{"\n"}{end}' | grep -c . || true)
+  [[ "$ready" -ge "$claims" ]] && break
+  kill -0 $controller 2>/dev/null || { echo "the controller exited:"; tail -20 "$log"; exit 1; }
+  sleep 0.5
+done
+echo
+.venv/bin/ipam-provider status --kubeconfig "$KUBECONFIG"
+echo
+"$KUBECTL" get inclusterippools,globalinclusterippools -A
+if [[ "$ready" -lt "$claims" ]]; then
+  echo "only $ready of $claims claims were fulfilled; see $log" >&2
+  exit 1
+fi
+if [[ "${RUN_ONCE:-0}" == "1" ]]; then
+  exit 0
+fi
+echo
+echo "The controller keeps running (Ctrl-C stops it). Try: kubectl apply / delete claims; tail -f $log"
+wait $controller

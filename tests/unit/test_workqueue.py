@@ -1,0 +1,98 @@
+"""The work queue's contract: dedup, per-shard serialisation, parallel shards, backoff, delays, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ipam_provider.queue.workqueue import WorkQueue
+
+
+async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, str]]:
+    taken = []
+    for _ in range(count):
+        item = await asyncio.wait_for(queue.get(), 1)
+        assert item is not None
+        taken.append(item)
+        queue.done(*item)
+    return taken
+
+
+async def test_a_key_waits_once() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for _ in range(5):
+        queue.add("a", "pool-1")
+    queue.add("b", "pool-1")
+    assert len(queue) == 2
+    assert [key for key, _ in await drain(queue, 2)] == ["a", "b"]
+    assert len(queue) == 0
+
+
+async def test_one_key_per_shard_at_a_time_and_shards_in_parallel() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for key, shard in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B")]:
+        queue.add(key, shard)
+    first = await asyncio.wait_for(queue.get(), 1)
+    second = await asyncio.wait_for(queue.get(), 1)
+    assert first is not None and second is not None
+    assert {first[1], second[1]} == {"A", "B"}, "two shards are handed out at once"
+    third = asyncio.create_task(queue.get())
+    await asyncio.sleep(0.05)
+    assert not third.done(), "a shard with a key in progress hands out nothing else"
+    queue.done(*first)
+    item = await asyncio.wait_for(third, 1)
+    assert item is not None and item[1] == first[1]
+
+
+async def test_a_key_readded_while_processing_runs_again_afterwards_never_concurrently() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a", "A")
+    item = await queue.get()
+    assert item == ("a", "A")
+    queue.add("a", "B")  # even under another shard it must not run twice at once
+    waiting = asyncio.create_task(queue.get())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    queue.done("a", "A")
+    again = await asyncio.wait_for(waiting, 1)
+    assert again is not None and again[0] == "a"
+
+
+async def test_round_robin_between_shards() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for index in range(3):
+        queue.add(f"a{index}", "A")
+    queue.add("b0", "B")
+    order = [key for key, _ in await drain(queue, 4)]
+    assert order.index("b0") <= 1, f"a busy shard must not starve another: {order}"
+
+
+async def test_rate_limited_backoff_grows_and_forget_resets() -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.04)
+    delays = [queue.add_rate_limited("k") for _ in range(4)]
+    assert delays == [0.01, 0.02, 0.04, 0.04]
+    queue.forget("k")
+    assert queue.failures("k") == 0
+    assert queue.add_rate_limited("k") == 0.01
+
+
+async def test_add_after_fires_once_and_the_earliest_delay_wins() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add_after("k", 0.3)
+    queue.add_after("k", 0.05)
+    queue.add_after("k", 0.2)
+    started = asyncio.get_running_loop().time()
+    item = await asyncio.wait_for(queue.get(), 1)
+    assert item is not None and asyncio.get_running_loop().time() - started < 0.15
+    queue.done(*item)
+    await asyncio.sleep(0.35)
+    assert len(queue) == 0, "superseded timers must not fire"
+
+
+async def test_shutdown_releases_waiting_workers() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    waiting = asyncio.create_task(queue.get())
+    await asyncio.sleep(0.01)
+    queue.shutdown()
+    assert await asyncio.wait_for(waiting, 1) is None
+    queue.add("late")
+    assert len(queue) == 0
