@@ -38,7 +38,7 @@ async def install_crds(kube: KubeClient, paths: Iterable[Path], timeout: float =
     for name in names:
         while True:
             crd = await kube.get(CRDS, name)
-            conditions = (crd or {}).get("status", {}).get("conditions", [])
+            conditions = ((crd or {}).get("status") or {}).get("conditions") or []  # null right after creation
             if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 break
             if time.monotonic() > deadline:
