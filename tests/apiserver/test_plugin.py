@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,7 +34,8 @@ async def run(*command: str, env: dict[str, str] | None = None) -> str:
 async def test_an_installed_package_adds_a_pool_kind(
     kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path
 ) -> None:
-    target = tmp_path / "site"
+    target, source = tmp_path / "site", tmp_path / "source"
+    shutil.copytree(PLUGIN_DIR, source)  # building writes next to the sources: keep the work tree clean
     await run(
         sys.executable,
         "-m",
@@ -44,7 +46,7 @@ async def test_an_installed_package_adds_a_pool_kind(
         "--no-build-isolation",
         "--target",
         str(target),
-        str(PLUGIN_DIR),
+        str(source),
     )
     assert list(target.glob("ipam_static_pool-*.dist-info")) or list(target.glob("ipam_static_pool_example-*"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *sys.path])}
