@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
-CLUSTER_DIR="${CLUSTER_DIR:-.local/cluster}"
+CLUSTER_DIR="$(realpath -m "${CLUSTER_DIR:-.local/cluster}")"
 KUBECTL="$(hack/control-plane/build-binaries.sh)/kubectl"
 [[ -x "$KUBECTL" ]] || KUBECTL="$(command -v kubectl)"
 
@@ -23,7 +23,7 @@ else
   else
     $PY -m tools.controlplane install-crds --dir "$CLUSTER_DIR"
   fi
-  export KUBECONFIG="$PWD/$CLUSTER_DIR/kubeconfig"
+  export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
   echo "local control plane: export KUBECONFIG=$KUBECONFIG"
 fi
 

@@ -57,12 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve_probes(address: tuple[str, int], controller: Controller) -> web.AppRunner:
+async def _serve_probes(address: tuple[str, int], controller: Controller, standby: asyncio.Event) -> web.AppRunner:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if controller.synced else web.Response(status=503, text="caches not synced")
+        # A standby replica waiting for the leader lease is ready (as with controller-runtime), so that a
+        # Deployment of several replicas becomes Available and rolls out.
+        if controller.synced or standby.is_set():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="caches not synced")
 
     app = web.Application()
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
@@ -84,11 +88,13 @@ async def run(args: argparse.Namespace) -> int:
     if metrics_address is not None:
         start_http_server(metrics_address[1], metrics_address[0])
     probes_address = _host_port(args.health_probe_bind_address)
-    probes = await _serve_probes(probes_address, controller) if probes_address else None
+    standby = asyncio.Event()
+    probes = await _serve_probes(probes_address, controller, standby) if probes_address else None
     elector = None
     try:
         if args.leader_elect:
             elector = LeaderElector(kube, args.leader_election_namespace, args.leader_election_id)
+            standby.set()
             acquire = asyncio.create_task(elector.acquire())
             stopping = asyncio.create_task(controller._stopping.wait())
             await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,6 +102,7 @@ async def run(args: argparse.Namespace) -> int:
                 acquire.cancel()
                 return 0
             stopping.cancel()
+            standby.clear()
             keeper = asyncio.create_task(elector.keep())
             keeper.add_done_callback(lambda _: controller.stop())
         log.info(

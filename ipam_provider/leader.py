@@ -1,7 +1,10 @@
 """Leader election on a coordination.k8s.io Lease, as controller-runtime's --leader-elect does.
 
 `acquire()` returns once this process holds the lease; `keep()` renews it and returns (so the caller can stop)
-when the lease is lost. Updates carry the lease's resourceVersion, so two candidates cannot both win.
+when it could not renew within the renew deadline (two thirds of the lease), before anyone else may take over.
+Updates carry the lease's resourceVersion, so two candidates cannot both win. As in client-go, a lease counts as
+expired when its record has not changed for a whole lease duration *by this process's own clock*, so clock skew
+between nodes does not matter.
 """
 
 from __future__ import annotations
@@ -29,12 +32,6 @@ def _format(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 class LeaderElector:
     def __init__(
         self,
@@ -51,6 +48,7 @@ class LeaderElector:
         self.lease_seconds = lease_seconds
         self.retry_seconds = retry_seconds
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        self._observed: tuple[object, float] | None = None  # (the lease record, local monotonic time first seen)
 
     async def _try(self) -> bool:
         lease = await self.kube.get(LEASES, self.name, self.namespace)
@@ -74,9 +72,12 @@ class LeaderElector:
                 raise
         current = lease.get("spec") or {}
         holder = current.get("holderIdentity")
-        renewed = _parse(current.get("renewTime"))
         duration = int(current.get("leaseDurationSeconds") or self.lease_seconds)
-        expired = renewed is None or now > renewed + datetime.timedelta(seconds=duration)
+        record = (holder, current.get("renewTime"))
+        monotonic = asyncio.get_running_loop().time()
+        if self._observed is None or self._observed[0] != record:
+            self._observed = (record, monotonic)
+        expired = not current.get("renewTime") or monotonic - self._observed[1] > duration
         if holder not in (None, "", self.identity) and not expired:
             return False
         if holder != self.identity:
@@ -103,10 +104,12 @@ class LeaderElector:
             await asyncio.sleep(self.retry_seconds)
 
     async def keep(self) -> None:
-        """Renew until renewal has failed for a whole lease duration; then return (leadership is lost)."""
+        """Renew every third of the lease; return (leadership is lost) when another process holds the lease or
+        renewal has failed for the renew deadline, two thirds of the lease, before a competitor may take over."""
         last_renewed = asyncio.get_running_loop().time()
+        renew_deadline = self.lease_seconds * 2 / 3
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            await asyncio.sleep(self.lease_seconds / 6)
             try:
                 if await self._try():
                     last_renewed = asyncio.get_running_loop().time()
@@ -115,7 +118,7 @@ class LeaderElector:
                 return
             except Exception as error:
                 log.warning("lease renewal failed", error=str(error))
-            if asyncio.get_running_loop().time() - last_renewed > self.lease_seconds:
+            if asyncio.get_running_loop().time() - last_renewed > renew_deadline:
                 log.error("leadership lost: lease not renewed in time")
                 return
 

@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# The controller image: `docker build -t capi-ipam-provider-py:dev .`
+# Stage 1 installs the package and its pinned dependencies into a virtualenv; stage 2 copies only that
+# virtualenv onto a clean base and runs it as an unprivileged user. The run-time image has no compiler, no
+# build tools, no pip cache and no source tree.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# README.md is the project's `readme` in pyproject.toml: the build needs it.
+COPY pyproject.toml README.md constraints.txt ./
+COPY ipam_provider ./ipam_provider
+COPY backends ./backends
+# A regular (non-editable) install; pip compiles the .pyc files here, as the run-time root is read-only.
+RUN pip install -c constraints.txt . \
+ && pip check \
+ && ipam-provider --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="capi-ipam-provider-py" \
+      org.opencontainers.image.description="Cluster API IPAM provider: in-cluster, NetBox and Infoblox pools" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# A fixed numeric uid/gid, so that Kubernetes can check runAsNonRoot without a passwd lookup.
+RUN groupadd --system --gid 65532 nonroot \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
+      --shell /usr/sbin/nologin nonroot
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 65532:65532
+WORKDIR /
+# 8080: Prometheus metrics; 8081: /healthz and /readyz.
+EXPOSE 8080 8081
+ENTRYPOINT ["ipam-provider"]
+CMD ["run"]
