@@ -3,6 +3,8 @@
 For each watched namespace (or the whole cluster) the informer lists, then watches from the list's
 resourceVersion with bookmarks. When the server ends a watch it resumes from the last seen version; on 410 Gone
 it lists again and reports the difference; on any other error it backs off (capped exponential) and lists again.
+A resource the API server does not serve (its CRD is not installed) counts as synced and empty, so that one
+missing pool kind does not stop the controller; it is looked for again every NOT_SERVED_RETRY seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ipam_provider.watch.store import Object, Store, object_key
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 log = structlog.get_logger(__name__)
+NOT_SERVED_RETRY = 30.0
 
 
 class Informer:
@@ -61,11 +64,13 @@ class Informer:
     async def _run_scope(self, namespace: str | None, synced: asyncio.Event) -> None:
         failures = 0
         bound = log.bind(resource=self.resource.plural, namespace=namespace or "*")
+        warned_not_served = False
         while True:
             try:
                 version = await self._relist(namespace)
                 synced.set()
                 failures = 0
+                warned_not_served = False
                 while True:
                     version = await self._watch(namespace, version)
             except asyncio.CancelledError:
@@ -73,6 +78,13 @@ class Informer:
             except ApiError as error:
                 if error.gone:
                     bound.debug("watch expired; listing again")
+                    continue
+                if error.not_found:
+                    if not warned_not_served:
+                        bound.warning(f"{self.resource.kind} is not served (CRD not installed?); ignored until it is")
+                        warned_not_served = True
+                    synced.set()
+                    await asyncio.sleep(NOT_SERVED_RETRY)
                     continue
                 failures += 1
                 bound.warning("watch failed", status=error.status, reason=error.reason, error=error.message)

@@ -4,12 +4,15 @@ adoption and re-creation of IPAddresses."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from backends.protocol import PoolKind
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from tests.support.cluster import wait_for
+from tests.support.controller import ControllerFactory
 from tests.support.objects import (
     POOLS,
     claim,
@@ -203,3 +206,30 @@ async def test_a_deleted_ipaddress_is_recreated_with_identical_values(
     assert FINALIZER_PROTECT_ADDRESS in current["metadata"]["finalizers"]
     claim_obj = await kube.get(CLAIMS, "keeper", namespace)
     assert claim_obj is not None and claim_obj["status"]["addressRef"] == {"name": "keeper"}
+
+
+async def test_a_registered_pool_kind_without_its_crd_does_not_stop_the_controller(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    """Users install only the CRDs of the backends they use; the others must not block the rest."""
+    missing = PoolKind("ipam.example.org", "v1", "UninstalledIPPool", "uninstalledippools", namespaced=True)
+
+    class UninstalledBackend:
+        kinds = (missing,)
+
+        async def allocate(self, pool: Any, claim: Any, existing: Any = None) -> Any:
+            raise AssertionError("never called: no pool of this kind can exist")
+
+        async def release(self, *args: Any) -> None:
+            return None
+
+        async def report(self, pool: Any, addresses: Any) -> Any:
+            raise AssertionError("never called")
+
+        async def close(self) -> None:
+            return None
+
+    await kube.create(POOLS, pool("net", ["10.27.0.0/29"], 29), namespace)
+    await kube.create(CLAIMS, claim("served", "net"), namespace)
+    async with controller_factory(namespaces=[namespace], extra_backends=[lambda _: UninstalledBackend()]):
+        await wait_address(kube, namespace, "served")
