@@ -27,6 +27,7 @@ from backends.protocol import (
     PoolKind,
     PoolRef,
 )
+from ipam_provider import metrics
 from ipam_provider.api.capi import (
     ANNOTATION_PAUSED,
     FINALIZER_PROTECT_ADDRESS,
@@ -113,6 +114,7 @@ class ClaimReconciler:
             if FINALIZER_RELEASE_ADDRESS in claim.metadata.finalizers:
                 await release_claim(self.ctx, raw, claim, backend, kind, pool_ref, pool, claim_context(claim))
                 bound.info("claim released")
+                metrics.RELEASES.labels(kind.kind).inc()
             return None
         if cluster_name and cluster_raw is None:
             message = (
@@ -168,6 +170,7 @@ class ClaimReconciler:
             allocation = await backend.allocate(pool, claim_context(claim), existing)
         except BackendError as error:
             bound.info("allocation failed", reason=error.reason, message=error.message)
+            metrics.ALLOCATION_FAILURES.labels(kind.kind, error.reason).inc()
             await self._set_ready(raw, claim, False, error.reason, error.message, None)
             if error.retry_after is not None:
                 return error.retry_after
@@ -187,6 +190,7 @@ class ClaimReconciler:
                 return 0.0  # look again with the IPAddress that exists
             self.ctx.caches.addresses.upsert({**created, "apiVersion": ADDRESSES.api_version, "kind": "IPAddress"})
             bound.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
+            metrics.ALLOCATIONS.labels(kind.kind).inc()
             self.ctx.pool_changed(pool_ref)
         else:
             patch = adoption_patch(address_raw, claim, kind, pool)
