@@ -7,6 +7,8 @@ allocations, not the pool's size (see `allocator`).
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import time
 from collections.abc import Sequence
 
@@ -16,7 +18,7 @@ from pydantic import Field, ValidationError
 from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.allocator import address_to_int, cap_int64, int_to_address
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient
 from backends.protocol import (
     JSON,
     Allocation,
@@ -30,7 +32,7 @@ from backends.protocol import (
     PoolReport,
 )
 from ipam_provider.api.meta import Model, now_rfc3339
-from ipam_provider.kube.resources import IPAM_GROUP
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +41,8 @@ GLOBAL_IN_CLUSTER_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
 )
 RESYNC_SECONDS = 600.0
+SWEEP_INTERVAL = 60.0  # at most one sweep for stray reservations per pool and interval
+STRAY_GRACE = 60.0  # a reservation younger than this may belong to an allocation in progress
 
 
 class InClusterPoolSpec(Model):
@@ -69,8 +73,10 @@ class InClusterBackend:
     """Serves InClusterIPPool and GlobalInClusterIPPool."""
 
     def __init__(self, context: BackendContext) -> None:
+        self.kube = context.kube
         self.reservations = ReservationClient(context.kube)
         self._indexes: dict[PoolRef, PoolIndex] = {}
+        self._swept: dict[PoolRef, float] = {}
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -155,6 +161,8 @@ class InClusterBackend:
                 f"IPAddress {claim} names {existing.address!r}, which is not an address of {ref}'s family"
             ) from error
         holder = index.by_address.get(value)
+        if holder is not None and holder.claim_uid == claim.uid and claim.uid not in index.doubly_held:
+            return existing  # the steady state: nothing to ask the API server
         if holder is None or holder.claim_uid != claim.uid:
             reservation = await self.reservations.create(
                 ref,
@@ -180,6 +188,10 @@ class InClusterBackend:
             if other.address != existing.address:  # a reservation lost to a concurrent allocation
                 await self.reservations.delete(other)
                 index.drop(other)
+        index.doubly_held.discard(claim.uid)
+        held = index.by_address.get(value)
+        if held is not None:
+            index.by_claim[claim.uid] = held
         return existing
 
     async def release(
@@ -205,7 +217,7 @@ class InClusterBackend:
 
     async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            _, _, allocatable = self._parse(pool)
+            ref, _, allocatable = self._parse(pool)
         except PoolNotReadyError as error:
             counts = {"total": 0, "free": 0, "used": len(addresses), "outOfRange": len(addresses)}
             return PoolReport(False, "InvalidConfiguration", error.message, {"ipAddresses": counts})
@@ -216,6 +228,7 @@ class InClusterBackend:
             except ValueError:
                 inside = False
             out_of_range += 0 if inside else 1
+        await self._sweep(ref, addresses)
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
         counts = {
@@ -229,8 +242,58 @@ class InClusterBackend:
             message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
         return PoolReport(True, "PoolReady", message, {"ipAddresses": counts})
 
+    async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
+        """Delete stray reservations: those whose claim is gone, and a claim's extra ones.
+
+        A controller working from a lagging cache can reserve for a claim that another replica has just
+        served or released; that can never duplicate an address, but it would leak one. Only reservations with
+        no IPAddress behind them (by the cache) and older than STRAY_GRACE are checked, against fresh reads.
+        """
+        now = time.monotonic()
+        if now - self._swept.get(ref, 0.0) < SWEEP_INTERVAL:
+            return
+        self._swept[ref] = now
+        backed = {_normalized(allocation.address) for allocation in addresses}
+        index = self._indexes.get(ref)
+        for reservation in await self.reservations.list_pool(ref):
+            if reservation.released_at or _normalized(reservation.address) in backed:
+                continue
+            if _age_seconds(reservation.created_at) < STRAY_GRACE:
+                continue
+            if await self._holds_rightfully(reservation):
+                continue
+            log.info("stray reservation deleted", pool=str(ref), address=reservation.address, claim=reservation.claim)
+            await self.reservations.delete(reservation)
+            if index is not None:
+                index.drop(reservation)
+
+    async def _holds_rightfully(self, reservation: Reservation) -> bool:
+        namespace, _, name = reservation.claim.partition("/")
+        claim = await self.kube.get(CLAIMS, name, namespace)
+        if claim is None or claim["metadata"].get("uid") != reservation.claim_uid:
+            return False
+        address = await self.kube.get(ADDRESSES, name, namespace)
+        if address is None:
+            return True  # an allocation in progress: its IPAddress is about to be written
+        return _normalized(str(address.get("spec", {}).get("address", ""))) == _normalized(reservation.address)
+
     async def close(self) -> None:
         self._indexes.clear()
+
+
+def _normalized(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address.strip()))
+    except ValueError:
+        return address
+
+
+def _age_seconds(timestamp: str) -> float:
+    try:
+        created = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.datetime.now(datetime.UTC) - created).total_seconds()
 
 
 def _first_line(error: Exception) -> str:

@@ -22,6 +22,8 @@ class PoolIndex:
     family: int
     by_claim: dict[str, Reservation] = field(default_factory=dict)
     by_address: dict[int, Reservation] = field(default_factory=dict)
+    # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
+    doubly_held: set[str] = field(default_factory=set)
     built_at: float = field(default_factory=time.monotonic)
     spec_key: object = None
 
@@ -45,6 +47,9 @@ class PoolIndex:
             return  # another family: cannot collide with this pool's addresses
         self.by_address[value] = reservation
         if reservation.claim_uid:
+            known = self.by_claim.get(reservation.claim_uid)
+            if known is not None and known.name != reservation.name:
+                self.doubly_held.add(reservation.claim_uid)
             self.by_claim[reservation.claim_uid] = reservation
         self.allocator.mark_used(value)
 

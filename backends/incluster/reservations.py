@@ -43,6 +43,7 @@ class Reservation:
     released_at: str | None
     resource_version: str
     uid: str
+    created_at: str = ""
 
     @classmethod
     def parse(cls, obj: Object) -> Reservation:
@@ -58,6 +59,7 @@ class Reservation:
             released_at=spec.get("releasedAt"),
             resource_version=meta.get("resourceVersion", ""),
             uid=meta.get("uid", ""),
+            created_at=meta.get("creationTimestamp", ""),
         )
 
 

@@ -152,6 +152,15 @@ class ClaimReconciler:
         namespace, name = claim.metadata.namespace or "", claim.metadata.name
         address_raw = self.ctx.caches.addresses.get(namespace, name)
         existing: Allocation | None = None
+        if address_raw is None:
+            # A new allocation: confirm from the API server, not the cache, that the claim still wants one, so
+            # that a lagging cache never allocates for a claim another replica is releasing.
+            fresh = await self.ctx.kube.get(CLAIMS, name, namespace)
+            if fresh is None or fresh["metadata"].get("uid") != claim.metadata.uid:
+                return None
+            if fresh["metadata"].get("deletionTimestamp"):
+                self.ctx.caches.claims.upsert({**fresh, "apiVersion": CLAIMS.api_version, "kind": CLAIMS.kind})
+                return 0.0  # reconcile again, on the release path
         if address_raw is not None:
             address = IPAddress.model_validate(address_raw)
             if not belongs_to(address, claim, kind):

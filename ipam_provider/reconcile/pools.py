@@ -33,6 +33,8 @@ from ipam_provider.reconcile.events import WARNING
 log = structlog.get_logger(__name__)
 IN_USE_MESSAGE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
 RETRY_DELETING = 15.0
+RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
+RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
 
 
 def address_pool_ref(address: Object, kind: PoolKind) -> PoolRef:
@@ -99,7 +101,7 @@ class PoolReconciler:
             dict(report.status),
             event=not report.ready,
         )
-        return None
+        return RESYNC
 
     async def _addresses_in_use(self, kind: PoolKind, ref: PoolRef) -> int:
         items, _ = await self.ctx.kube.list(ADDRESSES, ref.namespace)

@@ -1,0 +1,342 @@
+"""End-to-end throughput of our controller against the Go in-cluster provider, measured in the same run.
+
+For each controller: a fresh local control plane (etcd + kube-apiserver, `tools.controlplane`), the CRDs that
+controller speaks, P InClusterIPPools in namespace `bench`, the controller as a subprocess, one warm-up claim
+(so caches are synced and workers run), then N claims created at once (20 in flight) across the pools. Measured:
+the time until every claim has `status.addressRef`, claims/second, the API requests the controller made per
+allocation (apiserver_request_total before/after, less the benchmark's own requests and the API server's upkeep),
+the controller's peak RSS (VmHWM) and CPU time from /proc, and addresses handed out twice within a pool.
+
+Ours runs `python -m ipam_provider run --workers 8` against CAPI v1beta2 CRDs (hack/versions.env). The baseline is
+sigs.k8s.io/cluster-api-ipam-provider-in-cluster v1.0.3 (CAPI v1beta1, CAPI v1.10 CRDs), built once into a cache
+outside the work tree by hack/go-incluster/build.sh. The two never run at the same time.
+
+Run from the repository root: `.venv/bin/python benchmarks/incluster_throughput.py [--claims 300] [--pools 3]
+[--skip-go]`. Exit status: 0 when our run succeeded (the baseline's failure is reported, not fatal), 1 when our
+run failed, 130 when interrupted. Every process started is stopped on the way out, Ctrl-C and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._support import (
+    GoPeer,
+    GoPeerUnavailable,
+    RequestCounts,
+    RunResult,
+    build_go_peer,
+    log_tail,
+    print_report,
+    proc_figures,
+    request_delta,
+    scrape_requests,
+    start_process,
+    stop_process,
+)
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import IPAM_GROUP, NAMESPACES, Resource
+from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
+from tools.controlplane.cluster import LocalControlPlane
+from tools.controlplane.crds import install_crds
+from tools.controlplane.versions import load_versions
+
+NAMESPACE = "bench"
+WARMUP = "warmup"
+IN_FLIGHT = 20
+CLUSTER_CRD = "cluster.x-k8s.io_clusters.yaml"
+POOLS = Resource(IPAM_GROUP, "v1alpha2", "inclusterippools", "InClusterIPPool", namespaced=True)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One controller under test and the API it speaks."""
+
+    name: str
+    slug: str
+    claim_version: str
+    crd_paths: list[Path]
+    argv: Callable[[Path], list[str]]
+
+    @property
+    def claims(self) -> Resource:
+        return Resource(IPAM_GROUP, self.claim_version, "ipaddressclaims", "IPAddressClaim", namespaced=True)
+
+    @property
+    def addresses(self) -> Resource:
+        return Resource(IPAM_GROUP, self.claim_version, "ipaddresses", "IPAddress", namespaced=True)
+
+
+def ours(workers: int) -> Target:
+    def argv(kubeconfig: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "ipam_provider",
+            "run",
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+            f"--workers={workers}",
+            "--log-level=warning",
+        ]
+
+    return Target("ours (python)", "ours", "v1beta2", [*capi_crd_paths(load_versions()), *our_crd_paths()], argv)
+
+
+def go_baseline(peer: GoPeer) -> Target:
+    def argv(kubeconfig: Path) -> list[str]:
+        return [
+            str(peer.binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            "--webhook-port=0",  # 0 skips the pool webhooks, which would need cert-manager's serving certificate
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+        ]
+
+    capi = ("ipam.cluster.x-k8s.io_ipaddressclaims.yaml", "ipam.cluster.x-k8s.io_ipaddresses.yaml", CLUSTER_CRD)
+    crds = [*(peer.capi_crds / name for name in capi), *sorted(peer.pool_crds.glob("*.yaml"))]
+    return Target(f"Go in-cluster {peer.version}", "go", "v1beta1", crds, argv)
+
+
+def pool_layout(claims: int, pools: int) -> tuple[int, list[tuple[str, str]]]:
+    """The smallest prefix (at most a /16) whose subnet holds each pool's share, and (name, CIDR) per pool."""
+    share = math.ceil(claims / pools) + 2  # the network and broadcast addresses are never handed out
+    prefix = 32 - max(1, math.ceil(math.log2(share)))
+    if prefix < 16:
+        raise SystemExit(f"{claims} claims over {pools} pools need more than a /16 per pool; add pools")
+    return prefix, [(f"pool-{i}", f"10.{100 + i}.0.0/{prefix}") for i in range(pools)]
+
+
+def claim_body(target: Target, name: str, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": target.claims.api_version,
+        "kind": "IPAddressClaim",
+        "metadata": {"name": name},
+        "spec": {"poolRef": {"apiGroup": IPAM_GROUP, "kind": POOLS.kind, "name": pool}},
+    }
+
+
+async def prepare(kubeconfig: Path, target: Target, claims: int, pools: int) -> None:
+    """CRDs, the namespace, the pools and the warm-up pool."""
+    prefix, layout = pool_layout(claims, pools)
+    kube = await KubeClient.from_kubeconfig(str(kubeconfig))
+    try:
+        await install_crds(kube, target.crd_paths)
+        await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for name, cidr, bits in [*((n, c, prefix) for n, c in layout), (WARMUP, "10.99.0.0/24", 24)]:
+            body = {"apiVersion": POOLS.api_version, "kind": POOLS.kind, "metadata": {"name": name}}
+            await kube.create(POOLS, {**body, "spec": {"addresses": [cidr], "prefix": bits}}, NAMESPACE)
+    finally:
+        await kube.close()
+
+
+async def wait_fulfilled(
+    kube: KubeClient, claims: Resource, expected: set[str], timeout: float, alive: Callable[[], bool]
+) -> int:
+    """Wait until every claim in `expected` has status.addressRef; return how many LISTs that took."""
+    deadline = time.monotonic() + timeout
+    fulfilled: set[str] = set()
+    lists = 0
+
+    def note(obj: dict[str, Any]) -> None:
+        if ((obj.get("status") or {}).get("addressRef") or {}).get("name"):
+            fulfilled.add(obj["metadata"]["name"])
+
+    version = ""
+    while True:
+        if not version:
+            items, version = await kube.list(claims, NAMESPACE, limit=100_000)
+            lists += 1
+            for item in items:
+                note(item)
+        while not expected <= fulfilled:
+            if not alive():
+                raise RuntimeError("the controller exited")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(expected - fulfilled)} of {len(expected)} claims unfulfilled after {timeout} s"
+                )
+            events = cast(  # an async generator: closed on break, which releases the connection
+                AsyncGenerator[tuple[str, dict[str, Any]], None],
+                kube.watch(claims, NAMESPACE, resource_version=version, timeout_seconds=2),
+            )
+            try:
+                async with contextlib.aclosing(events):
+                    async for kind, obj in events:
+                        version = obj.get("metadata", {}).get("resourceVersion") or version
+                        if kind in ("ADDED", "MODIFIED"):
+                            note(obj)
+                        if expected <= fulfilled:
+                            break
+            except ApiError as error:
+                if not error.gone:
+                    raise
+                version = ""
+                break
+        else:
+            return lists
+
+
+async def settled_counts(server: str, token: str, ca: Path) -> RequestCounts:
+    """Request counts once the controller's trailing writes (e.g. pool status) have stopped, at most 10 s on."""
+    previous = await asyncio.to_thread(scrape_requests, server, token, ca)
+    for _ in range(10):
+        await asyncio.sleep(1)
+        current = await asyncio.to_thread(scrape_requests, server, token, ca)
+        if current == previous:
+            break
+        previous = current
+    return previous
+
+
+async def measure(
+    plane: LocalControlPlane, target: Target, args: argparse.Namespace, result: RunResult, alive: Callable[[], bool]
+) -> None:
+    state = plane.state
+    assert state is not None
+    kube = await KubeClient.from_kubeconfig(str(plane.kubeconfig_path))
+    try:
+        await kube.create(target.claims, claim_body(target, WARMUP, WARMUP), NAMESPACE)
+        await wait_fulfilled(kube, target.claims, {WARMUP}, 90, alive)
+        _, layout = pool_layout(args.claims, args.pools)
+        work = [(f"claim-{i}", layout[i % len(layout)][0]) for i in range(args.claims)]
+        semaphore = asyncio.Semaphore(IN_FLIGHT)
+
+        async def create(name: str, pool: str) -> None:
+            async with semaphore:
+                await kube.create(target.claims, claim_body(target, name, pool), NAMESPACE)
+
+        before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)
+        started = time.monotonic()
+        async with asyncio.TaskGroup() as group:  # a failure anywhere cancels the rest
+            waiter = group.create_task(wait_fulfilled(kube, target.claims, {n for n, _ in work}, args.timeout, alive))
+            for name, pool in work:
+                group.create_task(create(name, pool))
+        lists = waiter.result()
+        result.seconds = time.monotonic() - started
+        after = await settled_counts(state.server, state.admin_token, state.ca_path)
+        claims_key = f"{IPAM_GROUP}/{target.claims.plural}"
+        driver: RequestCounts = collections.Counter({("POST", claims_key): args.claims, ("LIST", claims_key): lists})
+        result.requests = request_delta(before, after, driver)
+        addresses, _ = await kube.list(target.addresses, NAMESPACE, limit=100_000)
+        by_pool: dict[str, list[str]] = collections.defaultdict(list)
+        for address in addresses:
+            by_pool[address["spec"]["poolRef"]["name"]].append(address["spec"]["address"])
+        by_pool.pop(WARMUP, None)
+        for pool, values in by_pool.items():
+            twice = sorted(a for a, n in collections.Counter(values).items() if n > 1)
+            if twice:
+                result.duplicates[pool] = twice
+        if (count := sum(map(len, by_pool.values()))) != args.claims:
+            result.error = f"{count} IPAddresses for {args.claims} fulfilled claims"
+    finally:
+        await kube.close()
+
+
+def run_one(target: Target, binaries: Path, work: Path, args: argparse.Namespace) -> RunResult:
+    """Measure one controller on its own control plane; never raises except on interruption."""
+    result = RunResult(target.name, args.claims, args.pools)
+    plane = LocalControlPlane(work / target.slug, binaries)
+    log = work / f"{target.slug}-controller.log"
+    process = None
+    try:
+        started = time.monotonic()
+        plane.start()
+        asyncio.run(prepare(plane.kubeconfig_path, target, args.claims, args.pools))
+        print(f"[{target.name}] control plane and CRDs ready in {time.monotonic() - started:.1f} s", flush=True)
+        process = start_process(target.argv(plane.kubeconfig_path), log)
+        alive = process.poll
+        asyncio.run(measure(plane, target, args, result, lambda: alive() is None))
+        result.peak_rss_kib, result.cpu_seconds = proc_figures(process.pid)
+        print(f"[{target.name}] {args.claims} claims fulfilled in {result.seconds:.1f} s", flush=True)
+    except Exception as error:
+        while isinstance(error, ExceptionGroup) and error.exceptions:
+            error = error.exceptions[0]
+        result.error = f"{type(error).__name__}: {error}\n--- {log.name} (tail)\n{log_tail(log)}"
+    finally:
+        stop_process(process)
+        plane.stop()
+    return result
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--claims", type=int, default=300, help="claims created at once (default 300)")
+    parser.add_argument("--pools", type=int, default=3, help="pools they are spread over (default 3)")
+    parser.add_argument("--workers", type=int, default=8, help="our controller's --workers (default 8)")
+    parser.add_argument("--timeout", type=float, default=150, help="seconds allowed per run to fulfil all claims")
+    parser.add_argument("--skip-go", action="store_true", help="measure only our controller")
+    parser.add_argument("--keep-logs", type=Path, help="copy the controllers' logs into this directory")
+    args = parser.parse_args(argv)
+    if args.claims < 1 or not 1 <= args.pools <= 100:
+        parser.error("need --claims >= 1 and 1 <= --pools <= 100")
+    pool_layout(args.claims, args.pools)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    wall = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="ipam-bench-"))
+    results: list[RunResult] = []
+    try:
+        peer: GoPeer | None = None
+        go_problem = "skipped (--skip-go)" if args.skip_go else None
+        if not args.skip_go:
+            try:
+                peer = build_go_peer()
+                print(f"Go peer ready in {peer.build_seconds:.1f} s: {peer.binary}", flush=True)
+            except GoPeerUnavailable as error:
+                go_problem = str(error)
+        try:
+            binaries, target = binaries_dir(), ours(args.workers)
+        except AssetError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        results.append(run_one(target, binaries, work, args))
+        if peer is not None:
+            results.append(run_one(go_baseline(peer), binaries, work, args))
+    except KeyboardInterrupt:
+        print("\ninterrupted: control planes and controllers stopped", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep_logs:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in work.glob("*.log"):
+                shutil.copy(log, args.keep_logs / log.name)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{args.claims} claims across {args.pools} pools, our controller with --workers {args.workers}")
+    print_report(results)
+    if go_problem:
+        print(f"\nGo baseline not measured: {go_problem}")
+    print(f"\nbenchmark wall time {time.monotonic() - wall:.0f} s")
+    return 0 if results and results[0].error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
