@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries cluster-up cluster-down test lint run format generate
+.PHONY: venv binaries netbox cluster-up cluster-down test lint run format generate
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -19,13 +19,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 binaries:
 	hack/control-plane/build-binaries.sh
 
+# A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
+netbox:
+	hack/netbox/install.sh
+
 cluster-up: venv
 	@$(BIN)/python -m tools.controlplane up --dir $(CLUSTER_DIR)
 
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries
+test: venv binaries netbox
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv

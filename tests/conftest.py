@@ -1,3 +1,8 @@
 """Test-suite wiring: the real control plane and shared helpers are pytest plugins under tests/support."""
 
-pytest_plugins = ["tests.support.cluster", "tests.support.controller", "tests.wapi_simulator.fixtures"]
+pytest_plugins = [
+    "tests.support.cluster",
+    "tests.support.controller",
+    "tests.support.netbox",
+    "tests.wapi_simulator.fixtures",
+]
