@@ -159,9 +159,9 @@ class ClaimReconciler:
             if fresh is None or fresh["metadata"].get("uid") != claim.metadata.uid:
                 return None
             if fresh["metadata"].get("deletionTimestamp"):
-                self.ctx.caches.claims.upsert({**fresh, "apiVersion": CLAIMS.api_version, "kind": CLAIMS.kind})
+                self.ctx.caches.claims.upsert(fresh)
                 return 0.0  # reconcile again, on the release path
-        if address_raw is not None:
+        else:
             address = IPAddress.model_validate(address_raw)
             if not belongs_to(address, claim, kind):
                 message = (
@@ -193,11 +193,9 @@ class ClaimReconciler:
                     raise
                 fresh = await self.ctx.kube.get(ADDRESSES, name, namespace)
                 if fresh is not None:
-                    self.ctx.caches.addresses.upsert(
-                        {**fresh, "apiVersion": ADDRESSES.api_version, "kind": "IPAddress"}
-                    )
+                    self.ctx.caches.addresses.upsert(fresh)
                 return 0.0  # look again with the IPAddress that exists
-            self.ctx.caches.addresses.upsert({**created, "apiVersion": ADDRESSES.api_version, "kind": "IPAddress"})
+            self.ctx.caches.addresses.upsert(created)
             bound.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
             metrics.ALLOCATIONS.labels(kind.kind).inc()
             self.ctx.pool_changed(pool_ref)

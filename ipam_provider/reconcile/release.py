@@ -35,7 +35,6 @@ async def release_claim(
     allocation: Allocation | None = None
     address_raw = await ctx.kube.get(ADDRESSES, name, namespace)
     if address_raw is not None:
-        address_raw = {**address_raw, "apiVersion": ADDRESSES.api_version, "kind": ADDRESSES.kind}
         address = IPAddress.model_validate(address_raw)
         if belongs_to(address, claim, kind):
             allocation = allocation_of(address)
