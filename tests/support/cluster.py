@@ -52,9 +52,8 @@ def kubeconfig() -> Iterator[Path]:
         plane.start()
     except ControlPlaneError as error:
         pytest.fail(f"cannot start the local control plane: {error}", pytrace=False)
-    print(
-        f"local control plane ready in {time.monotonic() - started:.1f} s at {plane.state.server if plane.state else ''}"
-    )
+    server = plane.state.server if plane.state else ""
+    print(f"local control plane ready in {time.monotonic() - started:.1f} s at {server}")
     try:
         yield plane.kubeconfig_path
     finally:
