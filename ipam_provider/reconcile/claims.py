@@ -123,7 +123,9 @@ class ClaimReconciler:
             )
             await self._set_ready(raw, claim, False, REASON_WAITING_FOR_CLUSTER, message, None)
             return None
+        confirmed = False  # whether this reconcile has proven the cached claim current against the API server
         if FINALIZER_RELEASE_ADDRESS not in claim.metadata.finalizers:
+            confirmed = True  # the patch carries the resourceVersion: a stale or deleted claim fails it
             raw = await patch_cached(
                 self.ctx,
                 self.ctx.caches.claims,
@@ -137,7 +139,7 @@ class ClaimReconciler:
             message = f"{pool_ref} {state}; create it or point the claim at another pool"
             await self._set_ready(raw, claim, False, REASON_POOL_NOT_READY, message, None)
             return None
-        return await self._allocate(raw, claim, backend, kind, pool_ref, pool, bound)
+        return await self._allocate(raw, claim, backend, kind, pool_ref, pool, bound, confirmed)
 
     async def _allocate(
         self,
@@ -148,11 +150,12 @@ class ClaimReconciler:
         pool_ref: PoolRef,
         pool: Object,
         bound: structlog.typing.FilteringBoundLogger,
+        confirmed: bool,
     ) -> float | None:
         namespace, name = claim.metadata.namespace or "", claim.metadata.name
         address_raw = self.ctx.caches.addresses.get(namespace, name)
         existing: Allocation | None = None
-        if address_raw is None:
+        if address_raw is None and not confirmed:
             # A new allocation: confirm from the API server, not the cache, that the claim still wants one, so
             # that a lagging cache never allocates for a claim another replica is releasing.
             fresh = await self.ctx.kube.get(CLAIMS, name, namespace)
@@ -161,7 +164,7 @@ class ClaimReconciler:
             if fresh["metadata"].get("deletionTimestamp"):
                 self.ctx.caches.claims.upsert(fresh)
                 return 0.0  # reconcile again, on the release path
-        else:
+        if address_raw is not None:
             address = IPAddress.model_validate(address_raw)
             if not belongs_to(address, claim, kind):
                 message = (
