@@ -1,0 +1,404 @@
+"""Allocation and release against the grid, and the per-pool index of owned objects.
+
+Contract:
+- Steady state is one WAPI request per allocation: a POST of a fixedaddress / ipv6fixedaddress / record:host with
+  `func:nextavailableip:<subnet or range>,<network view>`, the ownership attributes and `_return_fields`, so the
+  answer carries the address and no follow-up GET is needed. The grid picks the address atomically, so two claims
+  never get the same one, even from two controllers.
+- Idempotent: the per-pool index (built by one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, and every
+  `index_resync_seconds`) maps claim uids to the objects they own; a claim that owns an object gets it back, with no
+  request. With `existing` (an IPAddress names the claim's address) the object at that address owned by the claim
+  is kept and any other object the claim owns is deleted (the remains of a lost reply); if the grid holds nothing
+  for the claim, the address is reserved literally, unless another object holds it.
+- Subnets and ranges are asked in the pool's order; "Cannot find 1 available IP address(es)" moves on to the next
+  (a full one is asked last for `exhausted_skip_seconds`), and when all are full the claim gets PoolExhausted.
+- A 503 is retried with backoff. A lost or timed-out POST has an unknown outcome: the claim is marked uncertain and
+  the grid is searched on CAPI-Claim-UID before anything is posted again, so a committed object is found and used.
+- Ownership is the CAPI-Claim-UID attribute and nothing else: a same-named host record or an object at the same
+  address without it is never adopted and never deleted. Release searches `*CAPI-Claim-UID=<uid>` (on the object
+  type the IPAddress's ref annotation names) and deletes exactly what that answers; a ref annotation that is not
+  among the answers is left alone. 404 on DELETE means already released.
+- A pool gateway that the grid hands out (nothing on the grid reserves it) is reserved once with a fixedaddress
+  carrying only CAPI-Pool, and the claim is served the next address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from backends.infoblox.api import (
+    ANNOTATION_HOSTNAME,
+    ANNOTATION_INSTANCE,
+    ANNOTATION_REF,
+    EA_POOL,
+    Pool,
+    Target,
+)
+from backends.infoblox.hostname import HostnameError, machine_name
+from backends.infoblox.instances import Connection, Instances
+from backends.infoblox.objects import (
+    FIXED_V4,
+    FIXED_V6,
+    HOST,
+    RETURN_FIELDS,
+    GridObject,
+    claim_comment,
+    fixed_payload,
+    host_payload,
+    next_available,
+    object_type,
+    ownership,
+    parse_object,
+    types_for_version,
+)
+from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
+from backends.infoblox.settings import Settings
+from backends.infoblox.wapi import Problem, WapiError
+from backends.protocol import (
+    Allocation,
+    AllocationFailedError,
+    BackendError,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolRef,
+)
+from ipam_provider.kube.client import KubeClient
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PoolState:
+    """What this process knows of one pool's objects on the grid."""
+
+    instance: str
+    built_at: float
+    by_claim: dict[str, list[GridObject]] = field(default_factory=dict)
+    uncertain: set[str] = field(default_factory=set)
+    exhausted: dict[str, float] = field(default_factory=dict)
+
+
+class Allocator:
+    def __init__(self, kube: KubeClient, instances: Instances, settings: Settings) -> None:
+        self._kube = kube
+        self._instances = instances
+        self._settings = settings
+        self._states: dict[PoolRef, PoolState] = {}
+        self.late_commits = LateCommits()
+
+    async def index(self, pool: Pool, connection: Connection) -> PoolState:
+        """The pool's index, rebuilt by a search on CAPI-Pool when missing, stale, or of another instance."""
+        state = self._states.get(pool.ref)
+        age = time.monotonic() - state.built_at if state is not None else 0.0
+        if state is None or state.instance != connection.name or age > self._settings.index_resync_seconds:
+            obj_type = object_type(pool)
+            answer = await connection.client.search(
+                obj_type, RETURN_FIELDS[obj_type], extattrs={EA_POOL: pool.label}, paging=True
+            )
+            fresh = PoolState(connection.name, time.monotonic())
+            if state is not None:
+                fresh.uncertain, fresh.exhausted = state.uncertain, state.exhausted
+            for raw in answer:
+                obj = parse_object(obj_type, raw)
+                if obj is not None and obj.claim_uid:
+                    fresh.by_claim.setdefault(obj.claim_uid, []).append(obj)
+            doubled = sum(1 for objects in fresh.by_claim.values() if len(objects) > 1)
+            log.info("pool index built", pool=str(pool.ref), objects=len(answer), claims_with_duplicates=doubled)
+            self._states[pool.ref] = state = fresh
+        return state
+
+    def released_elsewhere(self, ref: PoolRef) -> None:
+        """An address of the pool came free: full subnets are worth asking again."""
+        state = self._states.get(ref)
+        if state is not None:
+            state.exhausted.clear()
+
+    # --- allocation ----------------------------------------------------------------------------------------------
+
+    def quick(self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation) -> Allocation | None:
+        """The claim's existing address without a request, when the index says the claim owns exactly it."""
+        state = self._states.get(pool.ref)
+        if state is None or state.instance != connection.name or claim.uid in state.uncertain:
+            return None
+        owned = state.by_claim.get(claim.uid) or []
+        if len(owned) != 1 or not same(owned[0].address, existing.address):
+            return None
+        annotations = {**existing.annotations, **self._allocation(pool, connection, owned[0]).annotations}
+        return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
+
+    async def allocate(
+        self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation | None
+    ) -> Allocation:
+        """The claim's address (see the module's contract); BackendError when it cannot be had."""
+        try:
+            return await self._allocate(pool, connection, claim, existing)
+        except WapiError as error:
+            raise await self._translate(connection, error, str(pool.ref)) from error
+
+    async def _allocate(
+        self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation | None
+    ) -> Allocation:
+        state = await self.index(pool, connection)
+        network_view = pool.spec.network_view or connection.spec.default_network_view
+        if claim.uid in state.uncertain:
+            await self._resolve(connection, state, pool, claim)
+        if existing is not None:
+            return await self._hold_existing(pool, connection, state, claim, existing, network_view)
+        held = state.by_claim.get(claim.uid)
+        if held:
+            return self._allocation(pool, connection, held[0])
+        hostname = await self._hostname(pool, connection, claim)
+        tried_gateway: set[str] = set()
+        for target in self._order(pool, state):
+            while True:
+                value = next_available(target, network_view)
+                try:
+                    obj = await self._create(pool, connection, state, claim, value, network_view, hostname)
+                except WapiError as error:
+                    if error.problem is not Problem.EXHAUSTED:
+                        raise await self._translate(connection, error, str(target)) from error
+                    state.exhausted[target.argument] = time.monotonic() + self._settings.exhausted_skip_seconds
+                    log.info("subnet full; trying the next", claim=str(claim), pool=str(pool.ref), target=str(target))
+                    break
+                if target.gateway is None or not same(obj.address, target.gateway):
+                    state.exhausted.pop(target.argument, None)
+                    log.debug(
+                        "grid object created",
+                        claim=str(claim),
+                        pool=str(pool.ref),
+                        address=obj.address,
+                        ref=obj.ref,
+                        target=str(target),
+                    )
+                    return self._allocation(pool, connection, obj, target)
+                if target.argument in tried_gateway:
+                    raise AllocationFailedError(f"the grid keeps handing out gateway {target.gateway} of {target}")
+                tried_gateway.add(target.argument)
+                await self._reserve_gateway(pool, connection, state, claim, obj, target, network_view)
+        names = ", ".join(str(t) for t in pool.targets)
+        raise PoolExhaustedError(f"{pool.ref} has no free address on the grid in {names}; add a subnet or free some")
+
+    def _order(self, pool: Pool, state: PoolState) -> list[Target]:
+        """The pool's targets in order, those found full a moment ago last."""
+        now = time.monotonic()
+        fresh = [t for t in pool.targets if state.exhausted.get(t.argument, 0.0) <= now]
+        return fresh + [t for t in pool.targets if t not in fresh]
+
+    async def _create(
+        self,
+        pool: Pool,
+        connection: Connection,
+        state: PoolState,
+        claim: ClaimContext,
+        address: str,
+        network_view: str,
+        hostname: str | None,
+    ) -> GridObject:
+        """POST one object for the claim at `address` (literal or func:), resolving lost replies; WapiError if not."""
+        obj_type = object_type(pool)
+        eas = ownership(pool, claim)
+        if obj_type == HOST:
+            assert hostname is not None and pool.spec.host_record is not None
+            dns_view = pool.spec.host_record.dns_view or connection.spec.default_dns_view
+            configure = pool.spec.host_record.configure_for_dns
+            payload = host_payload(pool.version, address, hostname, dns_view, configure, eas, claim_comment(claim))
+        else:
+            payload = fixed_payload(pool.version, address, network_view, eas, claim_comment(claim), claim.uid)
+        attempts, resent = self._settings.create_attempts, False
+        for attempt in range(attempts):
+            try:
+                raw = await connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
+            except WapiError as error:
+                last = attempt + 1 == attempts
+                if error.problem is Problem.UNKNOWN_OUTCOME:
+                    state.uncertain.add(claim.uid)
+                    log.warning(
+                        "reply to an allocation lost; searching the grid for it",
+                        claim=str(claim),
+                        pool=str(pool.ref),
+                        detail=error.detail,
+                    )
+                    found = await self._resolve(connection, state, pool, claim)
+                    if found is not None:
+                        return found
+                    resent = True
+                elif error.problem is Problem.CONFLICT and obj_type == HOST and hostname is not None:
+                    return await self._same_name(connection, state, claim, hostname, payload["view"], error)
+                elif error.problem is not Problem.UNAVAILABLE:
+                    raise
+                if last:
+                    raise
+                await asyncio.sleep(self._settings.retry.delay(attempt))
+                continue
+            obj = parse_object(obj_type, raw)
+            if obj is None:
+                raise WapiError(Problem.REFUSED, f"the grid answered a {obj_type} without an address")
+            state.by_claim[claim.uid] = [obj]
+            if resent:  # the lost request may still be carried out: look again a little later
+                timeout = float(connection.spec.request_timeout_seconds)
+                delays = (2 * timeout, connection.client.call_timeout)
+                holds = self._holds(pool.ref, claim.uid)
+                self.late_commits.watch(connection, obj_type, claim, obj.ref, holds, delays)
+            return obj
+        raise AssertionError("unreachable")
+
+    def _holds(self, ref: PoolRef, claim_uid: str) -> Callable[[], set[str]]:
+        def holds() -> set[str]:
+            state = self._states.get(ref)
+            return {o.ref for o in state.by_claim.get(claim_uid, [])} if state is not None else set()
+
+        return holds
+
+    async def _resolve(
+        self, connection: Connection, state: PoolState, pool: Pool, claim: ClaimContext
+    ) -> GridObject | None:
+        """Search the grid for what the claim owns after a lost reply; the claim stays uncertain if that fails."""
+        found = await owned(connection, (object_type(pool),), claim.uid)
+        state.uncertain.discard(claim.uid)
+        if not found:
+            state.by_claim.pop(claim.uid, None)
+            return None
+        state.by_claim[claim.uid] = found
+        log.info("lost allocation found on the grid", claim=str(claim), pool=str(pool.ref), address=found[0].address)
+        return found[0]
+
+    async def _same_name(
+        self,
+        connection: Connection,
+        state: PoolState,
+        claim: ClaimContext,
+        hostname: str,
+        dns_view: str,
+        error: WapiError,
+    ) -> GridObject:
+        """A host record of this name exists: it is the claim's only if it carries the claim's uid."""
+        answer = await connection.client.search(HOST, RETURN_FIELDS[HOST], {"name": hostname, "view": dns_view})
+        holders = [obj for obj in (parse_object(HOST, raw) for raw in answer) if obj is not None]
+        mine = [obj for obj in holders if obj.claim_uid == claim.uid]
+        if mine:
+            state.by_claim[claim.uid] = mine
+            return mine[0]
+        if not holders:
+            raise error
+        owner = holders[0].extattrs
+        if holders[0].claim_uid:
+            whose = f"it belongs to claim {owner.get('CAPI-Claim-Namespace')}/{owner.get('CAPI-Claim-Name')}"
+        else:
+            whose = "it was not made by this provider and is never adopted"
+        raise AllocationFailedError(
+            f"host record {hostname} already exists in DNS view {dns_view} ({whose}); delete or rename it, or "
+            "change the pool's hostnameSource"
+        )
+
+    async def _hold_existing(
+        self,
+        pool: Pool,
+        connection: Connection,
+        state: PoolState,
+        claim: ClaimContext,
+        existing: Allocation,
+        network_view: str,
+    ) -> Allocation:
+        """Make the claim own exactly the address its IPAddress names, and nothing else."""
+        mine = state.by_claim.get(claim.uid) or []
+        if not any(same(o.address, existing.address) for o in mine):
+            mine = await owned(connection, types_for_version(pool.version), claim.uid)
+        keep = next((o for o in mine if same(o.address, existing.address)), None)
+        if keep is None:
+            keep = await self._reserve_literal(pool, connection, state, claim, existing.address, network_view)
+        for other in mine:
+            if other.ref != keep.ref:  # e.g. the object of a reply that was lost, then searched for too early
+                await connection.client.delete(other.ref)
+                log.info("surplus object of a claim released", claim=str(claim), pool=str(pool.ref), ref=other.ref)
+        state.by_claim[claim.uid] = [keep]
+        annotations = {**existing.annotations, **self._allocation(pool, connection, keep).annotations}
+        return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
+
+    async def _reserve_literal(
+        self, pool: Pool, connection: Connection, state: PoolState, claim: ClaimContext, address: str, view: str
+    ) -> GridObject:
+        fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
+        field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
+        try:
+            holders = await connection.client.search(fixed, [field_name], {field_name: address, "network_view": view})
+            holders += await connection.client.search(HOST, ["name"], {field_name: address})
+            if holders:
+                raise AllocationFailedError(
+                    f"address {address} of IPAddress {claim} is held on the grid by {holders[0]['_ref']}, which "
+                    f"the claim does not own; delete one of the two"
+                )
+            hostname = await self._hostname(pool, connection, claim)
+            obj = await self._create(pool, connection, state, claim, address, view, hostname)
+        except WapiError as error:
+            raise await self._translate(connection, error, f"address {address}") from error
+        log.info("address of an existing IPAddress reserved on the grid", claim=str(claim), address=address)
+        return obj
+
+    async def _reserve_gateway(
+        self,
+        pool: Pool,
+        connection: Connection,
+        state: PoolState,
+        claim: ClaimContext,
+        obj: GridObject,
+        target: Target,
+        view: str,
+    ) -> None:
+        """The grid handed out the gateway: give it back, and hold it with a reservation of the pool's own."""
+        assert target.gateway is not None
+        comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
+        payload = fixed_payload(pool.version, target.gateway, view, {EA_POOL: pool.label}, comment, pool.uid)
+        try:
+            await connection.client.delete(obj.ref)
+            state.by_claim.pop(claim.uid, None)
+            await connection.client.create(FIXED_V4 if pool.version == 4 else FIXED_V6, payload, ["network_view"])
+        except WapiError as error:
+            if error.problem is not Problem.CONFLICT:
+                raise await self._translate(connection, error, str(target)) from error
+        log.warning("gateway was free on the grid; reserved it", pool=str(pool.ref), gateway=target.gateway)
+
+    async def _hostname(self, pool: Pool, connection: Connection, claim: ClaimContext) -> str | None:
+        settings = pool.spec.host_record
+        if settings is None or object_type(pool) != HOST:
+            return None
+        if settings.hostname_source == "claimName":
+            name = claim.name
+        else:
+            try:
+                name = await machine_name(self._kube, claim, self._settings.owner_depth)
+            except HostnameError as error:
+                raise AllocationFailedError(str(error)) from error
+        return f"{name}.{settings.dns_zone.strip('.')}"
+
+    def _allocation(
+        self, pool: Pool, connection: Connection, obj: GridObject, target: Target | None = None
+    ) -> Allocation:
+        target = target or pool.target_of(obj.address)
+        annotations = {ANNOTATION_REF: obj.ref, ANNOTATION_INSTANCE: connection.name}
+        if obj.name:
+            annotations[ANNOTATION_HOSTNAME] = obj.name
+        return Allocation(obj.address, target.prefix, target.gateway, annotations)
+
+    # --- release -------------------------------------------------------------------------------------------------
+
+    async def release(
+        self, connection: Connection, pool_ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        """Delete every object the claim owns (see `ownership.release_owned`); BackendError if the grid fails."""
+        try:
+            await release_owned(connection, pool_ref, claim, allocation)
+        except WapiError as error:
+            raise await self._translate(connection, error, "release") from error
+        state = self._states.get(pool_ref)
+        if state is not None:
+            state.by_claim.pop(claim.uid, None)
+            state.uncertain.discard(claim.uid)
+            state.exhausted.clear()
+
+    async def _translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
+        return await translate(self._instances, connection, error, what)

@@ -1,0 +1,151 @@
+"""The Infoblox backend: InfobloxIPPool (v1alpha1) served from an Infoblox NIOS grid through infoblox-client.
+
+How the pieces fit: `instances` turns an InfobloxInstance and its Secrets into a cached connection (a Connector
+with its own bounded thread pool) and checks the grid; `allocator` allocates and releases (one WAPI request per
+allocation in steady state; ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool
+against the grid for its status. The pool's Ready condition depends on its instance's: a pool is Ready only when
+its instance answers, accepts the credentials, verifies under TLS, and holds the pool's view, networks and ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+
+from backends.infoblox.allocator import Allocator
+from backends.infoblox.api import ANNOTATION_INSTANCE, INFOBLOX_POOL, Pool, PoolSpecError, parse_pool, pool_ref_of
+from backends.infoblox.checks import PoolChecks, usage
+from backends.infoblox.instances import Connection, InstanceProblem, Instances
+from backends.infoblox.settings import Settings
+from backends.protocol import (
+    JSON,
+    Allocation,
+    BackendContext,
+    ClaimContext,
+    PoolKind,
+    PoolNotReadyError,
+    PoolRef,
+    PoolReport,
+    ReleaseImpossibleError,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class InfobloxBackend:
+    """Serves InfobloxIPPool."""
+
+    def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.instances = Instances(context.kube, self.settings)
+        self.allocator = Allocator(context.kube, self.instances, self.settings)
+        self.checks = PoolChecks(self.instances, self.settings)
+        self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return (INFOBLOX_POOL,)
+
+    def _parse(self, pool: JSON) -> Pool:
+        try:
+            parsed = parse_pool(pool)
+        except PoolSpecError as error:
+            raise PoolNotReadyError(f"{pool_ref_of(pool)} is invalid: {error}; fix the pool's spec") from error
+        self._known[parsed.ref] = parsed
+        return parsed
+
+    async def _connect(self, name: str) -> Connection:
+        try:
+            return await self.instances.connect(name)
+        except InstanceProblem as problem:
+            raise PoolNotReadyError(f"InfobloxInstance {name}: {problem.message}") from problem
+
+    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
+        try:
+            return await self._allocate(pool, claim, existing)
+        except PoolNotReadyError as error:
+            if error.retry_after is None:
+                error.retry_after = self.settings.not_ready_retry_seconds
+            raise
+
+    async def _allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None) -> Allocation:
+        parsed = self._parse(pool)
+        connection = await self._connect(parsed.instance)
+        if existing is not None:
+            quick = self.allocator.quick(parsed, connection, claim, existing)
+            if quick is not None:
+                return quick
+        health = await self.instances.health(connection)
+        if not health.ready:
+            raise PoolNotReadyError(
+                f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
+            )
+        try:
+            return await self.allocator.allocate(parsed, connection, claim, existing)
+        except PoolNotReadyError:
+            self.checks.forget(parsed.ref)  # the pool's status should say what is wrong, at its next report
+            raise
+
+    async def release(
+        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        instance = None
+        if pool is not None:
+            try:
+                instance = self._parse(pool).instance
+            except PoolNotReadyError:
+                instance = None
+        if instance is None and allocation is not None:
+            instance = allocation.annotations.get(ANNOTATION_INSTANCE)
+        if instance is None and pool_ref in self._known:
+            instance = self._known[pool_ref].instance
+        if instance is None:
+            raise ReleaseImpossibleError(
+                f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
+                f"unknown; delete the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+            )
+        try:
+            connection = await self.instances.connect(instance)
+        except InstanceProblem as problem:
+            if problem.reason == "InstanceNotFound":
+                raise ReleaseImpossibleError(
+                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released; delete "
+                    f"the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+                ) from problem
+            raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
+        await self.allocator.release(connection, pool_ref, claim, allocation)
+        self.allocator.released_elsewhere(pool_ref)
+
+    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+        try:
+            parsed = parse_pool(pool)
+        except PoolSpecError as error:
+            return PoolReport(False, "InvalidConfiguration", f"{error}; fix the pool's spec", usage(None, addresses))
+        self._known[parsed.ref] = parsed
+        counts = usage(parsed, addresses)
+        view = parsed.spec.network_view
+        try:
+            connection = await self.instances.connect(parsed.instance)
+        except InstanceProblem as problem:
+            message = f"InfobloxInstance {parsed.instance}: {problem.message}"
+            return PoolReport(False, problem.reason, message, counts)
+        view = view or connection.spec.default_network_view
+        status = {**counts, "networkView": view}
+        health = await self.instances.health(connection)
+        if not health.ready:
+            return PoolReport(False, health.reason, f"InfobloxInstance {parsed.instance}: {health.message}", status)
+        generation = int(pool["metadata"].get("generation") or 0)
+        check = await self.checks.check(parsed, generation, connection, health)
+        if not check.ready:
+            return PoolReport(False, check.reason, check.message, status)
+        try:
+            await self.allocator.index(parsed, connection)
+        except Exception as error:  # the index is rebuilt on the next allocation anyway
+            log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
+        free, total = counts["ipAddresses"]["free"], counts["ipAddresses"]["total"]
+        return PoolReport(True, "PoolReady", f"{free} of {total} addresses free; {check.message}", status)
+
+    async def close(self) -> None:
+        await self.allocator.late_commits.close()
+        await self.instances.close()

@@ -1,0 +1,80 @@
+"""The host name of a host record: the claim's name, or the name of the Machine that owns the claim.
+
+The Machine is found by following ownerReferences from the claim, breadth-first and controller references first,
+at most `depth` levels: a claim made by an infrastructure provider is typically owned by an infrastructure object
+(a VSphereVM, a Metal3Data, ...) that is owned, directly or through another, by a cluster.x-k8s.io Machine. An
+owner that is not a Machine is read from the API server to learn its own owners: its resource is the owner's
+apiVersion and the plural of its kind (lower case, English plural), in the claim's namespace. Reading it needs
+`get` on that resource (add it to the ClusterRole for your infrastructure provider's kinds); an owner that cannot
+be read is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from backends.protocol import ClaimContext
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import CLUSTER_GROUP, Resource
+
+log = structlog.get_logger(__name__)
+
+
+class HostnameError(Exception):
+    """No host name can be had for the claim; the message says why."""
+
+
+async def machine_name(kube: KubeClient, claim: ClaimContext, depth: int) -> str:
+    """The name of the Machine owning the claim, through at most `depth` ownerReferences."""
+    level: list[Mapping[str, Any]] = _ordered(claim.owner_references)
+    seen: set[tuple[str, str, str]] = set()
+    for _ in range(depth):
+        following: list[Mapping[str, Any]] = []
+        for ref in level:
+            api_version, kind, name = str(ref.get("apiVersion", "")), str(ref.get("kind", "")), str(ref.get("name"))
+            group = api_version.split("/", 1)[0] if "/" in api_version else ""
+            if kind == "Machine" and group == CLUSTER_GROUP:
+                return name
+            if (api_version, kind, name) in seen:
+                continue
+            seen.add((api_version, kind, name))
+            owner = await _read_owner(kube, api_version, kind, name, claim.namespace)
+            if owner is not None:
+                following.extend(_ordered(owner.get("metadata", {}).get("ownerReferences") or []))
+        if not following:
+            break
+        level = following
+    raise HostnameError(
+        f"no cluster.x-k8s.io Machine owns claim {claim} within {depth} ownerReferences; set "
+        "spec.hostRecord.hostnameSource to claimName, or let the claim's owner chain reach its Machine"
+    )
+
+
+def _ordered(refs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(refs, key=lambda ref: not ref.get("controller"))
+
+
+async def _read_owner(
+    kube: KubeClient, api_version: str, kind: str, name: str, namespace: str
+) -> Mapping[str, Any] | None:
+    group, _, version = api_version.rpartition("/")
+    resource = Resource(group, version, plural(kind), kind, namespaced=True)
+    try:
+        return await kube.get(resource, name, namespace)
+    except ApiError as error:
+        log.info("owner of a claim cannot be read", owner=f"{kind}/{namespace}/{name}", status=error.status)
+        return None
+
+
+def plural(kind: str) -> str:
+    """The resource name of a kind by the English rule Kubernetes code generators follow."""
+    lower = kind.lower()
+    if lower.endswith(("s", "x", "z", "ch", "sh")):
+        return lower + "es"
+    if lower.endswith("y") and len(lower) > 1 and lower[-2] not in "aeiou":
+        return lower[:-1] + "ies"
+    return lower + "s"

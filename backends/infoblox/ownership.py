@@ -1,0 +1,161 @@
+"""Ownership on the grid: what a claim owns, releasing it, and turning WAPI failures into messages for people.
+
+Contract:
+- A claim owns exactly the fixed addresses and host records whose CAPI-Claim-UID extensible attribute is the
+  claim's uid. `owned` finds them with an attribute search (`*CAPI-Claim-UID=<uid>`, one GET per object type, an
+  empty answer when there are none) and checks the attribute again on every object answered.
+- `release_owned` deletes what `owned` answers and nothing else. The IPAddress's ref annotation only chooses the
+  object type to search; the object it names is deleted only if the search answers it too. This costs one GET and
+  one DELETE per release and never deletes an object the claim does not own, even when the annotation was edited
+  or the grid re-used a reference for a new object (NIOS references are derived from the object's natural key). A
+  search was preferred to a GET by reference: a failing GET costs four requests in infoblox-client and cannot
+  tell "gone" from "unavailable"; a search answers [] for "gone". A 404 on DELETE counts as released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from backends.infoblox.api import ANNOTATION_REF, EA_CLAIM_UID
+from backends.infoblox.instances import INSTANCE_WIDE, Connection, Instances
+from backends.infoblox.objects import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref, types_for_version
+from backends.infoblox.wapi import Problem, WapiError
+from backends.protocol import (
+    Allocation,
+    AllocationFailedError,
+    BackendError,
+    ClaimContext,
+    PoolNotReadyError,
+    PoolRef,
+)
+
+log = structlog.get_logger(__name__)
+
+
+async def owned(connection: Connection, types: Sequence[str], claim_uid: str) -> list[GridObject]:
+    """Every object of `types` whose CAPI-Claim-UID is `claim_uid` (one search per type)."""
+    found: list[GridObject] = []
+    for obj_type in types:
+        try:
+            answer = await connection.client.search(
+                obj_type, RETURN_FIELDS[obj_type], extattrs={EA_CLAIM_UID: claim_uid}
+            )
+        except WapiError as error:
+            if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
+                return []
+            raise
+        for raw in answer:
+            obj = parse_object(obj_type, raw)
+            if obj is not None and obj.claim_uid == claim_uid:
+                found.append(obj)
+    return found
+
+
+async def release_owned(
+    connection: Connection, pool_ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
+) -> list[GridObject]:
+    """Delete every object the claim owns; answer them. Raises WapiError when the grid fails."""
+    ref = allocation.annotations.get(ANNOTATION_REF) if allocation is not None else None
+    if ref and type_of_ref(ref) in ALL_TYPES:
+        types: Sequence[str] = (type_of_ref(ref),)
+    else:
+        types = types_for_version(version_of(allocation.address) if allocation is not None else None)
+    objects = await owned(connection, types, claim.uid)
+    for obj in objects:
+        deleted = await connection.client.delete(obj.ref)
+        log.info(
+            "grid object released",
+            claim=str(claim),
+            pool=str(pool_ref),
+            address=obj.address,
+            ref=obj.ref,
+            already_gone=not deleted,
+        )
+    if ref and ref not in {obj.ref for obj in objects}:
+        log.info(
+            "object named by the IPAddress is not owned by the claim (or is gone); left alone",
+            claim=str(claim),
+            pool=str(pool_ref),
+            ref=ref,
+        )
+    return objects
+
+
+class LateCommits:
+    """Removes the object a timed-out or lost POST may still create after the claim was served by a second POST.
+
+    `watch` is called when a POST's outcome was unknown, a search found nothing, and the POST was sent again. Twice
+    (after `delays`) it searches the claim's objects and deletes those other than `keep_ref` (the one the claim
+    was given), as long as the claim holds `keep_ref` or has been released (`holds` answers the refs the pool's
+    index lists for the claim). Failures are logged; release deletes every owned object anyway.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def watch(
+        self,
+        connection: Connection,
+        obj_type: str,
+        claim: ClaimContext,
+        keep_ref: str,
+        holds: Callable[[], set[str]],
+        delays: Sequence[float],
+    ) -> None:
+        async def check() -> None:
+            for delay in delays:
+                await asyncio.sleep(delay)
+                held = holds()
+                if held and keep_ref not in held:
+                    return  # the claim holds something else now: allocation sorts it out
+                try:
+                    for obj in await owned(connection, (obj_type,), claim.uid):
+                        if obj.ref != keep_ref:
+                            await connection.client.delete(obj.ref)
+                            log.info("late object of a lost request released", claim=str(claim), ref=obj.ref)
+                except WapiError as error:
+                    log.info("cannot look for a late object", claim=str(claim), detail=error.detail)
+
+        task = asyncio.create_task(check())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def translate(instances: Instances, connection: Connection, error: WapiError, what: str) -> BackendError:
+    """A BackendError for people; instance-wide failures also go to the instance's condition."""
+    if error.problem in INSTANCE_WIDE:
+        health = await instances.failed(connection, error)
+        return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
+    if error.problem in (Problem.TARGET_NOT_FOUND, Problem.VIEW_NOT_FOUND):
+        return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
+    if error.problem is Problem.UNKNOWN_EA:
+        return PoolNotReadyError(f"{error.detail}: define it on the grid or remove it from spec.extensibleAttributes")
+    if error.problem in (Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME):
+        return AllocationFailedError(f"the grid did not answer ({error.detail}); retrying", retry_after=5.0)
+    return AllocationFailedError(f"{what}: the grid refused: {error.detail}")
+
+
+def same(a: str, b: str) -> bool:
+    """Whether two address strings name one address."""
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+
+
+def version_of(address: str) -> int | None:
+    try:
+        return ipaddress.ip_address(address).version
+    except ValueError:
+        return None

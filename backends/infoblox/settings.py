@@ -1,0 +1,30 @@
+"""Tunables of the Infoblox backend. The defaults suit production; tests shorten the timers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.infoblox.wapi import RetryPolicy
+
+
+@dataclass(frozen=True)
+class Settings:
+    # How long an InfobloxInstance and its Secrets, once read, are trusted before they are read again (a changed
+    # instance or Secret rebuilds the connection; an authentication failure forces a fresh read at once).
+    instance_cache_seconds: float = 5.0
+    # How long a grid check (reachability, TLS, credentials, views, networks) is trusted, when it passed / failed.
+    healthy_recheck_seconds: float = 300.0
+    unhealthy_recheck_seconds: float = 10.0
+    # How often the per-pool index of owned grid objects is rebuilt by an extensible-attribute search.
+    index_resync_seconds: float = 600.0
+    # A subnet that answered "Cannot find 1 available IP" is skipped for this long (until then the next one is
+    # asked first), unless this controller released an address of the pool meanwhile.
+    exhausted_skip_seconds: float = 30.0
+    # Backoff for 503 answers and lost or timed-out requests.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # POST attempts per allocation when the grid answers 503 or the outcome is unknown.
+    create_attempts: int = 5
+    # When a claim that failed with PoolNotReady is looked at again (None: the reconciler's default).
+    not_ready_retry_seconds: float | None = None
+    # How many ownerReferences deep the Machine that owns a claim is looked for.
+    owner_depth: int = 5

@@ -1,0 +1,258 @@
+"""Asynchronous access to one grid through infoblox-client's blocking `Connector`.
+
+Contract:
+- Every call runs in the client's own bounded thread pool (`max_workers` = the instance's maxConcurrentRequests),
+  so at most that many WAPI requests are in flight per instance, and the event loop never blocks. A call that does
+  not finish within `call_timeout` is abandoned (its thread still ends on the HTTP timeout) and reported as
+  `Problem.UNKNOWN_OUTCOME`.
+- Every failure surfaces as `WapiError` with a `Problem` and a `detail` that is safe to show: the grid's own error
+  `text`, or a short description. Credentials are never part of it (infoblox-client keeps them in the session's
+  auth, never in URLs; library exception strings, which embed URLs and bodies, are never passed on).
+- `search` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or timed-out
+  requests; `create` is tried once, because a lost POST may have been committed: the caller decides (see
+  `backends.infoblox.allocator`).
+- Never uses infoblox-client's `check_if_exists` (broken for `func:` values) nor a GET by reference (a failing GET
+  costs four requests and cannot tell 404 from 503 to the caller); existence is asked with searches, which answer
+  `[]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+import structlog
+from infoblox_client import connector as ib_connector
+from infoblox_client import exceptions as ib_ex
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+class Problem(enum.Enum):
+    AUTH = "AuthenticationFailed"
+    TLS = "TLSVerificationFailed"
+    UNREACHABLE = "Unreachable"
+    UNKNOWN_OUTCOME = "UnknownOutcome"  # the request may or may not have been carried out
+    UNAVAILABLE = "GridUnavailable"  # 503: the grid did nothing
+    NOT_FOUND = "NotFound"
+    EXHAUSTED = "Exhausted"
+    TARGET_NOT_FOUND = "TargetNotFound"  # func:nextavailableip names no network/range of the view
+    UNKNOWN_EA = "UnknownExtensibleAttribute"
+    VIEW_NOT_FOUND = "ViewNotFound"
+    CONFLICT = "Conflict"
+    REFUSED = "Refused"  # any other error answer
+
+
+TRANSIENT = frozenset({Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME, Problem.UNREACHABLE})
+
+
+class WapiError(Exception):
+    """A failed WAPI call. `detail` is safe to show to people."""
+
+    def __init__(self, problem: Problem, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{problem.value}: {detail}")
+        self.problem = problem
+        self.detail = detail
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    base_delay: float = 0.25
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (0-based), with ±20 % jitter."""
+        delay: float = min(self.max_delay, self.base_delay * (2**attempt))
+        return delay * random.uniform(0.8, 1.2)
+
+
+class WapiClient:
+    """One grid, one infoblox-client Connector (thread-safe, shared by the pool's threads)."""
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        *,
+        max_workers: int,
+        request_timeout: float,
+        retry: RetryPolicy,
+        label: str,
+    ) -> None:
+        self.label = label
+        self.retry = retry
+        # A failing GET may cost four HTTP requests (infoblox-client's own retries), each bounded by the timeout.
+        self.call_timeout = request_timeout * 4 + 5
+        self._connector = ib_connector.Connector(
+            {
+                **options,
+                "http_request_timeout": request_timeout,
+                "http_pool_connections": max_workers,
+                "http_pool_maxsize": max_workers,
+                "max_retries": 1,  # urllib3: re-sends only idempotent requests (never a POST)
+                "paging": False,
+            }
+        )
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"wapi-{label}")
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        try:
+            return await asyncio.wait_for(future, self.call_timeout)
+        except TimeoutError as error:
+            raise WapiError(Problem.UNKNOWN_OUTCOME, f"no answer within {self.call_timeout:.0f} s") from error
+        except Exception as error:
+            raise classify(error) from error
+
+    async def _retrying(self, what: str, fn: Callable[[], T]) -> T:
+        for attempt in range(self.retry.attempts):
+            try:
+                return await self._run(fn)
+            except WapiError as error:
+                if error.problem not in TRANSIENT or attempt + 1 == self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt)
+                log.info(
+                    "WAPI call failed; retrying",
+                    grid=self.label,
+                    call=what,
+                    problem=error.problem.value,
+                    detail=error.detail,
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def search(
+        self,
+        obj_type: str,
+        fields: Sequence[str],
+        params: Mapping[str, str] | None = None,
+        extattrs: Mapping[str, str] | None = None,
+        *,
+        paging: bool = False,
+    ) -> list[Obj]:
+        """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none."""
+        eas = {name: {"value": value} for name, value in (extattrs or {}).items()} or None
+
+        def call() -> Any:
+            return self._connector.get_object(
+                obj_type,
+                payload=dict(params or {}),
+                return_fields=list(fields),
+                extattrs=eas,
+                paging=paging,
+                max_results=1000 if paging else None,
+            )
+
+        result = await self._retrying(f"GET {obj_type}", call)
+        return list(result or [])
+
+    async def create(self, obj_type: str, payload: Mapping[str, Any], fields: Sequence[str]) -> Obj:
+        """One POST (no retry), answering the new object with `fields`."""
+
+        def call() -> Any:
+            return self._connector.create_object(obj_type, dict(payload), return_fields=list(fields))
+
+        result = await self._run(call)
+        if not isinstance(result, dict) or "_ref" not in result:
+            raise WapiError(Problem.REFUSED, f"the grid answered the POST of a {obj_type} without an object")
+        return result
+
+    async def delete(self, ref: str) -> bool:
+        """DELETE one object by reference; False if it was already gone (404)."""
+        try:
+            await self._retrying(f"DELETE {ref.split('/', 1)[0]}", lambda: self._connector.delete_object(ref))
+        except WapiError as error:
+            if error.problem is Problem.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self._connector.session.close()
+
+
+_VERIFY = re.compile(r"certificate verify failed: ([^'\"()]+)")
+_VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .+ not found")
+
+
+def classify(error: BaseException) -> WapiError:
+    """Map an infoblox-client / requests failure to a WapiError without leaking its text."""
+    if isinstance(error, WapiError):
+        return error
+    if isinstance(error, ib_ex.InfobloxBadWAPICredential):
+        return WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", 401)
+    if isinstance(error, ib_ex.InfobloxTimeoutError):
+        return WapiError(Problem.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
+    if isinstance(error, ib_ex.InfobloxGridTemporaryUnavailable):
+        return WapiError(Problem.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", 503)
+    if isinstance(error, ib_ex.InfobloxConnectionError):
+        return _connection_error(error.kwargs.get("reason"))
+    if isinstance(error, ib_ex.InfobloxException):
+        code = error.kwargs.get("code")
+        status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None
+        return _answer(status, error.response if isinstance(error.response, dict) else None)
+    if isinstance(error, requests.RequestException):
+        return _connection_error(error)
+    return WapiError(Problem.REFUSED, f"unexpected {type(error).__name__} from the WAPI client")
+
+
+def _connection_error(reason: Any) -> WapiError:
+    if isinstance(reason, requests.exceptions.SSLError):
+        found = _VERIFY.search(str(reason))
+        why = f" ({found.group(1).strip()})" if found else ""
+        return WapiError(Problem.TLS, f"the grid's TLS certificate could not be verified{why}")
+    if isinstance(reason, requests.HTTPError) and reason.response is not None:
+        response = reason.response
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        return _answer(response.status_code, body if isinstance(body, dict) else None)
+    if isinstance(reason, requests.exceptions.ConnectTimeout):
+        return WapiError(Problem.UNREACHABLE, "connecting to the grid timed out")
+    if isinstance(reason, requests.exceptions.Timeout):
+        return WapiError(Problem.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
+    text = str(reason)
+    if "NewConnectionError" in text or "Connection refused" in text or "Name or service not known" in text:
+        return WapiError(Problem.UNREACHABLE, "cannot connect to the grid (connection refused or name not resolved)")
+    return WapiError(Problem.UNKNOWN_OUTCOME, "the connection was lost before the grid answered")
+
+
+def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
+    """An error answer from the grid, by HTTP status and the WAPI error body."""
+    code = str((body or {}).get("code", ""))
+    text = str((body or {}).get("text", "")) or f"HTTP {status}"
+    if status == 401:
+        return WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", status)
+    if status == 503:
+        return WapiError(Problem.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", status)
+    if "available IP address" in text and code.startswith("Client.Ibap.Data"):
+        return WapiError(Problem.EXHAUSTED, text, status)
+    if "does not match any unique networks/ranges" in text:
+        return WapiError(Problem.TARGET_NOT_FOUND, text, status)
+    if "Unknown extensible attribute" in text:
+        return WapiError(Problem.UNKNOWN_EA, text, status)
+    if status == 404 and _VIEW_NOT_FOUND.match(text):
+        return WapiError(Problem.VIEW_NOT_FOUND, text, status)
+    if status == 404:
+        return WapiError(Problem.NOT_FOUND, text, status)
+    if code == "Client.Ibap.Data.Conflict":
+        return WapiError(Problem.CONFLICT, text, status)
+    if status is not None and status >= 500:
+        return WapiError(Problem.UNAVAILABLE, f"the grid answered HTTP {status}: {text}", status)
+    return WapiError(Problem.REFUSED, text, status)
