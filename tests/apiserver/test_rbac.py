@@ -39,7 +39,14 @@ BINDINGS = [
     (ROLE_BINDINGS, "capi-ipam-leader-election-rolebinding", SYSTEM_NAMESPACE),
 ]
 IPAM, CAPI = "ipam.cluster.x-k8s.io", "cluster.x-k8s.io"
-POOL_KINDS = ["inclusterippools", "globalinclusterippools", "netboxippools", "infobloxippools", "infobloxinstances"]
+POOL_KINDS = [
+    "inclusterippools",
+    "globalinclusterippools",
+    "netboxippools",
+    "globalnetboxippools",
+    "infobloxippools",
+    "infobloxinstances",
+]
 # (verb, group, resource, namespace): what the code does, written out independently of config/rbac. None is
 # "all namespaces" (the Deployment watches every namespace). "other" is any namespace but the controller's own.
 NEEDED = [

@@ -1,0 +1,10 @@
+"""The NetBox backend: NetboxIPPool and GlobalNetboxIPPool (v1alpha1), addresses allocated in a real NetBox."""
+
+from backends.netbox.backend import NetboxBackend, Settings
+from backends.protocol import BackendContext
+
+__all__ = ["NetboxBackend", "Settings", "create_backend"]
+
+
+def create_backend(context: BackendContext) -> NetboxBackend:
+    return NetboxBackend(context)

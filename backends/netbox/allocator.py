@@ -1,0 +1,300 @@
+"""Allocating and releasing NetBox IP addresses for claims, with at most one NetBox request per allocation.
+
+Contract (calls for one pool are serialised by the reconciler; the state here is per pool):
+- A new claim costs ONE request: `POST …/available-ips/` on the first source with room, carrying the owner tag and
+  the claim's UID in the unique custom field. A 409 moves on to the next source (keyed on the status code); a
+  source that answered 409 is tried last for `full_skip_seconds` (or until this pool releases an address), so a
+  full first source does not cost a request per allocation. Every source full → PoolExhaustedError.
+- Nothing is allocated twice for a claim: the UID field is unique, so NetBox refuses a second address for the same
+  claim (400). A POST whose outcome is unknown (timeout, lost connection, 5xx) is never re-sent blindly: the claim
+  is looked up by UID first (`cf_<field>=<uid>`), now and before its next POST. A 400 is also resolved by the
+  lookup (it may be the uniqueness refusal after a crash: the address made before the crash is used).
+  Should the field lack `unique`, every new claim is looked up before its POST (two requests).
+- An already fulfilled claim costs nothing: `existing` whose annotations name a NetBox id and this claim's UID is
+  trusted as is. Without them (an adopted IPAddress, a restore that changed UIDs), the claim is made to hold
+  exactly `existing`'s address in NetBox: verified by id, found by UID, or recorded anew; it is never taken from
+  another claim or from an address we did not create.
+- Release deletes by id after checking both ownership marks (404 = already released); without an id it deletes
+  what the UID lookup finds with both marks. An address without our marks is never deleted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from backends.netbox import objects, problems
+from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
+from backends.netbox.problems import Problem
+from backends.netbox.resolver import Resolved, Source
+from backends.netbox.spec import (
+    ANNOTATION_CLAIM_UID,
+    ANNOTATION_IP_ID,
+    CLAIM_UID_FIELD,
+    DEFAULT_DESCRIPTION,
+    Pool,
+    render,
+)
+from backends.protocol import Allocation, AllocationFailedError, ClaimContext, PoolExhaustedError, PoolRef
+
+log = structlog.get_logger(__name__)
+Obj = dict[str, Any]
+
+
+@dataclass
+class PoolState:
+    """What the allocator remembers about one pool between calls."""
+
+    full_since: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
+    verified: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
+    uncertain: set[str] = field(default_factory=set)  # claim uids whose last POST has an unknown outcome
+
+
+def normalized(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address.split("/")[0].strip()))
+    except ValueError:
+        return address
+
+
+def host_of(obj: Mapping[str, Any]) -> str:
+    return str(ipaddress.ip_interface(str(obj["address"])).ip)
+
+
+class Allocator:
+    def __init__(self, full_skip_seconds: float = 30.0, unknown_retry_seconds: float = 2.0) -> None:
+        self.full_skip_seconds = full_skip_seconds
+        self.unknown_retry_seconds = unknown_retry_seconds
+        self._states: dict[PoolRef, PoolState] = {}
+
+    def state(self, ref: PoolRef) -> PoolState:
+        return self._states.setdefault(ref, PoolState())
+
+    def trusted(self, ref: PoolRef, claim: ClaimContext, existing: Allocation) -> bool:
+        """Whether `existing` is known to be this claim's NetBox address without asking NetBox."""
+        annotations = existing.annotations
+        if annotations.get(ANNOTATION_CLAIM_UID) == claim.uid and (annotations.get(ANNOTATION_IP_ID) or "").isdigit():
+            return True
+        held = self.state(ref).verified.get(claim.uid)
+        return held is not None and held[1] == normalized(existing.address)
+
+    # --- new allocations ------------------------------------------------------------------------------------------
+
+    async def allocate(self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Allocation:
+        state = self.state(pool.ref)
+        if claim.uid in state.uncertain or not resolved.ownership.uid_unique:
+            held = await self._held(client, pool, resolved, claim)
+            state.uncertain.discard(claim.uid)
+            if held is not None:
+                return self._remember(state, claim, held)
+        body = address_body(pool, resolved, claim)
+        full: list[Source] = []
+        for source in self._order(state, resolved.sources):
+            try:
+                created = await client.call(
+                    f"allocate from {source.ref}", objects.allocate(source.type, source.id, body), idempotent=False
+                )
+            except HTTPError as error:
+                if error.conflict:
+                    state.full_since[source.id] = time.monotonic()
+                    full.append(source)
+                    continue
+                if error.not_found:
+                    raise Problem(
+                        problems.SOURCE_NOT_FOUND,
+                        f"{pool.ref}: {source.ref} no longer exists in NetBox; create it or fix the pool's sources",
+                    ) from error
+                if error.invalid:  # perhaps NetBox refusing a second address for this claim's UID
+                    held = await self._held(client, pool, resolved, claim)
+                    if held is not None:
+                        return self._remember(state, claim, held)
+                    raise AllocationFailedError(
+                        f"NetBox refused the address for claim {claim}: {error.message}; fix the pool's "
+                        "spec.addressFields"
+                    ) from error
+                raise
+            except OutcomeUnknownError as error:
+                state.uncertain.add(claim.uid)
+                held = await self._held(client, pool, resolved, claim)
+                state.uncertain.discard(claim.uid)
+                if held is not None:
+                    return self._remember(state, claim, held)
+                raise AllocationFailedError(
+                    f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
+                    retry_after=self.unknown_retry_seconds,
+                ) from error
+            state.full_since.pop(source.id, None)
+            return self._remember(state, claim, allocation_of(resolved, created, claim.uid, source))
+        names = ", ".join(f"{s.ref} ({s.display})" for s in full)
+        raise PoolExhaustedError(
+            f"{pool.ref}: every NetBox source is full: {names}; free addresses in NetBox or add a source to the pool"
+        )
+
+    def _order(self, state: PoolState, sources: Sequence[Source]) -> list[Source]:
+        """Sources in spec order, those that recently answered 409 last."""
+        now = time.monotonic()
+        skipped = {i for i, t in state.full_since.items() if now - t < self.full_skip_seconds}
+        return [s for s in sources if s.id not in skipped] + [s for s in sources if s.id in skipped]
+
+    async def _held(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext
+    ) -> Allocation | None:
+        """The address NetBox holds for the claim (by UID), deleting any duplicate; None if it holds none."""
+        found = await self._claim_addresses(client, claim.uid)
+        if not found:
+            return None
+        keep = min(found, key=lambda o: int(o["id"]))
+        await self._delete_extra(client, pool.ref, claim, found, keep)
+        log.info(
+            "address found by claim UID",
+            claim=str(claim),
+            pool=str(pool.ref),
+            address=str(keep["address"]),
+            id=keep["id"],
+        )
+        return allocation_of(resolved, keep, claim.uid)
+
+    async def _claim_addresses(self, client: NetboxClient, uid: str) -> list[Obj]:
+        found = await client.call(f"look up claim {uid}", objects.find_claim_addresses(uid))
+        return [o for o in found if objects.is_ours(o, uid)]
+
+    async def _delete_extra(
+        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, found: Sequence[Obj], keep: Mapping[str, Any]
+    ) -> None:
+        """Delete the claim's other addresses (duplicates or leftovers; each carries both of our marks)."""
+        for other in found:
+            if other["id"] != keep["id"] and objects.is_ours(other, claim.uid):
+                await client.call(f"delete address #{other['id']}", objects.delete_address(int(other["id"])))
+                log.warning(
+                    "extra address of claim deleted", claim=str(claim), pool=str(ref), address=str(other["address"])
+                )
+
+    def _remember(self, state: PoolState, claim: ClaimContext, allocation: Allocation) -> Allocation:
+        state.verified[claim.uid] = (int(allocation.annotations[ANNOTATION_IP_ID]), normalized(allocation.address))
+        return allocation
+
+    # --- an IPAddress that already exists -------------------------------------------------------------------------
+
+    async def hold_existing(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, existing: Allocation
+    ) -> Allocation:
+        """Make the claim hold exactly `existing.address` in NetBox (see the module contract)."""
+        state = self.state(pool.ref)
+        address = normalized(existing.address)
+        raw_id = existing.annotations.get(ANNOTATION_IP_ID) or ""
+        if raw_id.isdigit():
+            obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
+            if obj is not None and objects.is_ours(obj) and host_of(obj) == address:
+                if (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD) != claim.uid:
+                    changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid}}
+                    await client.call(f"re-key address #{raw_id}", objects.patch_address(int(raw_id), changes))
+                    log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(pool.ref))
+                return self._remember(state, claim, _with_marks(existing, int(raw_id), claim.uid))
+        found = await self._claim_addresses(client, claim.uid)
+        match = next((o for o in found if host_of(o) == address), None)
+        if match is None:
+            match = await self._record(client, pool, resolved, claim, address)
+        await self._delete_extra(client, pool.ref, claim, found, match)
+        return self._remember(state, claim, _with_marks(existing, int(match["id"]), claim.uid))
+
+    async def _record(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
+    ) -> Obj:
+        source = resolved.source_of(address)
+        if source is None:
+            raise AllocationFailedError(
+                f"IPAddress {claim} names {address}, which lies in none of {pool.ref}'s NetBox sources; delete the "
+                "IPAddress or point the claim at the right pool"
+            )
+        holders = await client.call(f"look up {address}", objects.find_address(address, source.vrf_id))
+        if holders:
+            holder = holders[0]
+            owner = (holder.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
+            whose = f"claim UID {owner}" if objects.is_ours(holder) else "nobody this provider knows"
+            raise AllocationFailedError(
+                f"address {address} of IPAddress {claim} is already NetBox IP address #{holder['id']} (held for "
+                f"{whose}); delete one of them"
+            )
+        body = {
+            **address_body(pool, resolved, claim),
+            "address": f"{address}/{source.mask}",
+            "vrf": source.vrf_id,
+        }
+        created: Obj = await client.call(
+            f"record {address}", objects.create("ipam", "ip_addresses", body), idempotent=False
+        )
+        log.info("existing address recorded in NetBox", claim=str(claim), pool=str(pool.ref), address=address)
+        return created
+
+    # --- release --------------------------------------------------------------------------------------------------
+
+    async def release(
+        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        """Delete the claim's NetBox address if it carries our marks (see the module contract)."""
+        state = self.state(ref)
+        state.verified.pop(claim.uid, None)
+        state.uncertain.discard(claim.uid)
+        state.full_since.clear()  # room was made: try the sources in order again
+        annotations = allocation.annotations if allocation is not None else {}
+        raw_id = annotations.get(ANNOTATION_IP_ID) or ""
+        if raw_id.isdigit():
+            recorded_uid = annotations.get(ANNOTATION_CLAIM_UID)
+            obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
+            if obj is None and recorded_uid == claim.uid:
+                return  # already released
+            if obj is not None and (objects.is_ours(obj, claim.uid) or objects.is_ours(obj, recorded_uid)):
+                await client.call(f"delete address #{raw_id}", objects.delete_address(int(raw_id)))
+                log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
+                return
+            if obj is not None:
+                log.warning(
+                    "address lacks our ownership marks; not deleted", claim=str(claim), pool=str(ref), id=raw_id
+                )
+        for obj in await self._claim_addresses(client, claim.uid):
+            await client.call(f"delete address #{obj['id']}", objects.delete_address(int(obj["id"])))
+            log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
+
+    def forget(self, ref: PoolRef) -> None:
+        self._states.pop(ref, None)
+
+
+def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Obj:
+    """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks."""
+    fields = pool.fields
+    body: Obj = {
+        "status": fields.status,
+        "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
+        "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],
+        "custom_fields": {**fields.custom_fields, CLAIM_UID_FIELD: claim.uid},
+    }
+    if fields.role:
+        body["role"] = fields.role
+    if resolved.tenant_id is not None:
+        body["tenant"] = resolved.tenant_id
+    if fields.dns_name:
+        body["dns_name"] = render(fields.dns_name, claim)
+    return body
+
+
+def allocation_of(resolved: Resolved, obj: Mapping[str, Any], uid: str, source: Source | None = None) -> Allocation:
+    """The Allocation for a NetBox IP address: the source's prefix-length override and gateway apply."""
+    interface = ipaddress.ip_interface(str(obj["address"]))
+    address = str(interface.ip)
+    source = source or resolved.source_of(address)
+    prefix = interface.network.prefixlen
+    gateway = None
+    if source is not None:
+        prefix = source.ref.prefix_length if source.ref.prefix_length is not None else prefix
+        gateway = source.ref.gateway
+    return Allocation(address, prefix, gateway, {ANNOTATION_IP_ID: str(obj["id"]), ANNOTATION_CLAIM_UID: uid})
+
+
+def _with_marks(existing: Allocation, address_id: int, uid: str) -> Allocation:
+    annotations = {**existing.annotations, ANNOTATION_IP_ID: str(address_id), ANNOTATION_CLAIM_UID: uid}
+    return Allocation(existing.address, existing.prefix, existing.gateway, annotations)

@@ -1,0 +1,202 @@
+"""The NetBox backend: NetboxIPPool (namespaced) and GlobalNetboxIPPool (cluster-scoped), v1alpha1.
+
+How the pieces fit: `spec` parses a pool; `connections` turns its Secret into a cached `NetboxClient` (threads,
+timeouts, retries); `resolver` checks the ownership marks and turns the pool's sources, tenant and tags into NetBox
+ids (cached per pool generation and client, and refreshed by every report); `allocator` allocates and releases.
+
+Costs in steady state: an already fulfilled claim, nothing (its IPAddress's annotations are trusted); a new claim,
+one `POST …/available-ips/`; a release, a GET (to check the marks) and a DELETE; a pool report (every minute), a
+few GETs per source. Failures become a `Problem` (pool-level: Ready=False on the pool, PoolNotReady on its claims)
+or AllocationFailedError; messages never contain the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from backends.netbox import problems, resolver
+from backends.netbox.allocator import Allocator
+from backends.netbox.client import ClientSettings, NetboxClient, NetboxError
+from backends.netbox.connections import Connections
+from backends.netbox.problems import Problem
+from backends.netbox.resolver import INT64_MAX, Ownership, Resolved
+from backends.netbox.spec import (
+    CLAIM_UID_FIELD,
+    GLOBAL_NETBOX_POOL,
+    NETBOX_POOL,
+    Pool,
+    PoolSpecError,
+    parse_pool,
+    pool_ref_of,
+)
+from backends.protocol import (
+    JSON,
+    Allocation,
+    AllocationFailedError,
+    BackendContext,
+    ClaimContext,
+    PoolKind,
+    PoolNotReadyError,
+    PoolRef,
+    PoolReport,
+    ReleaseImpossibleError,
+)
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables of the NetBox backend. The defaults suit production; tests shorten the timers."""
+
+    client: ClientSettings = field(default_factory=ClientSettings)
+    secret_seconds: float = 30.0  # how long a Secret, once read, is trusted
+    ownership_seconds: float = 300.0  # how long the owner tag and UID field, once checked, are trusted
+    full_skip_seconds: float = 30.0  # a source that answered 409 is asked last for this long
+    unknown_retry_seconds: float = 2.0  # a claim whose POST had an unknown outcome is looked at again this soon
+
+
+class NetboxBackend:
+    """Serves NetboxIPPool and GlobalNetboxIPPool."""
+
+    def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.connections = Connections(context.kube, self.settings.client, self.settings.secret_seconds)
+        self.allocator = Allocator(self.settings.full_skip_seconds, self.settings.unknown_retry_seconds)
+        self._known: dict[PoolRef, Pool] = {}  # the last good spec of each pool, for releases after it is gone
+        self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
+        self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
+        self._ownership_locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return (NETBOX_POOL, GLOBAL_NETBOX_POOL)
+
+    def _parse(self, pool: JSON) -> Pool:
+        try:
+            parsed = parse_pool(pool)
+        except PoolSpecError as error:
+            raise Problem(problems.INVALID, f"{pool_ref_of(pool)} is invalid: {error}; fix the pool's spec") from error
+        self._known[parsed.ref] = parsed
+        return parsed
+
+    async def _ownership_of(self, client: NetboxClient, *, fresh: bool = False) -> Ownership:
+        """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time."""
+        async with self._ownership_locks.setdefault(client.endpoint.url, asyncio.Lock()):
+            cached = self._ownership.get(client)
+            if cached is not None and not fresh and time.monotonic() - cached[0] < self.settings.ownership_seconds:
+                return cached[1]
+            ownership = await resolver.ensure_ownership(client)
+            self._ownership[client] = (time.monotonic(), ownership)
+            return ownership
+
+    async def _resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved:
+        cached = self._resolved.get(pool.ref)
+        if cached is not None and not fresh and cached[0] == pool.generation and cached[1] is client:
+            return cached[2]
+        ownership = await self._ownership_of(client)
+        resolved = await resolver.resolve(client, pool, ownership)
+        self._resolved[pool.ref] = (pool.generation, client, resolved)
+        return resolved
+
+    def _forget(self, pool: Pool, problem: Problem) -> None:
+        """Drop what a failure may have made stale: the resolved sources, and the Secret on auth failures."""
+        self._resolved.pop(pool.ref, None)
+        if problem.reason == problems.AUTH_FAILED:
+            self.connections.invalidate(pool)
+            self._ownership.clear()
+
+    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
+        try:
+            parsed = self._parse(pool)
+        except Problem as problem:
+            raise PoolNotReadyError(problem.message) from problem
+        if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
+            return existing  # the steady state of a fulfilled claim: no request at all
+        bound = log.bind(claim=str(claim), pool=str(parsed.ref))
+        try:
+            try:
+                client = await self.connections.client(parsed)
+                resolved = await self._resolve(client, parsed)
+                if existing is not None:
+                    allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
+                else:
+                    allocation = await self.allocator.allocate(client, parsed, resolved, claim)
+            except NetboxError as error:
+                raise problems.from_netbox(error, f"allocating for claim {claim} from {parsed.ref}") from error
+        except Problem as problem:
+            self._forget(parsed, problem)
+            bound.info("allocation failed", reason=problem.reason, message=problem.message)
+            if problem.reason != problems.NETBOX_ERROR:  # the pool cannot serve anyone: PoolNotReady
+                raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
+            raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
+        bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
+        return allocation
+
+    async def release(
+        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        parsed: Pool | None = None
+        if pool is not None:
+            try:
+                parsed = self._parse(pool)
+            except Problem:
+                parsed = None
+        parsed = parsed or self._known.get(pool_ref)
+        if parsed is None:
+            raise ReleaseImpossibleError(
+                f"{pool_ref} is gone and its NetBox connection is unknown to this controller; delete the NetBox IP "
+                f"address whose custom field {CLAIM_UID_FIELD} is {claim.uid} by hand, if it exists"
+            )
+        try:
+            client = await self.connections.client(parsed)
+            await self.allocator.release(client, parsed.ref, claim, allocation)
+        except Problem as problem:
+            raise AllocationFailedError(f"releasing claim {claim}: {problem.message}") from problem
+        except NetboxError as error:
+            failure = problems.from_netbox(error, f"releasing claim {claim} from {parsed.ref}")
+            self._forget(parsed, failure)
+            raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
+
+    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+        try:
+            parsed = self._parse(pool)
+        except Problem as problem:
+            return PoolReport(False, problem.reason, problem.message)
+        try:
+            try:
+                client = await self.connections.client(parsed)
+                resolved = await self._resolve(client, parsed, fresh=True)
+                usage = await resolver.usage(client, resolved.sources)
+            except NetboxError as error:
+                raise problems.from_netbox(error, f"checking {parsed.ref}") from error
+        except Problem as problem:
+            self._forget(parsed, problem)
+            log.info("pool not ready", pool=str(parsed.ref), reason=problem.reason, message=problem.message)
+            return PoolReport(False, problem.reason, problem.message)
+        total = sum(u.source.total for u in usage)
+        used = sum(u.used for u in usage)
+        counts = {"total": min(total, INT64_MAX), "used": min(used, INT64_MAX), "free": min(total - used, INT64_MAX)}
+        message = (
+            f"{counts['free']} of {counts['total']} addresses free in {len(usage)} NetBox source(s) at "
+            f"{client.endpoint.display_url}"
+        )
+        if parsed.insecure_skip_verify:
+            message += "; TLS verification is off (insecureSkipVerify)"
+        if not resolved.ownership.uid_unique:
+            message += (
+                f"; the NetBox custom field {CLAIM_UID_FIELD} is not Unique, so every allocation costs an extra "
+                "lookup: tick Unique on it in NetBox"
+            )
+        status = {"ipAddresses": counts, "sources": [u.wire() for u in usage]}
+        return PoolReport(True, problems.READY, message, status)
+
+    async def close(self) -> None:
+        self._resolved.clear()
+        self._ownership.clear()
+        await self.connections.close()

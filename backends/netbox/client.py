@@ -1,0 +1,276 @@
+"""Asynchronous access to one NetBox through pynetbox, which is synchronous and built on `requests`.
+
+Contract:
+- Every call runs `fn(api)` in this client's own thread pool with a pynetbox API object that belongs to the worker
+  thread (a `requests.Session` is not documented as thread-safe, so no session is ever shared between threads).
+  Each thread keeps its session, so connections are reused. At most `workers` requests are in flight per NetBox
+  URL: all clients of one URL share an asyncio semaphore of that size.
+- Every HTTP request carries a (connect, read) timeout, set on the session's adapter; pynetbox passes none itself.
+- Idempotent calls (reads, DELETE, PATCH) are retried with exponential backoff on connection errors, timeouts and
+  5xx answers. A non-idempotent call (the allocating POST) is tried exactly once: when it fails without an answer
+  or with a 5xx, `OutcomeUnknownError` is raised and the caller resolves it by looking the claim up.
+- Every failure is a `NetboxError` whose message is safe to show: it names the URL (without any userinfo) and
+  NetBox's own `detail`, never the token. pynetbox's exception strings are never passed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import pynetbox
+import requests
+import structlog
+import urllib3
+from requests.adapters import HTTPAdapter
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+Api = Any  # pynetbox.api: untyped
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Tunables of a NetBox client. The defaults suit production; tests shorten them."""
+
+    workers: int = 4
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    attempts: int = 3
+    backoff: float = 0.25
+    max_backoff: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt `attempt` (0-based), with ±20 % jitter."""
+        return float(min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.8, 1.2))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to reach one NetBox. `token` never appears in repr, logs or messages."""
+
+    url: str
+    token: str = field(repr=False)
+    verify: bool | str = True  # True, False (insecureSkipVerify) or the path of a CA bundle file
+
+    @property
+    def display_url(self) -> str:
+        return display_url(self.url)
+
+
+def display_url(url: str) -> str:
+    """`url` without userinfo, query or fragment: safe to show."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class NetboxError(Exception):
+    """A failed NetBox call. `message` is safe to show to people."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UnreachableError(NetboxError):
+    """No usable answer: connection refused or reset, timeout, TLS failure, or 5xx after the retries."""
+
+    def __init__(self, message: str, *, tls: bool = False, status: int | None = None) -> None:
+        super().__init__(message)
+        self.tls = tls
+        self.status = status  # the 5xx status NetBox answered, if it answered
+
+
+class OutcomeUnknownError(UnreachableError):
+    """A non-idempotent request may or may not have been carried out by NetBox."""
+
+
+class HTTPError(NetboxError):
+    """NetBox answered with an error status. `body` is the parsed JSON answer (or its text)."""
+
+    def __init__(self, message: str, status: int, body: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+    @property
+    def auth(self) -> bool:
+        return self.status in (401, 403)
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def invalid(self) -> bool:
+        return self.status == 400
+
+
+class _Adapter(HTTPAdapter):
+    """Gives every request a timeout (pynetbox passes none) and the endpoint's TLS verification (which
+    REQUESTS_CA_BUNDLE in the environment would otherwise override), and never retries by itself."""
+
+    def __init__(self, timeout: tuple[float, float], verify: bool | str) -> None:
+        super().__init__(pool_connections=1, pool_maxsize=1, max_retries=0)
+        self._timeout = timeout
+        self._verify = verify
+
+    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self._timeout
+        kwargs["verify"] = self._verify
+        return super().send(request, *args, **kwargs)
+
+
+class NetboxClient:
+    """One NetBox endpoint (URL, token, TLS settings): a bounded thread pool with one pynetbox API per thread."""
+
+    def __init__(
+        self, endpoint: Endpoint, settings: ClientSettings | None = None, limit: asyncio.Semaphore | None = None
+    ) -> None:
+        """`limit` bounds the calls in flight; pass the same semaphore to every client of one NetBox URL."""
+        self.endpoint = endpoint
+        self.settings = settings or ClientSettings()
+        self._limit = limit or asyncio.Semaphore(self.settings.workers)
+        if endpoint.verify is False:  # insecureSkipVerify is reported on the pool's condition instead, once
+            host = re.escape(urlsplit(endpoint.url).hostname or "")
+            warnings.filterwarnings(
+                "ignore", message=f".*host '{host}'", category=urllib3.exceptions.InsecureRequestWarning
+            )
+        self._executor = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="netbox")
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+        self._requests = itertools.count()
+        self.requests_sent = 0  # HTTP answers received; for benchmarks and tests
+
+    def _count(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self.requests_sent = next(self._requests) + 1
+
+    def _api(self) -> Api:
+        api = getattr(self._local, "api", None)
+        if api is None:
+            api = pynetbox.api(self.endpoint.url, token=self.endpoint.token)
+            session = requests.Session()
+            session.verify = self.endpoint.verify
+            timeout = (self.settings.connect_timeout, self.settings.read_timeout)
+            adapter = _Adapter(timeout, self.endpoint.verify)
+            session.mount("https://", adapter)
+            session.mount("http://", adapter)
+            session.hooks["response"].append(self._count)
+            api.http_session = session
+            with self._lock:
+                self._sessions.append(session)
+            self._local.api = api
+        return api
+
+    def _run(self, fn: Callable[[Api], T]) -> T:
+        return fn(self._api())
+
+    async def call(self, what: str, fn: Callable[[Api], T], *, idempotent: bool = True) -> T:
+        """Run `fn(api)` in a worker thread; `what` names the call in messages ("GET prefix 12")."""
+        attempts = self.settings.attempts if idempotent else 1
+        loop = asyncio.get_running_loop()
+        for attempt in range(attempts):
+            try:
+                async with self._limit:
+                    return await loop.run_in_executor(self._executor, self._run, fn)
+            except Exception as error:  # classified below; nothing unclassified leaves this method
+                failure = self._classify(what, error, idempotent)
+            retry = isinstance(failure, UnreachableError) and not failure.tls and attempt + 1 < attempts
+            if not retry:
+                raise failure
+            log.debug("netbox call retried", url=self.endpoint.display_url, call=what, error=failure.message)
+            await asyncio.sleep(self.settings.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _classify(self, what: str, error: Exception, idempotent: bool) -> NetboxError:
+        where = f"NetBox at {self.endpoint.display_url}"
+        unknown = OutcomeUnknownError if not idempotent else UnreachableError
+        if isinstance(error, pynetbox.AllocationError):
+            return HTTPError(f"{what}: {where} has no free address (409)", 409, _body(error.req))
+        if isinstance(error, pynetbox.RequestError):
+            status = int(error.req.status_code)
+            body = _body(error.req)
+            detail = self._scrub(_detail(body))
+            if status >= 500:
+                return unknown(f"{what}: {where} answered {status}: {detail}", status=status)
+            return HTTPError(f"{what}: {where} answered {status}: {detail}", status, body)
+        if isinstance(error, pynetbox.ContentError):
+            return UnreachableError(f"{what}: {where} answered something that is not the NetBox API")
+        if isinstance(error, requests.exceptions.SSLError):
+            return UnreachableError(
+                f"{what}: TLS with {where} failed (certificate not trusted, or not TLS); put the CA in the "
+                "Secret's caBundle, or set insecureSkipVerify",
+                tls=True,
+            )
+        if isinstance(error, requests.exceptions.ConnectTimeout):
+            return UnreachableError(f"{what}: {where} did not accept a connection within the timeout")
+        if isinstance(error, requests.exceptions.Timeout):
+            return unknown(f"{what}: {where} did not answer within {self.settings.read_timeout:g} s")
+        if isinstance(error, requests.exceptions.ConnectionError):
+            return unknown(f"{what}: cannot reach {where}: {_reason(error)}")
+        if isinstance(error, requests.exceptions.RequestException):
+            return unknown(f"{what}: request to {where} failed: {type(error).__name__}")
+        return NetboxError(f"{what}: unexpected failure talking to {where}: {type(error).__name__}")
+
+    def _scrub(self, text: str) -> str:
+        token = self.endpoint.token
+        return text.replace(token, "***") if token else text
+
+    async def close(self) -> None:
+        """Close every thread's session and stop the threads (waits for calls in flight)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
+
+
+def _body(response: Any) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return str(getattr(response, "text", ""))[:300]
+
+
+def _detail(body: Any) -> str:
+    """NetBox's error in one line: `detail`, or the field errors (`field: message; …`)."""
+    if isinstance(body, dict):
+        if "detail" in body:
+            return str(body["detail"])[:300]
+        parts = []
+        for key, value in body.items():
+            text = "; ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            parts.append(text if key in ("__all__", "non_field_errors") else f"{key}: {text}")
+        return " | ".join(parts)[:500] or "no details"
+    if isinstance(body, list):
+        return " | ".join(_detail(item) for item in body)[:500]
+    return str(body)[:300] or "no details"
+
+
+def _reason(error: Exception) -> str:
+    """The innermost cause of a connection error, without URLs (they may carry credentials)."""
+    text = str(error)
+    for marker in ("Connection refused", "Name or service not known", "No route to host", "Connection reset"):
+        if marker in text:
+            return marker.lower()
+    if "RemoteDisconnected" in text or "Connection aborted" in text:
+        return "connection closed without an answer"
+    return type(error).__name__

@@ -1,0 +1,157 @@
+"""From a pool's connection Secret to a `NetboxClient`, cached.
+
+Contract:
+- The Secret (keys `url`, `token`, optional `caBundle`) is read by name only (RBAC grants `get`, never `list`) and
+  trusted for `secret_seconds`; `invalidate` forgets it at once (after an authentication failure, so that a
+  rotated token is picked up on the next call).
+- One client per (URL, token, CA bundle, insecureSkipVerify): pools sharing a Secret share threads and connections.
+  Every client of one URL shares one semaphore, so the requests in flight to a NetBox stay bounded however many
+  Secrets point at it. A client whose Secret changed is closed.
+- A CA bundle is written to a private temporary file (requests verifies against a path) and removed on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import structlog
+
+from backends.netbox import problems
+from backends.netbox.client import ClientSettings, Endpoint, NetboxClient, display_url
+from backends.netbox.problems import Problem
+from backends.netbox.spec import Pool
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import SECRETS
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class _SecretData:
+    url: str
+    token: str
+    ca_bundle: str | None
+    read_at: float
+
+    def __repr__(self) -> str:  # never the token
+        return f"_SecretData(url={display_url(self.url)!r})"
+
+
+class Connections:
+    """The NetBox clients of one backend."""
+
+    def __init__(self, kube: KubeClient, settings: ClientSettings, secret_seconds: float = 30.0) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.secret_seconds = secret_seconds
+        self._secrets: dict[tuple[str, str], _SecretData] = {}
+        self._clients: dict[str, NetboxClient] = {}
+        self._client_of: dict[tuple[str, str, bool], str] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+        self._ca_dir: str | None = None
+
+    async def client(self, pool: Pool) -> NetboxClient:
+        """The client for `pool`'s Secret; raises Problem when the Secret is missing or unusable."""
+        key = (pool.secret_namespace, pool.secret_name)
+        data = self._secrets.get(key)
+        if data is None or time.monotonic() - data.read_at > self.secret_seconds:
+            data = await self._read(pool)
+            self._secrets[key] = data
+        fingerprint = _fingerprint(data, pool.insecure_skip_verify)
+        use = (*key, pool.insecure_skip_verify)
+        previous = self._client_of.get(use)
+        client = self._clients.get(fingerprint)
+        if client is None:
+            client = self._clients[fingerprint] = self._new_client(data, pool.insecure_skip_verify, fingerprint)
+        self._client_of[use] = fingerprint
+        if previous is not None and previous != fingerprint and previous not in self._client_of.values():
+            old = self._clients.pop(previous, None)
+            if old is not None:
+                log.info("netbox connection replaced", secret=f"{key[0]}/{key[1]}", url=old.endpoint.display_url)
+                await old.close()
+        return client
+
+    def invalidate(self, pool: Pool) -> None:
+        """Read the pool's Secret again on next use."""
+        self._secrets.pop((pool.secret_namespace, pool.secret_name), None)
+
+    async def _read(self, pool: Pool) -> _SecretData:
+        where = f"Secret {pool.secret_namespace}/{pool.secret_name}"
+        try:
+            secret = await self.kube.get(SECRETS, pool.secret_name, pool.secret_namespace)
+        except ApiError as error:
+            raise Problem(
+                problems.SECRET_NOT_FOUND,
+                f"{where} cannot be read ({error.status} {error.reason}); the controller needs `get` on it",
+            ) from error
+        if secret is None:
+            raise Problem(
+                problems.SECRET_NOT_FOUND,
+                f"{where} does not exist; create it with keys `url` and `token` (and optionally `caBundle`)",
+            )
+        data = {**_decoded(secret.get("data") or {}), **(secret.get("stringData") or {})}
+        url = data.get("url", "").strip().rstrip("/")
+        token = data.get("token", "").strip()
+        if url.endswith("/api"):
+            url = url[: -len("/api")]
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Problem(problems.INVALID_SECRET, f"{where}: key `url` must be an http(s) URL of NetBox")
+        if not token:
+            raise Problem(problems.INVALID_SECRET, f"{where}: key `token` is missing or empty")
+        ca = data.get("caBundle") or None
+        if ca is not None and "BEGIN CERTIFICATE" not in ca:
+            raise Problem(problems.INVALID_SECRET, f"{where}: key `caBundle` must hold PEM certificates")
+        return _SecretData(url, token, ca, time.monotonic())
+
+    def _new_client(self, data: _SecretData, insecure: bool, fingerprint: str) -> NetboxClient:
+        verify: bool | str = True
+        if insecure:
+            verify = False
+        elif data.ca_bundle is not None:
+            if self._ca_dir is None:
+                self._ca_dir = tempfile.mkdtemp(prefix="netbox-ca-")
+            path = os.path.join(self._ca_dir, f"{fingerprint[:16]}.pem")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+                handle.write(data.ca_bundle)
+            verify = path
+        limit = self._limits.setdefault(data.url, asyncio.Semaphore(self.settings.workers))
+        return NetboxClient(Endpoint(data.url, data.token, verify), self.settings, limit)
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        self._client_of.clear()
+        self._secrets.clear()
+        for client in clients:
+            await client.close()
+        if self._ca_dir is not None:
+            shutil.rmtree(self._ca_dir, ignore_errors=True)
+            self._ca_dir = None
+
+
+def _decoded(data: dict[str, str]) -> dict[str, str]:
+    result = {}
+    for key, value in data.items():
+        try:
+            result[key] = base64.b64decode(value).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+    return result
+
+
+def _fingerprint(data: _SecretData, insecure: bool) -> str:
+    digest = hashlib.sha256()
+    for part in (data.url, data.token, data.ca_bundle or "", "insecure" if insecure else "verify"):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()

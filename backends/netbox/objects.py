@@ -1,0 +1,177 @@
+"""The NetBox requests the backend makes, as functions run in a client's worker thread (`fn(api) -> plain data`).
+
+Each function makes exactly the requests its docstring says, and returns JSON-like dicts (never pynetbox Records,
+which hold the thread's session). They raise pynetbox's exceptions; `NetboxClient.call` classifies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pynetbox
+from pynetbox.core.query import Request
+from pynetbox.models.ipam import IpAddresses, IpRanges, Prefixes
+
+from backends.netbox.client import Api
+from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
+
+Obj = dict[str, Any]
+Call = Callable[[Api], Any]
+
+OWNER_TAG_BODY = {
+    "name": OWNER_TAG,
+    "slug": OWNER_TAG,
+    "color": "2196f3",
+    "description": "IP addresses allocated by the Cluster API IPAM provider; it releases only addresses with this tag",
+}
+CLAIM_UID_FIELD_BODY = {
+    "name": CLAIM_UID_FIELD,
+    "label": "Cluster API claim UID",
+    "type": "text",
+    "object_types": ["ipam.ipaddress"],
+    "description": "UID of the IPAddressClaim this address was allocated for (Cluster API IPAM provider)",
+    "unique": True,
+    "filter_logic": "exact",
+    "ui_editable": "no",
+}
+
+
+def _plain(record: Any) -> Obj:
+    return dict(record)
+
+
+def _endpoint(api: Api, kind: str) -> Any:
+    return {"prefix": api.ipam.prefixes, "ipRange": api.ipam.ip_ranges}[kind]
+
+
+def get_source(kind: str, source_id: int) -> Call:
+    """GET /ipam/prefixes/{id}/ or /ipam/ip-ranges/{id}/: the object, or None on 404."""
+
+    def run(api: Api) -> Obj | None:
+        record = _endpoint(api, kind).get(source_id)
+        return _plain(record) if record is not None else None
+
+    return run
+
+
+def find_sources(kind: str, filters: Mapping[str, Any]) -> Call:
+    """GET /ipam/prefixes/?… or /ipam/ip-ranges/?…: every match (usually one page)."""
+
+    def run(api: Api) -> list[Obj]:
+        return [_plain(r) for r in _endpoint(api, kind).filter(**filters)]
+
+    return run
+
+
+def find(app: str, endpoint: str, filters: Mapping[str, Any], *, brief: bool = True) -> Call:
+    """GET /<app>/<endpoint>/?…: every match (brief objects unless `brief` is False)."""
+
+    def run(api: Api) -> list[Obj]:
+        extra = {"brief": 1} if brief else {}
+        return [_plain(r) for r in getattr(getattr(api, app), endpoint).filter(**extra, **filters)]
+
+    return run
+
+
+def create(app: str, endpoint: str, body: Mapping[str, Any]) -> Call:
+    """POST /<app>/<endpoint>/: the created object."""
+
+    def run(api: Api) -> Obj:
+        return _plain(getattr(getattr(api, app), endpoint).create(dict(body)))
+
+    return run
+
+
+def count_addresses(filters: Mapping[str, Any]) -> Call:
+    """GET /ipam/ip-addresses/?limit=1&…: the number of matching IP addresses."""
+
+    def run(api: Api) -> int:
+        return int(api.ipam.ip_addresses.count(**filters))
+
+    return run
+
+
+def allocate(kind: str, source_id: int, body: Mapping[str, Any]) -> Call:
+    """POST /ipam/{prefixes|ip-ranges}/{id}/available-ips/: the created IP address (one request, no lookups).
+
+    Raises pynetbox.AllocationError on 409 (the source is full).
+    """
+
+    def run(api: Api) -> Obj:
+        model = Prefixes if kind == "prefix" else IpRanges
+        parent = model({"id": source_id}, api, _endpoint(api, kind))
+        return _plain(parent.available_ips.create(dict(body)))
+
+    return run
+
+
+def get_address(address_id: int) -> Call:
+    """GET /ipam/ip-addresses/{id}/: the object, or None on 404."""
+
+    def run(api: Api) -> Obj | None:
+        record = api.ipam.ip_addresses.get(address_id)
+        return _plain(record) if record is not None else None
+
+    return run
+
+
+def find_claim_addresses(claim_uid: str) -> Call:
+    """GET /ipam/ip-addresses/?tag=<owner tag>&cf_<uid field>=<uid>: every address marked for the claim."""
+
+    def run(api: Api) -> list[Obj]:
+        filters = {"tag": OWNER_TAG, f"cf_{CLAIM_UID_FIELD}": claim_uid}
+        return [_plain(r) for r in api.ipam.ip_addresses.filter(**filters)]
+
+    return run
+
+
+def find_address(address: str, vrf_id: int | None) -> Call:
+    """GET /ipam/ip-addresses/?address=<ip>&vrf_id=<id|null>: the objects holding that address in the VRF."""
+
+    def run(api: Api) -> list[Obj]:
+        filters = {"address": address, "vrf_id": vrf_id if vrf_id is not None else "null"}
+        return [_plain(r) for r in api.ipam.ip_addresses.filter(**filters)]
+
+    return run
+
+
+def patch_address(address_id: int, changes: Mapping[str, Any]) -> Call:
+    """PATCH /ipam/ip-addresses/{id}/ with `changes`."""
+
+    def run(api: Api) -> Obj:
+        request = Request(
+            key=address_id, base=api.ipam.ip_addresses.url, token=api.token, http_session=api.http_session
+        )
+        result: Obj = request.patch(dict(changes))
+        return result
+
+    return run
+
+
+def delete_address(address_id: int) -> Call:
+    """DELETE /ipam/ip-addresses/{id}/: True when deleted, False when it was already gone (404)."""
+
+    def run(api: Api) -> bool:
+        record = IpAddresses({"id": address_id}, api, api.ipam.ip_addresses)
+        try:
+            return bool(record.delete())
+        except pynetbox.RequestError as error:
+            if error.req.status_code == 404:
+                return False
+            raise
+
+    return run
+
+
+def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
+    """Whether a NetBox IP address carries our ownership marks (for `claim_uid`, when given)."""
+    slugs = {tag.get("slug") for tag in obj.get("tags") or [] if isinstance(tag, Mapping)}
+    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
+    if OWNER_TAG not in slugs or not uid:
+        return False
+    return claim_uid is None or uid == claim_uid
+
+
+def ids(objs: Sequence[Mapping[str, Any]]) -> list[int]:
+    return [int(o["id"]) for o in objs]

@@ -1,0 +1,256 @@
+"""The NetboxIPPool / GlobalNetboxIPPool API (v1alpha1): pool kinds, the parsed spec, and the dnsName template.
+
+The CRDs (hack/gen_netbox_crds.py) validate the same rules with OpenAPI and CEL; `parse_pool` checks them again so
+that a pool the API server accepted under an older CRD still gets a clear message instead of a crash.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from backends.protocol import JSON, ClaimContext, PoolKind, PoolRef
+from ipam_provider.api.meta import Model
+from ipam_provider.kube.resources import IPAM_GROUP
+
+VERSION = "v1alpha1"
+NETBOX_POOL = PoolKind(IPAM_GROUP, VERSION, "NetboxIPPool", "netboxippools", namespaced=True)
+GLOBAL_NETBOX_POOL = PoolKind(IPAM_GROUP, VERSION, "GlobalNetboxIPPool", "globalnetboxippools", namespaced=False)
+
+# The ownership marks every address we create carries. Only addresses with both are ever changed or deleted.
+OWNER_TAG = "capi-ipam"
+CLAIM_UID_FIELD = "capi_claim_uid"
+# IPAddress annotations (Allocation.annotations): the NetBox object and the claim it was made for.
+ANNOTATION_IP_ID = "netbox.ipam.cluster.x-k8s.io/ip-id"
+ANNOTATION_CLAIM_UID = "netbox.ipam.cluster.x-k8s.io/claim-uid"
+
+STATUSES = ("active", "reserved", "deprecated", "dhcp", "slaac")
+ROLES = ("loopback", "secondary", "anycast", "vip", "vrrp", "hsrp", "glbp", "carp")
+PLACEHOLDERS = ("claim", "namespace", "cluster", "machine")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+DEFAULT_DESCRIPTION = "Cluster API claim {namespace}/{claim}"
+MACHINE_KIND = "Machine"
+
+
+class PoolSpecError(ValueError):
+    """The pool's spec is invalid; the message names the field."""
+
+
+class SecretRef(Model):
+    name: str
+    namespace: str | None = None
+
+
+class ConnectionSpec(Model):
+    secret_ref: SecretRef = Field(alias="secretRef")
+    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
+
+
+class PrefixSource(Model):
+    id: int | None = None
+    cidr: str | None = None
+    vrf: str | None = None
+    vrf_id: int | None = Field(default=None, alias="vrfID")
+
+
+class RangeSource(Model):
+    id: int | None = None
+    start: str | None = None
+    end: str | None = None
+    vrf: str | None = None
+    vrf_id: int | None = Field(default=None, alias="vrfID")
+
+
+class SourceSpec(Model):
+    prefix: PrefixSource | None = None
+    ip_range: RangeSource | None = Field(default=None, alias="ipRange")
+    gateway: str | None = None
+    prefix_length: int | None = Field(default=None, alias="prefixLength")
+
+
+class AddressFields(Model):
+    status: str = "active"
+    role: str | None = None
+    tenant: str | None = None
+    dns_name: str | None = Field(default=None, alias="dnsName")
+    description: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    custom_fields: dict[str, Any] = Field(default_factory=dict, alias="customFields")
+
+
+class PoolSpec(Model):
+    connection: ConnectionSpec
+    sources: list[SourceSpec]
+    gateway: str | None = None
+    prefix_length: int | None = Field(default=None, alias="prefixLength")
+    address_fields: AddressFields = Field(default_factory=AddressFields, alias="addressFields")
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One source as the pool names it: a prefix or an ip-range, by id or by value (and VRF)."""
+
+    type: Literal["prefix", "ipRange"]
+    id: int | None
+    value: str | None  # CIDR, or "start-end"
+    vrf: str | None
+    vrf_id: int | None
+    gateway: str | None
+    prefix_length: int | None
+
+    def __str__(self) -> str:
+        noun = "prefix" if self.type == "prefix" else "ip-range"
+        if self.id is not None:
+            return f"{noun} #{self.id}"
+        vrf = f" in VRF {self.vrf}" if self.vrf else f" in VRF #{self.vrf_id}" if self.vrf_id else ""
+        return f"{noun} {self.value}{vrf}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A parsed pool: what the backend needs, in a hashable shape."""
+
+    ref: PoolRef
+    generation: int
+    secret_namespace: str
+    secret_name: str
+    insecure_skip_verify: bool
+    sources: tuple[SourceRef, ...]
+    fields: AddressFields
+
+    @property
+    def key(self) -> tuple[PoolRef, int]:
+        return (self.ref, self.generation)
+
+
+def pool_ref_of(pool: JSON) -> PoolRef:
+    group = str(pool.get("apiVersion", "")).split("/")[0]
+    meta = pool["metadata"]
+    return PoolRef(group, str(pool.get("kind", "")), meta.get("namespace"), meta["name"])
+
+
+def parse_pool(pool: JSON) -> Pool:
+    """The pool's spec, checked; PoolSpecError says what is wrong."""
+    ref = pool_ref_of(pool)
+    try:
+        spec = PoolSpec.model_validate(pool.get("spec") or {})
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise PoolSpecError(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from error
+    namespace = ref.namespace or spec.connection.secret_ref.namespace
+    if not namespace:
+        raise PoolSpecError("spec.connection.secretRef.namespace is required for a cluster-scoped pool")
+    if ref.namespace and spec.connection.secret_ref.namespace not in (None, ref.namespace):
+        raise PoolSpecError("spec.connection.secretRef.namespace must be empty or the pool's own namespace")
+    if not spec.sources:
+        raise PoolSpecError("spec.sources must name at least one NetBox prefix or ip-range")
+    sources = tuple(_source(i, s, spec) for i, s in enumerate(spec.sources))
+    _check_fields(spec.address_fields)
+    return Pool(
+        ref=ref,
+        generation=int(pool["metadata"].get("generation") or 0),
+        secret_namespace=namespace,
+        secret_name=spec.connection.secret_ref.name,
+        insecure_skip_verify=spec.connection.insecure_skip_verify,
+        sources=sources,
+        fields=spec.address_fields,
+    )
+
+
+def _source(index: int, source: SourceSpec, spec: PoolSpec) -> SourceRef:
+    where = f"spec.sources[{index}]"
+    if (source.prefix is None) == (source.ip_range is None):
+        raise PoolSpecError(f"{where}: set exactly one of prefix and ipRange")
+    gateway = source.gateway or spec.gateway
+    if gateway is not None:
+        _check_ip(f"{where}.gateway" if source.gateway else "spec.gateway", gateway)
+    length = source.prefix_length if source.prefix_length is not None else spec.prefix_length
+    if length is not None and not 0 <= length <= 128:
+        raise PoolSpecError(f"{where}.prefixLength must be between 0 and 128")
+    if source.prefix is not None:
+        p = source.prefix
+        if (p.id is None) == (p.cidr is None):
+            raise PoolSpecError(f"{where}.prefix: set exactly one of id and cidr")
+        if p.cidr is not None:
+            try:
+                ipaddress.ip_network(p.cidr, strict=True)
+            except ValueError as error:
+                raise PoolSpecError(f"{where}.prefix.cidr: {p.cidr!r} is not a network in CIDR form") from error
+        _check_vrf(f"{where}.prefix", p.id, p.vrf, p.vrf_id)
+        return SourceRef("prefix", p.id, p.cidr, p.vrf, p.vrf_id, gateway, length)
+    r = source.ip_range
+    assert r is not None
+    by_value = r.start is not None or r.end is not None
+    if (r.id is None) == (not by_value) or (by_value and (r.start is None or r.end is None)):
+        raise PoolSpecError(f"{where}.ipRange: set either id, or both start and end")
+    value = None
+    if r.start is not None and r.end is not None:
+        start = _check_ip(f"{where}.ipRange.start", r.start)
+        end = _check_ip(f"{where}.ipRange.end", r.end)
+        if start.version != end.version or int(start) > int(end):
+            raise PoolSpecError(f"{where}.ipRange: start and end must be of one family, start first")
+        value = f"{start}-{end}"
+    _check_vrf(f"{where}.ipRange", r.id, r.vrf, r.vrf_id)
+    return SourceRef("ipRange", r.id, value, r.vrf, r.vrf_id, gateway, length)
+
+
+def _check_vrf(where: str, source_id: int | None, vrf: str | None, vrf_id: int | None) -> None:
+    if vrf is not None and vrf_id is not None:
+        raise PoolSpecError(f"{where}: set at most one of vrf and vrfID")
+    if source_id is not None and (vrf is not None or vrf_id is not None):
+        raise PoolSpecError(f"{where}: a source given by id takes its VRF from NetBox; remove vrf/vrfID")
+
+
+def _check_ip(where: str, value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(value.split("/")[0])
+    except ValueError as error:
+        raise PoolSpecError(f"{where}: {value!r} is not an IP address") from error
+
+
+def _check_fields(fields: AddressFields) -> None:
+    where = "spec.addressFields"
+    if fields.status not in STATUSES:
+        raise PoolSpecError(f"{where}.status must be one of {', '.join(STATUSES)}")
+    if fields.role is not None and fields.role not in ROLES:
+        raise PoolSpecError(f"{where}.role must be one of {', '.join(ROLES)}")
+    for name, template in (("dnsName", fields.dns_name), ("description", fields.description)):
+        for placeholder in _PLACEHOLDER.findall(template or ""):
+            if placeholder not in PLACEHOLDERS:
+                raise PoolSpecError(
+                    f"{where}.{name}: unknown placeholder {{{placeholder}}}; use "
+                    + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+                )
+    if CLAIM_UID_FIELD in fields.custom_fields:
+        raise PoolSpecError(f"{where}.customFields: {CLAIM_UID_FIELD} is set by the provider")
+    if OWNER_TAG in fields.tags:
+        raise PoolSpecError(f"{where}.tags: {OWNER_TAG} is added by the provider")
+
+
+def machine_name(claim: ClaimContext) -> str:
+    """The claim's machine: its owning Machine, else its controlling owner (an infrastructure machine, named like
+    its Machine), else the claim itself."""
+    owners = list(claim.owner_references)
+    for owner in owners:
+        if owner.get("kind") == MACHINE_KIND and str(owner.get("apiVersion", "")).startswith("cluster.x-k8s.io/"):
+            return str(owner.get("name", ""))
+    for owner in owners:
+        if owner.get("controller"):
+            return str(owner.get("name", ""))
+    return claim.name
+
+
+def render(template: str, claim: ClaimContext) -> str:
+    """`template` with {claim}, {namespace}, {cluster} and {machine} replaced."""
+    values: Mapping[str, str] = {
+        "claim": claim.name,
+        "namespace": claim.namespace,
+        "cluster": claim.cluster_name or "",
+        "machine": machine_name(claim),
+    }
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)

@@ -1,0 +1,390 @@
+"""Generate the NetBox CRDs under crds/ (NetboxIPPool, GlobalNetboxIPPool; the output is committed).
+
+Run `.venv/bin/python hack/gen_netbox_crds.py`. Version v1alpha1: these kinds are this project's own API, new and
+still allowed to change without a conversion path. The two kinds share one schema; the cluster-scoped one must name
+its Secret's namespace, the namespaced one reads its Secret from its own namespace. Validation is OpenAPI plus CEL
+(isIP, isCIDR, matches), so mistakes are refused at admission with a message. backends/netbox/spec.py mirrors these
+rules.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GROUP = "ipam.cluster.x-k8s.io"
+VERSION = "v1alpha1"
+OUT = Path(__file__).resolve().parents[1] / "crds"
+LABELS = {"cluster.x-k8s.io/provider": "ipam-netbox"}
+OWNER_TAG = "capi-ipam"
+CLAIM_UID_FIELD = "capi_claim_uid"
+PLACEHOLDERS = "claim|namespace|cluster|machine"
+TEMPLATE_RULE = f"self.matches('^([^{{}}]|[{{]({PLACEHOLDERS})[}}])*$')"
+TEMPLATE_MESSAGE = "the only placeholders are {claim}, {namespace}, {cluster} and {machine}"
+Schema = dict[str, Any]
+
+
+def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
+    return {"type": "string", "description": description, "maxLength": max_length, **extra}
+
+
+def ip_string(description: str) -> Schema:
+    return string(description, 39, **{"x-kubernetes-validations": rules(("isIP(self)", "must be an IP address"))})
+
+
+def integer(description: str, minimum: int, maximum: int | None = None) -> Schema:
+    schema: Schema = {"type": "integer", "format": "int64", "description": description, "minimum": minimum}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return schema
+
+
+def rules(*pairs: tuple[str, str]) -> list[Schema]:
+    return [{"rule": rule, "message": message} for rule, message in pairs]
+
+
+def conditions() -> Schema:
+    return {
+        "description": "conditions of the pool; Ready says whether claims can be served, and if not, why.",
+        "type": "array",
+        "maxItems": 32,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "description": "Condition is a metav1.Condition.",
+            "required": ["type", "status", "reason", "lastTransitionTime"],
+            "properties": {
+                "type": string("type of the condition, in CamelCase.", 316),
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "status."},
+                "reason": string("reason for the last transition, in CamelCase.", 1024),
+                "message": string("message for people: what is wrong and what to do.", 32768),
+                "lastTransitionTime": {
+                    "type": "string",
+                    "format": "date-time",
+                    "description": "lastTransitionTime is when the status last changed.",
+                },
+                "observedGeneration": integer("observedGeneration is the generation the condition is about.", 0),
+            },
+        },
+    }
+
+
+def vrf_fields() -> Schema:
+    return {
+        "vrf": string("vrf is the name of the source's NetBox VRF; omitted means the global table.", 100),
+        "vrfID": integer("vrfID is the NetBox id of the source's VRF (instead of vrf).", 1),
+    }
+
+
+def source_schema() -> Schema:
+    by_id_no_vrf = (
+        "!has(self.id) || (!has(self.vrf) && !has(self.vrfID))",
+        "a source given by id takes its VRF from NetBox",
+    )
+    one_vrf = ("!(has(self.vrf) && has(self.vrfID))", "set at most one of vrf and vrfID")
+    prefix = {
+        "description": "prefix is a NetBox prefix: by id, or by cidr (and VRF).",
+        "type": "object",
+        "properties": {
+            "id": integer("id is the NetBox id of the prefix.", 1),
+            "cidr": string(
+                "cidr is the prefix, e.g. 10.0.0.0/24 or 2001:db8::/64.",
+                43,
+                **{
+                    "x-kubernetes-validations": rules(
+                        (
+                            "isCIDR(self) && cidr(self) == cidr(self).masked()",
+                            "must be a network in CIDR form, without host bits (e.g. 10.0.0.0/24)",
+                        )
+                    )
+                },
+            ),
+            **vrf_fields(),
+        },
+        "x-kubernetes-validations": rules(
+            ("has(self.id) != has(self.cidr)", "set exactly one of id and cidr"), one_vrf, by_id_no_vrf
+        ),
+    }
+    ip_range = {
+        "description": "ipRange is a NetBox IP range: by id, or by start and end (and VRF).",
+        "type": "object",
+        "properties": {
+            "id": integer("id is the NetBox id of the IP range.", 1),
+            "start": ip_string("start is the first address of the range, without mask."),
+            "end": ip_string("end is the last address of the range, without mask."),
+            **vrf_fields(),
+        },
+        "x-kubernetes-validations": rules(
+            ("has(self.start) == has(self.end)", "set both start and end"),
+            ("has(self.id) != has(self.start)", "set either id, or start and end"),
+            (
+                "!has(self.start) || !has(self.end) || ip(self.start).family() == ip(self.end).family()",
+                "start and end must be of one IP family",
+            ),
+            one_vrf,
+            by_id_no_vrf,
+        ),
+    }
+    return {
+        "description": "A source of addresses: exactly one of prefix and ipRange.",
+        "type": "object",
+        "properties": {
+            "prefix": prefix,
+            "ipRange": ip_range,
+            "gateway": ip_string("gateway of the addresses from this source; overrides spec.gateway."),
+            "prefixLength": integer(
+                "prefixLength of the addresses from this source; by default the source's own mask in NetBox.", 0, 128
+            ),
+        },
+        "x-kubernetes-validations": rules(
+            ("has(self.prefix) != has(self.ipRange)", "set exactly one of prefix and ipRange")
+        ),
+    }
+
+
+def address_fields_schema() -> Schema:
+    return {
+        "description": (
+            "addressFields are written on every NetBox IP address the pool creates, next to the provider's "
+            f"ownership marks (the tag {OWNER_TAG} and the custom field {CLAIM_UID_FIELD}). NetBox sets the VRF "
+            "from the source. Templates may use {claim}, {namespace}, {cluster} and {machine} (the claim's Machine, "
+            "else its controlling owner, else the claim)."
+        ),
+        "type": "object",
+        "properties": {
+            "status": {
+                "type": "string",
+                "description": "status of the addresses in NetBox.",
+                "enum": ["active", "reserved", "deprecated", "dhcp", "slaac"],
+                "default": "active",
+            },
+            "role": {
+                "type": "string",
+                "description": "role of the addresses in NetBox; none by default.",
+                "enum": ["loopback", "secondary", "anycast", "vip", "vrrp", "hsrp", "glbp", "carp"],
+            },
+            "tenant": string(
+                "tenant is the slug of the NetBox tenant of the addresses.", 100, pattern="^[-a-zA-Z0-9_]+$"
+            ),
+            "dnsName": string(
+                "dnsName is a template for the addresses' DNS name, e.g. {machine}.{cluster}.example.com.",
+                255,
+                **{"x-kubernetes-validations": rules((TEMPLATE_RULE, TEMPLATE_MESSAGE))},
+            ),
+            "description": string(
+                "description is a template for the addresses' description (default: Cluster API claim "
+                "{namespace}/{claim}).",
+                200,
+                **{"x-kubernetes-validations": rules((TEMPLATE_RULE, TEMPLATE_MESSAGE))},
+            ),
+            "tags": {
+                "description": "tags are slugs of existing NetBox tags to put on the addresses.",
+                "type": "array",
+                "maxItems": 32,
+                "x-kubernetes-list-type": "set",
+                "items": string("a tag slug.", 100, pattern="^[-a-zA-Z0-9_]+$"),
+                "x-kubernetes-validations": rules(
+                    (f"!self.exists(t, t == '{OWNER_TAG}')", f"{OWNER_TAG} is the provider's own tag")
+                ),
+            },
+            "customFields": {
+                "description": (
+                    "customFields are NetBox custom field values for the addresses, by field name (any JSON value; "
+                    f"not {CLAIM_UID_FIELD}, the provider's own)."
+                ),
+                "type": "object",
+                "maxProperties": 64,
+                "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+    }
+
+
+def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
+    secret_ref: Schema = {
+        "description": (
+            "secretRef names the Secret with the keys url (NetBox's base URL, e.g. https://netbox.example.com), "
+            "token (a v2 token nbt_<key>.<secret>, sent as Bearer, or a v1 token, sent as Token) and optionally "
+            "caBundle (PEM certificates to trust for NetBox's TLS certificate). "
+            + (
+                "The Secret is read from the pool's own namespace."
+                if namespaced
+                else "namespace is required: the pool is cluster-scoped."
+            )
+        ),
+        "type": "object",
+        "required": ["name"] if namespaced else ["name", "namespace"],
+        "properties": {"name": string("name of the Secret.", 253)},
+    }
+    if not namespaced:
+        secret_ref["properties"]["namespace"] = string("namespace of the Secret.", 63)
+    count = {"type": "integer", "format": "int64"}
+    spec = {
+        "description": f"{kind}Spec says where in NetBox the pool's addresses come from and what they carry.",
+        "type": "object",
+        "required": ["connection", "sources"],
+        "properties": {
+            "connection": {
+                "description": "connection says how to reach NetBox.",
+                "type": "object",
+                "required": ["secretRef"],
+                "properties": {
+                    "secretRef": secret_ref,
+                    "insecureSkipVerify": {
+                        "type": "boolean",
+                        "description": (
+                            "insecureSkipVerify turns off TLS certificate verification; never in production."
+                        ),
+                    },
+                },
+            },
+            "sources": {
+                "description": (
+                    "sources are NetBox prefixes and IP ranges, in order: an address comes from the first one with "
+                    "room. All must be of one IP family."
+                ),
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 32,
+                "items": source_schema(),
+            },
+            "gateway": ip_string("gateway of the pool's addresses, unless a source sets its own."),
+            "prefixLength": integer(
+                "prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask.",
+                0,
+                128,
+            ),
+            "addressFields": address_fields_schema(),
+        },
+    }
+    source_usage = {
+        "type": "object",
+        "description": "Usage of one source.",
+        "properties": {
+            "type": string("type is prefix or ipRange.", 16),
+            "id": {**count, "description": "id of the source in NetBox."},
+            "range": string("range is the source's CIDR or start-end.", 100),
+            "total": {**count, "description": "total addresses NetBox hands out from the source."},
+            "used": {**count, "description": "used addresses: IP addresses NetBox holds in the source (anyone's)."},
+            "free": {**count, "description": "free addresses of the source."},
+        },
+    }
+    status = {
+        "description": f"{kind}Status is what the provider last saw of the pool in NetBox.",
+        "type": "object",
+        "properties": {
+            "ipAddresses": {
+                "description": "ipAddresses sums the sources' usage (capped at the int64 maximum).",
+                "type": "object",
+                "properties": {
+                    "total": {**count, "description": "total addresses NetBox hands out from the sources."},
+                    "used": {**count, "description": "used addresses in the sources, by anyone."},
+                    "free": {**count, "description": "free addresses in the sources."},
+                },
+            },
+            "sources": {"description": "sources lists each source's usage.", "type": "array", "items": source_usage},
+            "conditions": conditions(),
+        },
+    }
+    return {
+        "description": description,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def pool_crd(kind: str, plural: str, namespaced: bool, description: str) -> Schema:
+    ready = '.status.conditions[?(@.type=="Ready")]'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": dict(LABELS)},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "categories": ["cluster-api"],
+            },
+            "scope": "Namespaced" if namespaced else "Cluster",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status", "description": "Ready"},
+                        {"name": "Reason", "type": "string", "jsonPath": f"{ready}.reason", "description": "Why"},
+                        {
+                            "name": "Total",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.total",
+                            "description": "Addresses NetBox hands out from the sources",
+                        },
+                        {
+                            "name": "Free",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.free",
+                            "description": "Free addresses in the sources",
+                        },
+                        {
+                            "name": "Used",
+                            "type": "integer",
+                            "jsonPath": ".status.ipAddresses.used",
+                            "description": "Used addresses in the sources",
+                        },
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": pool_schema(kind, namespaced, description)},
+                }
+            ],
+        },
+    }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes shared sub-schemas out in full instead of as YAML anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def main() -> int:
+    documents = {
+        "ipam.cluster.x-k8s.io_netboxippools.yaml": pool_crd(
+            "NetboxIPPool",
+            "netboxippools",
+            True,
+            "NetboxIPPool is a namespaced pool of addresses allocated in NetBox, from its prefixes and IP ranges.",
+        ),
+        "ipam.cluster.x-k8s.io_globalnetboxippools.yaml": pool_crd(
+            "GlobalNetboxIPPool",
+            "globalnetboxippools",
+            False,
+            "GlobalNetboxIPPool is a cluster-wide pool of addresses allocated in NetBox, from its prefixes and IP "
+            "ranges.",
+        ),
+    }
+    OUT.mkdir(exist_ok=True)
+    for name, document in documents.items():
+        body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+        (OUT / name).write_text("# Generated by hack/gen_netbox_crds.py; do not edit.\n---\n" + body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

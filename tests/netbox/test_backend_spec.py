@@ -1,0 +1,115 @@
+"""The NetboxIPPool API: what the CRDs refuse at admission (real API server), what `parse_pool` refuses, and the
+dnsName/description templates. No NetBox needed."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from backends.netbox.spec import PoolSpecError, machine_name, parse_pool, render
+from backends.protocol import ClaimContext
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from tests.netbox.conftest import GLOBAL_NB_POOLS, NB_POOLS, ip_range, netbox_pool, prefix
+
+Object = dict[str, Any]
+
+
+def good() -> Object:
+    return netbox_pool("p", [prefix("10.0.0.0/24", gateway="10.0.0.1"), ip_range("10.0.1.10", "10.0.1.20")])
+
+
+def with_spec(**changes: Any) -> Object:
+    body = copy.deepcopy(good())
+    body["spec"].update(changes)
+    return body
+
+
+REFUSED: list[tuple[str, Object, str]] = [
+    ("both kinds in one source", with_spec(sources=[{**prefix("10.0.0.0/24"), **ip_range(id=3)}]), "exactly one of"),
+    ("prefix by id and cidr", with_spec(sources=[{"prefix": {"id": 3, "cidr": "10.0.0.0/24"}}]), "exactly one of"),
+    ("not a CIDR", with_spec(sources=[prefix("10.0.0.1/24")]), "CIDR"),
+    ("range without end", with_spec(sources=[{"ipRange": {"start": "10.0.0.1"}}]), "start and end"),
+    ("range of two families", with_spec(sources=[ip_range("10.0.0.1", "2001:db8::1")]), "family"),
+    ("vrf on a source by id", with_spec(sources=[{"prefix": {"id": 3, "vrf": "blue"}}]), "VRF from NetBox"),
+    ("no source", with_spec(sources=[]), "source"),
+    ("bad gateway", with_spec(gateway="10.0.0.300"), "IP address"),
+    ("unknown placeholder", with_spec(addressFields={"dnsName": "{host}.example.com"}), "placeholder"),
+    ("our own tag", with_spec(addressFields={"tags": ["capi-ipam"]}), "capi-ipam"),
+    ("bad status", with_spec(addressFields={"status": "free"}), "status"),
+    ("prefix length", with_spec(prefixLength=129), "128"),
+]
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize(("case", "body", "hint"), REFUSED, ids=[c[0] for c in REFUSED])
+async def test_the_crd_refuses(kube: KubeClient, namespace: str, case: str, body: Object, hint: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        await kube.create(NB_POOLS, body, namespace)
+    assert refused.value.status == 422
+    assert hint.lower() in refused.value.message.lower(), refused.value.message
+
+
+@pytest.mark.parametrize(("case", "body", "hint"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_parse_pool_refuses(case: str, body: Object, hint: str) -> None:
+    body = copy.deepcopy(body)
+    body["metadata"]["namespace"] = "ns"
+    with pytest.raises(PoolSpecError):
+        parse_pool(body)
+
+
+@pytest.mark.apiserver
+async def test_the_crds_accept_the_full_shape(kube: KubeClient, namespace: str) -> None:
+    fields = {
+        "status": "active",
+        "role": "vip",
+        "tenant": "acme",
+        "dnsName": "{machine}.{cluster}.example.com",
+        "description": "{namespace}/{claim}",
+        "tags": ["k8s"],
+        "customFields": {"environment": "prod", "rack": 12, "managed": True},
+    }
+    sources = [
+        prefix("10.0.0.0/24", vrf="blue", gateway="10.0.0.1", prefixLength=16),
+        {"prefix": {"id": 4}},
+        ip_range("2001:db8::10", "2001:db8::20"),
+        {"ipRange": {"id": 5}},
+    ]
+    created = await kube.create(NB_POOLS, netbox_pool("full", sources, addressFields=fields), namespace)
+    assert created["spec"]["addressFields"]["customFields"] == fields["customFields"]
+    parsed = parse_pool(created)
+    assert [str(s) for s in parsed.sources] == [
+        "prefix 10.0.0.0/24 in VRF blue",
+        "prefix #4",
+        "ip-range 2001:db8::10-2001:db8::20",
+        "ip-range #5",
+    ]
+    assert parsed.sources[0].prefix_length == 16 and parsed.sources[1].gateway is None
+    body = netbox_pool("cluster-wide", [prefix("10.0.0.0/24")])
+    body.update(apiVersion=GLOBAL_NB_POOLS.api_version, kind=GLOBAL_NB_POOLS.kind)
+    with pytest.raises(ApiError, match="namespace"):
+        await kube.create(GLOBAL_NB_POOLS, body)
+
+
+def test_parse_pool_takes_the_secret_namespace_from_the_pool() -> None:
+    body = good()
+    body["metadata"].update(namespace="team-a", generation=3)
+    parsed = parse_pool(body)
+    assert (parsed.secret_namespace, parsed.secret_name, parsed.generation) == ("team-a", "netbox", 3)
+    body["spec"]["connection"]["secretRef"]["namespace"] = "elsewhere"
+    with pytest.raises(PoolSpecError, match="own namespace"):
+        parse_pool(body)
+
+
+def test_templates_and_the_machine_name() -> None:
+    infra = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "VSphereMachine", "name": "vm-1"}
+    machine = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "md-0-abc"}
+    plain = ClaimContext("ns", "claim-0", "uid")
+    assert machine_name(plain) == "claim-0"
+    assert machine_name(ClaimContext("ns", "c", "u", owner_references=[{**infra, "controller": True}])) == "vm-1"
+    owned = ClaimContext("ns", "c", "u", cluster_name="prod", owner_references=[infra, machine])
+    assert machine_name(owned) == "md-0-abc"
+    assert render("{machine}.{cluster}.example.com", owned) == "md-0-abc.prod.example.com"
+    assert render("{namespace}/{claim}", owned) == "ns/c"
