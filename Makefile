@@ -46,3 +46,5 @@ run: venv
 
 generate: venv
 	$(BIN)/python hack/gen_crds.py
+	$(BIN)/python hack/gen_netbox_crds.py
+	$(BIN)/python hack/gen_infoblox_crds.py

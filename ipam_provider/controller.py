@@ -162,9 +162,14 @@ class Controller:
                 return
             ref = PoolRef(kind.group, kind.kind, obj["metadata"].get("namespace"), obj["metadata"]["name"])
             self._enqueue_pool(ref)
+            waiting_only = False
             if type == "MODIFIED" and old is not None and new is not None and _pool_unchanged_for_claims(old, new):
-                return
+                if not _pool_became_usable(old, new):
+                    return
+                waiting_only = True  # a status change that can serve claims still waiting for an address
             for claim in self.caches.claims.by_index("pool", ref):
+                if waiting_only and (claim.get("status") or {}).get("addressRef"):
+                    continue
                 self._enqueue_claim(claim["metadata"]["namespace"], claim["metadata"]["name"])
 
         return handle
@@ -243,3 +248,17 @@ def _pool_unchanged_for_claims(old: Object, new: Object) -> bool:
     """A status-only change of a pool does not concern its claims."""
     keys = ("generation", "annotations", "deletionTimestamp", "uid")
     return all(old["metadata"].get(k) == new["metadata"].get(k) for k in keys)
+
+
+def _pool_became_usable(old: Object, new: Object) -> bool:
+    """Whether a pool's status turned Ready, or reports free addresses where it reported none."""
+
+    def ready(pool: Object) -> bool:
+        conditions = (pool.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def free(pool: Object) -> int:
+        value = ((pool.get("status") or {}).get("ipAddresses") or {}).get("free")
+        return value if isinstance(value, int) else 0
+
+    return (ready(new) and not ready(old)) or (free(new) > 0 and free(old) == 0)

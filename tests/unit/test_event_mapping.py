@@ -1,0 +1,96 @@
+"""Which claims a pool event re-queues: the mapping from pool events to claim keys, without an API server.
+
+The reconciler is not run; the test reads the keys the pool handler put on the work queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from backends.incluster.backend import InClusterBackend
+from backends.protocol import BackendContext
+from backends.registry import BackendRegistry
+from ipam_provider.controller import Controller, Settings
+
+GROUP = "ipam.cluster.x-k8s.io"
+
+
+def pool(generation: int = 1, ready: str | None = None, free: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if ready is not None:
+        status["conditions"] = [{"type": "Ready", "status": ready, "reason": "R", "lastTransitionTime": "t"}]
+    if free is not None:
+        status["ipAddresses"] = {"total": 10, "used": 10 - free, "free": free}
+    return {
+        "apiVersion": f"{GROUP}/v1alpha2",
+        "kind": "InClusterIPPool",
+        "metadata": {"namespace": "ns", "name": "pool", "uid": "u1", "generation": generation},
+        "spec": {"addresses": ["10.0.0.0/29"], "prefix": 24},
+        "status": status,
+    }
+
+
+def claim(name: str, fulfilled: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1beta2",
+        "kind": "IPAddressClaim",
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"poolRef": {"apiGroup": GROUP, "kind": "InClusterIPPool", "name": "pool"}},
+        "status": {"addressRef": {"name": name}} if fulfilled else {},
+    }
+
+
+@pytest.fixture
+def controller() -> Controller:
+    kube: Any = object()  # never called: nothing here runs a reconcile or an informer
+    registry = BackendRegistry([InClusterBackend(BackendContext(kube=kube))])
+    built = Controller(kube, registry, Settings())
+    built.caches.claims.upsert(claim("done", fulfilled=True))
+    built.caches.claims.upsert(claim("waiting", fulfilled=False))
+    return built
+
+
+def pool_handler(controller: Controller) -> Any:
+    (kind,) = [k for k in controller.registry.kinds if k.kind == "InClusterIPPool"]
+    return controller._pool_handler(kind)
+
+
+async def queued_claims(controller: Controller) -> set[str]:
+    names: set[str] = set()
+    while len(controller.queue):
+        item = await asyncio.wait_for(controller.queue.get(), 1)
+        assert item is not None
+        key, shard = item
+        if key[0] == "claim":
+            names.add(key[2])
+        controller.queue.done(key, shard)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (pool(ready="False"), pool(ready="True"), {"waiting"}),
+        (pool(free=0), pool(free=3), {"waiting"}),
+        (pool(ready="True", free=3), pool(ready="True", free=2), set()),
+        (pool(ready="True"), pool(ready="False"), set()),
+        (pool(generation=1), pool(generation=2), {"done", "waiting"}),
+    ],
+    ids=["turned-ready", "gained-free", "status-only", "turned-not-ready", "spec-changed"],
+)
+async def test_pool_modification_requeues_the_claims_it_concerns(
+    controller: Controller, old: dict[str, Any], new: dict[str, Any], expected: set[str]
+) -> None:
+    pool_handler(controller)("MODIFIED", old, copy.deepcopy(new))
+    assert await queued_claims(controller) == expected
+
+
+async def test_pool_appearing_or_going_requeues_every_claim(controller: Controller) -> None:
+    pool_handler(controller)("ADDED", None, pool())
+    assert await queued_claims(controller) == {"done", "waiting"}
+    pool_handler(controller)("DELETED", pool(), None)
+    assert await queued_claims(controller) == {"done", "waiting"}
