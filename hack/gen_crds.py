@@ -8,13 +8,10 @@ does in a webhook is done here with OpenAPI and CEL, with the same messages.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
+from crdgen import column, conditions, crd, write
 
-GROUP = "ipam.cluster.x-k8s.io"
-OUT = Path(__file__).resolve().parents[1] / "crds"
 ENTRY = (
     "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
     "or a CIDR (10.0.0.0/24)."
@@ -30,28 +27,6 @@ ENTRY_ITEMS = {
         {"rule": ENTRY_RULE, "message": "provided address is not a valid IP, range, nor CIDR"}
     ],
 }
-
-
-def condition_schema() -> dict[str, Any]:
-    return {
-        "description": "conditions of the pool; Ready tells whether claims can be served.",
-        "type": "array",
-        "maxItems": 32,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": {
-            "type": "object",
-            "required": ["type", "status", "reason", "lastTransitionTime"],
-            "properties": {
-                "type": {"type": "string", "maxLength": 316, "description": "type of the condition."},
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "status."},
-                "reason": {"type": "string", "maxLength": 1024, "description": "reason, in CamelCase."},
-                "message": {"type": "string", "maxLength": 32768, "description": "message for people."},
-                "lastTransitionTime": {"type": "string", "format": "date-time", "description": "last flip."},
-                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
-            },
-        },
-    }
 
 
 def pool_schema(scope_note: str) -> dict[str, Any]:
@@ -147,7 +122,7 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                     },
                 },
             },
-            "conditions": condition_schema(),
+            "conditions": conditions("conditions of the pool; Ready tells whether claims can be served."),
         },
     }
     return {
@@ -167,152 +142,86 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
 def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, Any]:
     schema = pool_schema("Wire-compatible with the Go in-cluster provider's v1alpha2 API.")
     schema["description"] = description
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"cluster.x-k8s.io/provider": "ipam-in-cluster"}},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "categories": ["cluster-api"],
-            },
-            "scope": scope,
-            "versions": [
-                {
-                    "name": "v1alpha2",
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {
-                            "name": "Addresses",
-                            "type": "string",
-                            "jsonPath": ".spec.addresses",
-                            "description": "List of addresses, to allocate from",
-                        },
-                        {
-                            "name": "Total",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.total",
-                            "description": "Count of IPs configured for the pool",
-                        },
-                        {
-                            "name": "Free",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.free",
-                            "description": "Count of unallocated IPs in the pool",
-                        },
-                        {
-                            "name": "Used",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.used",
-                            "description": "Count of allocated IPs in the pool",
-                        },
-                    ],
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
-        },
-    }
+    columns = [
+        column("Addresses", "string", ".spec.addresses", "List of addresses, to allocate from"),
+        column("Total", "integer", ".status.ipAddresses.total", "Count of IPs configured for the pool"),
+        column("Free", "integer", ".status.ipAddresses.free", "Count of unallocated IPs in the pool"),
+        column("Used", "integer", ".status.ipAddresses.used", "Count of allocated IPs in the pool"),
+    ]
+    labels = {"cluster.x-k8s.io/provider": "ipam-in-cluster"}
+    return crd(kind=kind, plural=plural, scope=scope, version="v1alpha2", schema=schema, columns=columns, labels=labels)
 
 
 def reservation_crd() -> dict[str, Any]:
     string = {"type": "string"}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"inclusteripreservations.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": "InClusterIPReservation",
-                "listKind": "InClusterIPReservationList",
-                "plural": "inclusteripreservations",
-                "singular": "inclusteripreservation",
-                "categories": ["cluster-api"],
-            },
-            "scope": "Cluster",
-            "versions": [
-                {
-                    "name": "v1alpha2",
-                    "served": True,
-                    "storage": True,
-                    "additionalPrinterColumns": [
-                        {"name": "Address", "type": "string", "jsonPath": ".spec.address"},
-                        {"name": "Pool", "type": "string", "jsonPath": ".spec.pool.name"},
-                        {"name": "Claim", "type": "string", "jsonPath": ".spec.claim.name"},
-                        {"name": "Released", "type": "string", "jsonPath": ".spec.releasedAt"},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "description": (
-                                "InClusterIPReservation records that one address of an in-cluster pool is held. "
-                                "Its name encodes (pool, address), so the API server's name uniqueness guarantees "
-                                "that no address is held twice. Managed by the controller; do not edit."
-                            ),
-                            "type": "object",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": string,
-                                "kind": string,
-                                "metadata": {"type": "object"},
-                                "spec": {
-                                    "type": "object",
-                                    "required": ["pool", "address", "prefix", "claim"],
-                                    "x-kubernetes-validations": [
-                                        {
-                                            "rule": "self == oldSelf || has(self.releasedAt)",
-                                            "message": "a reservation changes only to be released",
-                                        }
-                                    ],
-                                    "properties": {
-                                        "pool": {
-                                            "type": "object",
-                                            "description": "pool is the pool the address belongs to.",
-                                            "properties": {
-                                                "apiGroup": string,
-                                                "kind": string,
-                                                "namespace": string,
-                                                "name": string,
-                                            },
-                                        },
-                                        "address": {**string, "description": "address is the held address."},
-                                        "prefix": {"type": "integer", "minimum": 0, "maximum": 128},
-                                        "gateway": string,
-                                        "claim": {
-                                            "type": "object",
-                                            "description": "claim is the IPAddressClaim holding the address.",
-                                            "properties": {
-                                                "namespace": string,
-                                                "name": string,
-                                                "uid": string,
-                                            },
-                                        },
-                                        "releasedAt": {
-                                            **string,
-                                            "description": "releasedAt is set while a released address waits "
-                                            "out the pool's reuse grace period.",
-                                        },
-                                    },
-                                },
-                            },
-                        }
+    schema = {
+        "description": (
+            "InClusterIPReservation records that one address of an in-cluster pool is held. "
+            "Its name encodes (pool, address), so the API server's name uniqueness guarantees "
+            "that no address is held twice. Managed by the controller; do not edit."
+        ),
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": string,
+            "kind": string,
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "required": ["pool", "address", "prefix", "claim"],
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "self == oldSelf || has(self.releasedAt)",
+                        "message": "a reservation changes only to be released",
+                    }
+                ],
+                "properties": {
+                    "pool": {
+                        "type": "object",
+                        "description": "pool is the pool the address belongs to.",
+                        "properties": {
+                            "apiGroup": string,
+                            "kind": string,
+                            "namespace": string,
+                            "name": string,
+                        },
                     },
-                }
-            ],
+                    "address": {**string, "description": "address is the held address."},
+                    "prefix": {"type": "integer", "minimum": 0, "maximum": 128},
+                    "gateway": string,
+                    "claim": {
+                        "type": "object",
+                        "description": "claim is the IPAddressClaim holding the address.",
+                        "properties": {
+                            "namespace": string,
+                            "name": string,
+                            "uid": string,
+                        },
+                    },
+                    "releasedAt": {
+                        **string,
+                        "description": "releasedAt is set while a released address waits "
+                        "out the pool's reuse grace period.",
+                    },
+                },
+            },
         },
     }
-
-
-class _NoAliasDumper(yaml.SafeDumper):
-    """Writes shared sub-schemas out in full instead of as YAML anchors and aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    columns = [
+        column("Address", "string", ".spec.address"),
+        column("Pool", "string", ".spec.pool.name"),
+        column("Claim", "string", ".spec.claim.name"),
+        column("Released", "string", ".spec.releasedAt"),
+    ]
+    return crd(
+        kind="InClusterIPReservation",
+        plural="inclusteripreservations",
+        scope="Cluster",
+        version="v1alpha2",
+        schema=schema,
+        columns=columns,
+        status_subresource=False,
+    )
 
 
 def main() -> int:
@@ -331,11 +240,7 @@ def main() -> int:
         ),
         "ipam.cluster.x-k8s.io_inclusteripreservations.yaml": reservation_crd(),
     }
-    OUT.mkdir(exist_ok=True)
-    for name, document in documents.items():
-        body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=False)
-        text = "# Generated by hack/gen_crds.py; do not edit.\n---\n" + body
-        (OUT / name).write_text(text)
+    write(documents, "hack/gen_crds.py")
     return 0
 
 

@@ -10,57 +10,13 @@ The models in backends/infoblox/api.py mirror these schemas.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
 
-import yaml
+from crdgen import GROUP, Schema, age_column, conditions, crd, ready_columns, rules, string, write
 
-GROUP = "ipam.cluster.x-k8s.io"
 VERSION = "v1alpha1"
-OUT = Path(__file__).resolve().parents[1] / "crds"
+CONDITIONS = "conditions of the object; Ready says whether it can be used, and if not, why."
 LABELS = {"cluster.x-k8s.io/provider": "ipam-infoblox"}
 RESERVED_EAS = ["CAPI-Claim-UID", "CAPI-Claim-Namespace", "CAPI-Claim-Name", "CAPI-Cluster-Name", "CAPI-Pool"]
-Schema = dict[str, Any]
-
-
-def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
-    return {"type": "string", "description": description, "maxLength": max_length, **extra}
-
-
-def rules(*pairs: tuple[str, str]) -> list[Schema]:
-    return [{"rule": rule, "message": message} for rule, message in pairs]
-
-
-def conditions() -> Schema:
-    return {
-        "description": "conditions of the object; Ready says whether it can be used, and if not, why.",
-        "type": "array",
-        "maxItems": 32,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": {
-            "description": "Condition is a metav1.Condition.",
-            "type": "object",
-            "required": ["type", "status", "reason", "lastTransitionTime"],
-            "properties": {
-                "type": string("type of the condition, in CamelCase.", 316),
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "status."},
-                "reason": string("reason is a CamelCase word for the last transition.", 1024),
-                "message": string("message is for people: what is wrong and what to do.", 32768),
-                "lastTransitionTime": {
-                    "type": "string",
-                    "format": "date-time",
-                    "description": "lastTransitionTime is when the status last changed.",
-                },
-                "observedGeneration": {
-                    "type": "integer",
-                    "format": "int64",
-                    "minimum": 0,
-                    "description": "observedGeneration is the generation the condition was set for.",
-                },
-            },
-        },
-    }
 
 
 def secret_ref(description: str, with_key: bool = False) -> Schema:
@@ -172,7 +128,7 @@ def instance_schema() -> Schema:
     status = {
         "description": "InfobloxInstanceStatus is what the provider last saw of the grid.",
         "type": "object",
-        "properties": {"conditions": conditions()},
+        "properties": {"conditions": conditions(CONDITIONS)},
     }
     return document("InfobloxInstance is one Infoblox NIOS grid that InfobloxIPPools allocate from.", spec, status)
 
@@ -331,7 +287,7 @@ def pool_schema() -> Schema:
                 },
             },
             "networkView": string("networkView is the network view in use.", 64),
-            "conditions": conditions(),
+            "conditions": conditions(CONDITIONS),
         },
     }
     return document("InfobloxIPPool hands out addresses of Infoblox networks to IPAddressClaims.", spec, status)
@@ -352,58 +308,6 @@ def document(description: str, spec: Schema, status: Schema) -> Schema:
     }
 
 
-def ready_columns() -> list[Schema]:
-    return [
-        {
-            "name": "Ready",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-            "description": "Whether the object can be used",
-        },
-        {
-            "name": "Reason",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-            "description": "Why it is (not) ready",
-        },
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
-
-
-def crd(kind: str, plural: str, scope: str, schema: Schema, columns: list[Schema]) -> Schema:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": LABELS},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "categories": ["cluster-api"],
-            },
-            "scope": scope,
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns + ready_columns(),
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
-        },
-    }
-
-
-class _NoAliasDumper(yaml.SafeDumper):
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
 def main() -> int:
     instance_columns = [
         {"name": "Host", "type": "string", "jsonPath": ".spec.host", "description": "Grid Master"},
@@ -419,16 +323,25 @@ def main() -> int:
     ]
     documents = {
         f"{GROUP}_infobloxinstances.yaml": crd(
-            "InfobloxInstance", "infobloxinstances", "Cluster", instance_schema(), instance_columns
+            kind="InfobloxInstance",
+            plural="infobloxinstances",
+            scope="Cluster",
+            schema=instance_schema(),
+            columns=[*instance_columns, *ready_columns(), age_column()],
+            version=VERSION,
+            labels=LABELS,
         ),
         f"{GROUP}_infobloxippools.yaml": crd(
-            "InfobloxIPPool", "infobloxippools", "Namespaced", pool_schema(), pool_columns
+            kind="InfobloxIPPool",
+            plural="infobloxippools",
+            scope="Namespaced",
+            schema=pool_schema(),
+            columns=[*pool_columns, *ready_columns(), age_column()],
+            version=VERSION,
+            labels=LABELS,
         ),
     }
-    OUT.mkdir(exist_ok=True)
-    for name, body in documents.items():
-        text = yaml.dump(body, Dumper=_NoAliasDumper, sort_keys=False, width=120)
-        (OUT / name).write_text("# Generated by hack/gen_infoblox_crds.py; do not edit.\n---\n" + text)
+    write(documents, "hack/gen_infoblox_crds.py")
     return 0
 
 

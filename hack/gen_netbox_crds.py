@@ -10,67 +10,20 @@ rules.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
 
-import yaml
+from crdgen import Schema, age_column, column, conditions, crd, integer, ready_columns, rules, string, write
 
-GROUP = "ipam.cluster.x-k8s.io"
 VERSION = "v1alpha1"
-OUT = Path(__file__).resolve().parents[1] / "crds"
 LABELS = {"cluster.x-k8s.io/provider": "ipam-netbox"}
 OWNER_TAG = "capi-ipam"
 CLAIM_UID_FIELD = "capi_claim_uid"
 PLACEHOLDERS = "claim|namespace|cluster|machine"
 TEMPLATE_RULE = f"self.matches('^([^{{}}]|[{{]({PLACEHOLDERS})[}}])*$')"
 TEMPLATE_MESSAGE = "the only placeholders are {claim}, {namespace}, {cluster} and {machine}"
-Schema = dict[str, Any]
-
-
-def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
-    return {"type": "string", "description": description, "maxLength": max_length, **extra}
 
 
 def ip_string(description: str) -> Schema:
     return string(description, 39, **{"x-kubernetes-validations": rules(("isIP(self)", "must be an IP address"))})
-
-
-def integer(description: str, minimum: int, maximum: int | None = None) -> Schema:
-    schema: Schema = {"type": "integer", "format": "int64", "description": description, "minimum": minimum}
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return schema
-
-
-def rules(*pairs: tuple[str, str]) -> list[Schema]:
-    return [{"rule": rule, "message": message} for rule, message in pairs]
-
-
-def conditions() -> Schema:
-    return {
-        "description": "conditions of the pool; Ready says whether claims can be served, and if not, why.",
-        "type": "array",
-        "maxItems": 32,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": {
-            "type": "object",
-            "description": "Condition is a metav1.Condition.",
-            "required": ["type", "status", "reason", "lastTransitionTime"],
-            "properties": {
-                "type": string("type of the condition, in CamelCase.", 316),
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "status."},
-                "reason": string("reason for the last transition, in CamelCase.", 1024),
-                "message": string("message for people: what is wrong and what to do.", 32768),
-                "lastTransitionTime": {
-                    "type": "string",
-                    "format": "date-time",
-                    "description": "lastTransitionTime is when the status last changed.",
-                },
-                "observedGeneration": integer("observedGeneration is the generation the condition is about.", 0),
-            },
-        },
-    }
 
 
 def vrf_fields() -> Schema:
@@ -287,7 +240,9 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
                 },
             },
             "sources": {"description": "sources lists each source's usage.", "type": "array", "items": source_usage},
-            "conditions": conditions(),
+            "conditions": conditions(
+                "conditions of the pool; Ready says whether claims can be served, and if not, why."
+            ),
         },
     }
     return {
@@ -305,62 +260,22 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
 
 
 def pool_crd(kind: str, plural: str, namespaced: bool, description: str) -> Schema:
-    ready = '.status.conditions[?(@.type=="Ready")]'
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": dict(LABELS)},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "categories": ["cluster-api"],
-            },
-            "scope": "Namespaced" if namespaced else "Cluster",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status", "description": "Ready"},
-                        {"name": "Reason", "type": "string", "jsonPath": f"{ready}.reason", "description": "Why"},
-                        {
-                            "name": "Total",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.total",
-                            "description": "Addresses NetBox hands out from the sources",
-                        },
-                        {
-                            "name": "Free",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.free",
-                            "description": "Free addresses in the sources",
-                        },
-                        {
-                            "name": "Used",
-                            "type": "integer",
-                            "jsonPath": ".status.ipAddresses.used",
-                            "description": "Used addresses in the sources",
-                        },
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {"openAPIV3Schema": pool_schema(kind, namespaced, description)},
-                }
-            ],
-        },
-    }
-
-
-class _NoAliasDumper(yaml.SafeDumper):
-    """Writes shared sub-schemas out in full instead of as YAML anchors and aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    columns = [
+        *ready_columns(),
+        column("Total", "integer", ".status.ipAddresses.total", "Addresses NetBox hands out from the sources"),
+        column("Free", "integer", ".status.ipAddresses.free", "Free addresses in the sources"),
+        column("Used", "integer", ".status.ipAddresses.used", "Used addresses in the sources"),
+        age_column(),
+    ]
+    return crd(
+        kind=kind,
+        plural=plural,
+        scope="Namespaced" if namespaced else "Cluster",
+        version=VERSION,
+        schema=pool_schema(kind, namespaced, description),
+        columns=columns,
+        labels=LABELS,
+    )
 
 
 def main() -> int:
@@ -379,10 +294,7 @@ def main() -> int:
             "ranges.",
         ),
     }
-    OUT.mkdir(exist_ok=True)
-    for name, document in documents.items():
-        body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=False, width=120)
-        (OUT / name).write_text("# Generated by hack/gen_netbox_crds.py; do not edit.\n---\n" + body)
+    write(documents, "hack/gen_netbox_crds.py")
     return 0
 
 
