@@ -12,8 +12,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# README.md is the project's `readme` in pyproject.toml: the build needs it.
-COPY pyproject.toml README.md constraints.txt ./
+# README.md and LICENSE are named in pyproject.toml (readme, license-files): the build needs them.
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY ipam_provider ./ipam_provider
 COPY backends ./backends
 # A regular (non-editable) install; pip compiles the .pyc files here, as the run-time root is read-only.
