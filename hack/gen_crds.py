@@ -53,7 +53,8 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                 "type": "string",
                 "maxLength": 39,
                 "x-kubernetes-validations": [
-                    {"rule": "isIP(self)", "message": "provided gateway is not a valid IP address"}
+                    # The Go webhook checks the gateway only when it is not empty: "" means no gateway.
+                    {"rule": "self == '' || isIP(self)", "message": "provided gateway is not a valid IP address"}
                 ],
             },
             "allocateReservedIPAddresses": {
@@ -84,7 +85,8 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
             },
             {
                 "rule": (
-                    f"!has(self.gateway) || self.addresses.size() == 0 || self.gateway.contains(':') == {family_v6}"
+                    "!has(self.gateway) || self.gateway == '' || self.addresses.size() == 0 || "
+                    f"self.gateway.contains(':') == {family_v6}"
                 ),
                 "message": "provided gateway and addresses are of mixed IP families",
             },
@@ -149,7 +151,33 @@ def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, 
         column("Used", "integer", ".status.ipAddresses.used", "Count of allocated IPs in the pool"),
     ]
     labels = {"cluster.x-k8s.io/provider": "ipam-in-cluster"}
-    return crd(kind=kind, plural=plural, scope=scope, version="v1alpha2", schema=schema, columns=columns, labels=labels)
+    document = crd(
+        kind=kind, plural=plural, scope=scope, version="v1alpha2", schema=schema, columns=columns, labels=labels
+    )
+    document["spec"]["versions"].append(LEGACY_VERSION)
+    return document
+
+
+# The Go provider's v1alpha1, listed but neither served nor stored: applying these CRDs over an install whose
+# status.storedVersions still names v1alpha1 is then accepted (the API server refuses to drop a stored version).
+# Objects still stored as v1alpha1 are read as v1alpha2 without conversion; migrate them with the Go provider first.
+LEGACY_VERSION: dict[str, Any] = {
+    "name": "v1alpha1",
+    "served": False,
+    "storage": False,
+    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+}
+
+
+# A live reservation may change only its claim's uid: the claim of the same namespace/name takes over the
+# reservation made from its IPAddress before the claim existed or before a restore (backends/incluster/existing.py).
+# `namespace` is a CEL keyword: Kubernetes exposes the property as `__namespace__`.
+TAKE_OVER_RULE = (
+    "(!has(oldSelf.releasedAt) && self.pool == oldSelf.pool && self.address == oldSelf.address"
+    " && self.prefix == oldSelf.prefix && has(self.gateway) == has(oldSelf.gateway)"
+    " && (!has(self.gateway) || self.gateway == oldSelf.gateway)"
+    " && self.claim.__namespace__ == oldSelf.claim.__namespace__ && self.claim.name == oldSelf.claim.name)"
+)
 
 
 def reservation_crd() -> dict[str, Any]:
@@ -171,8 +199,8 @@ def reservation_crd() -> dict[str, Any]:
                 "required": ["pool", "address", "prefix", "claim"],
                 "x-kubernetes-validations": [
                     {
-                        "rule": "self == oldSelf || has(self.releasedAt)",
-                        "message": "a reservation changes only to be released",
+                        "rule": "self == oldSelf || has(self.releasedAt) || " + TAKE_OVER_RULE,
+                        "message": "a reservation changes only to be released, or to be taken over by its claim",
                     }
                 ],
                 "properties": {

@@ -28,10 +28,15 @@ def _split(values: Sequence[str] | None) -> list[str]:
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
-    """controller-runtime's bind-address form: ":8080", "127.0.0.1:8080", or "0" to disable."""
+    """controller-runtime's bind-address form: ":8080", "127.0.0.1:8080", "[::]:8080", "[::1]:8080", or "0" to
+    disable. IPv6 hosts come back without their brackets."""
     if address in ("", "0"):
         return None
     host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"bind address {address!r}: put an IPv6 host in brackets, as in [::]:8080")
     return host or "0.0.0.0", int(port)
 
 
@@ -92,33 +97,52 @@ async def run(args: argparse.Namespace) -> int:
     probes = await _serve_probes(probes_address, controller, standby) if probes_address else None
     elector = None
     try:
-        if args.leader_elect:
-            elector = LeaderElector(kube, args.leader_election_namespace, args.leader_election_id)
-            standby.set()
-            acquire = asyncio.create_task(elector.acquire())
-            stopping = asyncio.create_task(controller._stopping.wait())
-            await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not acquire.done():
-                acquire.cancel()
-                return 0
-            stopping.cancel()
-            standby.clear()
-            keeper = asyncio.create_task(elector.keep())
-            keeper.add_done_callback(lambda _: controller.stop())
         log.info(
             "controller starting",
             kinds=",".join(k.kind for k in registry.kinds),
             workers=settings.workers,
             namespaces=",".join(settings.namespaces) or "*",
         )
+        if args.leader_elect:
+            elector = LeaderElector(kube, args.leader_election_namespace, args.leader_election_id)
+            return await lead_and_run(controller, elector, standby)
         await controller.run()
     finally:
-        if elector is not None:
-            await elector.release()
         if probes is not None:
             await probes.cleanup()
         await registry.close()
         await kube.close()
+    return 0
+
+
+async def lead_and_run(controller: Controller, elector: LeaderElector, standby: asyncio.Event) -> int:
+    """Wait for the lease (as a ready standby), then run the controller while holding it.
+
+    Returns the exit code: 0 after `controller.stop()` (SIGTERM), before or after the lease was won, with the
+    lease given up; 1 when leadership was lost, as controller-runtime exits non-zero ("leader election lost") so
+    that the pod restarts and queues for the lease again.
+    """
+    standby.set()
+    acquire = asyncio.create_task(elector.acquire())
+    stopping = asyncio.create_task(controller._stopping.wait())
+    await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not acquire.done():
+        acquire.cancel()
+        return 0
+    standby.clear()
+    keeper = asyncio.create_task(elector.keep())
+    keeper.add_done_callback(lambda _: controller.stop())
+    try:
+        await controller.run()
+    finally:
+        lost = keeper.done() and not keeper.cancelled()
+        keeper.cancel()
+        if not lost:
+            await elector.release()
+    if lost:
+        log.error("leader election lost; exiting")
+        return 1
     return 0
 
 

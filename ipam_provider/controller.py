@@ -177,10 +177,16 @@ class Controller:
     # --- running -------------------------------------------------------------------------------------------
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Run until `stop()`; `ready` is set once every cache has synced and workers run."""
+        """Run until `stop()`; `ready` is set once every cache has synced and workers run.
+
+        `stop()` is honoured at any time, also while the caches are still syncing (an unreachable API server, a
+        403 at start): then no worker starts and `run` returns as soon as the watches are cancelled.
+        """
         watches = [asyncio.create_task(informer.run()) for informer in self.informers]
         try:
-            await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
+            if not await self._synced_or_stopped():
+                log.info("stopped before the caches synced")
+                return
             log.info("caches synced", claims=len(self.caches.claims), addresses=len(self.caches.addresses))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             if ready is not None:
@@ -194,6 +200,19 @@ class Controller:
             await asyncio.gather(*watches, return_exceptions=True)
             log.info("controller stopped")
 
+    async def _synced_or_stopped(self) -> bool:
+        """Wait until every cache has synced (True) or `stop()` was called (False), whichever comes first."""
+        synced: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(informer.wait_synced() for informer in self.informers))
+        )
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (synced, stopping):
+                future.cancel()
+        return synced.done() and not synced.cancelled() and not self._stopping.is_set()
+
     def stop(self) -> None:
         self._stopping.set()
 
@@ -202,6 +221,8 @@ class Controller:
         return all(informer.synced for informer in self.informers)
 
     async def _worker(self, number: int) -> None:
+        """Take keys until the queue shuts down. A failing reconcile (any exception, or a CancelledError that is
+        not this task's own cancellation) is logged and retried with backoff; the worker never dies of it."""
         while True:
             item = await self.queue.get()
             if item is None:
@@ -211,7 +232,11 @@ class Controller:
             result = "success"
             try:
                 requeue = await self._dispatch(key)
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and _cancelling():
+                    raise  # this worker itself is being cancelled
+                # Anything else, including a CancelledError a backend let escape (a future cancelled by an
+                # executor's shutdown), fails this reconcile only: the worker lives on and the key is retried.
                 result = "error"
                 delay = self.queue.add_rate_limited(key, shard)
                 routine = isinstance(error, ApiError) and error.conflict  # another writer was first: just retry
@@ -235,6 +260,13 @@ class Controller:
             return await self.claims.reconcile(key[1], key[2])
         kind = self._kinds[(key[1], key[2])]
         return await self.pools.reconcile(kind, key[3], key[4])
+
+
+def _cancelling() -> bool:
+    """Whether the running task has been asked to cancel (as opposed to a CancelledError from something it
+    awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _pause_state(cluster: Object) -> tuple[bool, bool]:

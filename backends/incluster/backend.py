@@ -13,10 +13,11 @@ import time
 from collections.abc import Sequence
 
 import structlog
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.allocator import address_to_int, cap_int64, int_to_address
+from backends.incluster.existing import reserve_existing
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient
 from backends.protocol import (
@@ -52,6 +53,12 @@ class InClusterPoolSpec(Model):
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+
+    @field_validator("gateway")
+    @classmethod
+    def _empty_gateway_is_none(cls, value: str | None) -> str | None:
+        """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
+        return value if value is None or value.strip() else None
 
 
 def pool_ref_of(pool: JSON) -> PoolRef:
@@ -94,15 +101,19 @@ class InClusterBackend:
         key = (allocatable.addresses, allocatable.family)
         index = self._indexes.get(ref)
         if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
-            index = await self._rebuild(ref, allocatable, key)
+            index = await self._rebuild(ref, allocatable, key, scan=True)
         elif index.spec_key != key:
             index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
         if spec.reuse_grace_seconds is not None:
             await self._reclaim_expired(index, spec.reuse_grace_seconds)
         return index
 
-    async def _rebuild(self, ref: PoolRef, allocatable: AllocatableSet, key: object) -> PoolIndex:
+    async def _rebuild(self, ref: PoolRef, allocatable: AllocatableSet, key: object, *, scan: bool) -> PoolIndex:
+        """Build the pool's index from a fresh list of its reservations. With `scan` (the first use of the pool in
+        this process, and each resync) IPAddresses naming the pool without a reservation get one first."""
         reservations = await self.reservations.list_pool(ref)
+        if scan:
+            reservations += await reserve_existing(self.kube, self.reservations, ref, allocatable.family, reservations)
         index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key)
         self._indexes[ref] = index
         return index
@@ -125,7 +136,7 @@ class InClusterBackend:
             candidate = index.allocator.lowest_free()
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
-                    index = await self._rebuild(ref, allocatable, index.spec_key)
+                    index = await self._rebuild(ref, allocatable, index.spec_key, scan=False)
                     rebuilt = True
                     held = index.by_claim.get(claim.uid)
                     if held is not None:
@@ -175,6 +186,9 @@ class InClusterBackend:
             )
             if reservation is None:
                 reservation = await self.reservations.get(ref, existing.address)
+            if reservation is not None and _taken_over(reservation, claim):
+                index.drop(reservation)
+                reservation = await self.reservations.reassign(reservation, claim.uid)
             if reservation is None or reservation.claim_uid != claim.uid:
                 if reservation is not None:
                     index.hold(reservation)
@@ -279,6 +293,16 @@ class InClusterBackend:
 
     async def close(self) -> None:
         self._indexes.clear()
+
+
+def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
+    """Whether the claim may take a reservation over: one held (not released) under the claim's own
+    namespace/name but another uid, made from its IPAddress before the claim existed or before a restore."""
+    return (
+        reservation.claim_uid != claim.uid
+        and not reservation.released_at
+        and reservation.claim == f"{claim.namespace}/{claim.name}"
+    )
 
 
 def _normalized(address: str) -> str:

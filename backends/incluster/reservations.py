@@ -145,3 +145,20 @@ class ReservationClient:
             },
         )
         return Reservation.parse(updated)
+
+    async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
+        """Give a live reservation to the claim of the same namespace/name with another uid (one made from an
+        IPAddress before its claim existed, or with a uid that predates a restore). The address stays held
+        throughout; the resourceVersion precondition makes a concurrent change fail with a conflict."""
+        updated = await self.kube.patch(
+            RESERVATIONS,
+            reservation.name,
+            {
+                "metadata": {
+                    "resourceVersion": reservation.resource_version,
+                    "labels": {LABEL_CLAIM_UID: claim_uid},
+                },
+                "spec": {"claim": {"uid": claim_uid}},
+            },
+        )
+        return Reservation.parse(updated)

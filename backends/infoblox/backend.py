@@ -90,14 +90,14 @@ class InfobloxBackend:
     async def release(
         self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        instance = None
-        if pool is not None:
+        # The grid that holds the address is the one recorded when it was allocated; the pool may have been
+        # re-pointed at another instance since.
+        instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
+        if instance is None and pool is not None:
             try:
                 instance = self._parse(pool).instance
             except PoolNotReadyError:
                 instance = None
-        if instance is None and allocation is not None:
-            instance = allocation.annotations.get(ANNOTATION_INSTANCE)
         if instance is None and pool_ref in self._known:
             instance = self._known[pool_ref].instance
         if instance is None:

@@ -4,7 +4,8 @@ instance's `Ready` condition.
 Contract:
 - `connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets at most once
   per `instance_cache_seconds`; the connection (its Connector, thread pool and private files) is rebuilt when the
-  instance's generation or either Secret's resourceVersion changes, and closed when replaced.
+  instance's generation or either Secret's resourceVersion changes. A replaced connection is closed only after the
+  longest a call on it can take, so calls in flight finish on it.
 - Problems that need a person (instance missing, Secret missing or incomplete, CA bundle unreadable) raise
   `InstanceProblem` with a condition reason and a message; they are also written to the instance's status.
 - `health(conn)` checks the grid (reachability, TLS, credentials, the default network view, the ownership
@@ -99,6 +100,7 @@ class Instances:
         self._connections: dict[str, Connection] = {}
         self._raw: dict[str, Obj] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._retiring: dict[asyncio.Task[None], Connection] = {}
 
     async def connect(self, name: str) -> Connection:
         async with self._locks[name]:
@@ -107,7 +109,7 @@ class Instances:
                 return current
             raw = await self._kube.get(INSTANCES, name)
             if raw is None:
-                await self._drop(name)
+                self._retire(name)
                 raise InstanceProblem(
                     "InstanceNotFound", f"InfobloxInstance {name} was not found; create it or fix spec.instanceRef"
                 )
@@ -115,7 +117,7 @@ class Instances:
             try:
                 material = await self._read(raw)
             except InstanceProblem as problem:
-                await self._drop(name)
+                self._retire(name)
                 await self.publish(name, False, problem.reason, problem.message)
                 raise
             if current is not None and current.key == material.key:
@@ -132,7 +134,7 @@ class Instances:
                 label=name,
             )
             connection = Connection(name, material.key, spec, client, material.secret, material.files, time.monotonic())
-            await self._drop(name)
+            self._retire(name)
             self._connections[name] = connection
             log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
             return connection
@@ -284,14 +286,28 @@ class Instances:
             return
         log.info("instance condition changed", instance=name, ready=ready, reason=reason, message=message)
 
-    async def _drop(self, name: str) -> None:
+    def _retire(self, name: str) -> None:
+        """Replace without pulling the ground from under calls still using the old connection: close it (its
+        client, its certificate and CA files) only once every call it may be serving has ended."""
         connection = self._connections.pop(name, None)
-        if connection is not None:
-            await connection.close()
+        if connection is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._close_later(connection))
+        self._retiring[task] = connection
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+
+    @staticmethod
+    async def _close_later(connection: Connection) -> None:
+        await asyncio.sleep(connection.client.longest_call_seconds)
+        await connection.close()
 
     async def close(self) -> None:
+        """Close every connection now, retired ones included (the process is stopping)."""
         for name in list(self._connections):
-            await self._drop(name)
+            self._retire(name)
+        for task, connection in list(self._retiring.items()):
+            task.cancel()
+            await connection.close()
 
 
 def problem_condition(connection: Connection, error: WapiError) -> tuple[str, str]:

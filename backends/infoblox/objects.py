@@ -139,17 +139,22 @@ def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
     elif obj_type == FIXED_V6:
         address = raw.get("ipv6addr")
     else:
-        entries = list(raw.get("ipv4addrs") or []) + list(raw.get("ipv6addrs") or [])
+        entries = [e for key in ("ipv4addrs", "ipv6addrs") for e in _list(raw.get(key)) if isinstance(e, Mapping)]
         if entries:
             address = entries[0].get("ipv4addr") or entries[0].get("ipv6addr")
     if not isinstance(address, str):
         return None
+    extattrs = raw.get("extattrs")
     eas = {
         str(name): str(entry.get("value")) if isinstance(entry, Mapping) else str(entry)
-        for name, entry in (raw.get("extattrs") or {}).items()
+        for name, entry in (extattrs.items() if isinstance(extattrs, Mapping) else ())
     }
     name = raw.get("name")
     return GridObject(ref, obj_type, address, eas, str(name) if isinstance(name, str) else None)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def type_of_ref(ref: str) -> str:

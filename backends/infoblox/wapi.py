@@ -11,9 +11,16 @@ Contract:
 - `search` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or timed-out
   requests; `create` is tried once, because a lost POST may have been committed: the caller decides (see
   `backends.infoblox.allocator`).
-- Never uses infoblox-client's `check_if_exists` (broken for `func:` values) nor a GET by reference (a failing GET
-  costs four requests and cannot tell 404 from 503 to the caller); existence is asked with searches, which answer
-  `[]`.
+- A search sends exactly one GET per attempt and per page: it builds the URL and sends the request with the
+  Connector's own session, URL builder and reply checks, but not through `Connector.get_object`, which re-sends a
+  failing GET up to four times without delay and keeps the page cursor in shared state. A paged search that fails
+  on any page is retried from its first page, so an answer is always complete. A 401 while the session holds a
+  cookie is answered by one fresh login (the grid may have ended the session), as infoblox-client does.
+- Never uses infoblox-client's `check_if_exists` (broken for `func:` values) nor a GET by reference (it cannot tell
+  404 from 503 to the caller); existence is asked with searches, which answer `[]`.
+- `close()` may be called while calls are still queued: they run to completion (nothing is cancelled under a
+  caller), and a call made after `close()` fails with a transient `WapiError`. Callers that replace a client while
+  it may be in use close it only after `longest_call_seconds`.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +44,7 @@ from infoblox_client import exceptions as ib_ex
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Obj = dict[str, Any]
+PAGE_SIZE = 1000
 
 
 class Problem(enum.Enum):
@@ -105,9 +114,20 @@ class WapiClient:
             }
         )
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"wapi-{label}")
+        self._closed = False
+
+    @property
+    def longest_call_seconds(self) -> float:
+        """An upper bound on how long one retried call (all attempts, all pages of a short search) may take."""
+        return self.retry.attempts * (self.call_timeout * 2 + self.retry.max_delay * 1.2)
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        try:
+            if self._closed:
+                raise RuntimeError("closed")
+            future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except RuntimeError as error:  # closed, or the executor refuses new work after shutdown
+            raise WapiError(Problem.UNAVAILABLE, "the connection to the grid was replaced; try again") from error
         try:
             return await asyncio.wait_for(future, self.call_timeout)
         except TimeoutError as error:
@@ -115,10 +135,10 @@ class WapiClient:
         except Exception as error:
             raise classify(error) from error
 
-    async def _retrying(self, what: str, fn: Callable[[], T]) -> T:
+    async def _retrying(self, what: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
         for attempt in range(self.retry.attempts):
             try:
-                return await self._run(fn)
+                return await attempt_once()
             except WapiError as error:
                 if error.problem not in TRANSIENT or attempt + 1 == self.retry.attempts:
                     raise
@@ -144,20 +164,40 @@ class WapiClient:
         paging: bool = False,
     ) -> list[Obj]:
         """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none."""
-        eas = {name: {"value": value} for name, value in (extattrs or {}).items()} or None
+        eas = {name: {"value": value} for name, value in (extattrs or {}).items()}
+        query: dict[str, Any] = {**(params or {}), "_return_fields": ",".join(fields)}
+        if not paging:
+            answer = await self._retrying(f"GET {obj_type}", lambda: self._run(lambda: self._get(obj_type, query, eas)))
+            return _objects(answer, obj_type)
+        query.update({"_paging": 1, "_return_as_object": 1, "_max_results": PAGE_SIZE})
+        return await self._retrying(f"GET {obj_type} (paged)", lambda: self._all_pages(obj_type, query, eas))
 
-        def call() -> Any:
-            return self._connector.get_object(
-                obj_type,
-                payload=dict(params or {}),
-                return_fields=list(fields),
-                extattrs=eas,
-                paging=paging,
-                max_results=1000 if paging else None,
-            )
+    async def _all_pages(self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any]) -> list[Obj]:
+        found: list[Obj] = []
+        page_id: str | None = None
+        while True:
+            page_query = {**query, "_page_id": page_id} if page_id else dict(query)
+            page = await self._run(functools.partial(self._get, obj_type, page_query, eas))
+            if not isinstance(page, dict) or not isinstance(page.get("result"), list):
+                raise WapiError(Problem.REFUSED, f"the grid answered a paged GET of {obj_type} without a result list")
+            found.extend(_objects(page["result"], obj_type))
+            page_id = page.get("next_page_id")
+            if not page_id:
+                return found
 
-        result = await self._retrying(f"GET {obj_type}", call)
-        return list(result or [])
+    def _get(self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any]) -> Any:
+        """One GET (in a worker thread); one fresh login and one re-send if the grid ended the session."""
+        connector = self._connector
+        url = connector._construct_url(obj_type, dict(query), dict(eas) or None)
+        try:
+            return connector._get_object(obj_type, url)
+        except ib_ex.InfobloxBadWAPICredential:
+            if not connector.session.cookies:
+                raise
+            connector.session.cookies.clear()
+            if getattr(connector, "username", None) is not None:
+                connector.session.auth = (connector.username, connector.password)
+            return connector._get_object(obj_type, url)
 
     async def create(self, obj_type: str, payload: Mapping[str, Any], fields: Sequence[str]) -> Obj:
         """One POST (no retry), answering the new object with `fields`."""
@@ -173,7 +213,9 @@ class WapiClient:
     async def delete(self, ref: str) -> bool:
         """DELETE one object by reference; False if it was already gone (404)."""
         try:
-            await self._retrying(f"DELETE {ref.split('/', 1)[0]}", lambda: self._connector.delete_object(ref))
+            await self._retrying(
+                f"DELETE {ref.split('/', 1)[0]}", lambda: self._run(lambda: self._connector.delete_object(ref))
+            )
         except WapiError as error:
             if error.problem is Problem.NOT_FOUND:
                 return False
@@ -181,9 +223,19 @@ class WapiClient:
         return True
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=False)
         with contextlib.suppress(Exception):
             self._connector.session.close()
+
+
+def _objects(answer: Any, obj_type: str) -> list[Obj]:
+    """The objects of a search answer; anything but a list of objects is the grid misbehaving."""
+    if answer is None:
+        return []
+    if not isinstance(answer, list) or not all(isinstance(item, dict) for item in answer):
+        raise WapiError(Problem.REFUSED, f"the grid answered a GET of {obj_type} with something other than objects")
+    return answer
 
 
 _VERIFY = re.compile(r"certificate verify failed: ([^'\"()]+)")

@@ -6,7 +6,9 @@ Contract (level-triggered; every step is idempotent and the reconcile may be rep
 - A live claim gets the ReleaseAddress finalizer, an address from its backend, an IPAddress of its own name
   (claim as controller owner, pool as owner, ProtectAddress finalizer, cluster label), `status.addressRef`
   and `Ready=True/AddressAllocated`. Failures give `Ready=False` with PoolNotReady, PoolExhausted or
-  AllocationFailed and a message that says what to do; every transition also records an Event.
+  AllocationFailed and a message that says what to do; every transition also records an Event. While the
+  pool is missing or being deleted only claims without an IPAddress get PoolNotReady: a fulfilled claim stays
+  Ready=True/AddressAllocated (its address is still held).
 - A deleted claim: its IPAddress is let go and deleted first, then the backend releases, then the claim's
   finalizer is removed. The address is therefore never free in the backend while an IPAddress still names it.
 - An IPAddress deleted while its claim lives is re-created with identical values (the backend holds the
@@ -86,7 +88,11 @@ class ClaimReconciler:
         found = self.ctx.registry.lookup(pool.get("apiGroup", ""), pool.get("kind", ""))
         if found is None:
             return ""
-        return shard_for(pool_ref_of(IPAddressClaim.model_validate(raw), found[1]))
+        try:
+            claim = IPAddressClaim.model_validate(raw)
+        except ValidationError:
+            return ""  # reconcile() logs why the claim is ignored
+        return shard_for(pool_ref_of(claim, found[1]))
 
     async def reconcile(self, namespace: str, name: str) -> float | None:
         """Reconcile one claim; returns seconds until it should be looked at again, or None."""
@@ -135,6 +141,8 @@ class ClaimReconciler:
             )
             claim = IPAddressClaim.model_validate(raw)
         if pool is None or pool.get("metadata", {}).get("deletionTimestamp"):
+            if await self._keep_fulfilled(raw, claim, kind, pool_ref):
+                return None
             state = "was not found" if pool is None else "is being deleted"
             message = f"{pool_ref} {state}; create it or point the claim at another pool"
             await self._set_ready(raw, claim, False, REASON_POOL_NOT_READY, message, None)
@@ -211,6 +219,23 @@ class ClaimReconciler:
         message = f"{allocation.address}/{allocation.prefix} allocated from {pool_ref}"
         await self._set_ready(raw, claim, True, REASON_ALLOCATED, message, name)
         return None
+
+    async def _keep_fulfilled(self, raw: Object, claim: IPAddressClaim, kind: PoolKind, pool_ref: PoolRef) -> bool:
+        """While its pool is gone or being deleted, a claim whose IPAddress exists stays Ready=True: the address
+        is still held. Returns False when there is no such IPAddress (a new allocation must wait for a pool)."""
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name
+        address_raw = self.ctx.caches.addresses.get(namespace, name)
+        if address_raw is None:
+            return False
+        try:
+            address = IPAddress.model_validate(address_raw)
+        except ValidationError:
+            return False
+        if address.metadata.deleting or not belongs_to(address, claim, kind):
+            return False
+        message = f"{address.spec.address}/{address.spec.prefix} allocated from {pool_ref}"
+        await self._set_ready(raw, claim, True, REASON_ALLOCATED, message, name)
+        return True
 
     async def _let_go(self, address_raw: Object) -> None:
         """Remove our finalizer from an IPAddress someone deleted, so that it can be re-created afresh."""

@@ -3,8 +3,9 @@
 For each watched namespace (or the whole cluster) the informer lists, then watches from the list's
 resourceVersion with bookmarks. When the server ends a watch it resumes from the last seen version; on 410 Gone
 it lists again and reports the difference; on any other error it backs off (capped exponential) and lists again.
-A resource the API server does not serve (its CRD is not installed) counts as synced and empty, so that one
-missing pool kind does not stop the controller; it is looked for again every NOT_SERVED_RETRY seconds.
+A handler that raises is logged and skipped: it never interrupts the watch. A resource the API server does not
+serve (its CRD is not installed) counts as synced and empty, so that one missing pool kind does not stop the
+controller; it is looked for again every NOT_SERVED_RETRY seconds.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Informer:
         for key in list(self.store.keys()):
             if key not in seen and (namespace is None or key[0] == namespace):
                 old = self.store.remove(key)
-                self.handler("DELETED", old, None)
+                self._notify("DELETED", old, None)
         return version
 
     async def _watch(self, namespace: str | None, version: str) -> str:
@@ -122,7 +123,7 @@ class Informer:
             obj.setdefault("kind", self.resource.kind)
             if kind == "DELETED":
                 old = self.store.remove(object_key(obj), obj)
-                self.handler("DELETED", old or obj, None)
+                self._notify("DELETED", old or obj, None)
             else:
                 self._apply(kind, obj)
         return version
@@ -132,6 +133,21 @@ class Informer:
         if previous is False:
             return
         if previous is None or previous is True:
-            self.handler("ADDED", None, obj)
+            self._notify("ADDED", None, obj)
         elif previous.get("metadata", {}).get("resourceVersion") != obj["metadata"].get("resourceVersion"):
-            self.handler("MODIFIED", previous, obj)
+            self._notify("MODIFIED", previous, obj)
+
+    def _notify(self, kind: str, old: Object | None, new: Object | None) -> None:
+        """Call the handler; a failing handler is logged and skipped, never taken for a failed connection (which
+        would list again, and fail again, forever). The store is already up to date."""
+        try:
+            self.handler(kind, old, new)
+        except Exception:
+            obj = new or old or {}
+            meta = obj.get("metadata") or {}
+            log.exception(
+                "event handler failed; event skipped",
+                resource=self.resource.plural,
+                object=f"{meta.get('namespace') or ''}/{meta.get('name', '')}",
+                change=kind,
+            )

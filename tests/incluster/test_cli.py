@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from ipam_provider.cli import _host_port, _split, build_parser
 from ipam_provider.kube.client import KubeClient
@@ -95,3 +98,50 @@ async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, nam
     finally:
         process.terminate()
         assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+def _kubeconfig_variant(
+    kubeconfig: Path, directory: Path, *, server: str | None = None, token: str | None = None
+) -> Path:
+    """A copy of the session's kubeconfig with its server and every user's token replaced as asked."""
+    config = json.loads(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = server or entry["cluster"]["server"]
+    for entry in config["users"]:
+        entry["user"]["token"] = token or entry["user"]["token"]
+    path = directory / "kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("broken", ["closed-port", "unauthorized"])
+async def test_sigterm_stops_a_controller_whose_caches_never_sync(
+    kubeconfig: Path, tmp_path: Path, broken: str
+) -> None:
+    """An unreachable API server or a refused token keeps the caches from syncing; SIGTERM must still stop the
+    process promptly and cleanly (exit 0), as it does with controller-runtime."""
+    if broken == "closed-port":
+        variant = _kubeconfig_variant(kubeconfig, tmp_path, server=f"https://127.0.0.1:{free_port()}")
+    else:
+        variant = _kubeconfig_variant(kubeconfig, tmp_path, token="not-a-valid-token")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ipam_provider",
+        "run",
+        f"--kubeconfig={variant}",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+        stderr=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    try:
+        await asyncio.sleep(3.0)  # the informers are failing and backing off by now
+        assert process.returncode is None, "the controller must keep retrying, not exit, while it cannot sync"
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from backends.incluster.reservations import RESERVATIONS
 from backends.protocol import PoolKind
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
 from ipam_provider.controller import Controller
@@ -158,6 +159,8 @@ async def test_cluster_not_found_waits_and_a_deleted_cluster_does_not_block_rele
 async def test_a_pre_existing_ipaddress_is_adopted_with_its_spec_untouched(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
+    """An IPAddress without reservation (restored, moved, or written by the Go provider) at the pool's lowest
+    free address: a new claim reconciled before the IPAddress's own claim even exists must not get it."""
     await kube.create(POOLS, pool("net", ["10.25.0.0/24"], 24, gateway="10.25.0.1"), namespace)
     pre_existing = {
         "apiVersion": ADDRESSES.api_version,
@@ -166,25 +169,33 @@ async def test_a_pre_existing_ipaddress_is_adopted_with_its_spec_untouched(
         "spec": {
             "claimRef": {"name": "adopted"},
             "poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "net"},
-            "address": "10.25.0.77",
+            "address": "10.25.0.2",  # .0 is the network, .1 the gateway: .2 is the lowest free address
             "prefix": 24,
             "gateway": "10.25.0.1",
         },
     }
     await kube.create(ADDRESSES, pre_existing, namespace)
-    await kube.create(CLAIMS, claim("adopted", "net"), namespace)
     await kube.create(CLAIMS, claim("newcomer", "net"), namespace)
+    newcomer = await wait_address(kube, namespace, "newcomer")
+    assert newcomer["spec"]["address"] == "10.25.0.3", "the pre-existing IPAddress's address must be skipped"
+    await kube.create(CLAIMS, claim("adopted", "net"), namespace)
     adopted = await wait_address(kube, namespace, "adopted")
     assert adopted["spec"] == pre_existing["spec"]
     assert FINALIZER_PROTECT_ADDRESS in adopted["metadata"]["finalizers"]
     assert {ref["kind"] for ref in adopted["metadata"]["ownerReferences"]} == {"IPAddressClaim", "InClusterIPPool"}
-    newcomer = await wait_address(kube, namespace, "newcomer")
-    assert newcomer["spec"]["address"] != "10.25.0.77"
-    # The adopted address is held: filling the pool up to it never hands it out again.
+    # The adopted address is held for the claim: filling the pool never hands it out again.
     for index in range(3):
         await kube.create(CLAIMS, claim(f"fill-{index}", "net"), namespace)
     filled = [(await wait_address(kube, namespace, f"fill-{i}"))["spec"]["address"] for i in range(3)]
-    assert "10.25.0.77" not in filled
+    assert "10.25.0.2" not in filled
+    reservations, _ = await kube.list(RESERVATIONS)
+    held = {
+        r["spec"]["address"]: r["spec"]["claim"] for r in reservations if r["spec"]["claim"]["namespace"] == namespace
+    }
+    adopted_claim = await kube.get(CLAIMS, "adopted", namespace)
+    assert adopted_claim is not None
+    assert held["10.25.0.2"]["uid"] == adopted_claim["metadata"]["uid"], "the claim took its reservation over"
+    assert len(held) == 5
 
 
 async def test_a_deleted_ipaddress_is_recreated_with_identical_values(

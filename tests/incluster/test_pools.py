@@ -182,6 +182,12 @@ async def test_a_pool_in_use_is_protected_from_deletion(
     assert "Cannot delete Pool until all IPAddresses have been removed" in (ready_condition(deleting) or {})["message"]
     await asyncio.sleep(1)
     assert await kube.get(POOLS, "protected", namespace) is not None
+    # Only new allocations wait: a claim whose IPAddress exists stays fulfilled while its pool is deleted.
+    await kube.create(CLAIMS, claim("late", "protected"), namespace)
+    late = ready_condition(await wait_claim_reason(kube, namespace, "late", "PoolNotReady"))
+    assert late is not None and "is being deleted" in late["message"]
+    user = ready_condition(await kube.get(CLAIMS, "user", namespace))
+    assert user is not None and (user["status"], user["reason"]) == ("True", "AddressAllocated"), user
     await kube.delete(CLAIMS, "user", namespace)
 
     async def gone() -> bool:
@@ -204,6 +210,10 @@ async def test_the_skip_annotation_lets_a_pool_in_use_go(
         return await kube.get(POOLS, "moving", namespace) is None
 
     await wait_for(gone, message="the annotated pool to be deleted although in use")
+    await kube.create(CLAIMS, claim("after", "moving"), namespace)
+    await wait_claim_reason(kube, namespace, "after", "PoolNotReady")
+    moved = ready_condition(await kube.get(CLAIMS, "moved", namespace))
+    assert moved is not None and (moved["status"], moved["reason"]) == ("True", "AddressAllocated"), moved
     # The claim can still be released without its pool.
     await kube.delete(CLAIMS, "moved", namespace)
 

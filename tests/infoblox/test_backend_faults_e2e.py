@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from backends.infoblox.api import INSTANCES
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
-from tests.infoblox.conftest import Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
+from tests.infoblox.conftest import Grid, b64, events_text, wait_gone, wait_instance_reason, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason
 from tests.wapi_simulator import make_tls_material
@@ -125,9 +126,17 @@ async def test_503_bursts_are_retried_then_succeed(
 
 
 async def test_bad_credentials_give_conditions_never_the_password(
-    kube: KubeClient, namespace: str, grid_factory: Any, infoblox_controller: Any
+    kube: KubeClient,
+    namespace: str,
+    grid_factory: Any,
+    infoblox_controller: Any,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
+    caplog.set_level(logging.DEBUG)  # infoblox-client, requests and urllib3 at their most talkative
     grid: Grid = await grid_factory(password="Hunter2-not-the-password")
+    correct = "Correct-Horse-Battery-9"  # distinctive, unlike the simulator's default, so a leak cannot hide
+    grid.sim.auth.add_user(grid.sim.username, correct)
     grid.sim.state.add_network("10.10.0.0/24")
     await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
     async with infoblox_controller():
@@ -140,9 +149,14 @@ async def test_bad_credentials_give_conditions_never_the_password(
             assert "refused the credentials" in text and f"{namespace}/{grid.secret}" in text, text
             assert "Hunter2" not in text and grid.sim.password not in text
         assert "Hunter2" not in await events_text(kube, namespace)
-        await grid.set_password(grid.sim.password)
+        await grid.set_password(correct)
         await wait_address(kube, namespace, "c", timeout=60)
         await wait_instance_reason(kube, grid.instance, "Connected")
+    printed = capfd.readouterr()
+    logged = caplog.text + printed.out + printed.err
+    assert "AuthenticationFailed" in logged, "the logs were captured"
+    for secret in ("Hunter2", correct, b64(f"{grid.sim.username}:{correct}")):
+        assert secret not in logged, "a credential reached the logs"
 
 
 async def test_the_ca_bundle_is_used_and_a_wrong_ca_fails_clearly(
@@ -238,15 +252,21 @@ async def test_extensible_attribute_definitions_missing_and_not_managed(
 async def test_100_concurrent_claims_are_all_unique(
     kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
 ) -> None:
-    await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
+    # Four pools on one subnet: the controller runs different pools in parallel, so the grid sees concurrent
+    # POSTs for the same subnet, as it would from several pools or several controller replicas.
+    pools = [f"net-{n}" for n in range(4)]
+    for name in pools:
+        await grid.create_pool(name, subnets=[{"cidr": "10.10.0.0/24"}])
+    grid.sim.faults.add_latency(0.02, methods="POST", count=None)
     async with infoblox_controller(workers=8):
-        await wait_pool_reason(kube, namespace, "net", "PoolReady")
+        for name in pools:
+            await wait_pool_reason(kube, namespace, name, "PoolReady")
         started = time.monotonic()
         semaphore = asyncio.Semaphore(20)
 
         async def one(i: int) -> None:
             async with semaphore:
-                await grid.create_claim(f"c{i:03}", "net")
+                await grid.create_claim(f"c{i:03}", pools[i % len(pools)])
 
         await asyncio.gather(*(one(i) for i in range(100)))
 

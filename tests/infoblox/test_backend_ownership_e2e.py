@@ -9,7 +9,7 @@ from typing import Any
 from backends.infoblox.api import ANNOTATION_REF, INFOBLOX_POOL
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
-from tests.infoblox.conftest import Grid, wait_gone, wait_pool_reason
+from tests.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import wait_address, wait_claim_reason
 
@@ -140,3 +140,22 @@ def restored_address(namespace: str, claim: Object, address: str) -> Object:
             "prefix": 24,
         },
     }
+
+
+async def test_release_goes_to_the_grid_that_holds_the_address_after_the_pool_is_repointed(
+    kube: KubeClient, namespace: str, grid: Grid, grid_factory: Any, infoblox_controller: Any
+) -> None:
+    other: Grid = await grid_factory()
+    other.sim.state.add_network("10.10.0.0/24")
+    pool = await grid.create_pool("moving", subnets=[{"cidr": "10.10.0.0/24"}])
+    async with infoblox_controller():
+        created = await grid.create_claim("node-0", "moving")
+        await wait_address(kube, namespace, "node-0")
+        assert len(grid.objects_of(created["metadata"]["uid"])) == 1
+        # The operator moves the pool to another grid; the address stays where it was allocated.
+        repoint = {"spec": {"instanceRef": {"name": other.instance}}}
+        await kube.patch(POOLS, pool["metadata"]["name"], repoint, namespace)
+        await kube.delete(CLAIMS, "node-0", namespace)
+        await wait_gone(kube, namespace, "node-0")
+        assert grid.objects_of(created["metadata"]["uid"]) == [], "released on the grid that held it"
+        assert not other.sim.request_log.count("DELETE")

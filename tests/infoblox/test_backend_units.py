@@ -165,7 +165,7 @@ async def test_client_bounds_concurrency_and_keeps_the_loop_free(wapi_simulator:
     sim.faults.add_latency(0.2, methods="GET")
     wapi = client(sim)
     in_flight, peak, lock = 0, 0, threading.Lock()
-    original = wapi._connector.get_object
+    original = wapi._connector._get_object
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal in_flight, peak
@@ -178,7 +178,7 @@ async def test_client_bounds_concurrency_and_keeps_the_loop_free(wapi_simulator:
             with lock:
                 in_flight -= 1
 
-    wapi._connector.get_object = counted
+    wapi._connector._get_object = counted
     ticks = 0
 
     async def ticker() -> None:

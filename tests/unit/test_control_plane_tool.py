@@ -7,6 +7,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -64,3 +65,40 @@ def test_two_instances_side_by_side_and_down_leaves_nothing(tmp_path: Path) -> N
         assert not directory.exists(), "down removes the instance's directory"
         for pid in (state["etcd_pid"], state["apiserver_pid"]):
             assert not _alive(pid), f"process {pid} survived `down`"
+
+
+def test_external_install_leaves_existing_capi_crds_alone_and_up_replaces_a_dead_instance(tmp_path: Path) -> None:
+    """`make run` on someone else's cluster must not overwrite its Cluster API CRDs; and a recorded control plane
+    whose processes died (a reboot) must give way to a fresh one instead of failing."""
+    directory = tmp_path / "cp"
+    try:
+        assert _cli("up", "--dir", str(directory)).returncode == 0
+        state = json.loads((directory / "state.json").read_text())
+        kubectl = [str(directory / "bin" / "kubectl"), f"--kubeconfig={directory / 'kubeconfig'}"]
+        crd = "clusters.cluster.x-k8s.io"
+        patch = '{"spec":{"names":{"categories":["cluster-api","theirs"]}}}'
+        subprocess.run([*kubectl, "patch", "crd", crd, "--type=merge", "-p", patch], check=True, capture_output=True)
+        result = _cli("install-crds", "--external", "--kubeconfig", str(directory / "kubeconfig"))
+        assert result.returncode == 0, result.stderr
+        categories = subprocess.run(
+            [*kubectl, "get", "crd", crd, "-o", "jsonpath={.spec.names.categories}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "theirs" in categories, "an existing Cluster API CRD must be left as it is"
+
+        for pid in (state["apiserver_pid"], state["etcd_pid"]):
+            os.kill(pid, 9)
+        for pid in (state["apiserver_pid"], state["etcd_pid"]):
+            for _ in range(100):
+                if not _alive(pid):
+                    break
+                time.sleep(0.05)
+        result = _cli("up", "--dir", str(directory))
+        assert result.returncode == 0, result.stderr
+        fresh = json.loads((directory / "state.json").read_text())
+        assert fresh["apiserver_pid"] != state["apiserver_pid"]
+        subprocess.run([*kubectl, "get", "--raw=/readyz"], check=True, capture_output=True)
+    finally:
+        _cli("down", "--dir", str(directory))

@@ -253,3 +253,12 @@ def test_allocatable_set_matches_brute_force(
         expected.discard(ip4(gateway))
     pool = build_allocatable_set(addresses, SUBNET.prefixlen, gateway, excluded, allocate_reserved)
     assert pool.addresses == IntervalSet.from_points(expected)
+
+
+def test_an_empty_gateway_is_no_gateway() -> None:
+    """`gateway: ""` passes the Go webhook (it checks only a non-empty gateway): the pool has no gateway."""
+    from backends.incluster.backend import parse_pool
+
+    spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/30"], "prefix": 30, "gateway": ""}})
+    assert spec.gateway is None
+    assert allocatable.addresses.size == 2  # .1 and .2: only the network and broadcast addresses are left out

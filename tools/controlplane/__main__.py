@@ -1,7 +1,9 @@
 """`python -m tools.controlplane up|down|env [--dir DIR]`: a local control plane for development.
 
 `up` builds (or reuses) the binaries, starts etcd and kube-apiserver detached, installs the Cluster API CRDs and
-ours, and prints `export KUBECONFIG=…`. `down` stops the instance recorded in DIR and removes DIR.
+ours, and prints `export KUBECONFIG=…`; an instance recorded in DIR whose processes are gone is replaced.
+`install-crds --external` installs into a cluster this tool did not start: Cluster API's CRDs only where
+absent, and nothing with force. `down` stops the instance recorded in DIR and removes DIR.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from tools.controlplane.versions import REPO_ROOT, load_versions
 DEFAULT_DIR = REPO_ROOT / ".local" / "cluster"
 
 
-async def _install(kubeconfig: Path) -> list[str]:
+async def _install(kubeconfig: Path, *, external: bool = False) -> list[str]:
+    """Install Cluster API's CRDs and ours. On an `external` cluster (one this tool did not start) Cluster API's
+    CRDs are installed only where absent and nothing is applied with force."""
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     try:
-        return await install_crds(kube, [*capi_crd_paths(load_versions()), *our_crd_paths()])
+        if not external:
+            return await install_crds(kube, [*capi_crd_paths(load_versions()), *our_crd_paths()])
+        capi = await install_crds(kube, capi_crd_paths(load_versions()), force=False, only_missing=True)
+        return capi + await install_crds(kube, our_crd_paths(), force=False)
     finally:
         await kube.close()
 
@@ -33,7 +40,10 @@ def up(directory: Path) -> int:
     versions = load_versions()
     print(f"versions: {versions.describe()}", file=sys.stderr)
     existing = LocalControlPlane.attach(directory)
-    if existing.state is not None and existing.kubeconfig_path.is_file():
+    if existing.state is not None and not existing.running:
+        print(f"the control plane recorded in {directory} is not running; starting a fresh one", file=sys.stderr)
+        existing.stop()
+    elif existing.state is not None and existing.kubeconfig_path.is_file():
         print(f"a control plane is already recorded in {directory}; run `down` first", file=sys.stderr)
         return 1
     started = time.monotonic()
@@ -62,8 +72,8 @@ def down(directory: Path) -> int:
     return 0
 
 
-def install(kubeconfig: Path) -> int:
-    crds = asyncio.run(_install(kubeconfig))
+def install(kubeconfig: Path, *, external: bool = False) -> int:
+    crds = asyncio.run(_install(kubeconfig, external=external))
     print(f"{len(crds)} CRDs established", file=sys.stderr)
     return 0
 
@@ -73,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "install-crds", "binaries", "versions"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state directory of the instance")
     parser.add_argument("--kubeconfig", type=Path, help="for install-crds: the cluster to install into")
+    parser.add_argument(
+        "--external",
+        action="store_true",
+        help="for install-crds: a cluster this tool did not start (Cluster API CRDs only if absent, never forced)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -80,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "down":
             return down(args.dir)
         if args.command == "install-crds":
-            return install(args.kubeconfig or args.dir / "kubeconfig")
+            return install(args.kubeconfig or args.dir / "kubeconfig", external=args.external)
         if args.command == "binaries":
             print(binaries_dir())
             return 0

@@ -249,6 +249,11 @@ class LocalControlPlane:
             plane.state = ControlPlaneState(**json.loads(state_file.read_text()))
         return plane
 
+    @property
+    def running(self) -> bool:
+        """Whether both recorded processes (etcd and kube-apiserver) still exist."""
+        return self.state is not None and all(_alive(p) for p in (self.state.etcd_pid, self.state.apiserver_pid))
+
     def stop(self, *, remove: bool = True) -> None:
         """Stop both processes (SIGTERM, then SIGKILL after 10 s) and remove the state directory."""
         if self.state is not None:

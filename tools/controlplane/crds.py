@@ -25,14 +25,29 @@ def load_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return documents
 
 
-async def install_crds(kube: KubeClient, paths: Iterable[Path], timeout: float = 60.0) -> list[str]:
-    """Apply every CRD in `paths` and wait for `Established`; return their names."""
+async def install_crds(
+    kube: KubeClient,
+    paths: Iterable[Path],
+    timeout: float = 60.0,
+    *,
+    force: bool = True,
+    only_missing: bool = False,
+) -> list[str]:
+    """Apply every CRD in `paths` and wait for `Established`; return their names.
+
+    `force` takes over fields other managers own (right for a control plane of our own). `only_missing` leaves a
+    CRD that exists alone (a cluster someone else runs: its Cluster API CRDs are its own business). Without
+    `force`, a CRD whose fields another manager owns fails with a 409 Conflict instead of being overwritten.
+    """
     names = []
     for crd in load_documents(paths):
         if crd.get("kind") != "CustomResourceDefinition":
             continue
         name = crd["metadata"]["name"]
-        await kube.patch(CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=True)
+        if only_missing and await kube.get(CRDS, name) is not None:
+            names.append(name)
+            continue
+        await kube.patch(CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=force)
         names.append(name)
     deadline = time.monotonic() + timeout
     for name in names:

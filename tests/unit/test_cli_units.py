@@ -1,0 +1,73 @@
+"""The command line's pieces that need no API server: bind addresses and the leader-election exit code."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import pytest
+
+from ipam_provider.cli import _host_port, lead_and_run
+from ipam_provider.controller import Controller
+from ipam_provider.leader import LeaderElector
+
+
+def test_bind_addresses_in_every_controller_runtime_form() -> None:
+    assert _host_port("0") is None and _host_port("") is None
+    assert _host_port(":8080") == ("0.0.0.0", 8080)
+    assert _host_port("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert _host_port("[::]:8080") == ("::", 8080)
+    assert _host_port("[::1]:9090") == ("::1", 9090)
+    assert _host_port("localhost:8081") == ("localhost", 8081)
+    with pytest.raises(ValueError, match="brackets"):
+        _host_port("::1:8080")
+
+
+class FakeController:
+    def __init__(self) -> None:
+        self._stopping = asyncio.Event()
+        self.ran = False
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        self.ran = True
+        await self._stopping.wait()
+
+
+class FakeElector:
+    def __init__(self, *, lose_after: float | None) -> None:
+        self.lose_after = lose_after
+        self.released = False
+
+    async def acquire(self) -> None:
+        return None
+
+    async def keep(self) -> None:
+        if self.lose_after is None:
+            await asyncio.Event().wait()
+        else:
+            await asyncio.sleep(self.lose_after)
+
+    async def release(self) -> None:
+        self.released = True
+
+
+async def _lead(controller: FakeController, elector: FakeElector) -> int:
+    return await lead_and_run(cast(Controller, controller), cast(LeaderElector, elector), asyncio.Event())
+
+
+async def test_losing_the_lease_exits_non_zero() -> None:
+    controller, elector = FakeController(), FakeElector(lose_after=0.05)
+    assert await asyncio.wait_for(_lead(controller, elector), 5) == 1
+    assert controller.ran and not elector.released, "a lost lease is not ours to release"
+
+
+async def test_sigterm_while_leading_exits_zero_and_gives_the_lease_up() -> None:
+    controller, elector = FakeController(), FakeElector(lose_after=None)
+    task = asyncio.create_task(_lead(controller, elector))
+    await asyncio.sleep(0.05)
+    controller.stop()
+    assert await asyncio.wait_for(task, 5) == 0
+    assert elector.released
