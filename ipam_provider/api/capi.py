@@ -19,7 +19,6 @@ REASON_ALLOCATED = "AddressAllocated"
 REASON_POOL_NOT_READY = "PoolNotReady"
 REASON_POOL_EXHAUSTED = "PoolExhausted"
 REASON_ALLOCATION_FAILED = "AllocationFailed"
-REASON_WAITING_FOR_CLUSTER = "WaitingForCluster"
 
 
 class TypedReference(Model):

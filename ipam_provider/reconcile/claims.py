@@ -38,7 +38,6 @@ from ipam_provider.api.capi import (
     REASON_ALLOCATED,
     REASON_ALLOCATION_FAILED,
     REASON_POOL_NOT_READY,
-    REASON_WAITING_FOR_CLUSTER,
     Cluster,
     IPAddress,
     IPAddressClaim,
@@ -124,10 +123,10 @@ class ClaimReconciler:
             return None
         if cluster_name and cluster_raw is None:
             message = (
-                f"Cluster {namespace}/{cluster_name} was not found; waiting for it, because whether it is "
-                "paused cannot be known"
+                f"Cluster {namespace}/{cluster_name} was not found; waiting for it before allocating, because "
+                "whether it is paused cannot be known"
             )
-            await self._set_ready(raw, claim, False, REASON_WAITING_FOR_CLUSTER, message, None)
+            await self._set_ready(raw, claim, False, REASON_ALLOCATION_FAILED, message, None)
             return None
         confirmed = False  # whether this reconcile has proven the cached claim current against the API server
         if FINALIZER_RELEASE_ADDRESS not in claim.metadata.finalizers:

@@ -132,9 +132,9 @@ async def test_cluster_not_found_waits_and_a_deleted_cluster_does_not_block_rele
 ) -> None:
     await kube.create(POOLS, pool("net", ["10.24.0.0/28"], 28), namespace)
     await kube.create(CLAIMS, claim("orphan", "net", cluster="not-yet"), namespace)
-    waiting = await wait_claim_reason(kube, namespace, "orphan", "WaitingForCluster")
+    waiting = await wait_claim_reason(kube, namespace, "orphan", "AllocationFailed")
     condition = ready_condition(waiting)
-    assert condition is not None and "not-yet" in condition["message"]
+    assert condition is not None and "Cluster" in condition["message"] and "not-yet" in condition["message"]
     assert await kube.get(ADDRESSES, "orphan", namespace) is None
     await kube.create(CLUSTERS, cluster("not-yet"), namespace)
     await wait_address(kube, namespace, "orphan")
