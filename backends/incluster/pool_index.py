@@ -22,6 +22,9 @@ class PoolIndex:
     family: int
     by_claim: dict[str, Reservation] = field(default_factory=dict)
     by_address: dict[int, Reservation] = field(default_factory=dict)
+    # The released reservations still held for the pool's reuse grace period (a subset of by_address), so that
+    # finding the expired ones costs what was released, not what is allocated.
+    released: dict[int, Reservation] = field(default_factory=dict)
     # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
     doubly_held: set[str] = field(default_factory=set)
     built_at: float = field(default_factory=time.monotonic)
@@ -46,6 +49,10 @@ class PoolIndex:
         except ValueError:
             return  # another family: cannot collide with this pool's addresses
         self.by_address[value] = reservation
+        if reservation.released_at is not None:
+            self.released[value] = reservation
+        else:
+            self.released.pop(value, None)
         if reservation.claim_uid:
             known = self.by_claim.get(reservation.claim_uid)
             if known is not None and known.name != reservation.name:
@@ -60,6 +67,7 @@ class PoolIndex:
             return
         if self.by_address.get(value, reservation).name == reservation.name:
             self.by_address.pop(value, None)
+            self.released.pop(value, None)
             self.allocator.mark_free(value)
         if self.by_claim.get(reservation.claim_uid) == reservation:
             del self.by_claim[reservation.claim_uid]
@@ -68,9 +76,8 @@ class PoolIndex:
         """Released reservations whose reuse grace period is over."""
         now = datetime.datetime.now(datetime.UTC)
         expired = []
-        for reservation in self.by_address.values():
-            if reservation.released_at is None:
-                continue
+        for reservation in self.released.values():
+            assert reservation.released_at is not None
             try:
                 released = datetime.datetime.fromisoformat(reservation.released_at.replace("Z", "+00:00"))
             except ValueError:

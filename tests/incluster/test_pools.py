@@ -83,6 +83,30 @@ async def test_allocate_reserved_addresses_hands_out_network_and_broadcast(
     assert sorted(await claim_all(kube, namespace, "all", 4)) == ["10.31.0.0", "10.31.0.1", "10.31.0.2", "10.31.0.3"]
 
 
+async def test_a_released_address_is_not_reused_within_the_grace_period(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    grace = 4
+    await kube.create(
+        POOLS, pool("graceful", ["10.36.0.1-10.36.0.6"], 24, addressReuseGracePeriodSeconds=grace), namespace
+    )
+    assert await claim_all(kube, namespace, "graceful", 1) == ["10.36.0.1"]
+    await kube.delete(CLAIMS, "graceful-ns-0", namespace)
+
+    async def released() -> bool:
+        return await kube.get(CLAIMS, "graceful-ns-0", namespace) is None
+
+    await wait_for(released, message="the first claim to be released")
+    released_at = asyncio.get_running_loop().time()
+    await kube.create(CLAIMS, claim("during", "graceful"), namespace)
+    during = (await wait_address(kube, namespace, "during"))["spec"]["address"]
+    if asyncio.get_running_loop().time() - released_at < grace:
+        assert during == "10.36.0.2", "a released address stays unused during its grace period"
+    await asyncio.sleep(max(0.0, grace + 0.5 - (asyncio.get_running_loop().time() - released_at)))
+    await kube.create(CLAIMS, claim("after", "graceful"), namespace)
+    assert (await wait_address(kube, namespace, "after"))["spec"]["address"] == "10.36.0.1", "reused after it"
+
+
 async def test_namespaced_and_global_pools_with_the_same_name_are_distinct(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
