@@ -17,8 +17,10 @@ Requests are counted with a `requests` response hook on every session (ours: `Ne
 The backend reads its Secret through a stand-in for the Kubernetes client that returns the Secret from memory; no
 API server is involved and NetBox is never mocked.
 
-NetBox: NETBOX_URL and NETBOX_TOKEN name a running one (objects made by the run are deleted afterwards);
-otherwise hack/netbox/install.sh and start.sh start one in a temporary directory and stop.sh stops it at the end.
+NetBox: NETBOX_URL and NETBOX_TOKEN name a running one; the run then uses four /24 prefixes that do not exist there
+yet, and deletes afterwards only what it created: its prefixes, and the IP addresses that carry the owner tag and
+one of the claim UIDs this run made (never an address someone else holds in those prefixes). Otherwise
+hack/netbox/install.sh and start.sh start one in a temporary directory and stop.sh stops it at the end.
 
 Run from the repository root: `.venv/bin/python benchmarks/netbox_throughput.py [--allocations 200] [--pools 4]`.
 """
@@ -52,6 +54,13 @@ from ipam_provider.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "bench"
+RUN_UIDS: set[str] = set()  # every claim UID this run used: what it may delete afterwards
+
+
+def new_uid() -> str:
+    uid = str(uuid.uuid4())
+    RUN_UIDS.add(uid)
+    return uid
 
 
 @dataclass
@@ -116,7 +125,7 @@ def pool(name: str, cidr: str) -> dict[str, Any]:
 
 
 def claims(count: int, prefix: str) -> list[ClaimContext]:
-    return [ClaimContext(NAMESPACE, f"{prefix}-{i}", str(uuid.uuid4())) for i in range(count)]
+    return [ClaimContext(NAMESPACE, f"{prefix}-{i}", new_uid()) for i in range(count)]
 
 
 async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int, workers: int) -> list[Figure]:
@@ -126,7 +135,7 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
     figures = []
     try:
         one = pool("one", cidrs[0])
-        await backend.allocate(one, ClaimContext(NAMESPACE, "warm-up", str(uuid.uuid4())))
+        await backend.allocate(one, ClaimContext(NAMESPACE, "warm-up", new_uid()))
         client = await backend.connections.client(backend._parse(one))
         wanted = claims(n, "one")
         before, started = client.requests_sent, time.perf_counter()
@@ -151,7 +160,7 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
 
         many = [pool(f"p{i}", cidrs[1]) for i in range(pools)]
         for i, p in enumerate(many):
-            await backend.allocate(p, ClaimContext(NAMESPACE, f"warm-{i}", str(uuid.uuid4())))
+            await backend.allocate(p, ClaimContext(NAMESPACE, f"warm-{i}", new_uid()))
         per_pool = [claims(n // pools, f"p{i}") for i in range(pools)]
         before, started = client.requests_sent, time.perf_counter()
 
@@ -176,7 +185,7 @@ def bench_plain(url: str, token: str, cidr: str, n: int, *, list_per_claim: bool
     tag = api.extras.tags.get(slug=OWNER_TAG)
     before, started = count[0], time.perf_counter()
     for _ in range(n):
-        uid = str(uuid.uuid4())
+        uid = new_uid()
         if list_per_claim:
             held = [
                 a for a in api.ipam.ip_addresses.filter(tag=OWNER_TAG) if a.custom_fields.get(CLAIM_UID_FIELD) == uid
@@ -187,6 +196,28 @@ def bench_plain(url: str, token: str, cidr: str, n: int, *, list_per_claim: bool
         prefix.available_ips.create({"tags": [tag.id], "custom_fields": {CLAIM_UID_FIELD: uid}})
     name = "plain pynetbox + list per claim" if list_per_claim else "plain pynetbox loop"
     return Figure(name, n, time.perf_counter() - started, count[0] - before)
+
+
+def free_cidrs(api: Any) -> list[str]:
+    """Four 10.x.y.0/24 prefixes of which NetBox holds neither a prefix nor an address yet."""
+    for _ in range(50):
+        base = random.randint(0, 250)
+        cidrs = [f"10.{base}.{i}.0/24" for i in range(4)]
+        if not any(api.ipam.prefixes.count(within_include=c) or api.ipam.ip_addresses.count(parent=c) for c in cidrs):
+            return cidrs
+    raise SystemExit("found no four free 10.x.y.0/24 prefixes in NetBox for the benchmark")
+
+
+def delete_run_addresses(api: Any, cidrs: list[str]) -> None:
+    """Delete the IP addresses this run created: ours (owner tag) with one of this run's claim UIDs."""
+    for cidr in cidrs:
+        mine = [
+            a
+            for a in api.ipam.ip_addresses.filter(parent=cidr, tag=OWNER_TAG)
+            if (a.custom_fields or {}).get(CLAIM_UID_FIELD) in RUN_UIDS
+        ]
+        if mine:
+            api.ipam.ip_addresses.delete(mine)
 
 
 def print_table(figures: list[Figure]) -> None:
@@ -219,8 +250,7 @@ def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     with netbox_instance() as (url, token, owned):
         api = pynetbox.api(url, token=token)
-        base = random.randint(0, 200)
-        cidrs = [f"10.{base}.{i}.0/24" for i in range(4)]
+        cidrs = free_cidrs(api)
         created = [api.ipam.prefixes.create(prefix=c, description="netbox_throughput benchmark") for c in cidrs]
         try:
             figures = asyncio.run(bench_ours(url, token, cidrs[:2], n, args.pools, args.workers))
@@ -228,8 +258,7 @@ def main() -> int:
             figures.append(bench_plain(url, token, cidrs[3], n, list_per_claim=True))
         finally:
             if not owned:
-                for c in cidrs:
-                    api.ipam.ip_addresses.delete(list(api.ipam.ip_addresses.filter(parent=c)))
+                delete_run_addresses(api, cidrs)
                 api.ipam.prefixes.delete(created)
         print(f"NetBox {api.status()['netbox-version']} at {url}, {n} allocations per variant, {os.cpu_count()} cores")
         print_table(figures)

@@ -88,13 +88,28 @@ def source_schema() -> Schema:
         "properties": {
             "prefix": prefix,
             "ipRange": ip_range,
-            "gateway": ip_string("gateway of the addresses from this source; overrides spec.gateway."),
+            "gateway": ip_string(
+                "gateway of the addresses from this source; overrides spec.gateway. A gateway inside the source "
+                "must be recorded in NetBox as an IP address (else the pool is not Ready: GatewayNotRecorded); it "
+                "is never given to a claim."
+            ),
             "prefixLength": integer(
-                "prefixLength of the addresses from this source; by default the source's own mask in NetBox.", 0, 128
+                "prefixLength of the addresses from this source; by default the source's own mask in NetBox. At "
+                "most 32 for IPv4.",
+                0,
+                128,
             ),
         },
         "x-kubernetes-validations": rules(
-            ("has(self.prefix) != has(self.ipRange)", "set exactly one of prefix and ipRange")
+            ("has(self.prefix) != has(self.ipRange)", "set exactly one of prefix and ipRange"),
+            (
+                "!has(self.prefixLength) || self.prefixLength <= 32 || !("
+                "(has(self.prefix) && has(self.prefix.cidr) && isCIDR(self.prefix.cidr) && "
+                "cidr(self.prefix.cidr).ip().family() == 4) || "
+                "(has(self.ipRange) && has(self.ipRange.start) && isIP(self.ipRange.start) && "
+                "ip(self.ipRange.start).family() == 4))",
+                "prefixLength must be at most 32 for an IPv4 source",
+            ),
         ),
     }
 
@@ -205,9 +220,13 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
                 "maxItems": 32,
                 "items": source_schema(),
             },
-            "gateway": ip_string("gateway of the pool's addresses, unless a source sets its own."),
+            "gateway": ip_string(
+                "gateway of the pool's addresses, unless a source sets its own. A gateway inside a source must be "
+                "recorded in NetBox as an IP address; it is never given to a claim."
+            ),
             "prefixLength": integer(
-                "prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask.",
+                "prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask. "
+                "At most 32 for IPv4 sources (checked against NetBox).",
                 0,
                 128,
             ),

@@ -9,13 +9,22 @@ Contract (calls for one pool are serialised by the reconciler; the state here is
   claim (400). A POST whose outcome is unknown (timeout, lost connection, 5xx) is never re-sent blindly: the claim
   is looked up by UID first (`cf_<field>=<uid>`), now and before its next POST. A 400 is also resolved by the
   lookup (it may be the uniqueness refusal after a crash: the address made before the crash is used).
-  Should the field lack `unique`, every new claim is looked up before its POST (two requests).
+  Should the field lack `unique`, every new claim is looked up before its POST (two requests), and a claim whose
+  POST had an unknown outcome is not POSTed again for `uncertain_seconds` (the lost POST may still be carried out
+  later; without Unique nothing else would stop a second address).
+- The gateway is never handed out: an address NetBox gives us (or the lookup finds for a new claim) that is its
+  source's gateway is deleted (it is ours, just made) and the pool reports GatewayNotRecorded; an IPAddress that
+  names its source's gateway is refused.
 - An already fulfilled claim costs nothing: `existing` whose annotations name a NetBox id and this claim's UID is
   trusted as is. Without them (an adopted IPAddress, a restore that changed UIDs), the claim is made to hold
   exactly `existing`'s address in NetBox: verified by id, found by UID, or recorded anew; it is never taken from
-  another claim or from an address we did not create.
-- Release deletes by id after checking both ownership marks (404 = already released); without an id it deletes
-  what the UID lookup finds with both marks. An address without our marks is never deleted.
+  another claim or from an address we did not create. Re-keying an address to a new claim UID (after a restore
+  or clusterctl move) happens only when the address records the same claim namespace/name (custom field
+  capi_claim_ref): an annotation copied onto another claim's IPAddress can neither steal nor free an address.
+- Release deletes by id after checking both ownership marks for this claim's UID (or for the annotation's UID
+  when the address records this claim's namespace/name; 404 = already released); without an id it deletes what
+  the UID lookup finds with both marks. With `sweep` (a UID field without Unique, or an unknown outcome) it also
+  deletes whatever else the UID lookup finds. An address without our marks is never deleted.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from backends.netbox.resolver import Resolved, Source
 from backends.netbox.spec import (
     ANNOTATION_CLAIM_UID,
     ANNOTATION_IP_ID,
+    CLAIM_REF_FIELD,
     CLAIM_UID_FIELD,
     DEFAULT_DESCRIPTION,
     Pool,
@@ -52,7 +62,7 @@ class PoolState:
 
     full_since: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
     verified: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
-    uncertain: set[str] = field(default_factory=set)  # claim uids whose last POST has an unknown outcome
+    uncertain: dict[str, float] = field(default_factory=dict)  # claim uid → when its POST's outcome became unknown
 
 
 def normalized(address: str) -> str:
@@ -67,9 +77,12 @@ def host_of(obj: Mapping[str, Any]) -> str:
 
 
 class Allocator:
-    def __init__(self, full_skip_seconds: float = 30.0, unknown_retry_seconds: float = 2.0) -> None:
+    def __init__(
+        self, full_skip_seconds: float = 30.0, unknown_retry_seconds: float = 2.0, uncertain_seconds: float = 120.0
+    ) -> None:
         self.full_skip_seconds = full_skip_seconds
         self.unknown_retry_seconds = unknown_retry_seconds
+        self.uncertain_seconds = uncertain_seconds
         self._states: dict[PoolRef, PoolState] = {}
 
     def state(self, ref: PoolRef) -> PoolState:
@@ -89,9 +102,18 @@ class Allocator:
         state = self.state(pool.ref)
         if claim.uid in state.uncertain or not resolved.ownership.uid_unique:
             held = await self._held(client, pool, resolved, claim)
-            state.uncertain.discard(claim.uid)
             if held is not None:
-                return self._remember(state, claim, held)
+                return await self._hand_out(client, pool, state, claim, held)
+            since = state.uncertain.get(claim.uid)
+            waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
+            if waiting and not resolved.ownership.uid_unique:
+                raise AllocationFailedError(
+                    f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
+                    f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
+                    f"up or {self.uncertain_seconds:g} s pass; tick Unique on the field in NetBox",
+                    retry_after=self.unknown_retry_seconds,
+                )
+            state.uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
         body = address_body(pool, resolved, claim)
         full: list[Source] = []
         for source in self._order(state, resolved.sources):
@@ -112,24 +134,25 @@ class Allocator:
                 if error.invalid:  # perhaps NetBox refusing a second address for this claim's UID
                     held = await self._held(client, pool, resolved, claim)
                     if held is not None:
-                        return self._remember(state, claim, held)
+                        return await self._hand_out(client, pool, state, claim, held)
                     raise AllocationFailedError(
                         f"NetBox refused the address for claim {claim}: {error.message}; fix the pool's "
                         "spec.addressFields"
                     ) from error
                 raise
             except OutcomeUnknownError as error:
-                state.uncertain.add(claim.uid)
+                state.uncertain[claim.uid] = time.monotonic()
                 held = await self._held(client, pool, resolved, claim)
-                state.uncertain.discard(claim.uid)
                 if held is not None:
-                    return self._remember(state, claim, held)
+                    return await self._hand_out(client, pool, state, claim, held)
+                if resolved.ownership.uid_unique:
+                    state.uncertain.pop(claim.uid, None)
                 raise AllocationFailedError(
                     f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
                     retry_after=self.unknown_retry_seconds,
                 ) from error
             state.full_since.pop(source.id, None)
-            return self._remember(state, claim, allocation_of(resolved, created, claim.uid, source))
+            return await self._hand_out(client, pool, state, claim, allocation_of(resolved, created, claim.uid, source))
         names = ", ".join(f"{s.ref} ({s.display})" for s in full)
         raise PoolExhaustedError(
             f"{pool.ref}: every NetBox source is full: {names}; free addresses in NetBox or add a source to the pool"
@@ -174,6 +197,24 @@ class Allocator:
                     "extra address of claim deleted", claim=str(claim), pool=str(ref), address=str(other["address"])
                 )
 
+    async def _hand_out(
+        self, client: NetboxClient, pool: Pool, state: PoolState, claim: ClaimContext, allocation: Allocation
+    ) -> Allocation:
+        """`allocation` for the claim, unless it is its source's gateway: then the NetBox address (ours, made for
+        this claim, never handed out) is deleted and the pool is not ready."""
+        state.uncertain.pop(claim.uid, None)
+        if allocation.gateway is None or normalized(allocation.address) != normalized(allocation.gateway):
+            return self._remember(state, claim, allocation)
+        address_id = int(allocation.annotations[ANNOTATION_IP_ID])
+        await client.call(f"delete address #{address_id}", objects.delete_address(address_id))
+        log.warning("netbox gave out the gateway; deleted", claim=str(claim), pool=str(pool.ref), id=address_id)
+        raise Problem(
+            problems.GATEWAY_NOT_RECORDED,
+            f"{pool.ref}: NetBox handed out {allocation.address}, the gateway, for claim {claim}; it was deleted "
+            "again. Record the gateway as an IP address in NetBox (IPAM → IP Addresses, in the source's VRF) so "
+            "that NetBox never offers it",
+        )
+
     def _remember(self, state: PoolState, claim: ClaimContext, allocation: Allocation) -> Allocation:
         state.verified[claim.uid] = (int(allocation.annotations[ANNOTATION_IP_ID]), normalized(allocation.address))
         return allocation
@@ -186,14 +227,18 @@ class Allocator:
         """Make the claim hold exactly `existing.address` in NetBox (see the module contract)."""
         state = self.state(pool.ref)
         address = normalized(existing.address)
+        source = resolved.source_of(address)
+        if source is not None and source.ref.gateway is not None and normalized(source.ref.gateway) == address:
+            raise AllocationFailedError(
+                f"IPAddress {claim} names {address}, the gateway of {pool.ref}'s source {source.display}; a gateway "
+                "is never a machine's address: delete the IPAddress"
+            )
         raw_id = existing.annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
             obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
             if obj is not None and objects.is_ours(obj) and host_of(obj) == address:
                 if (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD) != claim.uid:
-                    changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid}}
-                    await client.call(f"re-key address #{raw_id}", objects.patch_address(int(raw_id), changes))
-                    log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(pool.ref))
+                    await self._rekey(client, pool, claim, obj)
                 return self._remember(state, claim, _with_marks(existing, int(raw_id), claim.uid))
         found = await self._claim_addresses(client, claim.uid)
         match = next((o for o in found if host_of(o) == address), None)
@@ -201,6 +246,21 @@ class Allocator:
             match = await self._record(client, pool, resolved, claim, address)
         await self._delete_extra(client, pool.ref, claim, found, match)
         return self._remember(state, claim, _with_marks(existing, int(match["id"]), claim.uid))
+
+    async def _rekey(self, client: NetboxClient, pool: Pool, claim: ClaimContext, obj: Mapping[str, Any]) -> None:
+        """Give our address `obj` this claim's UID, if it records this claim's namespace/name (else refuse)."""
+        recorded = objects.claim_ref_of(obj)
+        if recorded != claim_ref(claim):
+            owner = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
+            held_for = f"claim {recorded}" if recorded else f"a claim whose name is not recorded ({CLAIM_REF_FIELD})"
+            raise AllocationFailedError(
+                f"the IPAddress of claim {claim} names NetBox IP address #{obj['id']}, which is held for {held_for} "
+                f"(UID {owner}); it is not taken over. Delete this IPAddress, or, if that address really belongs to "
+                f"this claim (a restore), set its custom field {CLAIM_REF_FIELD} to {claim_ref(claim)!r} in NetBox"
+            )
+        changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid}}
+        await client.call(f"re-key address #{obj['id']}", objects.patch_address(int(obj["id"]), changes))
+        log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(pool.ref), id=obj["id"])
 
     async def _record(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
@@ -234,25 +294,27 @@ class Allocator:
     # --- release --------------------------------------------------------------------------------------------------
 
     async def release(
-        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
+        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None, *, sweep: bool
     ) -> None:
         """Delete the claim's NetBox address if it carries our marks (see the module contract)."""
         state = self.state(ref)
         state.verified.pop(claim.uid, None)
-        state.uncertain.discard(claim.uid)
+        sweep = state.uncertain.pop(claim.uid, None) is not None or sweep
         state.full_since.clear()  # room was made: try the sources in order again
         annotations = allocation.annotations if allocation is not None else {}
         raw_id = annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
             recorded_uid = annotations.get(ANNOTATION_CLAIM_UID)
             obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
-            if obj is None and recorded_uid == claim.uid:
+            if obj is None and recorded_uid == claim.uid and not sweep:
                 return  # already released
-            if obj is not None and (objects.is_ours(obj, claim.uid) or objects.is_ours(obj, recorded_uid)):
+            restored = objects.is_ours(obj or {}, recorded_uid) and objects.claim_ref_of(obj or {}) == claim_ref(claim)
+            if obj is not None and (objects.is_ours(obj, claim.uid) or restored):
                 await client.call(f"delete address #{raw_id}", objects.delete_address(int(raw_id)))
                 log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
-                return
-            if obj is not None:
+                if not sweep:
+                    return
+            elif obj is not None:
                 log.warning(
                     "address lacks our ownership marks; not deleted", claim=str(claim), pool=str(ref), id=raw_id
                 )
@@ -264,6 +326,11 @@ class Allocator:
         self._states.pop(ref, None)
 
 
+def claim_ref(claim: ClaimContext) -> str:
+    """What the custom field capi_claim_ref records: the claim's "<namespace>/<name>"."""
+    return f"{claim.namespace}/{claim.name}"
+
+
 def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Obj:
     """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks."""
     fields = pool.fields
@@ -271,7 +338,7 @@ def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Obj:
         "status": fields.status,
         "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
         "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],
-        "custom_fields": {**fields.custom_fields, CLAIM_UID_FIELD: claim.uid},
+        "custom_fields": {**fields.custom_fields, CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim)},
     }
     if fields.role:
         body["role"] = fields.role

@@ -7,7 +7,12 @@ ids (cached per pool generation and client, and refreshed by every report); `all
 Costs in steady state: an already fulfilled claim, nothing (its IPAddress's annotations are trusted); a new claim,
 one `POST …/available-ips/`; a release, a GET (to check the marks) and a DELETE; a pool report (every minute), a
 few GETs per source. Failures become a `Problem` (pool-level: Ready=False on the pool, PoolNotReady on its claims)
-or AllocationFailedError; messages never contain the token.
+or AllocationFailedError; messages never contain the token. Data from NetBox the backend cannot use (ValueError,
+KeyError, TypeError) also becomes a Problem: nothing but a BackendError leaves allocate and release.
+
+A pool-level failure of an allocation that the periodic report's GETs cannot see (a token that may read but not
+add IP addresses: 401/403 on the POST) is remembered per pool and client: the pool's report shows it (Ready=False)
+until an allocation of that pool succeeds or the Secret's token changes.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Settings:
     ownership_seconds: float = 300.0  # how long the owner tag and UID field, once checked, are trusted
     full_skip_seconds: float = 30.0  # a source that answered 409 is asked last for this long
     unknown_retry_seconds: float = 2.0  # a claim whose POST had an unknown outcome is looked at again this soon
+    uncertain_seconds: float = 120.0  # without a Unique UID field: no second POST this soon after an unknown outcome
 
 
 class NetboxBackend:
@@ -67,11 +73,14 @@ class NetboxBackend:
     def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.connections = Connections(context.kube, self.settings.client, self.settings.secret_seconds)
-        self.allocator = Allocator(self.settings.full_skip_seconds, self.settings.unknown_retry_seconds)
+        self.allocator = Allocator(
+            self.settings.full_skip_seconds, self.settings.unknown_retry_seconds, self.settings.uncertain_seconds
+        )
         self._known: dict[PoolRef, Pool] = {}  # the last good spec of each pool, for releases after it is gone
         self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         self._ownership_locks: dict[str, asyncio.Lock] = {}
+        self._failures: dict[PoolRef, tuple[NetboxClient, Problem]] = {}  # allocation failures the report can't see
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -88,6 +97,8 @@ class NetboxBackend:
     async def _ownership_of(self, client: NetboxClient, *, fresh: bool = False) -> Ownership:
         """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time."""
         async with self._ownership_locks.setdefault(client.endpoint.url, asyncio.Lock()):
+            for dead in [c for c in self._ownership if c.closed]:  # clients replaced after a Secret changed
+                del self._ownership[dead]
             cached = self._ownership.get(client)
             if cached is not None and not fresh and time.monotonic() - cached[0] < self.settings.ownership_seconds:
                 return cached[1]
@@ -119,22 +130,29 @@ class NetboxBackend:
         if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
             return existing  # the steady state of a fulfilled claim: no request at all
         bound = log.bind(claim=str(claim), pool=str(parsed.ref))
+        context = f"allocating for claim {claim} from {parsed.ref}"
+        client: NetboxClient | None = None
         try:
             try:
-                client = await self.connections.client(parsed)
-                resolved = await self._resolve(client, parsed)
-                if existing is not None:
-                    allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
-                else:
-                    allocation = await self.allocator.allocate(client, parsed, resolved, claim)
+                async with self.connections.use(parsed) as client:
+                    resolved = await self._resolve(client, parsed)
+                    if existing is not None:
+                        allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
+                    else:
+                        allocation = await self.allocator.allocate(client, parsed, resolved, claim)
             except NetboxError as error:
-                raise problems.from_netbox(error, f"allocating for claim {claim} from {parsed.ref}") from error
+                raise problems.from_netbox(error, context) from error
+            except (ValueError, KeyError, TypeError) as error:
+                raise problems.from_data(error, context, client.endpoint.token if client else None) from error
         except Problem as problem:
             self._forget(parsed, problem)
+            if problem.reason == problems.AUTH_FAILED and client is not None:
+                self._failures[parsed.ref] = (client, problem)
             bound.info("allocation failed", reason=problem.reason, message=problem.message)
             if problem.reason != problems.NETBOX_ERROR:  # the pool cannot serve anyone: PoolNotReady
                 raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
             raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
+        self._failures.pop(parsed.ref, None)
         bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
         return allocation
 
@@ -153,14 +171,20 @@ class NetboxBackend:
                 f"{pool_ref} is gone and its NetBox connection is unknown to this controller; delete the NetBox IP "
                 f"address whose custom field {CLAIM_UID_FIELD} is {claim.uid} by hand, if it exists"
             )
+        context = f"releasing claim {claim} from {parsed.ref}"
         try:
-            client = await self.connections.client(parsed)
-            await self.allocator.release(client, parsed.ref, claim, allocation)
+            async with self.connections.use(parsed) as client:
+                cached = self._ownership.get(client)
+                sweep = not (cached[1] if cached else await self._ownership_of(client)).uid_unique
+                await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
         except Problem as problem:
             raise AllocationFailedError(f"releasing claim {claim}: {problem.message}") from problem
         except NetboxError as error:
-            failure = problems.from_netbox(error, f"releasing claim {claim} from {parsed.ref}")
+            failure = problems.from_netbox(error, context)
             self._forget(parsed, failure)
+            raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
+        except (ValueError, KeyError, TypeError) as error:
+            failure = problems.from_data(error, context, client.endpoint.token)
             raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
 
     async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
@@ -168,13 +192,17 @@ class NetboxBackend:
             parsed = self._parse(pool)
         except Problem as problem:
             return PoolReport(False, problem.reason, problem.message)
+        client: NetboxClient | None = None
         try:
             try:
-                client = await self.connections.client(parsed)
-                resolved = await self._resolve(client, parsed, fresh=True)
-                usage = await resolver.usage(client, resolved.sources)
+                async with self.connections.use(parsed) as client:
+                    resolved = await self._resolve(client, parsed, fresh=True)
+                    usage = await resolver.usage(client, resolved.sources)
             except NetboxError as error:
                 raise problems.from_netbox(error, f"checking {parsed.ref}") from error
+            except (ValueError, KeyError, TypeError) as error:
+                scrub = client.endpoint.token if client else None
+                raise problems.from_data(error, f"checking {parsed.ref}", scrub) from error
         except Problem as problem:
             self._forget(parsed, problem)
             log.info("pool not ready", pool=str(parsed.ref), reason=problem.reason, message=problem.message)
@@ -194,9 +222,14 @@ class NetboxBackend:
                 "lookup: tick Unique on it in NetBox"
             )
         status = {"ipAddresses": counts, "sources": [u.wire() for u in usage]}
+        failed = self._failures.get(parsed.ref)
+        if failed is not None and failed[0] is client:
+            return PoolReport(False, failed[1].reason, f"the last allocation failed: {failed[1].message}", status)
+        self._failures.pop(parsed.ref, None)  # the token changed since
         return PoolReport(True, problems.READY, message, status)
 
     async def close(self) -> None:
         self._resolved.clear()
         self._ownership.clear()
+        self._failures.clear()
         await self.connections.close()

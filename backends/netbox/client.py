@@ -9,6 +9,11 @@ Contract:
 - Idempotent calls (reads, DELETE, PATCH) are retried with exponential backoff on connection errors, timeouts and
   5xx answers. A non-idempotent call (the allocating POST) is tried exactly once: when it fails without an answer
   or with a 5xx, `OutcomeUnknownError` is raised and the caller resolves it by looking the claim up.
+- Every call, retries and the wait for a free slot included, ends within `deadline` seconds. A call that hits it
+  is abandoned: a non-idempotent one raises `OutcomeUnknownError` (NetBox may still carry it out), an idempotent
+  one `UnreachableError` (transient). Its worker thread keeps its slot of the semaphore until it really ends, so
+  abandoned calls never push more requests onto NetBox than `workers`.
+- A call on a closed client raises `ClientClosedError` (a NetboxError), never a bare RuntimeError.
 - Every failure is a `NetboxError` whose message is safe to show: it names the URL (without any userinfo) and
   NetBox's own `detail`, never the token. pynetbox's exception strings are never passed on.
 """
@@ -48,6 +53,7 @@ class ClientSettings:
     attempts: int = 3
     backoff: float = 0.25
     max_backoff: float = 2.0
+    deadline: float = 60.0  # the longest one call may take, all attempts and waits included
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (0-based), with ±20 % jitter."""
@@ -95,6 +101,10 @@ class UnreachableError(NetboxError):
 
 class OutcomeUnknownError(UnreachableError):
     """A non-idempotent request may or may not have been carried out by NetBox."""
+
+
+class ClientClosedError(NetboxError):
+    """The client was closed (its Secret changed, or the backend shut down) before the call could start."""
 
 
 class HTTPError(NetboxError):
@@ -159,6 +169,7 @@ class NetboxClient:
         self._lock = threading.Lock()
         self._requests = itertools.count()
         self.requests_sent = 0  # HTTP answers received; for benchmarks and tests
+        self.closed = False
 
     def _count(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         self.requests_sent = next(self._requests) + 1
@@ -187,22 +198,59 @@ class NetboxClient:
         """Run `fn(api)` in a worker thread; `what` names the call in messages ("GET prefix 12")."""
         attempts = self.settings.attempts if idempotent else 1
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.deadline
         for attempt in range(attempts):
+            limit = asyncio.timeout_at(deadline)
             try:
-                async with self._limit:
-                    return await loop.run_in_executor(self._executor, self._run, fn)
+                async with limit:
+                    return await self._attempt(loop, fn)
             except Exception as error:  # classified below; nothing unclassified leaves this method
-                failure = self._classify(what, error, idempotent)
-            retry = isinstance(failure, UnreachableError) and not failure.tls and attempt + 1 < attempts
+                failure = (
+                    self._overdue(what, idempotent) if limit.expired() else self._classify(what, error, idempotent)
+                )
+            delay = self.settings.delay(attempt)
+            retry = (
+                isinstance(failure, UnreachableError)
+                and not failure.tls
+                and attempt + 1 < attempts
+                and loop.time() + delay < deadline
+                and not limit.expired()
+            )
             if not retry:
                 raise failure
             log.debug("netbox call retried", url=self.endpoint.display_url, call=what, error=failure.message)
-            await asyncio.sleep(self.settings.delay(attempt))
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(self, loop: asyncio.AbstractEventLoop, fn: Callable[[Api], T]) -> T:
+        """One try: a slot of the semaphore, held until the worker thread ends (even if the caller gives up)."""
+        await self._limit.acquire()
+        try:
+            future = loop.run_in_executor(self._executor, self._run, fn)
+        except BaseException:
+            self._limit.release()
+            raise
+        future.add_done_callback(self._finished)
+        return await asyncio.shield(future)
+
+    def _finished(self, future: asyncio.Future[Any]) -> None:
+        self._limit.release()
+        if not future.cancelled():
+            future.exception()  # retrieved, so an abandoned call's failure is not reported as never retrieved
+
+    def _overdue(self, what: str, idempotent: bool) -> NetboxError:
+        where = f"NetBox at {self.endpoint.display_url}"
+        message = f"{what}: {where} did not finish within {self.settings.deadline:g} s"
+        return UnreachableError(message) if idempotent else OutcomeUnknownError(message)
 
     def _classify(self, what: str, error: Exception, idempotent: bool) -> NetboxError:
         where = f"NetBox at {self.endpoint.display_url}"
         unknown = OutcomeUnknownError if not idempotent else UnreachableError
+        if isinstance(error, RuntimeError) and (self.closed or "shutdown" in str(error)):
+            return ClientClosedError(
+                f"{what}: the connection to {where} was closed (its Secret changed, or the controller is "
+                "stopping); try again"
+            )
         if isinstance(error, pynetbox.AllocationError):
             return HTTPError(f"{what}: {where} has no free address (409)", 409, _body(error.req))
         if isinstance(error, pynetbox.RequestError):
@@ -235,7 +283,9 @@ class NetboxClient:
         return text.replace(token, "***") if token else text
 
     async def close(self) -> None:
-        """Close every thread's session and stop the threads (waits for calls in flight)."""
+        """Close every thread's session and stop the threads (waits for calls in flight). Later calls raise
+        ClientClosedError."""
+        self.closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
         with self._lock:
             sessions, self._sessions = self._sessions, []

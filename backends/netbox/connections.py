@@ -6,7 +6,11 @@ Contract:
   rotated token is picked up on the next call).
 - One client per (URL, token, CA bundle, insecureSkipVerify): pools sharing a Secret share threads and connections.
   Every client of one URL shares one semaphore, so the requests in flight to a NetBox stay bounded however many
-  Secrets point at it. A client whose Secret changed is closed.
+  Secrets point at it.
+- `use(pool)` lends the client for one backend operation. A client whose Secret changed (a rotated token) is
+  retired: no new operation gets it, and it is closed once the last operation that borrowed it ends, so a pool
+  still working with the old token is never cut off mid-operation. `client(pool)` returns the current client
+  without a loan (for inspection; such a client may be closed under its holder).
 - A CA bundle is written to a private temporary file (requests verifies against a path) and removed on close.
 """
 
@@ -15,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -59,6 +65,33 @@ class Connections:
         self._client_of: dict[tuple[str, str, bool], str] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._ca_dir: str | None = None
+        self._loans: dict[NetboxClient, int] = {}  # operations in progress, per client
+        self._retired: set[NetboxClient] = set()  # replaced clients still lent out
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def use(self, pool: Pool) -> AsyncIterator[NetboxClient]:
+        """The client for `pool`, lent for the duration of the `async with` block (see the module contract)."""
+        client = await self.client(pool)
+        self._loans[client] = self._loans.get(client, 0) + 1
+        try:
+            yield client
+        finally:
+            self._loans[client] -= 1
+            if not self._loans[client]:
+                del self._loans[client]
+                if client in self._retired:
+                    self._retire(client)
+
+    def _retire(self, client: NetboxClient) -> None:
+        """Close `client` now if nothing borrows it, else when its last loan ends (in the background)."""
+        if client in self._loans:
+            self._retired.add(client)
+            return
+        self._retired.discard(client)
+        task = asyncio.get_running_loop().create_task(client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def client(self, pool: Pool) -> NetboxClient:
         """The client for `pool`'s Secret; raises Problem when the Secret is missing or unusable."""
@@ -78,7 +111,7 @@ class Connections:
             old = self._clients.pop(previous, None)
             if old is not None:
                 log.info("netbox connection replaced", secret=f"{key[0]}/{key[1]}", url=old.endpoint.display_url)
-                await old.close()
+                self._retire(old)
         return client
 
     def invalidate(self, pool: Pool) -> None:
@@ -129,11 +162,15 @@ class Connections:
         return NetboxClient(Endpoint(data.url, data.token, verify), self.settings, limit)
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
+        """Close every client, lent or not (the backend is shutting down)."""
+        clients = {*self._clients.values(), *self._retired}
+        self._clients, self._retired = {}, set()
         self._client_of.clear()
         self._secrets.clear()
         for client in clients:
             await client.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         if self._ca_dir is not None:
             shutil.rmtree(self._ca_dir, ignore_errors=True)
             self._ca_dir = None

@@ -14,7 +14,7 @@ from pynetbox.core.query import Request
 from pynetbox.models.ipam import IpAddresses, IpRanges, Prefixes
 
 from backends.netbox.client import Api
-from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
+from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 
 Obj = dict[str, Any]
 Call = Callable[[Api], Any]
@@ -32,6 +32,16 @@ CLAIM_UID_FIELD_BODY = {
     "object_types": ["ipam.ipaddress"],
     "description": "UID of the IPAddressClaim this address was allocated for (Cluster API IPAM provider)",
     "unique": True,
+    "filter_logic": "exact",
+    "ui_editable": "no",
+}
+CLAIM_REF_FIELD_BODY = {
+    "name": CLAIM_REF_FIELD,
+    "label": "Cluster API claim",
+    "type": "text",
+    "object_types": ["ipam.ipaddress"],
+    "description": "<namespace>/<name> of the IPAddressClaim this address was allocated for (Cluster API IPAM "
+    "provider); an address is moved to a new claim UID only for a claim of this name",
     "filter_logic": "exact",
     "ui_editable": "no",
 }
@@ -171,6 +181,12 @@ def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
     if OWNER_TAG not in slugs or not uid:
         return False
     return claim_uid is None or uid == claim_uid
+
+
+def claim_ref_of(obj: Mapping[str, Any]) -> str | None:
+    """The "<namespace>/<name>" of the claim a NetBox IP address was made for, if recorded."""
+    value = (obj.get("custom_fields") or {}).get(CLAIM_REF_FIELD)
+    return str(value) if value else None
 
 
 def ids(objs: Sequence[Mapping[str, Any]]) -> list[int]:

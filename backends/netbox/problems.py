@@ -6,7 +6,7 @@ on the claims (allocate). Messages never contain the token.
 
 from __future__ import annotations
 
-from backends.netbox.client import HTTPError, NetboxError, UnreachableError
+from backends.netbox.client import ClientClosedError, HTTPError, NetboxError, UnreachableError
 
 READY = "PoolReady"
 INVALID = "InvalidConfiguration"
@@ -19,6 +19,7 @@ SOURCE_NOT_FOUND = "SourceNotFound"
 CUSTOM_FIELD_MISSING = "CustomFieldMissing"
 CUSTOM_FIELD_INVALID = "CustomFieldInvalid"
 TAG_MISSING = "TagMissing"
+GATEWAY_NOT_RECORDED = "GatewayNotRecorded"  # a gateway inside a source that NetBox could hand out
 OBJECT_NOT_FOUND = "ReferenceNotFound"  # a tenant, tag or VRF the spec names
 NETBOX_ERROR = "NetBoxError"
 
@@ -49,6 +50,8 @@ def from_netbox(error: NetboxError, context: str) -> Problem:
             f"{context}: {error.message}; check that NetBox is running and reachable from the controller",
             retry_after=RETRY_UNREACHABLE,
         )
+    if isinstance(error, ClientClosedError):
+        return Problem(NETBOX_ERROR, f"{context}: {error.message}", retry_after=1.0)
     if isinstance(error, HTTPError) and error.auth:
         return Problem(
             AUTH_FAILED,
@@ -56,3 +59,17 @@ def from_netbox(error: NetboxError, context: str) -> Problem:
             "in the Secret's `token` key",
         )
     return Problem(NETBOX_ERROR, f"{context}: {error.message}")
+
+
+def from_data(error: Exception, context: str, scrub: str | None = None) -> Problem:
+    """The Problem for NetBox data the backend could not use (a ValueError, KeyError or TypeError while reading an
+    answer): never let such an error escape as something other than a backend error. `scrub` is removed."""
+    text = str(error)[:200]
+    if scrub:
+        text = text.replace(scrub, "***")
+    return Problem(
+        NETBOX_ERROR,
+        f"{context}: NetBox answered data this provider cannot use ({type(error).__name__}: "
+        f"{text}); check the NetBox objects the pool names",
+        retry_after=5.0,
+    )

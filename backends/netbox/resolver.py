@@ -1,11 +1,16 @@
 """What a pool's spec names in NetBox: the ownership marks, the sources, the tenant and tags; and their usage.
 
 Contract:
-- `ensure_ownership` makes sure the owner tag and the claim-UID custom field exist, creating them when missing. A
-  custom field that cannot be created (no permission) or has the wrong shape is a Problem whose message says how
-  to create it by hand. A field without `unique` still works, but costs a lookup per allocation (see allocator).
+- `ensure_ownership` makes sure the owner tag and the two custom fields (claim UID, claim namespace/name) exist,
+  creating them when missing. A custom field that cannot be created (no permission) or has the wrong shape (not
+  Text on IP addresses; for the UID field, a filter logic other than Exact or Loose, which would make NetBox
+  ignore the lookup by UID) is a Problem whose message says how to fix it by hand. A UID field without `unique`
+  still works, but costs a lookup per allocation (see allocator).
 - `resolve` turns every source (by id, by CIDR/VRF, by start-end/VRF), the tenant and the tags into ids, in a few
   GETs. The allocator caches the result per pool generation and client; the periodic report resolves afresh.
+  It also checks what NetBox cannot: one IP family per pool, gateways and prefix lengths of the source's family,
+  and that a gateway inside a source NetBox could hand out is recorded in NetBox (one GET per such gateway), so
+  that available-ips never offers it (else Problem GatewayNotRecorded).
 - `usage` counts, per source, the IP addresses NetBox holds in it (one GET with limit=1 per source).
 - Everything raises Problem (pool-level, with a reason) or NetboxError (from the client).
 """
@@ -13,14 +18,14 @@ Contract:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from backends.netbox import objects, problems
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
-from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG, Pool, SourceRef
+from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG, Pool, SourceRef
 
 INT64_MAX = 2**63 - 1
 IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -45,6 +50,7 @@ class Source:
     mask: int  # the prefix length NetBox gives its addresses
     vrf_id: int | None
     total: int  # the addresses NetBox hands out from it
+    reserved: tuple[IPAddr, ...] = ()  # addresses in it that NetBox never hands out (network, broadcast, anycast)
 
     @property
     def type(self) -> str:
@@ -62,6 +68,10 @@ class Source:
         except ValueError:
             return False
         return ip.version == self.first.version and int(self.first) <= int(ip) <= int(self.last)
+
+    def offers(self, address: str) -> bool:
+        """Whether NetBox's available-ips could hand out `address` from this source (if it were free)."""
+        return self.total > 0 and self.contains(address) and ipaddress.ip_address(address) not in self.reserved
 
     def networks(self) -> list[IPNet]:
         return list(ipaddress.summarize_address_range(self.first, self.last))
@@ -91,29 +101,49 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
             f"create it in NetBox (Customization → Tags: name and slug {OWNER_TAG!r})",
         ),
     )
+    unique = "Unique checked, filter logic Exact"
+    field = await _ensure_field(client, CLAIM_UID_FIELD, objects.CLAIM_UID_FIELD_BODY, unique)
+    logic = _choice(field.get("filter_logic"))
+    if logic not in ("exact", "loose"):
+        raise Problem(
+            problems.CUSTOM_FIELD_INVALID,
+            f"the NetBox custom field {CLAIM_UID_FIELD!r} has filter logic {logic!r}, so NetBox ignores the lookup "
+            f"of a claim's address by UID (cf_{CLAIM_UID_FIELD}=…) and it would list every address of ours; set its "
+            "filter logic to Exact in NetBox (Customization → Custom Fields)",
+        )
+    await _ensure_field(client, CLAIM_REF_FIELD, objects.CLAIM_REF_FIELD_BODY, "filter logic Exact")
+    return Ownership(int(tag["id"]), bool(field.get("unique")))
+
+
+def _choice(value: Any) -> Any:
+    """A NetBox choice field's value (`{"value": …, "label": …}` in answers, or the plain value)."""
+    return value.get("value") if isinstance(value, dict) else value
+
+
+async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any], how: str) -> dict[str, Any]:
+    """The custom field `name` on IP addresses, of type Text; created when missing."""
     field = await _ensure(
         client,
-        "the claim-UID custom field",
-        objects.find("extras", "custom_fields", {"name": CLAIM_UID_FIELD}, brief=False),
-        objects.create("extras", "custom_fields", objects.CLAIM_UID_FIELD_BODY),
+        f"the custom field {name}",
+        objects.find("extras", "custom_fields", {"name": name}, brief=False),
+        objects.create("extras", "custom_fields", body),
         lambda error: Problem(
             problems.CUSTOM_FIELD_MISSING,
-            f"the custom field {CLAIM_UID_FIELD!r} does not exist in NetBox and this token may not create it "
-            f"({error.message}); create it in NetBox (Customization → Custom Fields): name {CLAIM_UID_FIELD!r}, "
-            "type Text, object type IPAM > IP Address, Unique checked, filter logic Exact; or give the token the "
-            "permission extras.add_customfield",
+            f"the custom field {name!r} does not exist in NetBox and this token may not create it "
+            f"({error.message}); create it in NetBox (Customization → Custom Fields): name {name!r}, "
+            f"type Text, object type IPAM > IP Address, {how}; or give the token the permission "
+            "extras.add_customfield",
         ),
     )
-    kind = field.get("type")
-    kind_value = kind.get("value") if isinstance(kind, dict) else kind
+    kind_value = _choice(field.get("type"))
     if kind_value != "text" or "ipam.ipaddress" not in (field.get("object_types") or []):
         raise Problem(
             problems.CUSTOM_FIELD_INVALID,
-            f"the NetBox custom field {CLAIM_UID_FIELD!r} must be of type Text and apply to IPAM > IP Address "
+            f"the NetBox custom field {name!r} must be of type Text and apply to IPAM > IP Address "
             f"(it is {kind_value!r} on {', '.join(field.get('object_types') or []) or 'no object type'}); fix it in "
             "NetBox (Customization → Custom Fields)",
         )
-    return Ownership(int(tag["id"]), bool(field.get("unique")))
+    return field
 
 
 async def _ensure(
@@ -143,7 +173,8 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
     sources = []
     for index, ref in enumerate(pool.sources):
         sources.append(await _resolve_source(client, pool, index, ref))
-    _check_families(pool, sources)
+    _check_sources(pool, sources)
+    await _check_gateways(client, pool, sources)
     tenant_id = None
     fields = pool.fields
     if fields.tenant:
@@ -198,18 +229,46 @@ async def _resolve_source(client: NetboxClient, pool: Pool, index: int, ref: Sou
     return source_from(ref, index, matches[0])
 
 
-def _check_families(pool: Pool, sources: Sequence[Source]) -> None:
-    """One IP family per pool (the CAPI contract is single-stack), and gateways of their source's family."""
+def _check_sources(pool: Pool, sources: Sequence[Source]) -> None:
+    """One IP family per pool (the CAPI contract is single-stack); gateways and prefix lengths of the source's
+    family."""
     if len({s.first.version for s in sources}) > 1:
         raise Problem(
             problems.INVALID, f"{pool.ref}: its sources mix IPv4 and IPv6 in NetBox; make one pool per IP family"
         )
     for source in sources:
+        where = f"{pool.ref}: spec.sources[{source.index}] ({source.display})"
         gateway = source.ref.gateway
-        if gateway is not None and ipaddress.ip_address(gateway).version != source.first.version:
+        gateway_version: int | None
+        try:
+            gateway_version = ipaddress.ip_address(gateway).version if gateway is not None else None
+        except ValueError:
+            gateway_version = 0
+        if gateway_version not in (None, source.first.version):
+            raise Problem(problems.INVALID, f"{where}: the gateway {gateway} is not of the source's IP family")
+        length, longest = source.ref.prefix_length, 32 if source.first.version == 4 else 128
+        if length is not None and length > longest:
             raise Problem(
                 problems.INVALID,
-                f"{pool.ref}: the gateway {gateway} of spec.sources[{source.index}] is not of the source's IP family",
+                f"{where}: prefixLength {length} is longer than an IPv{source.first.version} address (at most "
+                f"{longest}); fix spec.sources[{source.index}].prefixLength or spec.prefixLength",
+            )
+
+
+async def _check_gateways(client: NetboxClient, pool: Pool, sources: Sequence[Source]) -> None:
+    """Every gateway NetBox could hand out from its source is recorded in NetBox (in the source's VRF)."""
+    for source in sources:
+        gateway = source.ref.gateway
+        if gateway is None or not source.offers(gateway):
+            continue
+        found = await client.call(f"look up the gateway {gateway}", objects.find_address(gateway, source.vrf_id))
+        if not found:
+            vrf = f"VRF #{source.vrf_id}" if source.vrf_id is not None else "the global table"
+            raise Problem(
+                problems.GATEWAY_NOT_RECORDED,
+                f"{pool.ref}: the gateway {gateway} of spec.sources[{source.index}] lies in {source.display}, and "
+                f"NetBox holds no IP address for it, so NetBox could hand it to a machine; record {gateway}/"
+                f"{source.mask} in NetBox (IPAM → IP Addresses, in {vrf}), or use a gateway outside the source",
             )
 
 
@@ -231,12 +290,23 @@ def source_from(ref: SourceRef, index: int, obj: dict[str, Any]) -> Source:
         network = ipaddress.ip_network(str(obj["prefix"]), strict=False)
         first, last, mask = network.network_address, network.broadcast_address, network.prefixlen
         total = _usable(network, bool(obj.get("is_pool")))
+        reserved = _reserved(network, bool(obj.get("is_pool")))
     else:
         start = ipaddress.ip_interface(str(obj["start_address"]))
         end = ipaddress.ip_interface(str(obj["end_address"]))
         first, last, mask = start.ip, end.ip, start.network.prefixlen
         total = 0 if obj.get("mark_populated") else int(last) - int(first) + 1
-    return Source(ref, index, int(obj["id"]), first, last, mask, vrf_id, total)
+        reserved = ()
+    return Source(ref, index, int(obj["id"]), first, last, mask, vrf_id, total, reserved)
+
+
+def _reserved(network: IPNet, is_pool: bool) -> tuple[IPAddr, ...]:
+    """The addresses of a prefix NetBox never hands out (the ones `_usable` does not count)."""
+    if is_pool or network.prefixlen >= (31 if network.version == 4 else 127):
+        return ()
+    if network.version == 4:
+        return (network.network_address, network.broadcast_address)
+    return (network.network_address,)
 
 
 def _usable(network: IPNet, is_pool: bool) -> int:

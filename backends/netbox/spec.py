@@ -25,6 +25,9 @@ GLOBAL_NETBOX_POOL = PoolKind(IPAM_GROUP, VERSION, "GlobalNetboxIPPool", "global
 # The ownership marks every address we create carries. Only addresses with both are ever changed or deleted.
 OWNER_TAG = "capi-ipam"
 CLAIM_UID_FIELD = "capi_claim_uid"
+# The claim's "<namespace>/<name>", recorded next to its UID: an address is re-keyed to a new claim UID (after a
+# restore or clusterctl move) only for a claim of the same namespace and name.
+CLAIM_REF_FIELD = "capi_claim_ref"
 # IPAddress annotations (Allocation.annotations): the NetBox object and the claim it was made for.
 ANNOTATION_IP_ID = "netbox.ipam.cluster.x-k8s.io/ip-id"
 ANNOTATION_CLAIM_UID = "netbox.ipam.cluster.x-k8s.io/claim-uid"
@@ -168,7 +171,7 @@ def _source(index: int, source: SourceSpec, spec: PoolSpec) -> SourceRef:
         raise PoolSpecError(f"{where}: set exactly one of prefix and ipRange")
     gateway = source.gateway or spec.gateway
     if gateway is not None:
-        _check_ip(f"{where}.gateway" if source.gateway else "spec.gateway", gateway)
+        gateway = str(_check_ip(f"{where}.gateway" if source.gateway else "spec.gateway", gateway))
     length = source.prefix_length if source.prefix_length is not None else spec.prefix_length
     if length is not None and not 0 <= length <= 128:
         raise PoolSpecError(f"{where}.prefixLength must be between 0 and 128")
@@ -178,9 +181,10 @@ def _source(index: int, source: SourceSpec, spec: PoolSpec) -> SourceRef:
             raise PoolSpecError(f"{where}.prefix: set exactly one of id and cidr")
         if p.cidr is not None:
             try:
-                ipaddress.ip_network(p.cidr, strict=True)
+                network = ipaddress.ip_network(p.cidr, strict=True)
             except ValueError as error:
                 raise PoolSpecError(f"{where}.prefix.cidr: {p.cidr!r} is not a network in CIDR form") from error
+            _check_length(where, length, network.version)
         _check_vrf(f"{where}.prefix", p.id, p.vrf, p.vrf_id)
         return SourceRef("prefix", p.id, p.cidr, p.vrf, p.vrf_id, gateway, length)
     r = source.ip_range
@@ -194,9 +198,15 @@ def _source(index: int, source: SourceSpec, spec: PoolSpec) -> SourceRef:
         end = _check_ip(f"{where}.ipRange.end", r.end)
         if start.version != end.version or int(start) > int(end):
             raise PoolSpecError(f"{where}.ipRange: start and end must be of one family, start first")
+        _check_length(where, length, start.version)
         value = f"{start}-{end}"
     _check_vrf(f"{where}.ipRange", r.id, r.vrf, r.vrf_id)
     return SourceRef("ipRange", r.id, value, r.vrf, r.vrf_id, gateway, length)
+
+
+def _check_length(where: str, length: int | None, version: int) -> None:
+    if length is not None and version == 4 and length > 32:
+        raise PoolSpecError(f"{where}: prefixLength must be at most 32 for an IPv4 source (it is {length})")
 
 
 def _check_vrf(where: str, source_id: int | None, vrf: str | None, vrf_id: int | None) -> None:
@@ -207,8 +217,11 @@ def _check_vrf(where: str, source_id: int | None, vrf: str | None, vrf_id: int |
 
 
 def _check_ip(where: str, value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """`value` as a plain IP address; a prefix length ("10.0.0.1/24") is refused, as the CRD's isIP() does."""
     try:
-        return ipaddress.ip_address(value.split("/")[0])
+        if "/" in value:
+            raise ValueError(value)
+        return ipaddress.ip_address(value.strip())
     except ValueError as error:
         raise PoolSpecError(f"{where}: {value!r} is not an IP address") from error
 
@@ -226,8 +239,9 @@ def _check_fields(fields: AddressFields) -> None:
                     f"{where}.{name}: unknown placeholder {{{placeholder}}}; use "
                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
                 )
-    if CLAIM_UID_FIELD in fields.custom_fields:
-        raise PoolSpecError(f"{where}.customFields: {CLAIM_UID_FIELD} is set by the provider")
+    for reserved in (CLAIM_UID_FIELD, CLAIM_REF_FIELD):
+        if reserved in fields.custom_fields:
+            raise PoolSpecError(f"{where}.customFields: {reserved} is set by the provider")
     if OWNER_TAG in fields.tags:
         raise PoolSpecError(f"{where}.tags: {OWNER_TAG} is added by the provider")
 

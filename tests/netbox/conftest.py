@@ -7,15 +7,18 @@ of tests/support/cluster.py. Nothing is mocked.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import pytest_asyncio
+import requests
 
 from backends.netbox import NetboxBackend, Settings
-from backends.netbox.client import ClientSettings
+from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, OWNER_TAG
-from backends.protocol import BackendContext
+from backends.protocol import BackendContext, ClaimContext
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, SECRETS
@@ -152,3 +155,89 @@ def netbox_controller(controller_factory: Any, namespace: str) -> Callable[..., 
             yield controller
 
     return run
+
+
+# --- the backend called directly, as the reconciler calls it --------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def backend(kube: KubeClient) -> AsyncIterator[NetboxBackend]:
+    instance = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    yield instance
+    await instance.close()
+
+
+def pool_of(namespace: str, name: str, sources: list[Object], secret: str = "netbox", **spec: Any) -> Object:
+    """A pool object as the reconciler hands it to the backend (never created in the API server)."""
+    body = netbox_pool(name, sources, secret=secret, **spec)
+    body["metadata"].update(namespace=namespace, generation=1, uid=str(uuid.uuid4()))
+    return body
+
+
+def new_claim(namespace: str, name: str) -> ClaimContext:
+    return ClaimContext(namespace=namespace, name=name, uid=str(uuid.uuid4()))
+
+
+async def client_of(backend: NetboxBackend, pool: Object) -> NetboxClient:
+    return await backend.connections.client(backend._parse(pool))
+
+
+def marked(netbox: NetBoxServer, uid: str) -> list[Any]:
+    """Our NetBox addresses for the claim UID `uid`."""
+    return list(netbox.api().ipam.ip_addresses.filter(tag=OWNER_TAG, **{f"cf_{CLAIM_UID_FIELD}": uid}))
+
+
+def record_gateway(netbox: NetBoxServer, address: str, vrf: Any = None) -> Any:
+    """Records a gateway (`"10.0.0.1/24"`) as a NetBox IP address, so that NetBox never hands it out."""
+    return netbox.api().ipam.ip_addresses.create(address=address, vrf=getattr(vrf, "id", vrf), description="gateway")
+
+
+def get_or_create_tag(netbox: NetBoxServer, slug: str) -> Any:
+    return netbox.api().extras.tags.get(slug=slug) or netbox.create_tag(slug, slug=slug)
+
+
+def get_or_create_field(netbox: NetBoxServer, name: str, **fields: Any) -> Any:
+    return netbox.api().extras.custom_fields.get(name=name) or netbox.create_custom_field(name, **fields)
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other module or run uses (objects outlive a module when NetBox is shared)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def user_token(
+    netbox: NetBoxServer,
+    username: str,
+    *,
+    view: Sequence[str] = (),
+    write: Sequence[str] = (),
+    version: int = 2,
+) -> str:
+    """A new user with view permission on `view` and add/change/delete on `write` (object types), and a token
+    of `version` (2: `nbt_<key>.<secret>`, sent as Bearer; 1: 40 characters, sent as `Token`)."""
+    api = netbox.api()
+    user = api.users.users.create(username=username, password="A-long-test-password-1")
+    if view:
+        api.users.permissions.create(
+            name=f"{username}-view", object_types=list(view), actions=["view"], users=[user.id]
+        )
+    if write:
+        api.users.permissions.create(
+            name=f"{username}-write", object_types=list(write), actions=["add", "change", "delete"], users=[user.id]
+        )
+    return create_token(netbox, user.id, version=version)
+
+
+def create_token(netbox: NetBoxServer, user_id: int, *, version: int = 2) -> str:
+    answer = requests.post(
+        f"{netbox.url}/api/users/tokens/",
+        headers={"Authorization": f"Bearer {netbox.token}"},
+        json={"user": user_id, "write_enabled": True, "version": version},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    body = answer.json()
+    return f"nbt_{body['key']}.{body['token']}" if version == 2 else str(body["token"])
+
+
+READ_TYPES = ("ipam.ipaddress", "ipam.prefix", "ipam.iprange", "ipam.vrf", "extras.tag", "extras.customfield")

@@ -3,6 +3,9 @@
 `NetboxProxy(upstream)` listens on 127.0.0.1 and forwards every request to NetBox unchanged. Faults:
 - `lose_next(method, path_part)`: the next matching request IS forwarded (NetBox carries it out), but the proxy
   then closes the connection without answering: the client sees a lost answer, an outcome it cannot know.
+- `delay_next(method, path_part, seconds, before=False)`: the next matching request's answer is held back for
+  `seconds` (after NetBox carried the request out); with `before=True` the request itself is held back that long
+  before it reaches NetBox (a request NetBox carries out late, after the client gave up on it).
 - `tls=True` serves HTTPS with a fresh self-signed certificate (`ca_pem`), to test TLS verification.
 """
 
@@ -14,6 +17,7 @@ import ipaddress
 import ssl
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,9 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 class Faults:
     lose: list[tuple[str, str]] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    delays: list[tuple[str, str, float, bool]] = field(default_factory=list)
+    delayed: list[str] = field(default_factory=list)
+    forwarded: list[str] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -43,6 +50,16 @@ class Faults:
                     self.lost.append(f"{method} {path}")
                     return True
         return False
+
+    def delay(self, method: str, path: str) -> tuple[float, bool]:
+        """(seconds, before) for the next matching delay rule, taken; (0, False) if none matches."""
+        with self.lock:
+            for index, (m, part, seconds, before) in enumerate(self.delays):
+                if m == method and part in path:
+                    del self.delays[index]
+                    self.delayed.append(f"{method} {path}")
+                    return seconds, before
+        return 0.0, False
 
 
 def _handler(upstream: str, faults: Faults) -> type[http.server.BaseHTTPRequestHandler]:
@@ -60,8 +77,15 @@ def _handler(upstream: str, faults: Faults) -> type[http.server.BaseHTTPRequestH
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             lose = faults.take(self.command, self.path)
+            seconds, before = faults.delay(self.command, self.path)
+            if before:
+                time.sleep(seconds)
             with session_lock:
                 answer = session.request(self.command, upstream + self.path, data=body, headers=headers, timeout=60)
+            with faults.lock:
+                faults.forwarded.append(f"{self.command} {self.path}")
+            if seconds and not before:
+                time.sleep(seconds)
             if lose:
                 self.close_connection = True
                 self.connection.shutdown(2)
@@ -107,6 +131,10 @@ class NetboxProxy:
     def lose_next(self, method: str, path_part: str) -> None:
         with self.faults.lock:
             self.faults.lose.append((method, path_part))
+
+    def delay_next(self, method: str, path_part: str, seconds: float, *, before: bool = False) -> None:
+        with self.faults.lock:
+            self.faults.delays.append((method, path_part, seconds, before))
 
     def __enter__(self) -> NetboxProxy:
         self._thread.start()

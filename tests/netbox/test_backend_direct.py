@@ -6,16 +6,12 @@ to the allocating POST, TLS, a full source, an address made before a crash, a re
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
-import requests
 
 from backends.netbox import NetboxBackend
-from backends.netbox.client import NetboxClient
-from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
+from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from backends.protocol import (
     Allocation,
     AllocationFailedError,
@@ -27,7 +23,22 @@ from backends.protocol import (
 )
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import SECRETS as SECRET_RESOURCE
-from tests.netbox.conftest import claim_uid_of, create_secret, fast_settings, ip_range, netbox_pool, prefix
+from tests.netbox.conftest import (
+    READ_TYPES,
+    claim_uid_of,
+    client_of,
+    create_secret,
+    fast_settings,
+    get_or_create_field,
+    ip_range,
+    marked,
+    new_claim,
+    pool_of,
+    prefix,
+    record_gateway,
+    unique_name,
+    user_token,
+)
 from tests.netbox.proxy import NetboxProxy
 
 if TYPE_CHECKING:
@@ -35,31 +46,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 Object = dict[str, Any]
-
-
-@pytest_asyncio.fixture
-async def backend(kube: KubeClient) -> AsyncIterator[NetboxBackend]:
-    instance = NetboxBackend(BackendContext(kube=kube), fast_settings())
-    yield instance
-    await instance.close()
-
-
-def pool_of(namespace: str, name: str, sources: list[Object], secret: str = "netbox", **spec: Any) -> Object:
-    body = netbox_pool(name, sources, secret=secret, **spec)
-    body["metadata"].update(namespace=namespace, generation=1, uid=str(uuid.uuid4()))
-    return body
-
-
-def new_claim(namespace: str, name: str) -> ClaimContext:
-    return ClaimContext(namespace=namespace, name=name, uid=str(uuid.uuid4()))
-
-
-async def client_of(backend: NetboxBackend, pool: Object) -> NetboxClient:
-    return await backend.connections.client(backend._parse(pool))
-
-
-def marked(netbox: NetBoxServer, uid: str) -> list[Any]:
-    return list(netbox.api().ipam.ip_addresses.filter(tag=OWNER_TAG, **{f"cf_{CLAIM_UID_FIELD}": uid}))
 
 
 async def test_steady_state_costs_at_most_one_request(
@@ -173,6 +159,7 @@ async def test_existing_ipaddress_is_recorded_rekeyed_or_refused(
     backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
 ) -> None:
     netbox.create_prefix("10.56.0.0/29")
+    record_gateway(netbox, "10.56.0.6/29")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "adopt", [prefix("10.56.0.0/29", gateway="10.56.0.6")])
     # An IPAddress made elsewhere (no annotations): the claim gets exactly its address in NetBox.
@@ -247,7 +234,7 @@ async def test_custom_field_that_cannot_be_created(
     backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
 ) -> None:
     netbox.create_prefix("10.59.0.0/29")
-    token = limited_token(netbox, "limited")
+    token = limited_token(netbox, unique_name("limited"))
     await create_secret(kube, namespace, netbox, name="limited", token=token)
     pool = pool_of(namespace, "limited", [prefix("10.59.0.0/29")], secret="limited")
     existing_field = netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD)
@@ -260,32 +247,20 @@ async def test_custom_field_that_cannot_be_created(
         await backend.allocate(pool, new_claim(namespace, "early"))
     # An administrator creates the field without Unique: the pool works, and says what would make it cheaper.
     netbox.create_custom_field(CLAIM_UID_FIELD)
+    get_or_create_field(netbox, CLAIM_REF_FIELD)  # made by an earlier test, unless this one runs alone
     backend._ownership.clear()
     report = await backend.report(pool, [])
     assert report.ready and "not Unique" in report.message
     claim = new_claim(namespace, "late")
     allocation = await backend.allocate(pool, claim)
     assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
+    await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+    netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD).delete()  # later tests get a Unique one again
 
 
 def limited_token(netbox: NetBoxServer, username: str) -> str:
     """A v2 token of a user who may read everything we look up and write IP addresses, but not custom fields."""
-    api = netbox.api()
-    user = api.users.users.create(username=username, password="A-long-test-password-1")
-    view = ["ipam.ipaddress", "ipam.prefix", "ipam.iprange", "ipam.vrf", "extras.tag", "extras.customfield"]
-    api.users.permissions.create(name=f"{username}-view", object_types=view, actions=["view"], users=[user.id])
-    api.users.permissions.create(
-        name=f"{username}-ip", object_types=["ipam.ipaddress"], actions=["add", "change", "delete"], users=[user.id]
-    )
-    answer = requests.post(
-        f"{netbox.url}/api/users/tokens/",
-        headers={"Authorization": f"Bearer {netbox.token}"},
-        json={"user": user.id, "write_enabled": True},
-        timeout=30,
-    )
-    answer.raise_for_status()
-    body = answer.json()
-    return f"nbt_{body['key']}.{body['token']}"
+    return user_token(netbox, username, view=READ_TYPES, write=["ipam.ipaddress"])
 
 
 async def test_mixed_families_and_unknown_pools(

@@ -28,6 +28,8 @@ from tests.netbox.conftest import (
     netbox_pool,
     owned_addresses,
     prefix,
+    record_gateway,
+    unique_name,
     wait_pool_reason,
 )
 from tests.support.cluster import wait_for
@@ -44,6 +46,7 @@ async def test_allocate_and_release_ipv4(
 ) -> None:
     netbox.create_prefix("10.40.0.0/29")
     manual = netbox.api().ipam.ip_addresses.create(address="10.40.0.1/29", description="made by hand")
+    record_gateway(netbox, "10.40.0.6/29")  # a gateway inside the prefix must be in NetBox, or the pool is not Ready
     await create_secret(kube, namespace, netbox)
     await kube.create(NB_POOLS, netbox_pool("v4", [prefix("10.40.0.0/29", gateway="10.40.0.6")]), namespace)
     async with netbox_controller():
@@ -64,11 +67,11 @@ async def test_allocate_and_release_ipv4(
 
         pool = await wait_pool_reason(kube, namespace, "v4", "PoolReady")
         await wait_for(
-            lambda: _pool_used(kube, namespace, "v4", 3), timeout=90, message="pool v4 to count 3 used addresses"
+            lambda: _pool_used(kube, namespace, "v4", 4), timeout=90, message="pool v4 to count 4 used addresses"
         )
         pool = await kube.get(NB_POOLS, "v4", namespace)
         assert pool is not None
-        assert pool["status"]["ipAddresses"] == {"total": 6, "used": 3, "free": 3}
+        assert pool["status"]["ipAddresses"] == {"total": 6, "used": 4, "free": 2}
         assert pool["status"]["sources"][0]["range"] == "10.40.0.0/29"
 
         await delete_claim(kube, namespace, "one")
@@ -90,6 +93,7 @@ async def test_ipv6_prefix_and_ip_range(
     kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any
 ) -> None:
     netbox.create_prefix("2001:db8:40::/64")
+    record_gateway(netbox, "2001:db8:40::1/64")
     rng = netbox.create_ip_range("10.41.0.100/24", "10.41.0.101/24")
     await create_secret(kube, namespace, netbox)
     await kube.create(NB_POOLS, netbox_pool("v6", [prefix("2001:db8:40::/64", gateway="2001:db8:40::1")]), namespace)
@@ -98,7 +102,7 @@ async def test_ipv6_prefix_and_ip_range(
         for name, pool in (("six-a", "v6"), ("six-b", "v6"), ("r-a", "range"), ("r-b", "range")):
             await kube.create(CLAIMS, nb_claim(name, pool), namespace)
         six = [await wait_address(kube, namespace, n) for n in ("six-a", "six-b")]
-        assert sorted(a["spec"]["address"] for a in six) == ["2001:db8:40::1", "2001:db8:40::2"]
+        assert sorted(a["spec"]["address"] for a in six) == ["2001:db8:40::2", "2001:db8:40::3"]
         assert all(a["spec"]["prefix"] == 64 for a in six)
         ranged = [await wait_address(kube, namespace, n) for n in ("r-a", "r-b")]
         assert sorted(a["spec"]["address"] for a in ranged) == ["10.41.0.100", "10.41.0.101"]
@@ -113,24 +117,28 @@ async def test_ipv6_prefix_and_ip_range(
 async def test_falls_through_to_the_next_source_then_exhausted(
     kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any
 ) -> None:
-    netbox.create_prefix("10.42.0.0/30")  # .1 and .2
-    netbox.create_prefix("10.42.1.0/30")
+    netbox.create_prefix("10.42.0.0/29")  # .1 to .6
+    netbox.create_prefix("10.42.1.0/30")  # .1 and .2
+    record_gateway(netbox, "10.42.0.1/29")
+    record_gateway(netbox, "10.42.1.1/30")
+    netbox.api().ipam.ip_addresses.create(address="10.42.0.6/29", description="by hand")
     await create_secret(kube, namespace, netbox)
-    sources = [prefix("10.42.0.0/30", gateway="10.42.0.1"), prefix("10.42.1.0/30", gateway="10.42.1.1")]
+    sources = [prefix("10.42.0.0/29", gateway="10.42.0.1"), prefix("10.42.1.0/30", gateway="10.42.1.1")]
     await kube.create(NB_POOLS, netbox_pool("two", sources), namespace)
     async with netbox_controller():
-        names = [f"c{i}" for i in range(4)]
+        names = [f"c{i}" for i in range(5)]
         for name in names:
             await kube.create(CLAIMS, nb_claim(name, "two"), namespace)
         got = {name: (await wait_address(kube, namespace, name))["spec"] for name in names}
-        assert sorted(s["address"] for s in got.values()) == ["10.42.0.1", "10.42.0.2", "10.42.1.1", "10.42.1.2"]
+        expected = ["10.42.0.2", "10.42.0.3", "10.42.0.4", "10.42.0.5", "10.42.1.2"]
+        assert sorted(s["address"] for s in got.values()) == expected  # never a gateway
         for spec in got.values():  # each address has its own source's gateway
-            network = ipaddress.ip_network(f"{spec['gateway']}/30", strict=False)
+            network = ipaddress.ip_network(f"{spec['gateway']}/{spec['prefix']}", strict=False)
             assert ipaddress.ip_address(spec["address"]) in network
         await kube.create(CLAIMS, nb_claim("late", "two"), namespace)
         late = await wait_claim_reason(kube, namespace, "late", "PoolExhausted")
         message = late["status"]["conditions"][0]["message"]
-        assert "10.42.0.0/30" in message and "10.42.1.0/30" in message
+        assert "10.42.0.0/29" in message and "10.42.1.0/30" in message
         # Room made in the first source is used again (a release resets the order).
         await delete_claim(kube, namespace, "c0")
         freed = got["c0"]["address"]
@@ -141,19 +149,19 @@ async def test_falls_through_to_the_next_source_then_exhausted(
 async def test_metadata_on_the_netbox_object(
     kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any
 ) -> None:
-    tenant = netbox.create_tenant("Acme Corp", slug="acme")
-    netbox.create_tag("k8s")
-    netbox.create_custom_field("environment")
+    tenant = netbox.create_tenant("Acme Corp", slug=unique_name("acme"))
+    tag = netbox.create_tag(unique_name("k8s"))
+    field = netbox.create_custom_field(unique_name("env").replace("-", "_"))
     netbox.create_prefix("10.43.0.0/28")
     await create_secret(kube, namespace, netbox)
     fields = {
         "status": "reserved",
         "role": "vip",
-        "tenant": "acme",
+        "tenant": tenant.slug,
         "dnsName": "{machine}.{cluster}.example.com",
         "description": "claim {namespace}/{claim}",
-        "tags": ["k8s"],
-        "customFields": {"environment": "prod"},
+        "tags": [tag.slug],
+        "customFields": {field.name: "prod"},
     }
     await kube.create(NB_POOLS, netbox_pool("meta", [prefix("10.43.0.0/28")], addressFields=fields), namespace)
     machine_owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m-0", "uid": "u-1"}
@@ -169,8 +177,8 @@ async def test_metadata_on_the_netbox_object(
         assert record.tenant.id == tenant.id
         assert record.dns_name == "m-0.prod.example.com"
         assert record.description == f"claim {namespace}/meta-0"
-        assert sorted(t.slug for t in record.tags) == sorted([OWNER_TAG, "k8s"])
-        assert record.custom_fields["environment"] == "prod"
+        assert sorted(t.slug for t in record.tags) == sorted([OWNER_TAG, tag.slug])
+        assert record.custom_fields[field.name] == "prod"
         assert (
             record.custom_fields[CLAIM_UID_FIELD]
             == (await kube.get(CLAIMS, "meta-0", namespace) or {})["metadata"]["uid"]

@@ -19,6 +19,8 @@ from tests.netbox.conftest import (
     claim_uid_of,
     create_secret,
     delete_claim,
+    get_or_create_field,
+    get_or_create_tag,
     nb_claim,
     netbox_pool,
     owned_addresses,
@@ -55,8 +57,8 @@ async def test_address_made_before_a_crash_is_used_after_the_restart(
     claim = await kube.create(CLAIMS, nb_claim("survivor", "crash"), namespace)
     uid = claim["metadata"]["uid"]
     # What the backend does before the crash: the ownership marks, then the POST. The IPAddress is never written.
-    tag = netbox.create_tag(OWNER_TAG)
-    netbox.create_custom_field(CLAIM_UID_FIELD, unique=True, filter_logic="exact")
+    tag = get_or_create_tag(netbox, OWNER_TAG)
+    get_or_create_field(netbox, CLAIM_UID_FIELD, unique=True, filter_logic="exact")
     netbox.api().ipam.ip_addresses.create(address="10.60.0.1/29", description="someone else's")
     before_crash = created.available_ips.create({"tags": [tag.id], "custom_fields": {CLAIM_UID_FIELD: uid}})
     assert before_crash.address == "10.60.0.2/29"
@@ -113,6 +115,7 @@ async def test_missing_source_then_created(
 async def test_netbox_stopped_mid_run(
     kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any, fast_pool_resync: None
 ) -> None:
+    netbox.require_harness("stopping NetBox mid-run")
     netbox.create_prefix("10.63.0.0/24")
     await create_secret(kube, namespace, netbox)
     await kube.create(NB_POOLS, netbox_pool("outage", [prefix("10.63.0.0/24")]), namespace)

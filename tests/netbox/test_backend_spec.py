@@ -40,6 +40,9 @@ REFUSED: list[tuple[str, Object, str]] = [
     ("our own tag", with_spec(addressFields={"tags": ["capi-ipam"]}), "capi-ipam"),
     ("bad status", with_spec(addressFields={"status": "free"}), "status"),
     ("prefix length", with_spec(prefixLength=129), "128"),
+    ("gateway with a mask", with_spec(gateway="10.0.0.1/24"), "IP address"),
+    ("IPv4 prefix length 64", with_spec(sources=[prefix("10.0.0.0/24", prefixLength=64)]), "at most 32"),
+    ("IPv4 range length 33", with_spec(sources=[{**ip_range("10.0.1.10", "10.0.1.20"), "prefixLength": 33}]), "32"),
 ]
 
 

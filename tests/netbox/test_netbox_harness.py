@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ def _addresses(records: object) -> list[str]:
 
 
 def test_module_starts_with_an_empty_database(netbox: NetBoxServer) -> None:
+    netbox.require_harness("an empty database per module (reset_database())")
     api = netbox.api()
     assert api.ipam.prefixes.count() == 0
     assert api.ipam.ip_addresses.count() == 0
@@ -114,9 +116,10 @@ def test_ip_range_allocation_and_exhaustion(netbox: NetBoxServer) -> None:
 
 
 def test_ownership_marks_tenant_tag_custom_field(netbox: NetBoxServer) -> None:
-    tenant = netbox.create_tenant("Cluster A")
-    tag = netbox.create_tag("capi-ipam")
-    netbox.create_custom_field("capi_claim")
+    tenant = netbox.create_tenant(f"Cluster A {uuid.uuid4().hex[:8]}")
+    tag = netbox.api().extras.tags.get(slug="capi-ipam") or netbox.create_tag("capi-ipam")  # a shared NetBox has it
+    if netbox.api().extras.custom_fields.get(name="capi_claim") is None:
+        netbox.create_custom_field("capi_claim")
     prefix = netbox.create_prefix("10.14.0.0/24", tenant=tenant, tags=[tag.slug])
     assert prefix.tenant.id == tenant.id
     assert [t.slug for t in prefix.tags] == ["capi-ipam"]
@@ -134,6 +137,7 @@ def test_ownership_marks_tenant_tag_custom_field(netbox: NetBoxServer) -> None:
 
 
 def test_reset_database_gives_a_clean_slate_under_a_running_server(netbox: NetBoxServer) -> None:
+    netbox.require_harness("reset_database()")
     netbox.create_tag("before-reset")
     netbox.create_custom_field("before_reset")
     netbox.create_prefix("10.15.0.0/24").available_ips.create({})
@@ -157,7 +161,7 @@ def test_module_fixture_isolates_modules(netbox: NetBoxServer, tmp_path: Path) -
     The first fills NetBox; the second must see none of it. The child borrows the server (NETBOX_URL,
     NETBOX_TOKEN, NETBOX_RUN_DIR), so it neither starts nor stops one.
     """
-    assert netbox.run_dir is not None
+    run_dir = netbox.require_harness("the per-module reset")
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.support.netbox"]\n')
     (tmp_path / "test_a_fill.py").write_text(
         textwrap.dedent(
@@ -191,7 +195,7 @@ def test_module_fixture_isolates_modules(netbox: NetBoxServer, tmp_path: Path) -
         **os.environ,
         "NETBOX_URL": netbox.url,
         "NETBOX_TOKEN": netbox.token,
-        "NETBOX_RUN_DIR": str(netbox.run_dir),
+        "NETBOX_RUN_DIR": str(run_dir),
         "PYTHONPATH": str(REPO_ROOT),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
@@ -209,6 +213,7 @@ def test_module_fixture_isolates_modules(netbox: NetBoxServer, tmp_path: Path) -
 
 
 async def test_stop_web_then_start_web(netbox: NetBoxServer) -> None:
+    netbox.require_harness("stopping and starting NetBox")
     prefix = netbox.create_prefix("10.16.0.0/24")
     kept = prefix.available_ips.create({})
     url = netbox.url

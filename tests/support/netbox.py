@@ -18,28 +18,26 @@ Fixtures
     Tests inside one module share that database, so they should use distinct prefixes and names, or call
     :meth:`NetBoxServer.reset_database` themselves.
 
+    With a NetBox from NETBOX_URL/NETBOX_TOKEN alone (no NETBOX_RUN_DIR: a shared NetBox the harness does not
+    manage) there is no reset: the database is shared by every module and run. Modules then use their own
+    prefixes and unique names (or get-or-create names the examples fix), and the fixture deletes, at the end of
+    the module, every object created meanwhile by the token's user or by users the module created (read from
+    NetBox's change log; newest first; objects others made are never touched). Tests that must reset the
+    database or stop/start NetBox call :meth:`NetBoxServer.require_harness` first and fail with a message saying
+    they need a harness-started NetBox.
+
 Isolation: how and why
 ----------------------
-Each instance's gunicorn serves one database name. Per module the harness drops that database (``WITH
-(FORCE)`` ends stray sessions) and re-creates it under the same name with ``CREATE DATABASE … TEMPLATE``
-from the template database, while gunicorn keeps running (``hack/netbox/reset-db.sh``). This is safe
-because the configuration sets ``CONN_MAX_AGE = 0`` (no connection outlives a request) and NetBox 4.7 keeps
-no per-process cache of database rows between requests (its Redis cache holds only the configuration
-revision, which tests never create). Measured on the shared 2-core box: 0.2-0.6 s per module (median
-≈0.35 s; see docs/netbox-harness.md). The alternatives were worse: restarting gunicorn costs 12-15 s per
-module (stop ≈4.5 s, start 8-10 s), and deleting objects through the API is slower, misses object types
-nobody thought of (change log, journal, owners) and leaves sequences moved on, so IDs would differ between
-a module run alone and the full suite. A test that needs a clean slate mid-module calls
-:meth:`NetBoxServer.reset_database` (same cost).
+Per module the harness drops the instance's database (``WITH (FORCE)``) and re-creates it from the template under
+the same name while gunicorn keeps running (``hack/netbox/reset-db.sh``, 0.2-0.6 s). Safe because
+``CONN_MAX_AGE = 0`` and NetBox 4.7 caches no rows between requests. Restarting gunicorn (12-15 s) and deleting
+through the API (slower, misses object types, moves sequences) were rejected; see docs/netbox-harness.md.
 
 Stopping NetBox mid-test
 ------------------------
-``await server.stop_web()`` stops gunicorn, master and workers (≈4.5 s; ``kill=True`` SIGKILLs them at once,
-like a crash, ≈0.2 s); requests then fail with ``requests.ConnectionError`` (connection refused).
-``await server.start_web()`` brings it back on the same URL with the same database and returns once
-``GET /api/status/`` answers 200 (8-10 s). Blocking twins: ``stop_web_sync``/``start_web_sync``. The
-``netbox`` fixture restarts a web server a previous module left stopped. These need a harness-managed
-instance (``run_dir`` known); otherwise they fail the test.
+``await server.stop_web()`` stops gunicorn (≈4.5 s; ``kill=True``: SIGKILL, like a crash, ≈0.2 s); ``await
+server.start_web()`` brings it back on the same URL and database once ``GET /api/status/`` answers 200 (8-10 s).
+Blocking twins: ``stop_web_sync``/``start_web_sync``. Harness-managed instances only (else the test fails).
 
 Time limits: the session fixture's set-up counts against the first test's pytest-timeout (600 s), so a
 cold install (≈8-12 min) must run before pytest; see docs/netbox-harness.md.
@@ -167,6 +165,15 @@ class NetBoxServer:
 
     # --- lifecycle (harness-managed instances only) -------------------------------------------------------
 
+    @property
+    def managed(self) -> bool:
+        """True when the harness may reset this NetBox's database and stop/start its web server."""
+        return self.run_dir is not None
+
+    def require_harness(self, what: str) -> Path:
+        """Fails the test unless this NetBox was started by the harness (``start.sh``); returns its run dir."""
+        return self._require_run_dir(what)
+
     def _require_run_dir(self, what: str) -> Path:
         if self.run_dir is None:
             pytest.fail(
@@ -176,6 +183,48 @@ class NetBoxServer:
                 pytrace=False,
             )
         return self.run_dir
+
+    # --- a shared NetBox: clean up what a module created -------------------------------------------------
+
+    def _get(self, url: str) -> dict[str, Any]:
+        response = requests.get(url, headers=self._headers(), timeout=30)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def _headers(self) -> dict[str, str]:
+        scheme = "Bearer" if self.token.startswith("nbt_") else "Token"
+        return {"Authorization": f"{scheme} {self.token}", "Accept": "application/json"}
+
+    def last_change_id(self) -> int:
+        """The id of NetBox's newest change-log entry (0 if none)."""
+        page = self._get(f"{self.url}/api/core/object-changes/?ordering=-id&limit=1&brief=1")
+        return int(page["results"][0]["id"]) if page["results"] else 0
+
+    def delete_created_since(self, change_id: int) -> int:
+        """Deletes, newest first, every object that still exists and was created after change ``change_id`` by
+        the token's user or by a user created meanwhile by them; returns how many were deleted."""
+        me = int(self._get(f"{self.url}/api/authentication-check/")["id"])
+        url: str | None = f"{self.url}/api/core/object-changes/?id__gt={change_id}&action=create&ordering=id&limit=500"
+        created: list[dict[str, Any]] = []
+        while url:
+            page = self._get(url)
+            created.extend(page["results"])
+            url = page.get("next")
+        users = {me}
+        for change in created:  # in creation order: a user is created before it creates anything
+            if (change.get("user") or {}).get("id") in users and change["changed_object_type"] == "users.user":
+                users.add(int(change["changed_object_id"]))
+        deleted = 0
+        for change in reversed(created):
+            target = change.get("changed_object") or {}
+            if (change.get("user") or {}).get("id") not in users or not target.get("url"):
+                continue
+            answer = requests.delete(target["url"], headers=self._headers(), timeout=30)
+            if answer.status_code not in (204, 404):
+                answer.raise_for_status()
+            deleted += answer.status_code == 204
+        return deleted
 
     def reset_database(self) -> float:
         """Replaces this instance's database with a fresh copy of the template; returns the seconds taken.
@@ -353,8 +402,17 @@ def run_script_quietly(name: str, *args: str, timeout: float = STEP_TIMEOUT_S) -
 
 
 @pytest.fixture(scope="module")
-def netbox(netbox_server: NetBoxServer) -> NetBoxServer:
-    """``netbox_server`` with a fresh database for this test module and its web server running."""
+def netbox(netbox_server: NetBoxServer) -> Iterator[NetBoxServer]:
+    """``netbox_server`` with a fresh database for this test module and its web server running; on a shared
+    NetBox (no run dir), no reset, and what the module created is deleted afterwards (see the module docstring)."""
+    if not netbox_server.managed:
+        if not netbox_server.is_serving():
+            pytest.fail(f"the NetBox at {netbox_server.url} (NETBOX_URL) does not answer", pytrace=False)
+        start = netbox_server.last_change_id()
+        yield netbox_server
+        if netbox_server.is_serving():
+            netbox_server.delete_created_since(start)
+        return
     netbox_server.reset_database()
     netbox_server.ensure_web()
-    return netbox_server
+    yield netbox_server

@@ -1,0 +1,171 @@
+"""The NetBox connection layer against the real NetBox (Secrets in the real API server): the overall deadline of a
+call, a closed client, a token rotated while another pool still works with the old one, v1 tokens, the token
+never in any log record, and the owner tag a token may not create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+import structlog
+
+from backends.netbox import NetboxBackend
+from backends.netbox.client import ClientClosedError, Endpoint, NetboxClient
+from backends.netbox.spec import OWNER_TAG
+from backends.protocol import BackendContext, PoolNotReadyError
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import SECRETS
+from tests.netbox.conftest import (
+    READ_TYPES,
+    create_secret,
+    create_token,
+    fast_settings,
+    get_or_create_tag,
+    marked,
+    new_claim,
+    pool_of,
+    prefix,
+    unique_name,
+    user_token,
+)
+from tests.netbox.proxy import NetboxProxy
+
+if TYPE_CHECKING:
+    from tests.support.netbox import NetBoxServer
+
+pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
+
+
+async def test_a_call_ends_within_its_deadline(kube: KubeClient, namespace: str, netbox: NetBoxServer) -> None:
+    netbox.create_prefix("10.90.0.0/29")
+    settings = fast_settings(client=dataclasses.replace(fast_settings().client, deadline=1.0))
+    backend = NetboxBackend(BackendContext(kube=kube), settings)
+    try:
+        with NetboxProxy(netbox.url) as proxy:
+            await create_secret(kube, namespace, netbox, name="slow", url=proxy.url)
+            pool = pool_of(namespace, "slow", [prefix("10.90.0.0/29")], secret="slow")
+            # A GET whose answer comes after 5 s (each retry's too): transient, reported at once.
+            proxy.delay_next("GET", "/api/ipam/prefixes/", 5.0)
+            started = time.monotonic()
+            report = await backend.report(pool, [])
+            assert time.monotonic() - started < 3.5, "the GET was waited for beyond the deadline"
+            assert (report.ready, report.reason) == (False, "NetBoxUnreachable"), report.message
+            assert "did not finish within 1 s" in report.message
+            assert (await backend.report(pool, [])).ready
+            # A POST whose answer comes after 4 s: an unknown outcome, resolved by the UID lookup.
+            claim = new_claim(namespace, "slow-post")
+            proxy.delay_next("POST", "available-ips", 4.0)
+            started = time.monotonic()
+            allocation = await backend.allocate(pool, claim)
+            assert time.monotonic() - started < 3.5, "the POST was waited for beyond the deadline"
+            assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
+    finally:
+        await backend.close()
+
+
+async def test_a_closed_client_raises_a_backend_error(netbox: NetBoxServer) -> None:
+    client = NetboxClient(Endpoint(netbox.url, netbox.token), fast_settings().client)
+    assert await client.call("GET status", lambda api: api.status())
+    await client.close()
+    with pytest.raises(ClientClosedError, match="was closed"):
+        await client.call("GET status", lambda api: api.status())
+
+
+async def test_a_rotated_token_never_closes_a_client_in_use(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    netbox.create_prefix("10.91.0.0/29")
+    await create_secret(kube, namespace, netbox)
+    first = pool_of(namespace, "first", [prefix("10.91.0.0/29")])
+    second = pool_of(namespace, "second", [prefix("10.91.0.0/29")])
+    assert (await backend.report(first, [])).ready
+    parsed_first, parsed_second = backend._parse(first), backend._parse(second)
+    rotated = create_token(netbox, 1)
+    async with backend.connections.use(parsed_first) as old:  # the first pool is in the middle of an operation
+        await kube.patch(SECRETS, "netbox", {"stringData": {"token": rotated}}, namespace)
+        backend.connections.invalidate(parsed_second)
+        new = await backend.connections.client(parsed_second)
+        assert new is not old and not old.closed
+        assert await old.call("GET status", lambda api: api.status())  # still works with the old token
+    await _until(lambda: old.closed)
+    # The second pool works with the new client; the old one's cached ownership marks are dropped.
+    assert (await backend.allocate(second, new_claim(namespace, "rotated"))).address == "10.91.0.1"
+    assert old not in backend._ownership and new in backend._ownership
+
+
+async def test_a_v1_token_allocates_and_releases(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    netbox.create_prefix("10.92.0.0/29")
+    token = create_token(netbox, 1, version=1)
+    assert not token.startswith("nbt_") and len(token) == 40
+    await create_secret(kube, namespace, netbox, name="v1", token=token)
+    pool = pool_of(namespace, "v1", [prefix("10.92.0.0/29")], secret="v1")
+    claim = new_claim(namespace, "v1")
+    allocation = await backend.allocate(pool, claim)
+    assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
+    await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+    assert marked(netbox, claim.uid) == []
+
+
+async def test_the_token_never_appears_in_logs(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    netbox.create_prefix("10.93.0.0/29")
+    bad = netbox.token[:-8] + "deadbeef"
+    await create_secret(kube, namespace, netbox)
+    await create_secret(kube, namespace, netbox, name="bad", token=bad)
+    await create_secret(kube, namespace, netbox, name="down", url="http://127.0.0.1:9")
+    pools = [pool_of(namespace, name, [prefix("10.93.0.0/29")], secret=name) for name in ("netbox", "bad", "down")]
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="urllib3")  # kubernetes_asyncio sets it to WARNING
+    with structlog.testing.capture_logs() as records:
+        for pool in pools:
+            await backend.report(pool, [])
+            claim = new_claim(namespace, f"log-{pool['metadata']['name']}")
+            try:
+                allocation = await backend.allocate(pool, claim)
+            except PoolNotReadyError:
+                continue
+            await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+    events = {r["event"] for r in records}
+    assert {"netbox address held", "address released", "allocation failed", "netbox call retried"} <= events
+    assert any(r.levelno == logging.DEBUG for r in caplog.records), "stdlib DEBUG records were not captured"
+    texts = [repr(r) for r in records] + [r.getMessage() for r in caplog.records] + [caplog.text]
+    for secret in (netbox.token, bad, netbox.token.split(".")[-1], bad.split(".")[-1]):
+        assert not [t for t in texts if secret in t]
+
+
+async def test_an_owner_tag_the_token_may_not_create(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    netbox.create_prefix("10.94.0.0/29")
+    token = user_token(netbox, unique_name("no-tags"), view=READ_TYPES, write=["ipam.ipaddress"])
+    await create_secret(kube, namespace, netbox, name="no-tags", token=token)
+    pool = pool_of(namespace, "no-tags", [prefix("10.94.0.0/29")], secret="no-tags")
+    existing = netbox.api().extras.tags.get(slug=OWNER_TAG)
+    if existing is not None:
+        existing.delete()
+    try:
+        report = await backend.report(pool, [])
+        assert (report.ready, report.reason) == (False, "TagMissing"), report.message
+        assert f"name and slug {OWNER_TAG!r}" in report.message and "Tags" in report.message
+        with pytest.raises(PoolNotReadyError, match=OWNER_TAG):
+            await backend.allocate(pool, new_claim(namespace, "no-tag"))
+    finally:
+        get_or_create_tag(netbox, OWNER_TAG)
+    backend._ownership.clear()
+    assert (await backend.report(pool, [])).ready
+
+
+async def _until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
