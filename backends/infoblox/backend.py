@@ -4,7 +4,10 @@ How the pieces fit: `instances` turns an InfobloxInstance and its Secrets into a
 with its own bounded thread pool) and checks the grid; `allocator` allocates and releases (one WAPI request per
 allocation in steady state; ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool
 against the grid for its status. The pool's Ready condition depends on its instance's: a pool is Ready only when
-its instance answers, accepts the credentials, verifies under TLS, and holds the pool's view, networks and ranges.
+its instance answers, accepts the credentials, verifies under TLS, and holds the pool's view, networks and ranges
+(and, for host records, the DNS view and zone). A pool whose DNS view or zone is missing gets no POST at all: its
+claims get PoolNotReady from the pool's cached check (re-asked at pool-check times, never per allocation). Releases
+on an instance whose credentials the grid refused wait for its next re-check instead of asking the grid again.
 """
 
 from __future__ import annotations
@@ -14,8 +17,16 @@ from collections.abc import Sequence
 import structlog
 
 from backends.infoblox.allocator import Allocator
-from backends.infoblox.api import ANNOTATION_INSTANCE, INFOBLOX_POOL, Pool, PoolSpecError, parse_pool, pool_ref_of
-from backends.infoblox.checks import PoolChecks, usage
+from backends.infoblox.api import (
+    ANNOTATION_INSTANCE,
+    HOST_RECORD,
+    INFOBLOX_POOL,
+    Pool,
+    PoolSpecError,
+    parse_pool,
+    pool_ref_of,
+)
+from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.instances import Connection, InstanceProblem, Instances
 from backends.infoblox.settings import Settings
 from backends.protocol import (
@@ -81,6 +92,11 @@ class InfobloxBackend:
             raise PoolNotReadyError(
                 f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
             )
+        if parsed.spec.mode == HOST_RECORD:
+            generation = int(pool["metadata"].get("generation") or 0)
+            check = await self.checks.check(parsed, generation, connection, health)
+            if not check.ready and check.reason in DNS_REASONS:
+                raise PoolNotReadyError(f"{parsed.ref} is not ready ({check.reason}): {check.message}")
         try:
             return await self.allocator.allocate(parsed, connection, claim, existing)
         except PoolNotReadyError:
@@ -114,6 +130,9 @@ class InfobloxBackend:
                     f"the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
                 ) from problem
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
+        refused = self.instances.refused(connection)
+        if refused is not None:
+            raise PoolNotReadyError(f"InfobloxInstance {instance} is not ready ({refused.reason}): {refused.message}")
         await self.allocator.release(connection, pool_ref, claim, allocation)
         self.allocator.released_elsewhere(pool_ref)
 

@@ -4,12 +4,17 @@ Contract:
 - `PoolChecks.check` asks the grid, once per pool generation and instance connection and then again after
   `healthy_recheck_seconds` (`unhealthy_recheck_seconds` while failing), whether the pool's network view, each
   subnet (`network` / `ipv6network`) and each range exists, and whether its extra extensible attributes are defined;
-  one search per item, each answering [] when missing. `forget` drops a cached result (after an allocation found
-  the pool's configuration wrong).
+  one search per item, each answering [] when missing. A `hostRecord` pool's DNS side is checked too: its DNS view
+  (`hostRecord.dnsView`, else the instance's `defaultDNSView`; a custom default was already found by the instance
+  check, so that one costs nothing, while NIOS's built-in `default` is asked for here) and, with `configureForDNS`,
+  an authoritative zone (`zone_auth`) in that view for `dnsZone`, or, only when that is missing, for a parent of it
+  (NIOS puts a record into the closest enclosing zone). Missing ones give `DNSViewNotFound` / `DNSZoneNotFound`.
+  `forget` drops a cached result (after an allocation found the pool's configuration wrong). `DNS_REASONS` are the
+  results that make allocations fail before any POST.
 - `usage` counts from the pool's spec and its IPAddresses: total = addresses the subnets and ranges can hand out
   (network, broadcast, subnet-router anycast and gateway excluded; a range inside a subnet counted once), used =
-  IPAddresses of the pool, free = the difference. Objects others hold in the same networks are not subtracted:
-  the grid, not this count, decides.
+  IPAddresses of the pool, free = the difference. Objects others hold in the same networks are not subtracted: the
+  grid, not this count, decides.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.api import Pool
-from backends.infoblox.instances import INSTANCE_WIDE, Connection, Health, Instances
+from backends.infoblox.api import HOST_RECORD, Pool
+from backends.infoblox.instances import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, Health, Instances
 from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import WapiError
+from backends.infoblox.wapi import Problem, WapiError
 from backends.protocol import Allocation, PoolRef
 
 INT64_MAX = (1 << 63) - 1
+DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound"})
+Verdict = tuple[bool, str, str]
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class PoolChecks:
         self._results[pool.ref] = result
         return result
 
-    async def _ask(self, pool: Pool, connection: Connection, health: Health) -> tuple[bool, str, str]:
+    async def _ask(self, pool: Pool, connection: Connection, health: Health) -> Verdict:
         client = connection.client
         view = pool.spec.network_view or connection.spec.default_network_view
         if view != connection.spec.default_network_view and not await client.search(
@@ -110,8 +117,51 @@ class PoolChecks:
                     "remove them"
                 ),
             )
+        dns = await _dns(pool, connection)
+        if dns is not None and not dns[0]:
+            return dns
         kinds = f"{len(pool.targets)} subnet(s)/range(s)"
-        return True, "PoolReady", f"{kinds} found in network view {view!r} of InfobloxInstance {connection.name}"
+        where = f"{kinds} found in network view {view!r}{dns[2] if dns else ''}"
+        return True, "PoolReady", f"{where} of InfobloxInstance {connection.name}"
+
+
+async def _dns(pool: Pool, connection: Connection) -> Verdict | None:
+    """A hostRecord pool's DNS view and zone (None in fixedAddress mode); when found, the message part says what."""
+    settings = pool.spec.host_record
+    if pool.spec.mode != HOST_RECORD or settings is None:
+        return None
+    client = connection.client
+    view = settings.dns_view or connection.spec.default_dns_view
+    field = "spec.hostRecord.dnsView" if settings.dns_view else "the InfobloxInstance's spec.defaultDNSView"
+    view_missing = (
+        False,
+        "DNSViewNotFound",
+        f"DNS view {view!r} does not exist on the grid; create it or fix {field}",
+    )
+    checked_by_instance = view == connection.spec.default_dns_view and view != BUILTIN_DNS_VIEW
+    if not checked_by_instance and not await client.search("view", ["name"], {"name": view}):
+        return view_missing
+    if not settings.configure_for_dns:
+        return True, "PoolReady", f", DNS view {view!r}"
+    zone = settings.dns_zone.strip(".").lower()
+    labels = zone.split(".")
+    for candidate in (".".join(labels[i:]) for i in range(len(labels))):
+        try:
+            found = await client.search("zone_auth", ["fqdn"], {"fqdn": candidate, "view": view})
+        except WapiError as error:
+            if error.problem is Problem.VIEW_NOT_FOUND:
+                return view_missing
+            raise
+        if found:
+            return True, "PoolReady", f", zone {candidate!r} in DNS view {view!r}"
+    return (
+        False,
+        "DNSZoneNotFound",
+        (
+            f"DNS view {view!r} has no authoritative zone {zone!r} (nor one above it) for the host records; create "
+            "the zone on the grid, fix spec.hostRecord.dnsZone, or set spec.hostRecord.configureForDNS to false"
+        ),
+    )
 
 
 def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> dict[str, Any]:

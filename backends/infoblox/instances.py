@@ -8,9 +8,13 @@ Contract:
   longest a call on it can take, so calls in flight finish on it.
 - Problems that need a person (instance missing, Secret missing or incomplete, CA bundle unreadable) raise
   `InstanceProblem` with a condition reason and a message; they are also written to the instance's status.
-- `health(conn)` checks the grid (reachability, TLS, credentials, the default network view, the ownership
-  extensible-attribute definitions, created when missing if the instance allows it) and writes the instance's
-  `Ready` condition when it changes. Results are cached: long when healthy, short when not.
+- `health(conn)` checks the grid (reachability, TLS, credentials, the default network view, the default DNS view,
+  the ownership extensible-attribute definitions, created when missing if the instance allows it) and writes the
+  instance's `Ready` condition when it changes. Results are cached: long when healthy, short when not. A grid that
+  refuses the credentials is asked again later and later (the short wait doubling, up to
+  `auth_failed_max_recheck_seconds`), since a real grid may lock the account; a changed Secret builds a new
+  connection, which is checked at once. `refused(conn)` answers that cached refusal while it stands, so that other
+  paths (releases) do not ask the grid with credentials it refused either.
 - Credentials are only ever put in the Connector (and, for a client certificate, in 0600 files of a private 0700
   temporary directory, removed with the connection). They never reach a log, a condition or an exception.
 """
@@ -42,7 +46,9 @@ from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import SECRETS
 
 log = structlog.get_logger(__name__)
+BUILTIN_DNS_VIEW = "default"
 Obj = dict[str, Any]
+AUTH_FAILED = "AuthenticationFailed"
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
 
 
@@ -84,6 +90,7 @@ class Connection:
     read_at: float
     health: Health | None = None
     check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    auth_failures: int = 0  # grid checks in a row that ended in HTTP 401, with these credentials
 
     async def close(self) -> None:
         await self.client.close()
@@ -207,26 +214,46 @@ class Instances:
         """The grid check's result, re-run when its cached result is too old."""
         async with connection.check_lock:
             current = connection.health
-            if current is not None:
-                wait = (
-                    self._settings.healthy_recheck_seconds
-                    if current.ready
-                    else self._settings.unhealthy_recheck_seconds
-                )
-                if time.monotonic() - current.checked_at < wait:
-                    return current
-            connection.health = await self._check(connection)
-        result = connection.health
+            if current is not None and time.monotonic() - current.checked_at < self._recheck_wait(connection):
+                return current
+            result = connection.health = await self._check(connection)
+            connection.auth_failures = connection.auth_failures + 1 if result.reason == AUTH_FAILED else 0
         await self.publish(connection.name, result.ready, result.reason, result.message)
         return result
+
+    def _recheck_wait(self, connection: Connection) -> float:
+        """How long the connection's last grid check stands: long when it passed, short when it failed, and
+        doubling with each refusal of the same credentials in a row."""
+        health = connection.health
+        if health is not None and health.ready:
+            return self._settings.healthy_recheck_seconds
+        wait = self._settings.unhealthy_recheck_seconds
+        if health is None or health.reason != AUTH_FAILED:
+            return wait
+        doubled = wait * 2.0 ** min(max(connection.auth_failures - 1, 0), 32)
+        return max(wait, min(doubled, self._settings.auth_failed_max_recheck_seconds))
+
+    def refused(self, connection: Connection) -> Health | None:
+        """The connection's cached AuthenticationFailed result while its re-check is not due yet, else None."""
+        health = connection.health
+        if health is None or health.reason != AUTH_FAILED:
+            return None
+        return health if time.monotonic() - health.checked_at < self._recheck_wait(connection) else None
 
     async def failed(self, connection: Connection, error: WapiError) -> Health:
         """Record that a call failed in a way that concerns the whole instance (credentials, TLS, reachability)."""
         reason, message = problem_condition(connection, error)
-        health = Health(False, reason, message, time.monotonic())
-        connection.health = health
         if error.problem is Problem.AUTH:
             connection.read_at = 0.0  # read the Secret again on the next call: it may have been fixed
+            previous = connection.health
+            if previous is None or previous.reason != AUTH_FAILED:
+                connection.auth_failures = max(connection.auth_failures, 1)
+            elif self.refused(connection) is None:
+                # The wait was over and this call (a release) asked the grid again: the wait doubles, as after a
+                # grid check. Calls that were under way when the first refusal came back do not count.
+                connection.auth_failures += 1
+        health = Health(False, reason, message, time.monotonic())
+        connection.health = health
         await self.publish(connection.name, False, reason, message)
         return health
 
@@ -237,6 +264,12 @@ class Instances:
             if not await client.search("networkview", ["name"], {"name": spec.default_network_view}):
                 message = f"network view {spec.default_network_view!r} does not exist on the grid; create it or fix "
                 return Health(False, "NetworkViewNotFound", message + "spec.defaultNetworkView", now)
+            # NIOS's built-in DNS view "default" is not asked for here, so that an API user without DNS
+            # permissions (fixedAddress pools only) is not refused; hostRecord pools check their view themselves.
+            custom_view = spec.default_dns_view != BUILTIN_DNS_VIEW
+            if custom_view and not await client.search("view", ["name"], {"name": spec.default_dns_view}):
+                message = f"DNS view {spec.default_dns_view!r} does not exist on the grid; create it or fix "
+                return Health(False, "DNSViewNotFound", message + "spec.defaultDNSView", now)
             names = {str(d.get("name")) for d in await client.search("extensibleattributedef", ["name"], paging=True)}
             missing = [name for name in OWNERSHIP_EAS if name not in names]
             if missing and spec.manage_ea_definitions:
@@ -257,9 +290,10 @@ class Instances:
                 "extensible attribute definitions"
             )
             return Health(False, "ExtensibleAttributesMissing", message, now)
-        message = (
-            f"WAPI {spec.wapi_version} at {spec.netloc} answers; network view {spec.default_network_view!r} exists"
+        views = f"network view {spec.default_network_view!r}" + (
+            f" and DNS view {spec.default_dns_view!r} exist" if custom_view else " exists"
         )
+        message = f"WAPI {spec.wapi_version} at {spec.netloc} answers; {views}"
         return Health(True, "Connected", message, now, frozenset(names))
 
     async def publish(self, name: str, ready: bool, reason: str, message: str) -> None:
@@ -314,7 +348,7 @@ def problem_condition(connection: Connection, error: WapiError) -> tuple[str, st
     """The condition reason and message for an instance-wide failure."""
     where = f"WAPI {connection.spec.wapi_version} at {connection.spec.netloc}"
     if error.problem is Problem.AUTH:
-        return "AuthenticationFailed", (
+        return AUTH_FAILED, (
             f"{where} refused the credentials of Secret {connection.secret} (HTTP 401); fix the Secret"
         )
     if error.problem is Problem.TLS:

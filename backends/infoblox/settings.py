@@ -15,6 +15,9 @@ class Settings:
     # How long a grid check (reachability, TLS, credentials, views, networks) is trusted, when it passed / failed.
     healthy_recheck_seconds: float = 300.0
     unhealthy_recheck_seconds: float = 10.0
+    # A grid that refused the credentials (HTTP 401) is asked again after unhealthy_recheck_seconds, then twice as
+    # long after each further refusal, up to this (a real grid may lock the account); a changed Secret is asked at once.
+    auth_failed_max_recheck_seconds: float = 300.0
     # How often the per-pool index of owned grid objects is rebuilt by an extensible-attribute search.
     index_resync_seconds: float = 600.0
     # A subnet that answered "Cannot find 1 available IP" is skipped for this long (until then the next one is

@@ -149,8 +149,11 @@ async def test_bad_credentials_give_conditions_never_the_password(
             assert "refused the credentials" in text and f"{namespace}/{grid.secret}" in text, text
             assert "Hunter2" not in text and grid.sim.password not in text
         assert "Hunter2" not in await events_text(kube, namespace)
+        # The refused credentials are re-checked later and later, but a fixed Secret is tried at once.
+        fixed_at = time.monotonic()
         await grid.set_password(correct)
         await wait_address(kube, namespace, "c", timeout=60)
+        assert time.monotonic() - fixed_at < 10, "recovery after the Secret is fixed waits for no backoff"
         await wait_instance_reason(kube, grid.instance, "Connected")
     printed = capfd.readouterr()
     logged = caplog.text + printed.out + printed.err

@@ -7,6 +7,7 @@ depends on (how many requests a failing GET costs, which faults the client retri
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
@@ -22,11 +23,12 @@ import requests
 from infoblox_client import exceptions as ib_ex
 from infoblox_client import objects as ib
 
-from tests.wapi_simulator import WapiSimulator, make_tls_material
+from tests.wapi_simulator import WapiError, WapiSimulator, make_tls_material
+from tests.wapi_simulator.auth import Authenticator
 
 pytest_plugins = ["tests.wapi_simulator.fixtures"]
 
-REF = re.compile(r"^(?P<type>[a-z0-9:]+)/(?P<opaque>[A-Za-z0-9_-]+):(?P<name>.+)$")
+REF = re.compile(r"^(?P<type>[a-z0-9:_]+)/(?P<opaque>[A-Za-z0-9_-]+):(?P<name>.+)$")
 NO_FREE = {
     "Error": "AdmConDataError: None (IBDataError: IB.Data:Cannot find 1 available IP address(es) in this network.)",
     "code": "Client.Ibap.Data",
@@ -496,6 +498,107 @@ def test_network_views_are_independent_and_cascade_on_delete(sim: WapiSimulator)
     assert sim.state.count("network") == 1
 
 
+# -- DNS views and authoritative zones -----------------------------------------------------------------------
+
+
+def opaque(ref: str) -> str:
+    """The decoded opaque part of a reference."""
+    match = REF.match(ref)
+    assert match is not None, ref
+    encoded = match.group("opaque")
+    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+
+
+def test_dns_views_and_zones_are_served_as_read_objects(sim: WapiSimulator) -> None:
+    sim.state.add_network_view("blue")
+    sim.state.add_dns_view("internal", comment="lab DNS")
+    zone_ref = sim.state.add_zone("Example.COM.", "internal")
+    sim.state.add_zone("nodes.example.com")
+    conn = sim.connector()
+    views = conn.get_object("view")
+    assert [{k: v for k, v in view.items() if k != "_ref"} for view in views] == [
+        {"name": "default", "is_default": True},
+        {"name": "default.blue", "is_default": False},
+        {"name": "internal", "is_default": False, "comment": "lab DNS"},
+    ]
+    assert [REF.match(v["_ref"]).group("name") for v in views] == [  # type: ignore[union-attr]
+        "default/true",
+        "default.blue/false",
+        "internal/false",
+    ]
+    assert opaque(views[2]["_ref"]) == "dns.view$internal"
+    (blue,) = conn.get_object("view", {"network_view": "blue"}, return_fields=["name", "network_view"])
+    assert (blue["name"], blue["network_view"]) == ("default.blue", "blue")
+    assert conn.get_object("view", {"name": "nope"}) == []
+    plus = call(sim, "GET", "view", params={"name": "internal", "_return_fields+": "network_view"}).json()
+    assert plus == [{**views[2], "network_view": "default"}]
+    zones = conn.get_object("zone_auth", {"view": "internal"})
+    assert zones == [{"_ref": zone_ref, "fqdn": "example.com", "view": "internal"}]
+    assert REF.match(zone_ref).group("name") == "example.com/internal"  # type: ignore[union-attr]
+    assert opaque(zone_ref) == "dns.zone$internal/example.com"
+    assert conn.get_object(zone_ref, return_fields=["fqdn", "comment"]) == {"_ref": zone_ref, "fqdn": "example.com"}
+    by_regex = conn.get_object("zone_auth", {"fqdn~": "^(nodes[.]example[.]com|example[.]com)$", "view": "default"})
+    assert [z["fqdn"] for z in by_regex] == ["nodes.example.com"]
+    page_args = {"_paging": "1", "_return_as_object": "1", "_max_results": "1"}
+    first = call(sim, "GET", "zone_auth", params=page_args).json()
+    second = call(sim, "GET", "zone_auth", params={**page_args, "_page_id": first["next_page_id"]}).json()
+    assert [z["fqdn"] for z in first["result"] + second["result"]] == ["example.com", "nodes.example.com"]
+    assert "next_page_id" not in second
+    unknown = call(sim, "GET", "zone_auth", params={"_return_fields": "network_view"})
+    assert unknown.status_code == 400 and unknown.json()["text"] == "Unknown argument/field: 'network_view'"
+
+
+def test_dns_views_and_zones_are_read_only_over_wapi(sim: WapiSimulator) -> None:
+    zone_ref = sim.state.add_zone("example.com")
+    view_ref = sim.state.refs("view")[0]
+    cases: list[tuple[str, str, dict[str, Any], str, str]] = [
+        ("POST", "view", {"json": {"name": "new"}}, "create", "view"),
+        ("POST", "zone_auth", {"json": {"fqdn": "new.example.com"}}, "create", "zone_auth"),
+        ("PUT", zone_ref, {"json": {"comment": "x"}}, "update", "zone_auth"),
+        ("DELETE", view_ref, {}, "delete", "view"),
+        ("DELETE", zone_ref, {}, "delete", "zone_auth"),
+    ]
+    for method, path, kwargs, operation, obj_type in cases:
+        response = call(sim, method, path, **kwargs)
+        assert response.status_code == 400
+        assert response.json() == {
+            "Error": f"AdmConProtoError: Operation {operation} not allowed for {obj_type}",
+            "code": "Client.Ibap.Proto",
+            "text": f"Operation {operation} not allowed for {obj_type}",
+        }
+    with pytest.raises(ib_ex.InfobloxCannotCreateObject):
+        sim.connector().create_object("zone_auth", {"fqdn": "other.example.com"})
+    assert sim.state.count("view") == 1 and sim.state.count("zone_auth") == 1
+
+
+def test_dns_view_and_zone_rules_and_cascades(sim: WapiSimulator) -> None:
+    with pytest.raises(WapiError, match="Network view nope not found"):
+        sim.state.add_dns_view("lab", network_view="nope")
+    with pytest.raises(WapiError, match="View nope not found"):
+        sim.state.add_zone("example.com", "nope")
+    sim.state.add_network_view("blue")
+    sim.state.add_network("10.0.0.0/24", network_view="blue")
+    sim.state.add_dns_view("lab", network_view="blue")
+    zone = sim.state.add_zone("lab.example.com", "lab")
+    with pytest.raises(WapiError, match=r"Duplicate object 'lab\.example\.com' of type zone"):
+        sim.state.add_zone("LAB.example.com", "lab")
+    with pytest.raises(WapiError, match="The default DNS view cannot be deleted"):
+        sim.state.delete(sim.state.refs("view")[0])
+    host: dict[str, Any] = {"view": "lab", "configure_for_dns": True}
+    sim.state.add_host_record("a.lab.example.com", "func:nextavailableip:10.0.0.0/24,blue", **host)
+    assert sim.state.find("record:host", name="a.lab.example.com")[0]["zone"] == "lab.example.com"
+    sim.state.delete(zone)  # the records of a zone go with it
+    assert sim.state.count("record:host") == 0
+    sim.state.add_zone("lab.example.com", "lab")
+    sim.state.add_host_record("b.lab.example.com", "func:nextavailableip:10.0.0.0/24,blue", **host)
+    conn = sim.connector()
+    (blue,) = conn.get_object("networkview", {"name": "blue"}, return_fields=["associated_dns_views"])
+    assert blue["associated_dns_views"] == ["default.blue", "lab"]
+    conn.delete_object(blue["_ref"])  # a network view takes its DNS views, their zones and records along
+    assert [v["name"] for v in sim.state.objects("view")] == ["default"]
+    assert sim.state.count("zone_auth") == 0 and sim.state.count("record:host") == 0
+
+
 # -- authentication and TLS ---------------------------------------------------------------------------------
 
 
@@ -529,6 +632,29 @@ def test_cookie_authentication(sim: WapiSimulator) -> None:
     sim.request_log.reset()
     assert conn.get_object("network") != []
     assert [(e.status, e.auth) for e in sim.request_log.entries] == [(401, "cookie"), (200, "basic")]
+
+
+def test_expired_sessions_are_pruned_when_sessions_are_made() -> None:
+    now = [1000.0]
+    auth = Authenticator({"admin": "pw"}, session_timeout=600, clock=lambda: now[0])
+    basic = "Basic " + base64.b64encode(b"admin:pw").decode()
+
+    def login() -> str:
+        result = auth.authenticate(basic, None, "127.0.0.1")
+        assert result.ok and result.set_cookie is not None
+        return "ibapauth=" + result.set_cookie.split("ibapauth=", 1)[1].split(";", 1)[0]
+
+    kept = login()
+    for _ in range(99):
+        login()
+    assert auth.session_count == 100, "live sessions are kept"
+    now[0] += 300
+    assert auth.authenticate(None, kept, "127.0.0.1").ok  # used: it lives 600 s from now
+    now[0] += 301  # the 99 others are 601 s old, the kept one 301 s
+    login()
+    assert auth.session_count == 2, "the expired sessions went when a new one was made"
+    assert auth.authenticate(None, kept, "127.0.0.1").method == "cookie"
+    assert auth.authenticate(None, kept, "127.0.0.1").ok
 
 
 def test_tls_requires_the_simulator_ca(sim: WapiSimulator, tmp_path: Path) -> None:

@@ -6,9 +6,11 @@ It is an HTTP(S) server on 127.0.0.1 that follows the documented WAPI shapes (se
 paging, the NIOS error bodies, HTTP basic authentication with the ``ibapauth`` cookie, and fault injection.
 
 Objects: ``networkview``, ``network``, ``ipv6network``, ``range``, ``fixedaddress``, ``ipv6fixedaddress``,
-``record:host`` and ``extensibleattributedef``.  The module docstrings state each contract: :mod:`.rules`
-(per-type rules), :mod:`.allocation` (next available address), :mod:`.search` (query, search, paging),
-:mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`, :mod:`.server`.
+``record:host`` and ``extensibleattributedef``, plus the read-only ``view`` (DNS view) and ``zone_auth``
+(authoritative zone), seeded with ``state.add_dns_view`` / ``state.add_zone``.  The module docstrings state each
+contract: :mod:`.rules` (per-type rules), :mod:`.dns` (DNS views and zones), :mod:`.allocation` (next available
+address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`,
+:mod:`.server`.
 
 In tests::
 

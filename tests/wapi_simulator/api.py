@@ -10,6 +10,8 @@ for a client mistake, it answers the WAPI error instead.  Routes:
 * ``PUT <ref>`` update (200, the ref -- new if the natural key changed -- or the object);
 * ``DELETE <ref>`` delete (200, the ref);
 * ``POST <network|ipv6network|range ref>?_function=next_available_ip`` (200, ``{"ips": [...]}``);
+* ``view`` and ``zone_auth`` are read-only here: POST, PUT and DELETE on them answer 400 ``Client.Ibap.Proto``
+  ``Operation <create|update|delete> not allowed for <type>`` (seed them with :class:`~.state.SimulatorState`);
 * an unknown object type answers 400 ``Unknown object type (<type>)``; a body that is not JSON answers 400
   ``Client.Ibap.Proto.JSONDecoding``;
 * an internal simulator failure answers 500 ``Server.Simulator`` (and is logged), never a silent drop.
@@ -31,6 +33,8 @@ from .store import ObjectStore
 
 _LOG = logging.getLogger(__name__)
 _FUNCTIONS = {"next_available_ip": ("network", "ipv6network", "range")}
+READ_ONLY_TYPES = frozenset({"view", "zone_auth"})
+_OPERATIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class WapiApi:
         ref = request.path if rest else None
         opts = parse_query(request.query)
         method = request.method
+        if obj_type in READ_ONLY_TYPES and method in _OPERATIONS:
+            raise errors.proto(f"Operation {_OPERATIONS[method]} not allowed for {obj_type}")
         if method == "GET":
             if ref is None:
                 return WapiResponse(200, self.pager.search(self.store, schema, opts))

@@ -10,6 +10,9 @@ Contract:
   ``timeout`` seconds after its last use;
 * wrong credentials, an unknown or expired cookie, or nothing at all answer 401 (checked basic credentials
   win over a cookie when both are sent);
+* sessions are kept in order of last use, so creating a session first forgets the expired ones from the
+  oldest end (amortised O(1) per request: each session is forgotten once), and the session table stays as large
+  as the live sessions plus one (every basic-auth request opens a session, as on NIOS);
 * :meth:`Authenticator.expire_sessions` forgets every session, as a grid restart would.  Thread-safe.
 """
 
@@ -20,6 +23,8 @@ import binascii
 import secrets
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 COOKIE_NAME = "ibapauth"
@@ -38,10 +43,13 @@ class AuthResult:
 class Authenticator:
     """Checks credentials and keeps sessions."""
 
-    def __init__(self, users: dict[str, str], session_timeout: int = 600) -> None:
+    def __init__(
+        self, users: dict[str, str], session_timeout: int = 600, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._users = dict(users)
+        self._clock = clock  # seconds, monotonic; tests may pass their own
         self.session_timeout = session_timeout
-        self._sessions: dict[str, tuple[str, float]] = {}
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # token -> (user, last use), by use
         self._lock = threading.Lock()
 
     def add_user(self, username: str, password: str) -> None:
@@ -69,11 +77,12 @@ class Authenticator:
             return AuthResult(True, "basic", user, self._new_session(user, client_ip))
         token = _cookie_token(cookie_header)
         if token is not None:
-            now = time.monotonic()
+            now = self._clock()
             with self._lock:
                 session = self._sessions.get(token)
                 if session is not None and now - session[1] <= self.session_timeout:
                     self._sessions[token] = (session[0], now)
+                    self._sessions.move_to_end(token)
                     return AuthResult(True, "cookie", session[0])
                 self._sessions.pop(token, None)
             return AuthResult(False, "cookie")
@@ -96,14 +105,24 @@ class Authenticator:
 
     def _new_session(self, user: str, client_ip: str) -> str:
         token = secrets.token_urlsafe(27)
+        started = self._clock()
         with self._lock:
-            self._sessions[token] = (user, time.monotonic())
+            self._prune(started)
+            self._sessions[token] = (user, started)
         now = int(time.time())
         value = (
             f"ip={client_ip},client=API,group=admin-group,ctime={now},timeout={self.session_timeout},"
             f"mtime={now},su=1,auth=LOCAL,user={user},{token}"
         )
         return f'{COOKIE_NAME}="{value}"; httponly; Path=/'
+
+    def _prune(self, now: float) -> None:
+        """Forget expired sessions, oldest use first, stopping at the first live one (the caller holds the lock)."""
+        while self._sessions:
+            token, (_user, last_use) = next(iter(self._sessions.items()))
+            if now - last_use <= self.session_timeout:
+                return
+            del self._sessions[token]
 
 
 def _cookie_token(cookie_header: str | None) -> str | None:

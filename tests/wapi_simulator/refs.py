@@ -30,6 +30,8 @@ _INTERNAL_TYPES: dict[str, str] = {
     "record:host_ipv6addr": "dns.host_address",
     "extensibleattributedef": "one.extensible_attributes_def",
     "range": "dns.dhcp_range",
+    "view": "dns.view",
+    "zone_auth": "dns.zone",
 }
 
 

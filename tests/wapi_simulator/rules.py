@@ -3,7 +3,8 @@
 Contract (the caller holds ``store.lock``; every refusal is raised before anything is stored):
 
 * ``networkview``: unique name; a new view gets a DNS view ``default.<name>``; the default view cannot be
-  deleted; deleting a view deletes everything in it; renaming moves everything with it;
+  deleted; deleting a view deletes everything in it (its DNS views with their zones and host records too);
+  renaming moves everything with it;
 * ``network`` / ``ipv6network``: the network view must exist; the same CIDR twice is refused with
   ``The network <cidr> already exists.  Select another network.``; overlapping networks in one view are
   refused; deleting a network deletes its fixed addresses and DHCP ranges;
@@ -20,7 +21,8 @@ Contract (the caller holds ``store.lock``; every refusal is raised before anythi
   address needs a ``mac`` (IPv4) or ``duid`` (IPv6), a network, and no other DHCP holder; addresses without
   DHCP may be shared with other objects, as on NIOS;
 * ``extensibleattributedef``: unique name; ``ENUM`` needs ``list_values``; a rename or delete is applied to
-  every object's ``extattrs``.
+  every object's ``extattrs``;
+* ``view`` / ``zone_auth``: see :mod:`.dns`.
 """
 
 from __future__ import annotations
@@ -29,32 +31,17 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
-from . import errors
+from . import dns, errors
 from .addressing import NEXT_AVAILABLE_PREFIX, parse_address, parse_next_available
 from .allocation import Pending, allocate
+from .changes import Modifiers
+from .changes import is_other as _other
+from .changes import merge as _merge
 from .fields import Field, check_value
 from .schema import HOST_IPV4ADDR_FIELDS, HOST_IPV6ADDR_FIELDS
 from .store import ObjectStore, StoredObject
 
-Modifiers = dict[str, tuple[str, Any]]
 Finisher = Callable[[ObjectStore, dict[str, Any], dict[str, Any], Modifiers, StoredObject | None], None]
-
-
-def _merge(fields: dict[str, Any], changes: dict[str, Any], modifiers: Modifiers) -> None:
-    fields.update(changes)
-    for name, (op, value) in modifiers.items():
-        if name == "extattrs":
-            current = fields.setdefault("extattrs", {})
-            if op == "+":
-                current.update(value)
-            else:
-                for key in value:
-                    current.pop(key, None)
-        else:
-            items = list(fields.get(name) or [])
-            fields[name] = (
-                items + [v for v in value if v not in items] if op == "+" else [v for v in items if v not in value]
-            )
 
 
 def _require_view(store: ObjectStore, fields: dict[str, Any]) -> str:
@@ -62,10 +49,6 @@ def _require_view(store: ObjectStore, fields: dict[str, Any]) -> str:
     if not store.network_view_exists(network_view):
         raise errors.not_found(f"Network view {network_view} not found")
     return network_view
-
-
-def _other(obj: StoredObject | None, old: StoredObject | None) -> bool:
-    return obj is not None and (old is None or obj.ref != old.ref)
 
 
 def _finish_networkview(
@@ -77,7 +60,7 @@ def _finish_networkview(
         raise errors.conflict(f"Duplicate object '{name}' of type network view exists in the database.")
     fields.setdefault("is_default", False)
     if old is None:
-        store.dns_views.setdefault(f"default.{name}", name)
+        dns.add_default_view(store, name)
     elif old.get("name") != name:
         _rename_network_view(store, old.get("name"), name)
 
@@ -94,9 +77,6 @@ def _rename_network_view(store: ObjectStore, before: str, after: str) -> None:
                     for e in obj.get(list_name) or []
                 ]
             store.replace(obj.ref, StoredObject(obj.obj_type, moved))
-    for view, network_view in list(store.dns_views.items()):
-        if network_view == before:
-            store.dns_views[view] = after
 
 
 def _finish_network(
@@ -330,6 +310,8 @@ FINISHERS: dict[str, Finisher] = {
     "ipv6fixedaddress": _finish_fixed(6),
     "record:host": _finish_host,
     "extensibleattributedef": _finish_eadef,
+    "view": dns.finish_view,
+    "zone_auth": dns.finish_zone,
 }
 
 
@@ -351,13 +333,14 @@ def delete(store: ObjectStore, obj: StoredObject) -> None:
         if obj.get("is_default"):
             raise errors.conflict("The default network view cannot be deleted.")
         name = obj.get("name")
-        views = {v for v, nv in store.dns_views.items() if nv == name}
+        views = set(store.dns_views_of(name))
         for other in store.all_objects():
-            if other.get("network_view") == name or (other.obj_type == "record:host" and other.get("view") in views):
+            in_view = other.obj_type in ("record:host", "zone_auth") and other.get("view") in views
+            if other.get("network_view") == name or in_view:
                 store.remove(other.ref)
-        for view in views:
-            del store.dns_views[view]
-        store.zones = {(v, zone) for v, zone in store.zones if v not in views}
+    elif obj.obj_type in ("view", "zone_auth"):
+        for other in dns.dependants(store, obj):
+            store.remove(other.ref)
     elif obj.obj_type in ("network", "ipv6network"):
         network = ipaddress.ip_network(obj.get("network"))
         for other in store.all_objects():
@@ -376,7 +359,7 @@ def delete(store: ObjectStore, obj: StoredObject) -> None:
 def derived_value(store: ObjectStore, obj: StoredObject, name: str) -> Any:
     """Fields NIOS computes rather than stores; ``None`` when ``name`` is not one of them."""
     if obj.obj_type == "networkview" and name == "associated_dns_views":
-        return sorted(v for v, nv in store.dns_views.items() if nv == obj.get("name"))
+        return store.dns_views_of(obj.get("name"))
     if obj.obj_type in ("network", "ipv6network"):
         network = ipaddress.ip_network(obj.get("network"))
         derived = {

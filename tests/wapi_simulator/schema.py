@@ -11,6 +11,8 @@ Contract:
 * fields not listed are unknown: writing, searching or returning them is refused with
   ``Unknown argument/field``.  Listed fields without special meaning in the simulator are stored verbatim
   after their value kind is checked;
+* ``view`` (DNS view) and ``zone_auth`` (authoritative zone) are read-only over WAPI (see :mod:`.api`); their
+  fields are the ones the simulator keeps, and they are seeded through :class:`~.state.SimulatorState`;
 * value kinds and their checks live in :mod:`.fields`.
 """
 
@@ -343,6 +345,31 @@ SCHEMAS: dict[str, ObjectSchema] = {
             "total_hosts": _ro("uint"),
             "dhcp_utilization": _ro("uint"),
             "cloud_info": _ro(),
+        },
+    ),
+    "view": ObjectSchema(
+        "view",
+        basic=("comment", "is_default", "name"),
+        required=("name",),
+        fields={
+            "name": _s(),
+            "comment": _s(),
+            "network_view": Field("str", searchable=True, create_only=True, default="default"),
+            "is_default": Field("bool", readonly=True, searchable=True, default=False),
+            "extattrs": Field("extattrs"),
+            "disable": Field("bool", default=False),
+        },
+    ),
+    "zone_auth": ObjectSchema(
+        "zone_auth",
+        basic=("fqdn", "view"),
+        required=("fqdn",),
+        fields={
+            "fqdn": Field("str", searchable=True, create_only=True),
+            "view": Field("str", searchable=True, create_only=True, default="default"),
+            "comment": _s(),
+            "extattrs": Field("extattrs"),
+            "disable": Field("bool", default=False),
         },
     ),
 }

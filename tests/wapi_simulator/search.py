@@ -212,6 +212,8 @@ def _sort_key(obj: StoredObject) -> tuple[Any, ...]:
         return (int(ipaddress.ip_address(fields["start_addr"])), fields["network_view"])
     if obj.obj_type == "record:host":
         return (fields["name"].lower(), fields["view"])
+    if obj.obj_type == "zone_auth":
+        return (fields["fqdn"], fields["view"])
     return (str(fields.get("name", "")),)
 
 

@@ -97,19 +97,13 @@ class SimulatorState:
             fields["ipv6addrs"] = v6
         return self.create("record:host", name=name, view=view, configure_for_dns=configure_for_dns, **fields)
 
-    def add_dns_view(self, name: str, network_view: str = "default") -> None:
-        """A DNS view (only a name bound to a network view; ``view`` objects are not simulated)."""
-        with self._store.lock:
-            if not self._store.network_view_exists(network_view):
-                raise ValueError(f"network view {network_view!r} does not exist")
-            self._store.dns_views[name] = network_view
+    def add_dns_view(self, name: str, network_view: str = "default", **fields: Any) -> str:
+        """A DNS ``view`` bound to ``network_view`` (read-only over WAPI, so seeded here)."""
+        return self.create("view", name=name, network_view=network_view, **fields)
 
-    def add_zone(self, fqdn: str, view: str = "default") -> None:
-        """An authoritative zone, needed by host records with ``configure_for_dns`` (zones are not objects)."""
-        with self._store.lock:
-            if view not in self._store.dns_views:
-                raise ValueError(f"DNS view {view!r} does not exist")
-            self._store.zones.add((view, fqdn.lower().rstrip(".")))
+    def add_zone(self, fqdn: str, view: str = "default", **fields: Any) -> str:
+        """An authoritative zone (``zone_auth``), needed by host records with ``configure_for_dns``."""
+        return self.create("zone_auth", fqdn=fqdn, view=view, **fields)
 
     # -- inspection ----------------------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ Contract:
   reference, which is derived from the object's natural key (see :mod:`.refs`);
 * it keeps a natural-key index (``(type, key) -> ref``) so uniqueness checks and lookups by key are O(1), and
   an :class:`~.addressing.AddressUsage` so next-available searches are fast;
-* it knows the DNS views (each maps to a network view) and the authoritative zones (seeded only);
+* DNS views (``view``, each bound to a network view) and authoritative zones (``zone_auth``) are stored objects
+  like any other; :meth:`ObjectStore.dns_view_network_view` and :meth:`ObjectStore.zone_for` answer from the
+  natural-key index, so a host record's view and zone are found in O(labels);
 * it applies no WAPI rule: validation, conflicts and cascades live in :mod:`.handlers`.  It is not thread-safe
   by itself: every caller holds :attr:`ObjectStore.lock` (a re-entrant lock) around a whole operation, which
   is what makes one ``func:nextavailableip`` allocation atomic.
@@ -46,8 +48,10 @@ def natural_key(obj_type: str, fields: dict[str, Any]) -> tuple[str, list[str]]:
         return f"{address}/{fields['network_view']}", [address, fields["network_view"]]
     if obj_type == "record:host":
         return f"{fields['view']}/{fields['name'].lower()}", [fields["name"], fields["view"]]
-    if obj_type == "networkview":
+    if obj_type in ("networkview", "view"):
         return fields["name"], [fields["name"], "true" if fields.get("is_default") else "false"]
+    if obj_type == "zone_auth":
+        return f"{fields['view']}/{fields['fqdn'].lower()}", [fields["fqdn"], fields["view"]]
     if obj_type == "extensibleattributedef":
         return fields["name"], [fields["name"]]
     if obj_type == "range":
@@ -74,13 +78,12 @@ class ObjectStore:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.usage = AddressUsage()
-        self.dns_views: dict[str, str] = {"default": "default"}
-        self.zones: set[tuple[str, str]] = set()
         self._objects: dict[str, StoredObject] = {}
         self._by_type: dict[str, dict[str, StoredObject]] = {}
         self._keys: dict[tuple[str, str], str] = {}
         self._by_id: dict[str, str] = {}
         self.insert(StoredObject("networkview", {"name": "default", "is_default": True}))
+        self.insert(StoredObject("view", {"name": "default", "network_view": "default", "is_default": True}))
 
     # -- lookups -------------------------------------------------------------------------------------------
 
@@ -126,14 +129,19 @@ class ObjectStore:
 
     def dns_view_network_view(self, view: str) -> str | None:
         """The network view a DNS view belongs to, or ``None`` if the DNS view does not exist."""
-        return self.dns_views.get(view)
+        found = self.by_key("view", view)
+        return str(found.get("network_view")) if found is not None else None
+
+    def dns_views_of(self, network_view: str) -> list[str]:
+        """The names of the DNS views bound to ``network_view``, sorted."""
+        return sorted(str(v.get("name")) for v in self.of_type("view") if v.get("network_view") == network_view)
 
     def zone_for(self, view: str, fqdn: str) -> str | None:
         """The longest authoritative zone of ``view`` that is a proper parent of ``fqdn``."""
         labels = fqdn.lower().rstrip(".").split(".")
         for i in range(1, len(labels)):
             candidate = ".".join(labels[i:])
-            if (view, candidate) in self.zones:
+            if ("zone_auth", f"{view}/{candidate}") in self._keys:
                 return candidate
         return None
 
