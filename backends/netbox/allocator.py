@@ -7,8 +7,9 @@ Contract (calls for one pool are serialised by the reconciler; the state here is
   full first source does not cost a request per allocation. Every source full → PoolExhaustedError.
 - Nothing is allocated twice for a claim: the UID field is unique, so NetBox refuses a second address for the same
   claim (400). A POST whose outcome is unknown (timeout, lost connection, 5xx) is never re-sent blindly: the claim
-  is looked up by UID first (`cf_<field>=<uid>`), now and before its next POST. A 400 is also resolved by the
-  lookup (it may be the uniqueness refusal after a crash: the address made before the crash is used).
+  is looked up by UID (`cf_<field>=<uid>`) at once, and the next POST comes only after a retry delay. A 400 is
+  also resolved by the lookup (it may be the uniqueness refusal after a crash: the address made before the crash
+  is used).
   Should the field lack `unique`, every new claim is looked up before its POST (two requests), and a claim whose
   POST had an unknown outcome is not POSTed again for `uncertain_seconds` (the lost POST may still be carried out
   later; without Unique nothing else would stop a second address).

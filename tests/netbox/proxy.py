@@ -6,7 +6,16 @@
 - `delay_next(method, path_part, seconds, before=False)`: the next matching request's answer is held back for
   `seconds` (after NetBox carried the request out); with `before=True` the request itself is held back that long
   before it reaches NetBox (a request NetBox carries out late, after the client gave up on it).
+- `answer_next(status, count, method, path_part)`: the next `count` matching requests are answered `status`
+  (503, 502, …) by the proxy itself and never reach NetBox: NetBox did nothing.
+- `drop_next(method, path_part, count)`: the next `count` matching requests are dropped unanswered and never reach
+  NetBox (a connection reset before NetBox saw anything).
 - `tls=True` serves HTTPS with a fresh self-signed certificate (`ca_pem`), to test TLS verification.
+
+`method=None` or `path_part=""` matches any. Every request is logged in `log` (an `Event` with its monotonic start
+and end and what the proxy did with it), so tests can see attempts, the delays between them, and requests that
+were in NetBox's hands at the same time (`peak_in_flight`). Requests are forwarded concurrently, each proxy thread
+with its own upstream session.
 """
 
 from __future__ import annotations
@@ -32,7 +41,34 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 
 
 @dataclass
+class Event:
+    """One request the proxy saw: `outcome` is "forwarded <status>", "answered <status>", "dropped" or "lost"
+    (forwarded, then dropped unanswered); `start`/`end` (time.monotonic) bracket the proxy's handling."""
+
+    method: str
+    path: str
+    start: float
+    end: float = 0.0
+    outcome: str = ""
+
+    def matches(self, method: str | None, path_part: str) -> bool:
+        return (method is None or method == self.method) and path_part in self.path
+
+
+@dataclass
+class Rule:
+    """Answer (`status`) or drop (`status` None) the next `count` matching requests without forwarding them."""
+
+    method: str | None
+    path_part: str
+    count: int
+    status: int | None
+
+
+@dataclass
 class Faults:
+    rules: list[Rule] = field(default_factory=list)
+    log: list[Event] = field(default_factory=list)
     lose: list[tuple[str, str]] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     delays: list[tuple[str, str, float, bool]] = field(default_factory=list)
@@ -40,6 +76,15 @@ class Faults:
     forwarded: list[str] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def rule(self, method: str, path: str) -> Rule | None:
+        """The first rule matching the request, with one use taken; None if none matches."""
+        with self.lock:
+            for rule in self.rules:
+                if rule.count > 0 and (rule.method in (None, method)) and rule.path_part in path:
+                    rule.count -= 1
+                    return rule
+        return None
 
     def take(self, method: str, path: str) -> bool:
         with self.lock:
@@ -62,9 +107,19 @@ class Faults:
         return 0.0, False
 
 
-def _handler(upstream: str, faults: Faults) -> type[http.server.BaseHTTPRequestHandler]:
-    session = requests.Session()
-    session_lock = threading.Lock()
+def _handler(
+    upstream: str, faults: Faults, sessions: list[requests.Session]
+) -> type[http.server.BaseHTTPRequestHandler]:
+    local = threading.local()
+
+    def session() -> requests.Session:
+        """This proxy thread's own upstream session: requests are forwarded concurrently, never serialised."""
+        mine: requests.Session | None = getattr(local, "session", None)
+        if mine is None:
+            mine = local.session = requests.Session()
+            with faults.lock:
+                sessions.append(mine)
+        return mine
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -72,32 +127,54 @@ def _handler(upstream: str, faults: Faults) -> type[http.server.BaseHTTPRequestH
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-        def _forward(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-            lose = faults.take(self.command, self.path)
-            seconds, before = faults.delay(self.command, self.path)
-            if before:
-                time.sleep(seconds)
-            with session_lock:
-                answer = session.request(self.command, upstream + self.path, data=body, headers=headers, timeout=60)
-            with faults.lock:
-                faults.forwarded.append(f"{self.command} {self.path}")
-            if seconds and not before:
-                time.sleep(seconds)
-            if lose:
-                self.close_connection = True
-                self.connection.shutdown(2)
-                return
-            payload = answer.content
-            self.send_response(answer.status_code)
-            for key, value in answer.headers.items():
+        def _drop(self) -> None:
+            self.close_connection = True
+            self.connection.shutdown(2)
+
+        def _answer(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+            self.send_response(status)
+            for key, value in headers.items():
                 if key.lower() not in HOP_BY_HOP:
                     self.send_header(key, value)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
+
+        def _forward(self) -> None:
+            event = Event(self.command, self.path, time.monotonic())
+            with faults.lock:
+                faults.log.append(event)
+            try:
+                event.outcome = self._handle()
+            finally:
+                event.end = time.monotonic()
+
+        def _handle(self) -> str:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            rule = faults.rule(self.command, self.path)
+            if rule is not None and rule.status is None:
+                self._drop()
+                return "dropped"
+            if rule is not None and rule.status is not None:
+                reason = http.HTTPStatus(rule.status).phrase
+                self._answer(rule.status, f"<html><body>{rule.status} {reason}</body></html>".encode(), {})
+                return f"answered {rule.status}"
+            lose = faults.take(self.command, self.path)
+            seconds, before = faults.delay(self.command, self.path)
+            if before:
+                time.sleep(seconds)
+            answer = session().request(self.command, upstream + self.path, data=body, headers=headers, timeout=60)
+            with faults.lock:
+                faults.forwarded.append(f"{self.command} {self.path}")
+            if seconds and not before:
+                time.sleep(seconds)
+            if lose:
+                self._drop()
+                return "lost"
+            self._answer(answer.status_code, answer.content, dict(answer.headers))
+            return f"forwarded {answer.status_code}"
 
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _forward
 
@@ -114,7 +191,8 @@ class _Server(http.server.ThreadingHTTPServer):
 class NetboxProxy:
     def __init__(self, upstream: str, *, tls: bool = False) -> None:
         self.faults = Faults()
-        self.server = _Server(("127.0.0.1", 0), _handler(upstream.rstrip("/"), self.faults))
+        self._sessions: list[requests.Session] = []
+        self.server = _Server(("127.0.0.1", 0), _handler(upstream.rstrip("/"), self.faults, self._sessions))
         self.ca_pem = ""
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         if tls:
@@ -136,6 +214,31 @@ class NetboxProxy:
         with self.faults.lock:
             self.faults.delays.append((method, path_part, seconds, before))
 
+    def answer_next(self, status: int, count: int = 1, method: str | None = None, path_part: str = "") -> None:
+        with self.faults.lock:
+            self.faults.rules.append(Rule(method, path_part, count, status))
+
+    def drop_next(self, method: str | None = None, path_part: str = "", count: int = 1) -> None:
+        with self.faults.lock:
+            self.faults.rules.append(Rule(method, path_part, count, None))
+
+    def events(self, method: str | None = None, path_part: str = "") -> list[Event]:
+        """The logged requests matching `method` and `path_part`, in arrival order."""
+        with self.faults.lock:
+            return [e for e in self.faults.log if e.matches(method, path_part)]
+
+    def peak_in_flight(self, method: str | None = None, path_part: str = "") -> int:
+        """The most matching requests the proxy was handling at one moment."""
+        edges = sorted(
+            [(e.start, 1) for e in self.events(method, path_part)]
+            + [(e.end or time.monotonic(), -1) for e in self.events(method, path_part)]
+        )
+        peak = current = 0
+        for _, step in edges:  # at equal times an end (-1) sorts before a start (+1): touching is not overlapping
+            current += step
+            peak = max(peak, current)
+        return peak
+
     def __enter__(self) -> NetboxProxy:
         self._thread.start()
         return self
@@ -143,6 +246,8 @@ class NetboxProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+        for session in self._sessions:
+            session.close()
         if self._dir is not None:
             self._dir.cleanup()
 
