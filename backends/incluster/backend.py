@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.allocator import address_to_int, cap_int64, int_to_address
 from backends.incluster.existing import reserve_existing
+from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient
 from backends.protocol import (
@@ -44,6 +45,7 @@ GLOBAL_IN_CLUSTER_POOL = PoolKind(
 RESYNC_SECONDS = 600.0
 SWEEP_INTERVAL = 60.0  # at most one sweep for stray reservations per pool and interval
 STRAY_GRACE = 60.0  # a reservation younger than this may belong to an allocation in progress
+ORPHAN_SWEEP_INTERVAL = 600.0  # at most one sweep for reservations of deleted pools per process and interval
 
 
 class InClusterPoolSpec(Model):
@@ -84,6 +86,7 @@ class InClusterBackend:
         self.reservations = ReservationClient(context.kube)
         self._indexes: dict[PoolRef, PoolIndex] = {}
         self._swept: dict[PoolRef, float] = {}
+        self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -243,6 +246,7 @@ class InClusterBackend:
                 inside = False
             out_of_range += 0 if inside else 1
         await self._sweep(ref, addresses)
+        await self._sweep_orphans()
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
         counts = {
@@ -280,6 +284,14 @@ class InClusterBackend:
             await self.reservations.delete(reservation)
             if index is not None:
                 index.drop(reservation)
+
+    async def _sweep_orphans(self) -> None:
+        """Now and then, from any pool's report: the reservations of pools that are gone (see `orphans`)."""
+        now = time.monotonic()
+        if now - self._orphans_swept < ORPHAN_SWEEP_INTERVAL:
+            return
+        self._orphans_swept = now
+        await sweep_orphans(self.kube, self.reservations, self.kinds, STRAY_GRACE)
 
     async def _holds_rightfully(self, reservation: Reservation) -> bool:
         namespace, _, name = reservation.claim.partition("/")

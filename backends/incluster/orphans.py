@@ -1,0 +1,93 @@
+"""Reservations left behind by pools that no longer exist.
+
+A pool deleted through the `skip-validate-delete-webhook` annotation (as `clusterctl move` does), whose claims and
+IPAddresses were then removed without their finalizers running, leaves its reservations behind: no claim will ever
+release them, and the per-pool sweep only visits live pools.
+
+Contract:
+- `sweep_orphans` lists every reservation once and deletes those whose pool (by its group, kind, namespace and name)
+  does not exist, that are older than `grace_seconds`, and that no IPAddress still names: the IPAddress of the
+  reservation's claim name, in its namespace, naming the same pool and address. Such an IPAddress keeps its
+  reservation, so that a pool re-created under the same name cannot hand its address out again.
+- Reservations of pool kinds the caller does not serve are left alone. Deletion uses the reservation's uid and
+  resourceVersion preconditions, so one changed meanwhile is kept; several processes may sweep at once.
+- Nothing can be allocated from a pool that does not exist, so no new holder can appear while this runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections import defaultdict
+from collections.abc import Sequence
+
+import structlog
+
+from backends.incluster.existing import names_pool
+from backends.incluster.reservations import RESERVATIONS, Reservation, ReservationClient
+from backends.protocol import PoolKind, PoolRef
+from ipam_provider.kube.client import KubeClient, Object
+from ipam_provider.kube.resources import ADDRESSES, Resource
+
+log = structlog.get_logger(__name__)
+
+
+def _pool_of(item: Object) -> PoolRef | None:
+    pool = (item.get("spec") or {}).get("pool") or {}
+    if not pool.get("kind") or not pool.get("name"):
+        return None
+    return PoolRef(str(pool.get("apiGroup") or ""), str(pool["kind"]), pool.get("namespace"), str(pool["name"]))
+
+
+def _resource(kind: PoolKind) -> Resource:
+    return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
+
+
+def _age_seconds(timestamp: str) -> float:
+    try:
+        created = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.datetime.now(datetime.UTC) - created).total_seconds()
+
+
+def _same_address(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a.strip()) == ipaddress.ip_address(b.strip())
+    except ValueError:
+        return a == b
+
+
+async def _still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef) -> bool:
+    namespace, _, name = reservation.claim.partition("/")
+    if not name:
+        return False
+    address = await kube.get(ADDRESSES, name, namespace)
+    if address is None or not names_pool(address, ref):
+        return False
+    return _same_address(str((address.get("spec") or {}).get("address", "")), reservation.address)
+
+
+async def sweep_orphans(
+    kube: KubeClient, reservations: ReservationClient, kinds: Sequence[PoolKind], grace_seconds: float
+) -> int:
+    """Delete the reservations of pools that are gone (see the module's contract); answer how many."""
+    served = {(kind.group, kind.kind): kind for kind in kinds}
+    items, _ = await kube.list(RESERVATIONS)
+    by_pool: defaultdict[PoolRef, list[Reservation]] = defaultdict(list)
+    for item in items:
+        ref = _pool_of(item)
+        if ref is not None and (ref.group, ref.kind) in served:
+            by_pool[ref].append(Reservation.parse(item))
+    deleted = 0
+    for ref, held in by_pool.items():
+        kind = served[(ref.group, ref.kind)]
+        if await kube.get(_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
+            continue
+        for reservation in held:
+            if _age_seconds(reservation.created_at) < grace_seconds or await _still_named(kube, reservation, ref):
+                continue
+            await reservations.delete(reservation)
+            deleted += 1
+            log.info("reservation of a deleted pool removed", pool=str(ref), address=reservation.address)
+    return deleted
