@@ -43,7 +43,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 @dataclass
 class Event:
     """One request the proxy saw: `outcome` is "forwarded <status>", "answered <status>", "dropped" or "lost"
-    (forwarded, then dropped unanswered); `start`/`end` (time.monotonic) bracket the proxy's handling."""
+    (forwarded, then dropped unanswered); `start`/`end` (time.monotonic) bracket the proxy's handling. Both
+    `outcome` and `end` are set before the client sees the answer."""
 
     method: str
     path: str
@@ -145,22 +146,28 @@ def _handler(
             with faults.lock:
                 faults.log.append(event)
             try:
-                event.outcome = self._handle()
+                self._handle(event)
             finally:
-                event.end = time.monotonic()
+                event.end = event.end or time.monotonic()
 
-        def _handle(self) -> str:
+        def _handle(self, event: Event) -> None:
+            """Serve one request; `event.outcome` is set before the client can see the answer (or the drop), so a
+            test reading the log right after its call returned finds it."""
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             rule = faults.rule(self.command, self.path)
             if rule is not None and rule.status is None:
+                event.outcome = "dropped"
+                event.end = time.monotonic()
                 self._drop()
-                return "dropped"
+                return
             if rule is not None and rule.status is not None:
                 reason = http.HTTPStatus(rule.status).phrase
+                event.outcome = f"answered {rule.status}"
+                event.end = time.monotonic()
                 self._answer(rule.status, f"<html><body>{rule.status} {reason}</body></html>".encode(), {})
-                return f"answered {rule.status}"
+                return
             lose = faults.take(self.command, self.path)
             seconds, before = faults.delay(self.command, self.path)
             if before:
@@ -171,10 +178,13 @@ def _handler(
             if seconds and not before:
                 time.sleep(seconds)
             if lose:
+                event.outcome = "lost"
+                event.end = time.monotonic()
                 self._drop()
-                return "lost"
+                return
+            event.outcome = f"forwarded {answer.status_code}"
+            event.end = time.monotonic()
             self._answer(answer.status_code, answer.content, dict(answer.headers))
-            return f"forwarded {answer.status_code}"
 
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _forward
 
