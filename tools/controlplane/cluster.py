@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -163,7 +164,7 @@ class LocalControlPlane:
         self._write_kubeconfig()
         return self.state
 
-    def _spawn(self, name: str, argv: list[str], preexec: object) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], preexec: Callable[[], object] | None) -> subprocess.Popen[bytes]:
         log = (self.directory / f"{name}.log").open("ab")
         return subprocess.Popen(
             argv,
@@ -171,7 +172,7 @@ class LocalControlPlane:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=preexec,  # type: ignore[arg-type]
+            preexec_fn=preexec,
         )
 
     def _wait_http(

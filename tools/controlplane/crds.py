@@ -52,8 +52,8 @@ async def install_crds(
     deadline = time.monotonic() + timeout
     for name in names:
         while True:
-            crd = await kube.get(CRDS, name)
-            conditions = ((crd or {}).get("status") or {}).get("conditions") or []  # null right after creation
+            stored = await kube.get(CRDS, name)
+            conditions = ((stored or {}).get("status") or {}).get("conditions") or []  # null right after creation
             if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 break
             if time.monotonic() > deadline:
