@@ -35,7 +35,7 @@ test: venv binaries netbox
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check ipam_provider backends
-	$(BIN)/mypy --strict ipam_provider backends tools
+	$(BIN)/mypy --strict ipam_provider backends tools tests
 
 format: venv
 	$(BIN)/ruff format ipam_provider backends

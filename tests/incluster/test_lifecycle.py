@@ -206,7 +206,7 @@ async def test_a_deleted_ipaddress_is_recreated_with_identical_values(
     original = await wait_address(kube, namespace, "keeper")
     await kube.delete(ADDRESSES, "keeper", namespace)
 
-    async def recreated() -> dict | None:
+    async def recreated() -> dict[str, Any] | None:
         current = await kube.get(ADDRESSES, "keeper", namespace)
         if current and current["metadata"]["uid"] != original["metadata"]["uid"]:
             return current

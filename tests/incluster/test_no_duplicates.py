@@ -146,7 +146,7 @@ class LaggingKubeClient(KubeClient):
 
     lag = 0.3
 
-    async def watch(  # type: ignore[override]
+    async def watch(
         self, resource: Resource, namespace: str | None = None, **kwargs: Any
     ) -> AsyncIterator[tuple[str, Any]]:
         loop = asyncio.get_running_loop()

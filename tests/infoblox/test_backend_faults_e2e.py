@@ -183,7 +183,8 @@ async def test_the_ca_bundle_is_used_and_a_wrong_ca_fails_clearly(
 
         async def refused_again() -> bool:
             condition = ready_condition(await kube.get(INSTANCES, grid.instance)) or {}
-            return condition.get("observedGeneration") == generation and condition["reason"] == "TLSVerificationFailed"
+            current = condition.get("observedGeneration") == generation
+            return bool(current and condition["reason"] == "TLSVerificationFailed")
 
         await wait_for(refused_again, message="the instance without a CA bundle to be refused too")
         assert not grid.sim.request_log.entries

@@ -108,9 +108,9 @@ async def test_an_object_posted_before_a_crash_is_found_without_posting_again(
     grid.sim.state.add_fixed_address("10.10.0.200", extattrs=ownership(uid, namespace, "survivor", "net"))
     # And a claim that posted twice (a reply lost, then searched for too early): one object must go.
     twice = await grid.create_claim("twice", "net")
-    for address in ("10.10.0.201", "10.10.0.202"):
+    for value in ("10.10.0.201", "10.10.0.202"):
         eas = ownership(twice["metadata"]["uid"], namespace, "twice", "net")
-        grid.sim.state.add_fixed_address(address, extattrs=eas)
+        grid.sim.state.add_fixed_address(value, extattrs=eas)
     async with infoblox_controller():
         address = await wait_address(kube, namespace, "survivor")
         assert address["spec"]["address"] == "10.10.0.200"

@@ -96,7 +96,7 @@ async def test_client_errors_map_to_problems(wapi_simulator: WapiSimulator) -> N
     body = {"ipv4addr": "func:nextavailableip:10.0.0.0/30,default", "mac": "00:00:00:00:00:00"}
     created = [await wapi.create("fixedaddress", body, ["ipv4addr"]) for _ in range(2)]
     assert [c["ipv4addr"] for c in created] == ["10.0.0.1", "10.0.0.2"]
-    cases = [
+    cases: list[tuple[str, dict[str, Any], Problem, str]] = [
         ("fixedaddress", body, Problem.EXHAUSTED, "Cannot find 1 available IP"),
         (
             "fixedaddress",

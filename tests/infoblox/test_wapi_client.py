@@ -51,7 +51,9 @@ async def test_each_search_attempt_is_exactly_one_get(wapi_simulator: WapiSimula
     await wapi.close()
 
 
-async def test_a_paged_search_failing_midway_is_answered_whole(wapi_simulator: WapiSimulator) -> None:
+async def test_a_paged_search_failing_midway_is_answered_whole(
+    wapi_simulator: WapiSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sim = wapi_simulator
     total = PAGE_SIZE * 2 + 500
     for index in range(total):
@@ -67,7 +69,7 @@ async def test_a_paged_search_failing_midway_is_answered_whole(wapi_simulator: W
             sim.faults.fail_next(1, methods="GET")
         return original(*args)
 
-    wapi._get = second_page_fails_once  # type: ignore[method-assign]
+    monkeypatch.setattr(wapi, "_get", second_page_fails_once)
     found = await wapi.search("network", ["network"], paging=True)
     assert get_statuses(sim) == [200, 503, 200, 200, 200], "restarted from the first page after the 503"
     assert len(found) == total and len({n["_ref"] for n in found}) == total, "every object, each once"

@@ -69,9 +69,9 @@ async def test_allocate_and_release_ipv4(
         await wait_for(
             lambda: _pool_used(kube, namespace, "v4", 4), timeout=90, message="pool v4 to count 4 used addresses"
         )
-        pool = await kube.get(NB_POOLS, "v4", namespace)
-        assert pool is not None
-        assert pool["status"]["ipAddresses"] == {"total": 6, "used": 4, "free": 2}
+        counted = await kube.get(NB_POOLS, "v4", namespace)
+        assert counted is not None
+        assert counted["status"]["ipAddresses"] == {"total": 6, "used": 4, "free": 2}
         assert pool["status"]["sources"][0]["range"] == "10.40.0.0/29"
 
         await delete_claim(kube, namespace, "one")

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 import pytest_asyncio
@@ -94,7 +94,7 @@ async def wait_for(
     while True:
         last = await probe()
         if last:
-            return last
+            return cast(T, last)
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {text}; last value: {last!r}")
