@@ -7,8 +7,6 @@ allocations, not the pool's size (see `allocator`).
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import time
 from collections.abc import Sequence
 
@@ -20,7 +18,7 @@ from backends.incluster.allocator import address_to_int, cap_int64, int_to_addre
 from backends.incluster.existing import reserve_existing
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds, normalized_address
 from backends.protocol import (
     JSON,
     Allocation,
@@ -271,12 +269,12 @@ class InClusterBackend:
         if now - self._swept.get(ref, 0.0) < SWEEP_INTERVAL:
             return
         self._swept[ref] = now
-        backed = {_normalized(allocation.address) for allocation in addresses}
+        backed = {normalized_address(allocation.address) for allocation in addresses}
         index = self._indexes.get(ref)
         for reservation in await self.reservations.list_pool(ref):
-            if reservation.released_at or _normalized(reservation.address) in backed:
+            if reservation.released_at or normalized_address(reservation.address) in backed:
                 continue
-            if _age_seconds(reservation.created_at) < STRAY_GRACE:
+            if age_seconds(reservation.created_at) < STRAY_GRACE:
                 continue
             if await self._holds_rightfully(reservation):
                 continue
@@ -301,7 +299,9 @@ class InClusterBackend:
         address = await self.kube.get(ADDRESSES, name, namespace)
         if address is None:
             return True  # an allocation in progress: its IPAddress is about to be written
-        return _normalized(str(address.get("spec", {}).get("address", ""))) == _normalized(reservation.address)
+        return normalized_address(str(address.get("spec", {}).get("address", ""))) == normalized_address(
+            reservation.address
+        )
 
     async def close(self) -> None:
         self._indexes.clear()
@@ -315,21 +315,6 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
         and not reservation.released_at
         and reservation.claim == f"{claim.namespace}/{claim.name}"
     )
-
-
-def _normalized(address: str) -> str:
-    try:
-        return str(ipaddress.ip_address(address.strip()))
-    except ValueError:
-        return address
-
-
-def _age_seconds(timestamp: str) -> float:
-    try:
-        created = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return float("inf")
-    return (datetime.datetime.now(datetime.UTC) - created).total_seconds()
 
 
 def _first_line(error: Exception) -> str:

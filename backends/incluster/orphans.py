@@ -16,15 +16,19 @@ Contract:
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from collections import defaultdict
 from collections.abc import Sequence
 
 import structlog
 
 from backends.incluster.existing import names_pool
-from backends.incluster.reservations import RESERVATIONS, Reservation, ReservationClient
+from backends.incluster.reservations import (
+    RESERVATIONS,
+    Reservation,
+    ReservationClient,
+    age_seconds,
+    normalized_address,
+)
 from backends.protocol import PoolKind, PoolRef
 from ipam_provider.kube.client import KubeClient, Object
 from ipam_provider.kube.resources import ADDRESSES, Resource
@@ -43,21 +47,6 @@ def _resource(kind: PoolKind) -> Resource:
     return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
 
 
-def _age_seconds(timestamp: str) -> float:
-    try:
-        created = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return float("inf")
-    return (datetime.datetime.now(datetime.UTC) - created).total_seconds()
-
-
-def _same_address(a: str, b: str) -> bool:
-    try:
-        return ipaddress.ip_address(a.strip()) == ipaddress.ip_address(b.strip())
-    except ValueError:
-        return a == b
-
-
 async def _still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef) -> bool:
     namespace, _, name = reservation.claim.partition("/")
     if not name:
@@ -65,7 +54,9 @@ async def _still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef)
     address = await kube.get(ADDRESSES, name, namespace)
     if address is None or not names_pool(address, ref):
         return False
-    return _same_address(str((address.get("spec") or {}).get("address", "")), reservation.address)
+    return normalized_address(str((address.get("spec") or {}).get("address", ""))) == normalized_address(
+        reservation.address
+    )
 
 
 async def sweep_orphans(
@@ -85,7 +76,7 @@ async def sweep_orphans(
         if await kube.get(_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
             continue
         for reservation in held:
-            if _age_seconds(reservation.created_at) < grace_seconds or await _still_named(kube, reservation, ref):
+            if age_seconds(reservation.created_at) < grace_seconds or await _still_named(kube, reservation, ref):
                 continue
             await reservations.delete(reservation)
             deleted += 1

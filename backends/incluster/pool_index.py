@@ -8,12 +8,11 @@ reservation made by another process is discovered when creating it fails with Al
 
 from __future__ import annotations
 
-import datetime
 import time
 from dataclasses import dataclass, field
 
 from backends.incluster.allocator import IntervalSet, PoolAllocator, address_to_int
-from backends.incluster.reservations import Reservation
+from backends.incluster.reservations import Reservation, age_seconds
 
 
 @dataclass
@@ -74,15 +73,4 @@ class PoolIndex:
 
     def expired_releases(self, grace_seconds: int) -> list[Reservation]:
         """Released reservations whose reuse grace period is over."""
-        now = datetime.datetime.now(datetime.UTC)
-        expired = []
-        for reservation in self.released.values():
-            assert reservation.released_at is not None
-            try:
-                released = datetime.datetime.fromisoformat(reservation.released_at.replace("Z", "+00:00"))
-            except ValueError:
-                expired.append(reservation)
-                continue
-            if (now - released).total_seconds() >= grace_seconds:
-                expired.append(reservation)
-        return expired
+        return [r for r in self.released.values() if age_seconds(r.released_at or "") >= grace_seconds]

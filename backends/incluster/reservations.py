@@ -7,6 +7,7 @@ cache, can never both hold an address: etcd's create-uniqueness decides, as for 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import ipaddress
 from dataclasses import dataclass
@@ -24,6 +25,23 @@ LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
 def pool_hash(ref: PoolRef) -> str:
     identity = f"{ref.group}/{ref.kind}/{ref.namespace or ''}/{ref.name}"
     return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def normalized_address(address: str) -> str:
+    """The address in its canonical text form; text that is no address is answered as it is."""
+    try:
+        return str(ipaddress.ip_address(address.strip()))
+    except ValueError:
+        return address
+
+
+def age_seconds(timestamp: str) -> float:
+    """Seconds since an RFC 3339 timestamp (`creationTimestamp`, `releasedAt`); infinite if it does not parse."""
+    try:
+        then = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
 
 
 def reservation_name(ref: PoolRef, address: str) -> str:
@@ -133,32 +151,16 @@ class ReservationClient:
 
     async def mark_released(self, reservation: Reservation, at: str) -> Reservation:
         """Keep the address held, without an owner, until the pool's reuse grace period has passed."""
-        updated = await self.kube.patch(
-            RESERVATIONS,
-            reservation.name,
-            {
-                "metadata": {
-                    "resourceVersion": reservation.resource_version,
-                    "labels": {LABEL_CLAIM_UID: None},
-                },
-                "spec": {"releasedAt": at, "claim": {"uid": ""}},
-            },
-        )
-        return Reservation.parse(updated)
+        return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}})
 
     async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
         """Give a live reservation to the claim of the same namespace/name with another uid (one made from an
         IPAddress before its claim existed, or with a uid that predates a restore). The address stays held
         throughout; the resourceVersion precondition makes a concurrent change fail with a conflict."""
-        updated = await self.kube.patch(
-            RESERVATIONS,
-            reservation.name,
-            {
-                "metadata": {
-                    "resourceVersion": reservation.resource_version,
-                    "labels": {LABEL_CLAIM_UID: claim_uid},
-                },
-                "spec": {"claim": {"uid": claim_uid}},
-            },
-        )
+        return await self._patch_claim(reservation, claim_uid, {"claim": {"uid": claim_uid}})
+
+    async def _patch_claim(self, reservation: Reservation, uid_label: str | None, spec: Object) -> Reservation:
+        """Patch the reservation's spec and its claim-uid label (None removes it), guarded by its resourceVersion."""
+        meta = {"resourceVersion": reservation.resource_version, "labels": {LABEL_CLAIM_UID: uid_label}}
+        updated = await self.kube.patch(RESERVATIONS, reservation.name, {"metadata": meta, "spec": spec})
         return Reservation.parse(updated)

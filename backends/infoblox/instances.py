@@ -8,13 +8,13 @@ Contract:
   longest a call on it can take, so calls in flight finish on it.
 - Problems that need a person (instance missing, Secret missing or incomplete, CA bundle unreadable) raise
   `InstanceProblem` with a condition reason and a message; they are also written to the instance's status.
-- `health(conn)` checks the grid (reachability, TLS, credentials, the default network view, the default DNS view,
-  the ownership extensible-attribute definitions, created when missing if the instance allows it) and writes the
-  instance's `Ready` condition when it changes. Results are cached: long when healthy, short when not. A grid that
-  refuses the credentials is asked again later and later (the short wait doubling, up to
-  `auth_failed_max_recheck_seconds`), since a real grid may lock the account; a changed Secret builds a new
-  connection, which is checked at once. `refused(conn)` answers that cached refusal while it stands, so that other
-  paths (releases) do not ask the grid with credentials it refused either.
+- `health(conn)` checks the grid (reachability, TLS, credentials, the default network view, a default DNS view
+  other than NIOS's built-in one, the ownership extensible-attribute definitions, created when missing if the
+  instance allows it) and writes the instance's `Ready` condition when it changes. Results are cached: long when
+  healthy, short when not. A grid that refuses the credentials is asked again later and later (the short wait
+  doubling, up to `auth_failed_max_recheck_seconds`), since a real grid may lock the account; a changed Secret
+  builds a new connection, which is checked at once. `refused(conn)` answers that cached refusal while it stands,
+  so that other paths (releases) do not ask the grid with credentials it refused either.
 - Credentials are only ever put in the Connector (and, for a client certificate, in 0600 files of a private 0700
   temporary directory, removed with the connection). They never reach a log, a condition or an exception.
 """
@@ -48,7 +48,7 @@ from ipam_provider.kube.resources import SECRETS
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
 Obj = dict[str, Any]
-AUTH_FAILED = "AuthenticationFailed"
+AUTH_FAILED = Problem.AUTH.value  # the Health reason of refused credentials
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
 
 

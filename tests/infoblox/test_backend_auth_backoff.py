@@ -19,20 +19,27 @@ from tests.wapi_simulator import WapiSimulator
 SECRET_KEY = ("secrets", "sys", "creds")
 
 
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Instances' monotonic clock, set by the test through the answered list's one element (starts at 1000)."""
+    now = [1000.0]
+    monkeypatch.setattr(instances_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def stub_grid(sim: WapiSimulator, password: str, **spec: Any) -> StubKube:
+    """An InfobloxInstance "grid" pointing at the simulator, with the Secret "creds" holding `password`."""
+    assert sim.ca_path is not None
+    instance = grid_instance(host=sim.host, port=sim.port, caBundle=sim.ca_path.read_text(), **spec)
+    creds = secret("creds", username=sim.username, password=password)
+    return StubKube({("infobloxinstances", None, "grid"): instance, SECRET_KEY: creds})
+
+
 async def test_refused_credentials_are_rechecked_later_and_later_until_the_secret_changes(
     wapi_simulator: WapiSimulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = wapi_simulator
-    now = [1000.0]
-    monkeypatch.setattr(instances_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    assert sim.ca_path is not None
-    spec = {"host": sim.host, "port": sim.port, "caBundle": sim.ca_path.read_text()}
-    kube = StubKube(
-        {
-            ("infobloxinstances", None, "grid"): grid_instance(**spec),
-            SECRET_KEY: secret("creds", username=sim.username, password="Wrong-password-1"),
-        }
-    )
+    now = fake_clock(monkeypatch)
+    kube = stub_grid(sim, "Wrong-password-1")
     instances = Instances(cast(Any, kube), Settings())  # re-check after 10 s, doubling up to 300 s
     connection = await instances.connect("grid")
     assert (await instances.health(connection)).reason == "AuthenticationFailed"
@@ -68,16 +75,8 @@ async def test_other_failures_keep_the_short_recheck(
     wapi_simulator: WapiSimulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = wapi_simulator
-    now = [1000.0]
-    monkeypatch.setattr(instances_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    assert sim.ca_path is not None
-    spec = {"host": sim.host, "port": sim.port, "caBundle": sim.ca_path.read_text(), "defaultDNSView": "nope"}
-    kube = StubKube(
-        {
-            ("infobloxinstances", None, "grid"): grid_instance(**spec),
-            SECRET_KEY: secret("creds", username=sim.username, password=sim.password),
-        }
-    )
+    now = fake_clock(monkeypatch)
+    kube = stub_grid(sim, sim.password, defaultDNSView="nope")
     instances = Instances(cast(Any, kube), Settings())
     connection = await instances.connect("grid")
     checks = 0
@@ -96,16 +95,8 @@ async def test_refusals_of_other_calls_double_the_wait_only_when_they_probed_aga
     wapi_simulator: WapiSimulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = wapi_simulator
-    now = [1000.0]
-    monkeypatch.setattr(instances_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    assert sim.ca_path is not None
-    spec = {"host": sim.host, "port": sim.port, "caBundle": sim.ca_path.read_text()}
-    kube = StubKube(
-        {
-            ("infobloxinstances", None, "grid"): grid_instance(**spec),
-            SECRET_KEY: secret("creds", username=sim.username, password="Wrong-password-1"),
-        }
-    )
+    now = fake_clock(monkeypatch)
+    kube = stub_grid(sim, "Wrong-password-1")
     instances = Instances(cast(Any, kube), Settings())
     connection = await instances.connect("grid")
     await instances.health(connection)  # refused at 1000: the wait is 10 s

@@ -5,11 +5,9 @@ never in any log record, and the owner tag a token may not create.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -35,6 +33,7 @@ from tests.netbox.conftest import (
     user_token,
 )
 from tests.netbox.proxy import NetboxProxy
+from tests.support.cluster import wait_for
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
@@ -93,7 +92,11 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
         new = await backend.connections.client(parsed_second)
         assert new is not old and not old.closed
         assert await old.call("GET status", lambda api: api.status())  # still works with the old token
-    await _until(lambda: old.closed)
+
+    async def old_closed() -> bool:
+        return old.closed
+
+    await wait_for(old_closed, timeout=10.0, interval=0.05, message="the retired client to be closed")
     # The second pool works with the new client; the old one's cached ownership marks are dropped.
     assert (await backend.allocate(second, new_claim(namespace, "rotated"))).address == "10.91.0.1"
     assert old not in backend._ownership and new in backend._ownership
@@ -162,10 +165,3 @@ async def test_an_owner_tag_the_token_may_not_create(
         get_or_create_tag(netbox, OWNER_TAG)
     backend._ownership.clear()
     assert (await backend.report(pool, [])).ready
-
-
-async def _until(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
