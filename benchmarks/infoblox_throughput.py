@@ -36,7 +36,7 @@ from infoblox_client.connector import Connector
 
 from backends.infoblox.api import INSTANCES
 from backends.infoblox.backend import InfobloxBackend
-from backends.protocol import BackendContext, ClaimContext
+from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.resources import SECRETS, Resource
 from ipam_provider.logconfig import configure_logging
 from tests.wapi_simulator import WapiSimulator
@@ -139,11 +139,11 @@ async def ours(sim: WapiSimulator, pools: int, per_pool: int) -> Result:
     backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)))
     objects = [pool_object(p, "grid") for p in range(pools)]
     for obj in objects:
-        report = await backend.report(obj, [])
+        report = await backend.report(PoolRef.from_object(obj), obj, [])
         assert report.ready, report.message
 
     async def allocate(pool: int, number: int) -> str:
-        return (await backend.allocate(objects[pool], claim(pool, number))).address
+        return (await backend.allocate(PoolRef.from_object(objects[pool]), objects[pool], claim(pool, number))).address
 
     try:
         return await measure("ours (1 POST, _return_fields)", sim, pools, per_pool, allocate)

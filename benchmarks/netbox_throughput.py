@@ -49,7 +49,7 @@ import structlog
 
 from backends.netbox import NetboxBackend, Settings
 from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
-from backends.protocol import Allocation, BackendContext, ClaimContext
+from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,18 +135,18 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
     figures = []
     try:
         one = pool("one", cidrs[0])
-        await backend.allocate(one, ClaimContext(NAMESPACE, "warm-up", new_uid()))
+        await backend.allocate(PoolRef.from_object(one), one, ClaimContext(NAMESPACE, "warm-up", new_uid()))
         client = await backend.connections.client(backend._parse(one))
         wanted = claims(n, "one")
         before, started = client.requests_sent, time.perf_counter()
-        allocations = [await backend.allocate(one, c) for c in wanted]
+        allocations = [await backend.allocate(PoolRef.from_object(one), one, c) for c in wanted]
         figures.append(
             Figure("ours, 1 pool (new claims)", n, time.perf_counter() - started, client.requests_sent - before)
         )
         assert len({a.address for a in allocations}) == n, "an address was handed out twice"
         before, started = client.requests_sent, time.perf_counter()
         for c, a in zip(wanted, allocations, strict=True):
-            await backend.allocate(one, c, existing=a)
+            await backend.allocate(PoolRef.from_object(one), one, c, existing=a)
         figures.append(
             Figure(
                 "ours, fulfilled claims re-reconciled", n, time.perf_counter() - started, client.requests_sent - before
@@ -160,12 +160,12 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
 
         many = [pool(f"p{i}", cidrs[1]) for i in range(pools)]
         for i, p in enumerate(many):
-            await backend.allocate(p, ClaimContext(NAMESPACE, f"warm-{i}", new_uid()))
+            await backend.allocate(PoolRef.from_object(p), p, ClaimContext(NAMESPACE, f"warm-{i}", new_uid()))
         per_pool = [claims(n // pools, f"p{i}") for i in range(pools)]
         before, started = client.requests_sent, time.perf_counter()
 
         async def serve(p: dict[str, Any], cs: list[ClaimContext]) -> list[Allocation]:
-            return [await backend.allocate(p, c) for c in cs]
+            return [await backend.allocate(PoolRef.from_object(p), p, c) for c in cs]
 
         results = await asyncio.gather(*(serve(p, cs) for p, cs in zip(many, per_pool, strict=True)))
         done = sum(len(r) for r in results)

@@ -12,8 +12,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import start_http_server
 
-from backends.protocol import BackendContext
-from backends.registry import load_registry
+from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.registry import load_registry
 from ipam_provider.controller import Controller, Settings
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS

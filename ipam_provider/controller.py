@@ -15,10 +15,10 @@ from typing import Any
 
 import structlog
 
-from backends.protocol import PoolKind, PoolRef
-from backends.registry import BackendRegistry
 from ipam_provider import metrics
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME, LABEL_WATCH_FILTER
+from ipam_provider.backend.contract import PoolKind, PoolRef, reported_free
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
@@ -289,8 +289,4 @@ def _pool_became_usable(old: Object, new: Object) -> bool:
         conditions = (pool.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
-    def free(pool: Object) -> int:
-        value = ((pool.get("status") or {}).get("ipAddresses") or {}).get("free")
-        return value if isinstance(value, int) else 0
-
-    return (ready(new) and not ready(old)) or (free(new) > 0 and free(old) == 0)
+    return (ready(new) and not ready(old)) or (reported_free(new) > 0 and reported_free(old) == 0)

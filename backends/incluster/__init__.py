@@ -2,7 +2,7 @@
 in-cluster provider."""
 
 from backends.incluster.backend import InClusterBackend
-from backends.protocol import BackendContext
+from ipam_provider.backend.contract import BackendContext
 
 
 def create_backend(context: BackendContext) -> InClusterBackend:

@@ -15,14 +15,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-INT64_MAX = 2**63 - 1
-
 Interval = tuple[int, int]
-
-
-def cap_int64(count: int) -> int:
-    """Clamp a non-negative count to the largest value a Kubernetes int64 status field can hold."""
-    return min(count, INT64_MAX)
 
 
 def int_to_address(value: int, family: int) -> str:

@@ -14,13 +14,14 @@ import structlog
 from pydantic import Field, ValidationError, field_validator
 
 from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
-from backends.incluster.allocator import address_to_int, cap_int64, int_to_address
+from backends.incluster.allocator import address_to_int, int_to_address
 from backends.incluster.existing import reserve_existing
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, ReservationClient, age_seconds, normalized_address
-from backends.protocol import (
-    JSON,
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from ipam_provider.api.meta import Model, now_rfc3339
+from ipam_provider.backend.contract import (
+    AddressCounts,
     Allocation,
     AllocationFailedError,
     BackendContext,
@@ -31,7 +32,7 @@ from backends.protocol import (
     PoolRef,
     PoolReport,
 )
-from ipam_provider.api.meta import Model, now_rfc3339
+from ipam_provider.common import Object, cap_int64, normalized_address
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
 
 log = structlog.get_logger(__name__)
@@ -61,13 +62,7 @@ class InClusterPoolSpec(Model):
         return value if value is None or value.strip() else None
 
 
-def pool_ref_of(pool: JSON) -> PoolRef:
-    group = str(pool.get("apiVersion", "")).split("/")[0]
-    meta = pool["metadata"]
-    return PoolRef(group, str(pool.get("kind", "")), meta.get("namespace"), meta["name"])
-
-
-def parse_pool(pool: JSON) -> tuple[InClusterPoolSpec, AllocatableSet]:
+def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
     """The pool's spec and allocatable set; PoolSpecError or ValidationError when invalid."""
     spec = InClusterPoolSpec.model_validate(pool.get("spec") or {})
     allocatable = build_allocatable_set(
@@ -90,13 +85,11 @@ class InClusterBackend:
     def kinds(self) -> Sequence[PoolKind]:
         return (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL)
 
-    def _parse(self, pool: JSON) -> tuple[PoolRef, InClusterPoolSpec, AllocatableSet]:
-        ref = pool_ref_of(pool)
+    def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         try:
-            spec, allocatable = parse_pool(pool)
+            return parse_pool(pool)
         except (PoolSpecError, ValidationError, ValueError) as error:
             raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
-        return ref, spec, allocatable
 
     async def _index(self, ref: PoolRef, spec: InClusterPoolSpec, allocatable: AllocatableSet) -> PoolIndex:
         key = (allocatable.addresses, allocatable.family)
@@ -124,11 +117,13 @@ class InClusterBackend:
             await self.reservations.delete(reservation)
             index.drop(reservation)
 
-    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
-        ref, spec, allocatable = self._parse(pool)
-        index = await self._index(ref, spec, allocatable)
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        spec, allocatable = self._parse(pool_ref, pool)
+        index = await self._index(pool_ref, spec, allocatable)
         if existing is not None:
-            return await self._hold_existing(ref, index, claim, existing)
+            return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
         if held is not None:
             return Allocation(held.address, held.prefix, held.gateway)
@@ -137,7 +132,7 @@ class InClusterBackend:
             candidate = index.allocator.lowest_free()
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
-                    index = await self._rebuild(ref, allocatable, index.spec_key, scan=False)
+                    index = await self._rebuild(pool_ref, allocatable, index.spec_key, scan=False)
                     rebuilt = True
                     held = index.by_claim.get(claim.uid)
                     if held is not None:
@@ -145,19 +140,20 @@ class InClusterBackend:
                     continue
                 total = cap_int64(index.allocator.total)
                 raise PoolExhaustedError(
-                    f"{ref} has no free address: all {total} are in use; add addresses to the pool or delete claims"
+                    f"{pool_ref} has no free address: all {total} are in use; add addresses to the pool or delete "
+                    "claims"
                 )
             address = int_to_address(candidate, allocatable.family)
             reservation = await self.reservations.create(
-                ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
+                pool_ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
             )
             if reservation is None:  # reserved by someone this index did not know about
-                reservation = await self.reservations.get(ref, address)
+                reservation = await self.reservations.get(pool_ref, address)
                 if reservation is None:
                     continue  # released in between: try the same address again
                 index.hold(reservation)
                 if reservation.claim_uid != claim.uid:
-                    log.info("address already reserved elsewhere", pool=str(ref), address=address)
+                    log.info("address already reserved elsewhere", pool=str(pool_ref), address=address)
                     continue
             index.hold(reservation)
             return Allocation(reservation.address, reservation.prefix, reservation.gateway)
@@ -210,7 +206,7 @@ class InClusterBackend:
         return existing
 
     async def release(
-        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         grace = None
         if pool is not None:
@@ -230,12 +226,12 @@ class InClusterBackend:
                 if index is not None:
                     index.drop(reservation)
 
-    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            ref, _, allocatable = self._parse(pool)
+            _, allocatable = self._parse(pool_ref, pool)
         except PoolNotReadyError as error:
-            counts = {"total": 0, "free": 0, "used": len(addresses), "outOfRange": len(addresses)}
-            return PoolReport(False, "InvalidConfiguration", error.message, {"ipAddresses": counts})
+            invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
+            return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
         out_of_range = 0
         for allocation in addresses:
             try:
@@ -243,20 +239,17 @@ class InClusterBackend:
             except ValueError:
                 inside = False
             out_of_range += 0 if inside else 1
-        await self._sweep(ref, addresses)
+        await self._sweep(pool_ref, addresses)
         await self._sweep_orphans()
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
-        counts = {
-            "total": cap_int64(total),
-            "used": len(addresses),
-            "free": cap_int64(max(total - used_inside, 0)),
-            "outOfRange": out_of_range,
-        }
-        message = f"{counts['free']} of {counts['total']} addresses free"
+        counts = AddressCounts(
+            total=total, used=len(addresses), free=max(total - used_inside, 0), out_of_range=out_of_range
+        )
+        message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
         if out_of_range:
             message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
-        return PoolReport(True, "PoolReady", message, {"ipAddresses": counts})
+        return PoolReport(True, "PoolReady", message, counts=counts)
 
     async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
         """Delete stray reservations: those whose claim is gone, and a claim's extra ones.

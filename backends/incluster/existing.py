@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from backends.incluster.reservations import Reservation, ReservationClient
-from backends.protocol import PoolRef
+from ipam_provider.backend.contract import PoolRef
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 

@@ -27,9 +27,9 @@ from backends.incluster.reservations import (
     Reservation,
     ReservationClient,
     age_seconds,
-    normalized_address,
 )
-from backends.protocol import PoolKind, PoolRef
+from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.common import normalized_address
 from ipam_provider.kube.client import KubeClient, Object
 from ipam_provider.kube.resources import ADDRESSES, Resource
 

@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass
 
-from backends.protocol import PoolRef
+from ipam_provider.backend.contract import PoolRef
 from ipam_provider.kube.client import KubeClient, Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import IPAM_GROUP, Resource
@@ -25,14 +25,6 @@ LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
 def pool_hash(ref: PoolRef) -> str:
     identity = f"{ref.group}/{ref.kind}/{ref.namespace or ''}/{ref.name}"
     return hashlib.sha256(identity.encode()).hexdigest()[:20]
-
-
-def normalized_address(address: str) -> str:
-    """The address in its canonical text form; text that is no address is answered as it is."""
-    try:
-        return str(ipaddress.ip_address(address.strip()))
-    except ValueError:
-        return address
 
 
 def age_seconds(timestamp: str) -> float:

@@ -2,7 +2,7 @@
 grid described by a cluster-scoped InfobloxInstance. See docs/infoblox.md."""
 
 from backends.infoblox.backend import InfobloxBackend
-from backends.protocol import BackendContext
+from ipam_provider.backend.contract import BackendContext
 
 
 def create_backend(context: BackendContext) -> InfobloxBackend:

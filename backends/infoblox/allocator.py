@@ -59,7 +59,7 @@ from backends.infoblox.objects import (
 from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import Problem, WapiError
-from backends.protocol import (
+from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendError,

@@ -14,8 +14,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from backends.protocol import JSON, PoolKind, PoolRef
 from ipam_provider.api.meta import Model
+from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.common import Object
 from ipam_provider.kube.resources import IPAM_GROUP, Resource
 
 VERSION = "v1alpha1"
@@ -155,14 +156,8 @@ class PoolSpecError(ValueError):
     """The pool's spec cannot be used; the message says what to fix."""
 
 
-def pool_ref_of(pool: JSON) -> PoolRef:
-    meta = pool["metadata"]
-    return PoolRef(IPAM_GROUP, INFOBLOX_POOL.kind, meta.get("namespace"), meta["name"])
-
-
-def parse_pool(pool: JSON) -> Pool:
-    """The pool's spec, checked; PoolSpecError says what is wrong."""
-    ref = pool_ref_of(pool)
+def parse_pool(ref: PoolRef, pool: Object) -> Pool:
+    """The spec of the pool `ref`, checked; PoolSpecError says what is wrong."""
     try:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:

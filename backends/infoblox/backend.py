@@ -24,13 +24,11 @@ from backends.infoblox.api import (
     Pool,
     PoolSpecError,
     parse_pool,
-    pool_ref_of,
 )
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.instances import Connection, InstanceProblem, Instances
 from backends.infoblox.settings import Settings
-from backends.protocol import (
-    JSON,
+from ipam_provider.backend.contract import (
     Allocation,
     BackendContext,
     ClaimContext,
@@ -40,6 +38,7 @@ from backends.protocol import (
     PoolReport,
     ReleaseImpossibleError,
 )
+from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
 
@@ -58,11 +57,11 @@ class InfobloxBackend:
     def kinds(self) -> Sequence[PoolKind]:
         return (INFOBLOX_POOL,)
 
-    def _parse(self, pool: JSON) -> Pool:
+    def _parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
         try:
-            parsed = parse_pool(pool)
+            parsed = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
-            raise PoolNotReadyError(f"{pool_ref_of(pool)} is invalid: {error}; fix the pool's spec") from error
+            raise PoolNotReadyError(f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
         self._known[parsed.ref] = parsed
         return parsed
 
@@ -72,16 +71,20 @@ class InfobloxBackend:
         except InstanceProblem as problem:
             raise PoolNotReadyError(f"InfobloxInstance {name}: {problem.message}") from problem
 
-    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
         try:
-            return await self._allocate(pool, claim, existing)
+            return await self._allocate(pool_ref, pool, claim, existing)
         except PoolNotReadyError as error:
             if error.retry_after is None:
                 error.retry_after = self.settings.not_ready_retry_seconds
             raise
 
-    async def _allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None) -> Allocation:
-        parsed = self._parse(pool)
+    async def _allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
+    ) -> Allocation:
+        parsed = self._parse(pool_ref, pool)
         connection = await self._connect(parsed.instance)
         if existing is not None:
             quick = self.allocator.quick(parsed, connection, claim, existing)
@@ -104,14 +107,14 @@ class InfobloxBackend:
             raise
 
     async def release(
-        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         # The grid that holds the address is the one recorded when it was allocated; the pool may have been
         # re-pointed at another instance since.
         instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
         if instance is None and pool is not None:
             try:
-                instance = self._parse(pool).instance
+                instance = self._parse(pool_ref, pool).instance
             except PoolNotReadyError:
                 instance = None
         if instance is None and pool_ref in self._known:
@@ -136,11 +139,12 @@ class InfobloxBackend:
         await self.allocator.release(connection, pool_ref, claim, allocation)
         self.allocator.released_elsewhere(pool_ref)
 
-    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = parse_pool(pool)
+            parsed = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
-            return PoolReport(False, "InvalidConfiguration", f"{error}; fix the pool's spec", usage(None, addresses))
+            message = f"{error}; fix the pool's spec"
+            return PoolReport(False, "InvalidConfiguration", message, counts=usage(None, addresses))
         self._known[parsed.ref] = parsed
         counts = usage(parsed, addresses)
         view = parsed.spec.network_view
@@ -148,22 +152,23 @@ class InfobloxBackend:
             connection = await self.instances.connect(parsed.instance)
         except InstanceProblem as problem:
             message = f"InfobloxInstance {parsed.instance}: {problem.message}"
-            return PoolReport(False, problem.reason, message, counts)
+            return PoolReport(False, problem.reason, message, counts=counts)
         view = view or connection.spec.default_network_view
-        status = {**counts, "networkView": view}
+        status = {"networkView": view}
         health = await self.instances.health(connection)
         if not health.ready:
-            return PoolReport(False, health.reason, f"InfobloxInstance {parsed.instance}: {health.message}", status)
+            message = f"InfobloxInstance {parsed.instance}: {health.message}"
+            return PoolReport(False, health.reason, message, status, counts)
         generation = int(pool["metadata"].get("generation") or 0)
         check = await self.checks.check(parsed, generation, connection, health)
         if not check.ready:
-            return PoolReport(False, check.reason, check.message, status)
+            return PoolReport(False, check.reason, check.message, status, counts)
         try:
             await self.allocator.index(parsed, connection)
         except Exception as error:  # the index is rebuilt on the next allocation anyway
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
-        free, total = counts["ipAddresses"]["free"], counts["ipAddresses"]["total"]
-        return PoolReport(True, "PoolReady", f"{free} of {total} addresses free; {check.message}", status)
+        message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
+        return PoolReport(True, "PoolReady", message, status, counts)
 
     async def close(self) -> None:
         await self.allocator.late_commits.close()

@@ -29,9 +29,8 @@ from backends.infoblox.api import HOST_RECORD, Pool
 from backends.infoblox.instances import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, Health, Instances
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import Problem, WapiError
-from backends.protocol import Allocation, PoolRef
+from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
-INT64_MAX = (1 << 63) - 1
 DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound"})
 Verdict = tuple[bool, str, str]
 
@@ -164,10 +163,10 @@ async def _dns(pool: Pool, connection: Connection) -> Verdict | None:
     )
 
 
-def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> dict[str, Any]:
+def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> AddressCounts:
     total = _total(pool) if pool is not None else 0
     used = len(addresses)
-    return {"ipAddresses": {"total": min(total, INT64_MAX), "used": used, "free": min(max(total - used, 0), INT64_MAX)}}
+    return AddressCounts(total=total, used=used, free=max(total - used, 0))
 
 
 def _total(pool: Pool) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from backends.protocol import ClaimContext
+from ipam_provider.backend.contract import ClaimContext
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import CLUSTER_GROUP, Resource

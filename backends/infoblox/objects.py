@@ -23,7 +23,7 @@ from backends.infoblox.api import (
     Pool,
     Target,
 )
-from backends.protocol import ClaimContext
+from ipam_provider.backend.contract import ClaimContext
 
 FIXED_V4, FIXED_V6, HOST = "fixedaddress", "ipv6fixedaddress", "record:host"
 ALL_TYPES = (FIXED_V4, FIXED_V6, HOST)

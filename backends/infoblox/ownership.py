@@ -25,7 +25,7 @@ from backends.infoblox.api import ANNOTATION_REF, EA_CLAIM_UID
 from backends.infoblox.instances import INSTANCE_WIDE, Connection, Instances
 from backends.infoblox.objects import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref, types_for_version
 from backends.infoblox.wapi import Problem, WapiError
-from backends.protocol import (
+from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendError,

@@ -1,7 +1,7 @@
 """The NetBox backend: NetboxIPPool and GlobalNetboxIPPool (v1alpha1), addresses allocated in a real NetBox."""
 
 from backends.netbox.backend import NetboxBackend, Settings
-from backends.protocol import BackendContext
+from ipam_provider.backend.contract import BackendContext
 
 __all__ = ["NetboxBackend", "Settings", "create_backend"]
 

@@ -51,7 +51,8 @@ from backends.netbox.spec import (
     Pool,
     render,
 )
-from backends.protocol import Allocation, AllocationFailedError, ClaimContext, PoolExhaustedError, PoolRef
+from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolExhaustedError, PoolRef
+from ipam_provider.common import normalized_address
 
 log = structlog.get_logger(__name__)
 Obj = dict[str, Any]
@@ -64,13 +65,6 @@ class PoolState:
     full_since: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
     verified: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
     uncertain: dict[str, float] = field(default_factory=dict)  # claim uid → when its POST's outcome became unknown
-
-
-def normalized(address: str) -> str:
-    try:
-        return str(ipaddress.ip_address(address.split("/")[0].strip()))
-    except ValueError:
-        return address
 
 
 def host_of(obj: Mapping[str, Any]) -> str:
@@ -95,7 +89,7 @@ class Allocator:
         if annotations.get(ANNOTATION_CLAIM_UID) == claim.uid and (annotations.get(ANNOTATION_IP_ID) or "").isdigit():
             return True
         held = self.state(ref).verified.get(claim.uid)
-        return held is not None and held[1] == normalized(existing.address)
+        return held is not None and held[1] == normalized_address(existing.address)
 
     # --- new allocations ------------------------------------------------------------------------------------------
 
@@ -204,7 +198,9 @@ class Allocator:
         """`allocation` for the claim, unless it is its source's gateway: then the NetBox address (ours, made for
         this claim, never handed out) is deleted and the pool is not ready."""
         state.uncertain.pop(claim.uid, None)
-        if allocation.gateway is None or normalized(allocation.address) != normalized(allocation.gateway):
+        if allocation.gateway is None or normalized_address(allocation.address) != normalized_address(
+            allocation.gateway
+        ):
             return self._remember(state, claim, allocation)
         address_id = int(allocation.annotations[ANNOTATION_IP_ID])
         await client.call(f"delete address #{address_id}", objects.delete_address(address_id))
@@ -217,7 +213,10 @@ class Allocator:
         )
 
     def _remember(self, state: PoolState, claim: ClaimContext, allocation: Allocation) -> Allocation:
-        state.verified[claim.uid] = (int(allocation.annotations[ANNOTATION_IP_ID]), normalized(allocation.address))
+        state.verified[claim.uid] = (
+            int(allocation.annotations[ANNOTATION_IP_ID]),
+            normalized_address(allocation.address),
+        )
         return allocation
 
     # --- an IPAddress that already exists -------------------------------------------------------------------------
@@ -227,9 +226,9 @@ class Allocator:
     ) -> Allocation:
         """Make the claim hold exactly `existing.address` in NetBox (see the module contract)."""
         state = self.state(pool.ref)
-        address = normalized(existing.address)
+        address = normalized_address(existing.address)
         source = resolved.source_of(address)
-        if source is not None and source.ref.gateway is not None and normalized(source.ref.gateway) == address:
+        if source is not None and source.ref.gateway is not None and normalized_address(source.ref.gateway) == address:
             raise AllocationFailedError(
                 f"IPAddress {claim} names {address}, the gateway of {pool.ref}'s source {source.display}; a gateway "
                 "is never a machine's address: delete the IPAddress"

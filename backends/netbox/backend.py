@@ -29,7 +29,7 @@ from backends.netbox.allocator import Allocator
 from backends.netbox.client import ClientSettings, NetboxClient, NetboxError
 from backends.netbox.connections import Connections
 from backends.netbox.problems import Problem
-from backends.netbox.resolver import INT64_MAX, Ownership, Resolved
+from backends.netbox.resolver import Ownership, Resolved
 from backends.netbox.spec import (
     CLAIM_UID_FIELD,
     GLOBAL_NETBOX_POOL,
@@ -37,10 +37,9 @@ from backends.netbox.spec import (
     Pool,
     PoolSpecError,
     parse_pool,
-    pool_ref_of,
 )
-from backends.protocol import (
-    JSON,
+from ipam_provider.backend.contract import (
+    AddressCounts,
     Allocation,
     AllocationFailedError,
     BackendContext,
@@ -51,6 +50,7 @@ from backends.protocol import (
     PoolReport,
     ReleaseImpossibleError,
 )
+from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
 
@@ -86,11 +86,11 @@ class NetboxBackend:
     def kinds(self) -> Sequence[PoolKind]:
         return (NETBOX_POOL, GLOBAL_NETBOX_POOL)
 
-    def _parse(self, pool: JSON) -> Pool:
+    def _parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
         try:
-            parsed = parse_pool(pool)
+            parsed = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
-            raise Problem(problems.INVALID, f"{pool_ref_of(pool)} is invalid: {error}; fix the pool's spec") from error
+            raise Problem(problems.INVALID, f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
         self._known[parsed.ref] = parsed
         return parsed
 
@@ -122,9 +122,11 @@ class NetboxBackend:
             self.connections.invalidate(pool)
             self._ownership.clear()
 
-    async def allocate(self, pool: JSON, claim: ClaimContext, existing: Allocation | None = None) -> Allocation:
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
         try:
-            parsed = self._parse(pool)
+            parsed = self._parse(pool_ref, pool)
         except Problem as problem:
             raise PoolNotReadyError(problem.message) from problem
         if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
@@ -157,12 +159,12 @@ class NetboxBackend:
         return allocation
 
     async def release(
-        self, pool_ref: PoolRef, pool: JSON | None, claim: ClaimContext, allocation: Allocation | None
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         parsed: Pool | None = None
         if pool is not None:
             try:
-                parsed = self._parse(pool)
+                parsed = self._parse(pool_ref, pool)
             except Problem:
                 parsed = None
         parsed = parsed or self._known.get(pool_ref)
@@ -187,9 +189,9 @@ class NetboxBackend:
             failure = problems.from_data(error, context, client.endpoint.token)
             raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
 
-    async def report(self, pool: JSON, addresses: Sequence[Allocation]) -> PoolReport:
+    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = self._parse(pool)
+            parsed = self._parse(pool_ref, pool)
         except Problem as problem:
             return PoolReport(False, problem.reason, problem.message)
         client: NetboxClient | None = None
@@ -209,9 +211,9 @@ class NetboxBackend:
             return PoolReport(False, problem.reason, problem.message)
         total = sum(u.source.total for u in usage)
         used = sum(u.used for u in usage)
-        counts = {"total": min(total, INT64_MAX), "used": min(used, INT64_MAX), "free": min(total - used, INT64_MAX)}
+        counts = AddressCounts(total=total, used=used, free=total - used)
         message = (
-            f"{counts['free']} of {counts['total']} addresses free in {len(usage)} NetBox source(s) at "
+            f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free in {len(usage)} NetBox source(s) at "
             f"{client.endpoint.display_url}"
         )
         if parsed.insecure_skip_verify:
@@ -221,12 +223,13 @@ class NetboxBackend:
                 f"; the NetBox custom field {CLAIM_UID_FIELD} is not Unique, so every allocation costs an extra "
                 "lookup: tick Unique on it in NetBox"
             )
-        status = {"ipAddresses": counts, "sources": [u.wire() for u in usage]}
+        status = {"sources": [u.wire() for u in usage]}
         failed = self._failures.get(parsed.ref)
         if failed is not None and failed[0] is client:
-            return PoolReport(False, failed[1].reason, f"the last allocation failed: {failed[1].message}", status)
+            message = f"the last allocation failed: {failed[1].message}"
+            return PoolReport(False, failed[1].reason, message, status, counts)
         self._failures.pop(parsed.ref, None)  # the token changed since
-        return PoolReport(True, problems.READY, message, status)
+        return PoolReport(True, problems.READY, message, status, counts)
 
     async def close(self) -> None:
         self._resolved.clear()

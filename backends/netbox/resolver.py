@@ -26,8 +26,8 @@ from backends.netbox import objects, problems
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG, Pool, SourceRef
+from ipam_provider.common import cap_int64
 
-INT64_MAX = 2**63 - 1
 IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -333,9 +333,9 @@ class Usage:
             "type": self.source.type,
             "id": self.source.id,
             "range": self.source.display,
-            "total": min(self.source.total, INT64_MAX),
-            "used": min(self.used, INT64_MAX),
-            "free": min(self.free, INT64_MAX),
+            "total": cap_int64(self.source.total),
+            "used": cap_int64(self.used),
+            "free": cap_int64(self.free),
         }
 
 

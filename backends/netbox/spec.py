@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from backends.protocol import JSON, ClaimContext, PoolKind, PoolRef
 from ipam_provider.api.meta import Model
+from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
+from ipam_provider.common import Object
 from ipam_provider.kube.resources import IPAM_GROUP
 
 VERSION = "v1alpha1"
@@ -131,15 +132,8 @@ class Pool:
         return (self.ref, self.generation)
 
 
-def pool_ref_of(pool: JSON) -> PoolRef:
-    group = str(pool.get("apiVersion", "")).split("/")[0]
-    meta = pool["metadata"]
-    return PoolRef(group, str(pool.get("kind", "")), meta.get("namespace"), meta["name"])
-
-
-def parse_pool(pool: JSON) -> Pool:
-    """The pool's spec, checked; PoolSpecError says what is wrong."""
-    ref = pool_ref_of(pool)
+def parse_pool(ref: PoolRef, pool: Object) -> Pool:
+    """The spec of the pool `ref`, checked; PoolSpecError says what is wrong."""
     try:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:

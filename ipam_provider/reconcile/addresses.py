@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.protocol import Allocation, PoolKind
 from ipam_provider.api.capi import (
     FINALIZER_PROTECT_ADDRESS,
     LABEL_CLUSTER_NAME,
     IPAddress,
     IPAddressClaim,
 )
+from ipam_provider.backend.contract import Allocation, PoolKind
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 
 Object = dict[str, Any]

@@ -20,15 +20,6 @@ from __future__ import annotations
 import structlog
 from pydantic import ValidationError
 
-from backends.protocol import (
-    Allocation,
-    Backend,
-    BackendError,
-    ClaimContext,
-    PoolExhaustedError,
-    PoolKind,
-    PoolRef,
-)
 from ipam_provider import metrics
 from ipam_provider.api.capi import (
     ANNOTATION_PAUSED,
@@ -43,6 +34,15 @@ from ipam_provider.api.capi import (
     IPAddressClaim,
 )
 from ipam_provider.api.meta import find_condition, set_condition
+from ipam_provider.backend.contract import (
+    Allocation,
+    Backend,
+    BackendError,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolKind,
+    PoolRef,
+)
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
@@ -186,7 +186,7 @@ class ClaimReconciler:
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
         try:
-            allocation = await backend.allocate(pool, claim_context(claim), existing)
+            allocation = await backend.allocate(pool_ref, pool, claim_context(claim), existing)
         except BackendError as error:
             bound.info("allocation failed", reason=error.reason, message=error.message)
             metrics.ALLOCATION_FAILURES.labels(kind.kind, error.reason).inc()

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.protocol import PoolKind, PoolRef
-from backends.registry import BackendRegistry
+from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource

@@ -16,7 +16,6 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from backends.protocol import Allocation, PoolKind, PoolRef
 from ipam_provider.api.capi import (
     ANNOTATION_PAUSED,
     ANNOTATION_SKIP_DELETE_VALIDATION,
@@ -25,6 +24,7 @@ from ipam_provider.api.capi import (
     IPAddress,
 )
 from ipam_provider.api.meta import Condition, set_condition
+from ipam_provider.backend.contract import Allocation, PoolKind, PoolRef
 from ipam_provider.kube.resources import ADDRESSES
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import Object, ReconcileContext, patch_cached, pool_resource
@@ -33,7 +33,6 @@ from ipam_provider.reconcile.events import WARNING
 log = structlog.get_logger(__name__)
 IN_USE_MESSAGE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
 RETRY_DELETING = 15.0
-RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
 RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
 
 
@@ -90,7 +89,7 @@ class PoolReconciler:
                 raw,
                 {"metadata": {"finalizers": [*finalizers, FINALIZER_PROTECT_POOL]}},
             )
-        report = await backend.report(raw, self.addresses_of(ref))
+        report = await backend.report(ref, raw, self.addresses_of(ref))
         await self._write_status(
             raw,
             store,
@@ -98,7 +97,7 @@ class PoolReconciler:
             report.ready,
             report.reason,
             report.message,
-            dict(report.status),
+            report.status_fields(),
             event=not report.ready,
         )
         return RESYNC

@@ -7,13 +7,13 @@ Warning Event and the claim is let go; any other failure keeps the finalizer and
 
 from __future__ import annotations
 
-from backends.protocol import Allocation, Backend, ClaimContext, PoolKind, PoolRef, ReleaseImpossibleError
 from ipam_provider.api.capi import (
     FINALIZER_PROTECT_ADDRESS,
     FINALIZER_RELEASE_ADDRESS,
     IPAddress,
     IPAddressClaim,
 )
+from ipam_provider.backend.contract import Allocation, Backend, ClaimContext, PoolKind, PoolRef, ReleaseImpossibleError
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import allocation_of, belongs_to

@@ -52,13 +52,15 @@ async def test_an_installed_package_adds_a_pool_kind(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *sys.path])}
     # Without the package on its path, the controller does not know the kind.
     plain = await run(
-        sys.executable, "-c", "from backends.registry import discover_factories; print(sorted(discover_factories()))"
+        sys.executable,
+        "-c",
+        "from ipam_provider.backend.registry import discover_factories; print(sorted(discover_factories()))",
     )
     assert "static" not in plain
     found = await run(
         sys.executable,
         "-c",
-        "from backends.registry import discover_factories; print(sorted(discover_factories()))",
+        "from ipam_provider.backend.registry import discover_factories; print(sorted(discover_factories()))",
         env=env,
     )
     assert "static" in found and "incluster" in found

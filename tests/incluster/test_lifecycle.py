@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from backends.incluster.reservations import RESERVATIONS
-from backends.protocol import PoolKind
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
+from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS

@@ -128,14 +128,14 @@ async def test_a_stale_index_never_hands_out_an_address_held_by_another_process(
 
 def _reservation_name(namespace: str, address: str, pool_name: str = "net") -> str:
     from backends.incluster.reservations import reservation_name
-    from backends.protocol import PoolRef
+    from ipam_provider.backend.contract import PoolRef
 
     return reservation_name(PoolRef("ipam.cluster.x-k8s.io", "InClusterIPPool", namespace, "net"), address)
 
 
 def _labels(namespace: str, uid: str) -> dict[str, str]:
     from backends.incluster.reservations import LABEL_CLAIM_UID, LABEL_POOL, pool_hash
-    from backends.protocol import PoolRef
+    from ipam_provider.backend.contract import PoolRef
 
     ref = PoolRef("ipam.cluster.x-k8s.io", "InClusterIPPool", namespace, "net")
     return {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: uid}
@@ -175,8 +175,8 @@ async def test_no_duplicates_with_three_controllers_one_lagging(
     """Replicas overlapping in the worst way: two controllers allocate from the same pools for different
     claims (split by --watch-filter) with independent indexes, and a third sees every event late."""
     from backends.incluster import create_backend
-    from backends.protocol import BackendContext
-    from backends.registry import BackendRegistry
+    from ipam_provider.backend.contract import BackendContext
+    from ipam_provider.backend.registry import BackendRegistry
     from ipam_provider.controller import Controller, Settings
 
     for index, name in enumerate(("p1", "p2")):

@@ -9,7 +9,7 @@ import pytest
 
 from backends.incluster import backend as incluster_backend
 from backends.incluster.reservations import RESERVATIONS, ReservationClient, reservation_name
-from backends.protocol import PoolRef
+from ipam_provider.backend.contract import PoolRef
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, IPAM_GROUP

@@ -17,7 +17,7 @@ from backends.infoblox.api import INFOBLOX_POOL, INSTANCES
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import RetryPolicy
-from backends.protocol import BackendContext
+from ipam_provider.backend.contract import BackendContext
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS

@@ -13,12 +13,13 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.api import PoolSpecError, parse_pool
+from backends.infoblox.api import Pool, PoolSpecError, parse_pool
 from backends.infoblox.hostname import plural
 from backends.infoblox.instances import InstanceProblem, Instances
 from backends.infoblox.objects import duid_for
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import Problem, RetryPolicy, WapiClient, WapiError
+from ipam_provider.backend.contract import PoolRef
 from tests.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -33,8 +34,12 @@ def pool(**spec: Any) -> dict[str, Any]:
     }
 
 
+def parse(body: dict[str, Any]) -> Pool:
+    return parse_pool(PoolRef.from_object(body), body)
+
+
 def test_pool_targets_keep_their_order_and_count_usable_addresses() -> None:
-    parsed = parse_pool(
+    parsed = parse(
         pool(
             subnets=[{"cidr": "10.0.1.0/24", "gateway": "10.0.1.1"}, {"cidr": "10.0.0.0/30"}],
             ranges=[{"start": "10.0.2.10", "end": "10.0.2.19", "prefix": 24, "gateway": "10.0.2.1"}],
@@ -44,7 +49,7 @@ def test_pool_targets_keep_their_order_and_count_usable_addresses() -> None:
     assert [t.usable for t in parsed.targets] == [253, 2, 10]
     assert parsed.label == "ns/p" and parsed.version == 4
     assert parsed.target_of("10.0.2.15").gateway == "10.0.2.1"
-    v6 = parse_pool(pool(subnets=[{"cidr": "fd00::/120"}]))
+    v6 = parse(pool(subnets=[{"cidr": "fd00::/120"}]))
     assert v6.targets[0].usable == 255 and v6.version == 6
 
 
@@ -63,7 +68,7 @@ def test_pool_targets_keep_their_order_and_count_usable_addresses() -> None:
 )
 def test_invalid_pools_say_what_to_fix(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(PoolSpecError, match=message):
-        parse_pool(pool(**spec))
+        parse(pool(**spec))
 
 
 def test_plural_follows_the_code_generators_rule() -> None:

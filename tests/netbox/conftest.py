@@ -18,7 +18,7 @@ import requests
 from backends.netbox import NetboxBackend, Settings
 from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, OWNER_TAG
-from backends.protocol import BackendContext, ClaimContext
+from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, SECRETS
@@ -179,7 +179,7 @@ def new_claim(namespace: str, name: str) -> ClaimContext:
 
 
 async def client_of(backend: NetboxBackend, pool: Object) -> NetboxClient:
-    return await backend.connections.client(backend._parse(pool))
+    return await backend.connections.client(backend._parse(PoolRef.from_object(pool), pool))
 
 
 def marked(netbox: NetBoxServer, uid: str) -> list[Any]:

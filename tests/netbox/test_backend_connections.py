@@ -16,7 +16,7 @@ import structlog
 from backends.netbox import NetboxBackend
 from backends.netbox.client import ClientClosedError, Endpoint, NetboxClient
 from backends.netbox.spec import OWNER_TAG
-from backends.protocol import BackendContext, PoolNotReadyError
+from ipam_provider.backend.contract import BackendContext, PoolNotReadyError, PoolRef
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import SECRETS
 from tests.netbox.conftest import (
@@ -52,16 +52,16 @@ async def test_a_call_ends_within_its_deadline(kube: KubeClient, namespace: str,
             # A GET whose answer comes after 5 s (each retry's too): transient, reported at once.
             proxy.delay_next("GET", "/api/ipam/prefixes/", 5.0)
             started = time.monotonic()
-            report = await backend.report(pool, [])
+            report = await backend.report(PoolRef.from_object(pool), pool, [])
             assert time.monotonic() - started < 3.5, "the GET was waited for beyond the deadline"
             assert (report.ready, report.reason) == (False, "NetBoxUnreachable"), report.message
             assert "did not finish within 1 s" in report.message
-            assert (await backend.report(pool, [])).ready
+            assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready
             # A POST whose answer comes after 4 s: an unknown outcome, resolved by the UID lookup.
             claim = new_claim(namespace, "slow-post")
             proxy.delay_next("POST", "available-ips", 4.0)
             started = time.monotonic()
-            allocation = await backend.allocate(pool, claim)
+            allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
             assert time.monotonic() - started < 3.5, "the POST was waited for beyond the deadline"
             assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
     finally:
@@ -83,8 +83,9 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
     await create_secret(kube, namespace, netbox)
     first = pool_of(namespace, "first", [prefix("10.91.0.0/29")])
     second = pool_of(namespace, "second", [prefix("10.91.0.0/29")])
-    assert (await backend.report(first, [])).ready
-    parsed_first, parsed_second = backend._parse(first), backend._parse(second)
+    assert (await backend.report(PoolRef.from_object(first), first, [])).ready
+    parsed_first = backend._parse(PoolRef.from_object(first), first)
+    parsed_second = backend._parse(PoolRef.from_object(second), second)
     rotated = create_token(netbox, 1)
     async with backend.connections.use(parsed_first) as old:  # the first pool is in the middle of an operation
         await kube.patch(SECRETS, "netbox", {"stringData": {"token": rotated}}, namespace)
@@ -98,7 +99,9 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
 
     await wait_for(old_closed, timeout=10.0, interval=0.05, message="the retired client to be closed")
     # The second pool works with the new client; the old one's cached ownership marks are dropped.
-    assert (await backend.allocate(second, new_claim(namespace, "rotated"))).address == "10.91.0.1"
+    assert (
+        await backend.allocate(PoolRef.from_object(second), second, new_claim(namespace, "rotated"))
+    ).address == "10.91.0.1"
     assert old not in backend._ownership and new in backend._ownership
 
 
@@ -111,9 +114,9 @@ async def test_a_v1_token_allocates_and_releases(
     await create_secret(kube, namespace, netbox, name="v1", token=token)
     pool = pool_of(namespace, "v1", [prefix("10.92.0.0/29")], secret="v1")
     claim = new_claim(namespace, "v1")
-    allocation = await backend.allocate(pool, claim)
+    allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
     assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
-    await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+    await backend.release(PoolRef.from_object(pool), pool, claim, allocation)
     assert marked(netbox, claim.uid) == []
 
 
@@ -130,13 +133,13 @@ async def test_the_token_never_appears_in_logs(
     caplog.set_level(logging.DEBUG, logger="urllib3")  # kubernetes_asyncio sets it to WARNING
     with structlog.testing.capture_logs() as records:
         for pool in pools:
-            await backend.report(pool, [])
+            await backend.report(PoolRef.from_object(pool), pool, [])
             claim = new_claim(namespace, f"log-{pool['metadata']['name']}")
             try:
-                allocation = await backend.allocate(pool, claim)
+                allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
             except PoolNotReadyError:
                 continue
-            await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+            await backend.release(PoolRef.from_object(pool), pool, claim, allocation)
     events = {r["event"] for r in records}
     assert {"netbox address held", "address released", "allocation failed", "netbox call retried"} <= events
     assert any(r.levelno == logging.DEBUG for r in caplog.records), "stdlib DEBUG records were not captured"
@@ -156,12 +159,12 @@ async def test_an_owner_tag_the_token_may_not_create(
     if existing is not None:
         existing.delete()
     try:
-        report = await backend.report(pool, [])
+        report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert (report.ready, report.reason) == (False, "TagMissing"), report.message
         assert f"name and slug {OWNER_TAG!r}" in report.message and "Tags" in report.message
         with pytest.raises(PoolNotReadyError, match=OWNER_TAG):
-            await backend.allocate(pool, new_claim(namespace, "no-tag"))
+            await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "no-tag"))
     finally:
         get_or_create_tag(netbox, OWNER_TAG)
     backend._ownership.clear()
-    assert (await backend.report(pool, [])).ready
+    assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready

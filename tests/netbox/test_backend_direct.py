@@ -12,13 +12,14 @@ import pytest
 
 from backends.netbox import NetboxBackend
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
-from backends.protocol import (
+from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendContext,
     ClaimContext,
     PoolExhaustedError,
     PoolNotReadyError,
+    PoolRef,
     ReleaseImpossibleError,
 )
 from ipam_provider.kube.client import KubeClient
@@ -54,19 +55,24 @@ async def test_steady_state_costs_at_most_one_request(
     netbox.create_prefix("10.50.0.0/24")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "steady", [prefix("10.50.0.0/24")])
-    await backend.allocate(pool, new_claim(namespace, "warm-up"))  # ownership marks and sources, once
+    await backend.allocate(
+        PoolRef.from_object(pool), pool, new_claim(namespace, "warm-up")
+    )  # ownership marks and sources, once
     client = await client_of(backend, pool)
     before = client.requests_sent
     claims = [new_claim(namespace, f"c{i}") for i in range(20)]
-    allocations = [await backend.allocate(pool, c) for c in claims]
+    allocations = [await backend.allocate(PoolRef.from_object(pool), pool, c) for c in claims]
     assert client.requests_sent - before == 20, "a new claim must cost exactly one NetBox request"
     assert len({a.address for a in allocations}) == 20
     before = client.requests_sent
-    again = [await backend.allocate(pool, c, existing=a) for c, a in zip(claims, allocations, strict=True)]
+    again = [
+        await backend.allocate(PoolRef.from_object(pool), pool, c, existing=a)
+        for c, a in zip(claims, allocations, strict=True)
+    ]
     assert again == allocations
     assert client.requests_sent == before, "a fulfilled claim must cost no NetBox request"
     before = client.requests_sent
-    await backend.release(backend._parse(pool).ref, pool, claims[0], allocations[0])
+    await backend.release(PoolRef.from_object(pool), pool, claims[0], allocations[0])
     assert client.requests_sent - before == 2  # GET (check the marks) + DELETE
     assert marked(netbox, claims[0].uid) == []
 
@@ -80,13 +86,13 @@ async def test_lost_answer_to_the_post_is_resolved_by_the_claim_uid(
         pool = pool_of(namespace, "lossy", [prefix("10.51.0.0/29")], secret="via-proxy")
         claim = new_claim(namespace, "lost")
         proxy.lose_next("POST", "available-ips")
-        allocation = await backend.allocate(pool, claim)
+        allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
         assert proxy.faults.lost, "the fault was not injected"
         records = marked(netbox, claim.uid)
         assert [r.address for r in records] == [f"{allocation.address}/29"], "allocated twice, or leaked"
         assert allocation.annotations[ANNOTATION_IP_ID] == str(records[0].id)
         # The next claim is served normally, from the next address.
-        other = await backend.allocate(pool, new_claim(namespace, "next"))
+        other = await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "next"))
         assert other.address != allocation.address
 
 
@@ -96,11 +102,11 @@ async def test_address_made_before_a_crash_is_used_again(
     created = netbox.create_prefix("10.52.0.0/29")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "crash", [prefix("10.52.0.0/29")])
-    await backend.report(pool, [])  # creates the ownership tag and custom field
+    await backend.report(PoolRef.from_object(pool), pool, [])  # creates the ownership tag and custom field
     claim = new_claim(namespace, "survivor")
     tag = netbox.api().extras.tags.get(slug=OWNER_TAG)
     before_crash = created.available_ips.create({"tags": [tag.id], "custom_fields": {CLAIM_UID_FIELD: claim.uid}})
-    allocation = await backend.allocate(pool, claim)
+    allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
     assert allocation.address == str(before_crash.address).split("/")[0]
     assert allocation.annotations[ANNOTATION_IP_ID] == str(before_crash.id)
     assert len(marked(netbox, claim.uid)) == 1
@@ -113,11 +119,11 @@ async def test_a_full_source_is_asked_last(
     netbox.create_prefix("10.53.1.0/28")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "ordered", [prefix("10.53.0.0/30"), prefix("10.53.1.0/28")])
-    first = [await backend.allocate(pool, new_claim(namespace, f"f{i}")) for i in range(3)]
+    first = [await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, f"f{i}")) for i in range(3)]
     assert [a.address for a in first] == ["10.53.0.1", "10.53.0.2", "10.53.1.1"]  # 409, then the next source
     client = await client_of(backend, pool)
     before = client.requests_sent
-    more = [await backend.allocate(pool, new_claim(namespace, f"m{i}")) for i in range(5)]
+    more = [await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, f"m{i}")) for i in range(5)]
     assert client.requests_sent - before == 5, "the full source must not cost a request per allocation"
     assert [a.address for a in more] == [f"10.53.1.{i}" for i in range(2, 7)]
 
@@ -128,9 +134,9 @@ async def test_exhausted_when_every_source_is_full(
     rng = netbox.create_ip_range("10.54.0.10/24", "10.54.0.10/24")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "tiny", [ip_range(id=rng.id)])
-    await backend.allocate(pool, new_claim(namespace, "only"))
+    await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "only"))
     with pytest.raises(PoolExhaustedError, match="every NetBox source is full"):
-        await backend.allocate(pool, new_claim(namespace, "too-many"))
+        await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "too-many"))
 
 
 async def test_release_checks_the_marks(
@@ -139,10 +145,10 @@ async def test_release_checks_the_marks(
     netbox.create_prefix("10.55.0.0/29")
     await create_secret(kube, namespace, netbox)
     pool = pool_of(namespace, "marks", [prefix("10.55.0.0/29")])
-    ref = backend._parse(pool).ref
+    ref = PoolRef.from_object(pool)
     kept_claim, found_claim = new_claim(namespace, "kept"), new_claim(namespace, "found")
-    kept = await backend.allocate(pool, kept_claim)
-    found = await backend.allocate(pool, found_claim)
+    kept = await backend.allocate(PoolRef.from_object(pool), pool, kept_claim)
+    found = await backend.allocate(PoolRef.from_object(pool), pool, found_claim)
     # Without an IPAddress (no annotations), the claim's address is found by its UID and deleted.
     await backend.release(ref, pool, found_claim, None)
     assert marked(netbox, found_claim.uid) == []
@@ -165,19 +171,21 @@ async def test_existing_ipaddress_is_recorded_rekeyed_or_refused(
     # An IPAddress made elsewhere (no annotations): the claim gets exactly its address in NetBox.
     claim = new_claim(namespace, "adopted")
     existing = Allocation("10.56.0.4", 29, "10.56.0.6")
-    held = await backend.allocate(pool, claim, existing=existing)
+    held = await backend.allocate(PoolRef.from_object(pool), pool, claim, existing=existing)
     assert (held.address, held.prefix, held.gateway) == ("10.56.0.4", 29, "10.56.0.6")
     assert [r.address for r in marked(netbox, claim.uid)] == ["10.56.0.4/29"]
     # After a restore the claim has a new UID: the NetBox address is re-keyed, not re-allocated.
     restored = ClaimContext(namespace=namespace, name="adopted", uid=str(uuid.uuid4()))
-    again = await backend.allocate(pool, restored, existing=held)
+    again = await backend.allocate(PoolRef.from_object(pool), pool, restored, existing=held)
     assert again.annotations[ANNOTATION_IP_ID] == held.annotations[ANNOTATION_IP_ID]
     assert again.annotations[ANNOTATION_CLAIM_UID] == restored.uid
     assert [claim_uid_of(r) for r in marked(netbox, restored.uid)] == [restored.uid]
     # An address someone else holds in NetBox is never taken.
     netbox.api().ipam.ip_addresses.create(address="10.56.0.5/29", description="by hand")
     with pytest.raises(AllocationFailedError, match="already NetBox IP address"):
-        await backend.allocate(pool, new_claim(namespace, "thief"), existing=Allocation("10.56.0.5", 29))
+        await backend.allocate(
+            PoolRef.from_object(pool), pool, new_claim(namespace, "thief"), existing=Allocation("10.56.0.5", 29)
+        )
 
 
 async def test_tls_verification(backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer) -> None:
@@ -187,13 +195,15 @@ async def test_tls_verification(backend: NetboxBackend, kube: KubeClient, namesp
         for name, data in (("tls-plain", body), ("tls-ca", {**body, "caBundle": proxy.ca_pem})):
             await kube.create(SECRET_RESOURCE, {"metadata": {"name": name}, "stringData": data}, namespace)
         untrusted = pool_of(namespace, "tls-untrusted", [prefix("10.57.0.0/29")], secret="tls-plain")
-        report = await backend.report(untrusted, [])
+        report = await backend.report(PoolRef.from_object(untrusted), untrusted, [])
         assert (report.ready, report.reason) == (False, "TLSVerificationFailed")
         assert "caBundle" in report.message
         trusted = pool_of(namespace, "tls-trusted", [prefix("10.57.0.0/29")], secret="tls-ca")
-        report = await backend.report(trusted, [])
+        report = await backend.report(PoolRef.from_object(trusted), trusted, [])
         assert report.ready, report.message
-        assert (await backend.allocate(trusted, new_claim(namespace, "tls"))).address == "10.57.0.1"
+        assert (
+            await backend.allocate(PoolRef.from_object(trusted), trusted, new_claim(namespace, "tls"))
+        ).address == "10.57.0.1"
         insecure = pool_of(
             namespace,
             "tls-insecure",
@@ -201,7 +211,7 @@ async def test_tls_verification(backend: NetboxBackend, kube: KubeClient, namesp
             secret="tls-plain",
             connection={"secretRef": {"name": "tls-plain"}, "insecureSkipVerify": True},
         )
-        report = await backend.report(insecure, [])
+        report = await backend.report(PoolRef.from_object(insecure), insecure, [])
         assert report.ready and "TLS verification is off" in report.message
 
 
@@ -212,10 +222,10 @@ async def test_failures_never_show_the_token(
     bad = netbox.token[:-8] + "deadbeef"
     await create_secret(kube, namespace, netbox, name="bad", token=bad)
     pool = pool_of(namespace, "bad", [prefix("10.58.0.0/29")], secret="bad")
-    report = await backend.report(pool, [])
+    report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert (report.ready, report.reason) == (False, "AuthenticationFailed")
     with pytest.raises(PoolNotReadyError) as failure:
-        await backend.allocate(pool, new_claim(namespace, "denied"))
+        await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "denied"))
     # Unreachable: a port nothing listens on.
     await kube.create(
         SECRET_RESOURCE,
@@ -223,7 +233,7 @@ async def test_failures_never_show_the_token(
         namespace,
     )
     nowhere = pool_of(namespace, "nowhere", [prefix("10.58.0.0/29")], secret="nowhere")
-    unreachable = await backend.report(nowhere, [])
+    unreachable = await backend.report(PoolRef.from_object(nowhere), nowhere, [])
     assert (unreachable.ready, unreachable.reason) == (False, "NetBoxUnreachable")
     for text in (report.message, failure.value.message, str(failure.value), unreachable.message, repr(backend)):
         for secret in (bad, netbox.token, bad.split(".")[-1], netbox.token.split(".")[-1]):
@@ -240,21 +250,21 @@ async def test_custom_field_that_cannot_be_created(
     existing_field = netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD)
     if existing_field is not None:  # made by an earlier test of this module
         existing_field.delete()
-    report = await backend.report(pool, [])
+    report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert (report.ready, report.reason) == (False, "CustomFieldMissing"), report.message
     assert "Unique" in report.message and "Custom Fields" in report.message
     with pytest.raises(PoolNotReadyError):
-        await backend.allocate(pool, new_claim(namespace, "early"))
+        await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "early"))
     # An administrator creates the field without Unique: the pool works, and says what would make it cheaper.
     netbox.create_custom_field(CLAIM_UID_FIELD)
     get_or_create_field(netbox, CLAIM_REF_FIELD)  # made by an earlier test, unless this one runs alone
     backend._ownership.clear()
-    report = await backend.report(pool, [])
+    report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert report.ready and "not Unique" in report.message
     claim = new_claim(namespace, "late")
-    allocation = await backend.allocate(pool, claim)
+    allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
     assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
-    await backend.release(backend._parse(pool).ref, pool, claim, allocation)
+    await backend.release(PoolRef.from_object(pool), pool, claim, allocation)
     netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD).delete()  # later tests get a Unique one again
 
 
@@ -270,16 +280,16 @@ async def test_mixed_families_and_unknown_pools(
     netbox.create_prefix("2001:db8:64::/64")
     await create_secret(kube, namespace, netbox)
     mixed = pool_of(namespace, "mixed", [prefix("10.64.0.0/29"), prefix("2001:db8:64::/64")])
-    report = await backend.report(mixed, [])
+    report = await backend.report(PoolRef.from_object(mixed), mixed, [])
     assert (report.ready, report.reason) == (
         False,
         "InvalidConfiguration",
     ) and "one pool per IP family" in report.message
     wrong_gateway = pool_of(namespace, "gw", [prefix("2001:db8:64::/64", gateway="10.64.0.1")])
     with pytest.raises(PoolNotReadyError, match="not of the source's IP family"):
-        await backend.allocate(wrong_gateway, new_claim(namespace, "gw"))
+        await backend.allocate(PoolRef.from_object(wrong_gateway), wrong_gateway, new_claim(namespace, "gw"))
     # A release for a pool that is gone and was never seen by this controller cannot be done: it says what to do.
-    gone = backend._parse(pool_of(namespace, "gone", [prefix("10.64.0.0/29")])).ref
+    gone = PoolRef.from_object(pool_of(namespace, "gone", [prefix("10.64.0.0/29")]))
     fresh = NetboxBackend(BackendContext(kube=kube), fast_settings())
     try:
         claim = new_claim(namespace, "orphan")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from backends.netbox import NetboxBackend
-from backends.protocol import Allocation, BackendContext, ClaimContext
+from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
 from tests.netbox.conftest import (
     claim_uid_of,
@@ -48,7 +48,8 @@ async def test_two_replicas_allocate_concurrently_from_one_prefix(
             claims = [[new_claim(namespace, f"r{r}-{i:02d}") for i in range(PER_REPLICA)] for r in range(2)]
 
             async def run(replica: NetboxBackend, mine: list[ClaimContext]) -> list[Allocation]:
-                return [await replica.allocate(pool, claim) for claim in mine]  # one call at a time per replica
+                ref = PoolRef.from_object(pool)
+                return [await replica.allocate(ref, pool, claim) for claim in mine]  # one call at a time per replica
 
             results = await asyncio.gather(*(run(r, c) for r, c in zip(replicas, claims, strict=True)))
 
@@ -73,7 +74,7 @@ async def test_two_replicas_allocate_concurrently_from_one_prefix(
             assert {claim_uid_of(r): str(r.address).split("/")[0] for r in ours} == by_claim
             assert len(netbox.api().ipam.ip_addresses.filter(parent=CIDR)) == 2 * PER_REPLICA, "something leaked"
 
-            ref = replicas[0]._parse(pool).ref
+            ref = PoolRef.from_object(pool)
 
             async def release(replica: NetboxBackend, mine: list[ClaimContext], held: list[Allocation]) -> None:
                 for claim, allocation in zip(mine, held, strict=True):

@@ -23,13 +23,14 @@ from backends.netbox import NetboxBackend
 from backends.netbox.client import ClientSettings
 from backends.netbox.problems import RETRY_UNREACHABLE
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD
-from backends.protocol import (
+from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendContext,
     BackendError,
     ClaimContext,
     PoolNotReadyError,
+    PoolRef,
 )
 from ipam_provider.kube.client import KubeClient
 from tests.netbox.conftest import create_secret, fast_settings, marked, new_claim, pool_of, prefix
@@ -104,7 +105,7 @@ async def allocate_like_the_reconciler(
     failures: list[tuple[float, BackendError]] = []
     for _ in range(tries):
         try:
-            return await backend.allocate(pool, claim), failures
+            return await backend.allocate(PoolRef.from_object(pool), pool, claim), failures
         except BackendError as error:
             failures.append((time.monotonic(), error))
             assert error.retry_after is not None, f"no retry_after on {error!r}"
@@ -119,7 +120,7 @@ async def test_a_read_is_retried_with_growing_backoff_after_503s_and_a_dropped_c
     with NetboxProxy(netbox.url) as proxy:
         pool = await proxied_pool(kube, namespace, netbox, proxy, "10.81.0.0/29")
         proxy.answer_next(503, ATTEMPTS - 1, "GET", SOURCE_LOOKUP)
-        report = await backend.report(pool, [])
+        report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert report.ready, report.message
         attempts = proxy.events("GET", SOURCE_LOOKUP)
         assert [e.outcome for e in attempts] == ["answered 503"] * (ATTEMPTS - 1) + ["forwarded 200"]
@@ -127,12 +128,12 @@ async def test_a_read_is_retried_with_growing_backoff_after_503s_and_a_dropped_c
         print(f"\npauses between the GET's attempts: {', '.join(f'{g:.3f} s' for g in gaps)}")
         # A connection dropped before NetBox saw the GET is retried the same way.
         proxy.drop_next("GET", SOURCE_LOOKUP)
-        report = await backend.report(pool, [])
+        report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert report.ready, report.message
         assert [e.outcome for e in proxy.events("GET", SOURCE_LOOKUP)[ATTEMPTS:]] == ["dropped", "forwarded 200"]
         # Nothing else failed on the way: the allocation that follows costs its one POST.
         claim = new_claim(namespace, "after-retries")
-        allocation = await backend.allocate(pool, claim)
+        allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
         assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
         assert trace(proxy, claim) == ["POST forwarded 201"]
 
@@ -144,21 +145,21 @@ async def test_a_burst_longer_than_the_retries_makes_the_pool_unreachable_then_r
     with NetboxProxy(netbox.url) as proxy:
         pool = await proxied_pool(kube, namespace, netbox, proxy, "10.82.0.0/29")
         proxy.answer_next(502, 2 * ATTEMPTS, "GET", SOURCE_LOOKUP)  # the report's attempts, then the allocation's
-        report = await backend.report(pool, [])
+        report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert (report.ready, report.reason) == (False, "NetBoxUnreachable"), report.message
         assert "answered 502" in report.message and "check that NetBox is running" in report.message
         assert len(proxy.events("GET", SOURCE_LOOKUP)) == ATTEMPTS, "not exactly the retry budget"
         claim = new_claim(namespace, "during-burst")
         with pytest.raises(PoolNotReadyError) as failure:
-            await backend.allocate(pool, claim)
+            await backend.allocate(PoolRef.from_object(pool), pool, claim)
         assert "answered 502" in failure.value.message
         assert failure.value.retry_after == RETRY_UNREACHABLE
         assert len(proxy.events("GET", SOURCE_LOOKUP)) == 2 * ATTEMPTS
         assert proxy.events("POST", ALLOCATE) == [], "allocated from a source that could not be resolved"
         # The burst is over: the pool is ready again and the claim gets exactly one address.
-        report = await backend.report(pool, [])
+        report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert report.ready, report.message
-        allocation = await backend.allocate(pool, claim)
+        allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
         assert [r.address for r in marked(netbox, claim.uid)] == [f"{allocation.address}/29"]
 
 
@@ -168,7 +169,9 @@ async def test_a_post_that_never_reached_netbox_is_looked_up_then_asked_again(
     netbox.create_prefix("10.83.0.0/29")
     with NetboxProxy(netbox.url) as proxy:
         pool = await proxied_pool(kube, namespace, netbox, proxy, "10.83.0.0/29")
-        assert (await backend.report(pool, [])).ready  # ownership marks and sources, before the faults
+        assert (
+            await backend.report(PoolRef.from_object(pool), pool, [])
+        ).ready  # ownership marks and sources, before the faults
         claim = new_claim(namespace, "refused")
         proxy.answer_next(503, 1, "POST", ALLOCATE)  # NetBox (behind a gateway) did nothing
         proxy.drop_next("POST", ALLOCATE)  # the connection is reset before NetBox sees the request
@@ -201,13 +204,13 @@ async def test_a_post_lost_after_netbox_did_it_is_resolved_by_the_lookup_not_pos
     netbox.create_prefix("10.84.0.0/29")
     with NetboxProxy(netbox.url) as proxy:
         pool = await proxied_pool(kube, namespace, netbox, proxy, "10.84.0.0/29")
-        assert (await backend.report(pool, [])).ready
+        assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready
         # 1. The answer to the POST is lost, and the lookup's first answers are 503: the lookup is retried with
         #    backoff and finds the address NetBox made. One call, one POST.
         claim = new_claim(namespace, "lost")
         proxy.lose_next("POST", ALLOCATE)
         proxy.answer_next(503, ATTEMPTS - 1, "GET", lookup_of(claim))
-        allocation = await backend.allocate(pool, claim)
+        allocation = await backend.allocate(PoolRef.from_object(pool), pool, claim)
         assert trace(proxy, claim) == ["POST lost", *["GET answered 503"] * (ATTEMPTS - 1), "GET forwarded 200"]
         assert_backoff(proxy.events("GET", lookup_of(claim)))
         records = marked(netbox, claim.uid)
@@ -220,9 +223,9 @@ async def test_a_post_lost_after_netbox_did_it_is_resolved_by_the_lookup_not_pos
         proxy.lose_next("POST", ALLOCATE)
         proxy.answer_next(503, ATTEMPTS, "GET", lookup_of(other))
         with pytest.raises(PoolNotReadyError) as failure:
-            await backend.allocate(pool, other)
+            await backend.allocate(PoolRef.from_object(pool), pool, other)
         assert "answered 503" in failure.value.message
-        held = await backend.allocate(pool, other)
+        held = await backend.allocate(PoolRef.from_object(pool), pool, other)
         assert trace(proxy, other, since) == ["POST lost", *["GET answered 503"] * ATTEMPTS, "GET forwarded 200"]
         records = marked(netbox, other.uid)
         assert [r.address for r in records] == [f"{held.address}/29"], "allocated twice, or leaked"

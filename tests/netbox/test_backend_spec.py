@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from backends.netbox.spec import PoolSpecError, machine_name, parse_pool, render
-from backends.protocol import ClaimContext
+from ipam_provider.backend.contract import ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from tests.netbox.conftest import GLOBAL_NB_POOLS, NB_POOLS, ip_range, netbox_pool, prefix
@@ -60,7 +60,7 @@ def test_parse_pool_refuses(case: str, body: Object, hint: str) -> None:
     body = copy.deepcopy(body)
     body["metadata"]["namespace"] = "ns"
     with pytest.raises(PoolSpecError):
-        parse_pool(body)
+        parse_pool(PoolRef.from_object(body), body)
 
 
 @pytest.mark.apiserver
@@ -82,7 +82,7 @@ async def test_the_crds_accept_the_full_shape(kube: KubeClient, namespace: str) 
     ]
     created = await kube.create(NB_POOLS, netbox_pool("full", sources, addressFields=fields), namespace)
     assert created["spec"]["addressFields"]["customFields"] == fields["customFields"]
-    parsed = parse_pool(created)
+    parsed = parse_pool(PoolRef.from_object(created), created)
     assert [str(s) for s in parsed.sources] == [
         "prefix 10.0.0.0/24 in VRF blue",
         "prefix #4",
@@ -99,11 +99,11 @@ async def test_the_crds_accept_the_full_shape(kube: KubeClient, namespace: str) 
 def test_parse_pool_takes_the_secret_namespace_from_the_pool() -> None:
     body = good()
     body["metadata"].update(namespace="team-a", generation=3)
-    parsed = parse_pool(body)
+    parsed = parse_pool(PoolRef.from_object(body), body)
     assert (parsed.secret_namespace, parsed.secret_name, parsed.generation) == ("team-a", "netbox", 3)
     body["spec"]["connection"]["secretRef"]["namespace"] = "elsewhere"
     with pytest.raises(PoolSpecError, match="own namespace"):
-        parse_pool(body)
+        parse_pool(PoolRef.from_object(body), body)
 
 
 def test_templates_and_the_machine_name() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest_asyncio
 
 from backends.incluster import create_backend
-from backends.protocol import Backend, BackendContext
-from backends.registry import BackendRegistry
+from ipam_provider.backend.contract import Backend, BackendContext
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, Settings
 from ipam_provider.kube.client import KubeClient
 

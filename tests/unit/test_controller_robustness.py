@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from backends.registry import BackendRegistry
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, Settings
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS

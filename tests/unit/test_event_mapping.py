@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from backends.incluster.backend import InClusterBackend
-from backends.protocol import BackendContext
-from backends.registry import BackendRegistry
+from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, Settings
 
 GROUP = "ipam.cluster.x-k8s.io"

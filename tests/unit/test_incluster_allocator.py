@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from backends.incluster.allocator import (
-    INT64_MAX,
     IntervalSet,
     PoolAllocator,
     address_to_int,
-    cap_int64,
     int_to_address,
 )
+from ipam_provider.common import INT64_MAX, cap_int64
 
 UNIVERSE = 200  # model addresses are 0..UNIVERSE
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.protocol import (
+    AddressCounts,
     Allocation,
     BackendContext,
     ClaimContext,
@@ -31,7 +32,7 @@ class StaticPoolBackend:
         return (STATIC_POOL,)
 
     async def allocate(
-        self, pool: Mapping[str, Any], claim: ClaimContext, existing: Allocation | None = None
+        self, pool_ref: PoolRef, pool: Mapping[str, Any], claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         held = self._held.setdefault((pool["metadata"]["namespace"], pool["metadata"]["name"]), {})
         prefix = int(pool["spec"].get("prefix", 32))
@@ -49,9 +50,10 @@ class StaticPoolBackend:
     ) -> None:
         self._held.get((pool_ref.namespace or "", pool_ref.name), {}).pop(claim.uid, None)
 
-    async def report(self, pool: Mapping[str, Any], addresses: Sequence[Allocation]) -> PoolReport:
+    async def report(self, pool_ref: PoolRef, pool: Mapping[str, Any], addresses: Sequence[Allocation]) -> PoolReport:
         total = len(pool["spec"]["addresses"])
-        return PoolReport(True, "PoolReady", f"{total - len(addresses)} of {total} free")
+        counts = AddressCounts(total=total, used=len(addresses), free=total - len(addresses))
+        return PoolReport(True, "PoolReady", f"{counts.free} of {total} free", counts=counts)
 
     async def close(self) -> None:
         self._held.clear()

@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 import structlog
 
-from backends.protocol import Backend, BackendContext, PoolKind
+from ipam_provider.backend.contract import Backend, BackendContext, PoolKind
 
 ENTRY_POINT_GROUP = "ipam_provider.backends"
 BackendFactory = Callable[[BackendContext], Backend]

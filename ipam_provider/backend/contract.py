@@ -1,0 +1,233 @@
+"""The contract between the claim reconciler and a pool backend.
+
+A backend serves one or more pool kinds. The reconciler calls it with plain data: the pool's identity
+(`PoolRef`), the pool object as the API server returned it (a JSON mapping), and a `ClaimContext` describing the
+claim. It never calls a backend for a paused claim, cluster or pool, and it calls a backend for one pool at a
+time: calls for the same pool are serialised, calls for different pools may run concurrently.
+
+Every method must be idempotent and safe to repeat after a crash at any point: the reconciler is
+level-triggered and will call again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ipam_provider.common import Object, cap_int64
+
+if TYPE_CHECKING:
+    from ipam_provider.kube.client import KubeClient
+
+
+@dataclass(frozen=True)
+class PoolKind:
+    """A pool custom resource served by a backend."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+@dataclass(frozen=True, order=True)
+class PoolRef:
+    """The identity of one pool. `namespace` is None for a cluster-scoped pool."""
+
+    group: str
+    kind: str
+    namespace: str | None
+    name: str
+
+    def __str__(self) -> str:
+        if self.namespace is None:
+            return f"{self.kind}/{self.name}"
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_object(cls, pool: Mapping[str, Any]) -> PoolRef:
+        """The identity of a pool object as the API server returns it (with `apiVersion` and `kind`)."""
+        meta = pool["metadata"]
+        group = str(pool.get("apiVersion", "")).split("/")[0]
+        return cls(group, str(pool.get("kind", "")), meta.get("namespace"), meta["name"])
+
+
+@dataclass(frozen=True)
+class ClaimContext:
+    """What a backend may know about the claim it serves."""
+
+    namespace: str
+    name: str
+    uid: str
+    cluster_name: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owner_references: Sequence[Object] = ()
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An address held for one claim.
+
+    `annotations` is backend bookkeeping (for example an external object reference). The reconciler stores it on
+    the IPAddress under the backend's own annotation keys and hands it back on release, so that release needs no
+    search in the external system.
+    """
+
+    address: str
+    prefix: int
+    gateway: str | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AddressCounts:
+    """How many addresses a pool has, as the pool's `status.ipAddresses` shows them.
+
+    `used` counts the IPAddresses naming the pool; `free` the addresses still to be handed out; `out_of_range`
+    (None where a backend does not count it) the IPAddresses whose address lies outside the pool's addresses.
+    """
+
+    total: int
+    used: int
+    free: int
+    out_of_range: int | None = None
+
+    def wire(self) -> dict[str, int]:
+        """The `status.ipAddresses` object, each count capped at the int64 maximum."""
+        counts = {"total": cap_int64(self.total), "used": cap_int64(self.used), "free": cap_int64(self.free)}
+        if self.out_of_range is not None:
+            counts["outOfRange"] = cap_int64(self.out_of_range)
+        return counts
+
+
+STATUS_COUNTS_FIELD = "ipAddresses"
+
+
+def reported_free(pool: Mapping[str, Any]) -> int:
+    """The free count last written to the pool's `status.ipAddresses` (0 when there is none)."""
+    value = ((pool.get("status") or {}).get(STATUS_COUNTS_FIELD) or {}).get("free")
+    return value if isinstance(value, int) else 0
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """The state of a pool as the backend sees it.
+
+    The reconciler writes the pool's status from it: the `Ready` condition from `ready`, `reason` and `message`;
+    `status.ipAddresses` from `counts` (left as it is when None); and `status`, the pool kind's other status fields
+    (for example `networkView`), merged in as they are.
+    """
+
+    ready: bool
+    reason: str
+    message: str = ""
+    status: Mapping[str, Any] = field(default_factory=dict)
+    counts: AddressCounts | None = None
+
+    def status_fields(self) -> dict[str, Any]:
+        """The status fields to write besides the conditions."""
+        fields = dict(self.status)
+        if self.counts is not None:
+            fields[STATUS_COUNTS_FIELD] = self.counts.wire()
+        return fields
+
+
+class BackendError(Exception):
+    """A failure the reconciler turns into `Ready=False` on the claim, with `reason` and `message`.
+
+    Messages are shown to people (conditions and Events): they must say what to do, and must never contain
+    credentials.
+    """
+
+    reason = "AllocationFailed"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class PoolNotReadyError(BackendError):
+    """The pool is missing, invalid, or its external system cannot be used now."""
+
+    reason = "PoolNotReady"
+
+
+class PoolExhaustedError(BackendError):
+    """Every source of the pool is full. The claim is retried when the pool gains free addresses."""
+
+    reason = "PoolExhausted"
+
+
+class AllocationFailedError(BackendError):
+    """Anything else that prevented allocation."""
+
+    reason = "AllocationFailed"
+
+
+class ReleaseImpossibleError(BackendError):
+    """The address can never be released by this backend (for example its pool and credentials are gone).
+
+    The reconciler records a Warning Event with the message and lets the claim go, so that the owning machine can
+    be deleted. Transient failures must raise another BackendError (or any exception) instead, to be retried.
+    """
+
+    reason = "ReleaseFailed"
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What the controller hands to a backend factory."""
+
+    kube: KubeClient
+    controller_name: str = "capi-ipam-provider-py"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A pool backend. One instance serves every pool of its kinds."""
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        """The pool kinds this backend serves."""
+        ...
+
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        """Return the address the pool `pool_ref` holds for `claim.uid`, allocating one if it holds none.
+
+        With `existing` (an IPAddress already names this claim), the claim must end up holding exactly that
+        address: record it for the claim, or raise AllocationFailedError if another claim holds it.
+        Raises PoolNotReadyError, PoolExhaustedError or AllocationFailedError. Never hands out an address that
+        another claim holds, even when several controller processes call at once.
+        """
+        ...
+
+    async def release(
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        """Release whatever the pool holds for `claim.uid`. Releasing what is already gone succeeds.
+
+        `pool` is None when the pool object no longer exists; `allocation` is None when no IPAddress recorded
+        one. Never releases an address that this controller did not allocate for this claim.
+        """
+        ...
+
+    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        """Validate the pool `pool_ref` and count its usage. `addresses` are the IPAddresses that name the pool."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+        ...

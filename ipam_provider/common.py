@@ -1,0 +1,26 @@
+"""Small things shared by the core and every backend: the JSON object alias, int64 capping, address text."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+Object = dict[str, Any]
+"""A JSON object as the API server or an external system sends it (and as we send it back)."""
+
+INT64_MAX = 2**63 - 1
+"""The largest count a status field (an int64 in the CRD schema) can hold."""
+
+
+def cap_int64(count: int) -> int:
+    """`count`, capped at the int64 maximum (an IPv6 pool can hold more addresses than a status field can say)."""
+    return min(count, INT64_MAX)
+
+
+def normalized_address(address: str) -> str:
+    """The address in its canonical text form, without a `/prefix` suffix; text that is no address is answered
+    as it is."""
+    try:
+        return str(ipaddress.ip_address(address.split("/")[0].strip()))
+    except ValueError:
+        return address
