@@ -14,7 +14,7 @@ from prometheus_client import start_http_server
 
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
-from ipam_provider.controller import Controller, Settings
+from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.leader import LeaderElector
@@ -84,7 +84,9 @@ async def _serve_probes(address: tuple[str, int], controller: Controller, standb
 async def run(args: argparse.Namespace) -> int:
     kube = await KubeClient.from_kubeconfig(args.kubeconfig)
     registry = load_registry(BackendContext(kube=kube), _split([args.backends]) if args.backends else None)
-    settings = Settings(namespaces=_split(args.namespace), watch_filter=args.watch_filter, workers=args.workers)
+    settings = ControllerSettings(
+        namespaces=_split(args.namespace), watch_filter=args.watch_filter, workers=args.workers
+    )
     controller = Controller(kube, registry, settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -124,7 +126,7 @@ async def lead_and_run(controller: Controller, elector: LeaderElector, standby: 
     """
     standby.set()
     acquire = asyncio.create_task(elector.acquire())
-    stopping = asyncio.create_task(controller._stopping.wait())
+    stopping = asyncio.create_task(controller.wait_stopping())
     await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     if not acquire.done():

@@ -17,6 +17,9 @@ fi
 cache="${IPAM_PROVIDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ipam-provider}"
 bin="$cache/bin/k8s-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}"
 mkdir -p "$bin"
+# Builds started at once (two checkouts, or a test and CI) take turns: the second finds the binaries built.
+exec 9>"$bin/.build.lock"
+flock 9
 
 minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
 k8s_ldflags="-s -w"
@@ -31,8 +34,8 @@ build() {  # build <module dir> <package> <output name> [ldflags]
   command -v go >/dev/null || { echo "error: Go 1.26+ is needed to build $name (or set KUBEBUILDER_ASSETS)" >&2; exit 1; }
   local started=$SECONDS
   echo "building $name from $package ..." >&2
-  (cd "$here/modules/$module" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$bin/$name.partial" "$package") >&2
-  mv "$bin/$name.partial" "$bin/$name"
+  (cd "$here/modules/$module" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$bin/$name.partial.$$" "$package") >&2
+  mv "$bin/$name.partial.$$" "$bin/$name"
   echo "built $name in $((SECONDS - started)) s" >&2
 }
 

@@ -35,6 +35,10 @@ class PoolKind:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
 
+    def ref(self, namespace: str | None, name: str) -> PoolRef:
+        """The pool of this kind called `name`, as seen from `namespace` (ignored for a cluster-scoped kind)."""
+        return PoolRef(self.group, self.kind, namespace if self.namespaced else None, name)
+
 
 @dataclass(frozen=True, order=True)
 class PoolRef:

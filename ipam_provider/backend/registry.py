@@ -45,6 +45,11 @@ class BackendRegistry:
     def lookup(self, group: str, kind: str) -> tuple[Backend, PoolKind] | None:
         return self._by_kind.get((group, kind))
 
+    def kind_of(self, group: str, kind: str) -> PoolKind | None:
+        """The registered pool kind `kind` of API group `group`, or None when no backend serves it."""
+        found = self._by_kind.get((group, kind))
+        return found[1] if found is not None else None
+
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return [kind for _, kind in self._by_kind.values()]

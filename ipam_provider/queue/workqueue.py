@@ -23,13 +23,12 @@ class WorkQueue(Generic[K]):
     def __init__(self, *, base_delay: float = 0.05, max_delay: float = 120.0) -> None:
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self._shard_of: dict[K, str] = {}
-        self._waiting: dict[str, deque[K]] = {}
+        self._waiting: dict[Hashable, deque[K]] = {}
         self._queued: set[K] = set()
         self._processing: set[K] = set()
-        self._requeue_when_done: set[K] = set()
-        self._busy_shards: set[str] = set()
-        self._ready_shards: deque[str] = deque()
+        self._requeue_when_done: dict[K, Hashable] = {}  # key being processed → its shard when added again
+        self._busy_shards: set[Hashable] = set()
+        self._ready_shards: deque[Hashable] = deque()
         self._failures: dict[K, int] = {}
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._wakeup = asyncio.Condition()
@@ -42,15 +41,14 @@ class WorkQueue(Generic[K]):
     def processing(self) -> int:
         return len(self._processing)
 
-    def add(self, key: K, shard: str = "") -> None:
+    def add(self, key: K, shard: Hashable = None) -> None:
         if self._shutting_down:
             return
-        self._shard_of[key] = shard
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
         if key in self._processing:
-            self._requeue_when_done.add(key)
+            self._requeue_when_done[key] = shard
             return
         if key in self._queued:
             return
@@ -58,7 +56,7 @@ class WorkQueue(Generic[K]):
         self._waiting.setdefault(shard, deque()).append(key)
         self._mark_ready(shard)
 
-    def add_after(self, key: K, delay: float, shard: str = "") -> None:
+    def add_after(self, key: K, delay: float, shard: Hashable = None) -> None:
         if delay <= 0:
             self.add(key, shard)
             return
@@ -73,11 +71,11 @@ class WorkQueue(Generic[K]):
             existing[1].cancel()
         self._timers[key] = (when, loop.call_at(when, self._fire, key, shard))
 
-    def _fire(self, key: K, shard: str) -> None:
+    def _fire(self, key: K, shard: Hashable) -> None:
         self._timers.pop(key, None)
         self.add(key, shard)
 
-    def add_rate_limited(self, key: K, shard: str = "") -> float:
+    def add_rate_limited(self, key: K, shard: Hashable = None) -> float:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         delay = float(min(self.max_delay, self.base_delay * (2**failures)))
@@ -90,7 +88,7 @@ class WorkQueue(Generic[K]):
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 
-    def _mark_ready(self, shard: str) -> None:
+    def _mark_ready(self, shard: Hashable) -> None:
         if shard not in self._busy_shards and shard not in self._ready_shards and self._waiting.get(shard):
             self._ready_shards.append(shard)
             asyncio.get_running_loop().create_task(self._notify())
@@ -99,7 +97,7 @@ class WorkQueue(Generic[K]):
         async with self._wakeup:
             self._wakeup.notify()
 
-    async def get(self) -> tuple[K, str] | None:
+    async def get(self) -> tuple[K, Hashable] | None:
         """The next key and its shard; None after shutdown when nothing is ready."""
         async with self._wakeup:
             while True:
@@ -113,7 +111,7 @@ class WorkQueue(Generic[K]):
                         del self._waiting[shard]
                     self._queued.discard(key)
                     if key in self._processing:
-                        self._requeue_when_done.add(key)
+                        self._requeue_when_done[key] = shard
                         self._mark_ready(shard)
                         continue
                     self._processing.add(key)
@@ -123,13 +121,13 @@ class WorkQueue(Generic[K]):
                     return None
                 await self._wakeup.wait()
 
-    def done(self, key: K, shard: str) -> None:
+    def done(self, key: K, shard: Hashable) -> None:
         self._processing.discard(key)
         self._busy_shards.discard(shard)
         if key in self._requeue_when_done:
-            self._requeue_when_done.discard(key)
+            shard_again = self._requeue_when_done.pop(key)
             if not self._shutting_down:
-                self.add(key, self._shard_of.get(key, shard))
+                self.add(key, shard_again)
         self._mark_ready(shard)
         if self._shutting_down:
             asyncio.get_running_loop().create_task(self._notify_all())

@@ -1,35 +1,30 @@
-"""The IPAddress that fulfils a claim: its desired shape, and what adoption must add to an existing one."""
+"""The IPAddress that fulfils a claim: its desired shape, what adoption must add to an existing one, and whether
+an existing one is the claim's."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ipam_provider.api.capi import (
-    FINALIZER_PROTECT_ADDRESS,
-    LABEL_CLUSTER_NAME,
-    IPAddress,
-    IPAddressClaim,
-)
-from ipam_provider.backend.contract import Allocation, PoolKind
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, IPAddress
+from ipam_provider.api.pools import names_pool
+from ipam_provider.backend.contract import Allocation
+from ipam_provider.common import Object
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.reconcile.context import ClaimWork
 
-Object = dict[str, Any]
 
-
-def owner_references(claim: IPAddressClaim, kind: PoolKind, pool: Object) -> list[Object]:
+def owner_references(work: ClaimWork, pool: Object) -> list[Object]:
     """The claim as controller and the pool as a non-controller owner, both blocking owner deletion."""
     return [
         {
             "apiVersion": CLAIMS.api_version,
             "kind": CLAIMS.kind,
-            "name": claim.metadata.name,
-            "uid": claim.metadata.uid,
+            "name": work.name,
+            "uid": work.claim.metadata.uid,
             "controller": True,
             "blockOwnerDeletion": True,
         },
         {
-            "apiVersion": kind.api_version,
-            "kind": kind.kind,
+            "apiVersion": work.kind.api_version,
+            "kind": work.kind.kind,
             "name": pool["metadata"]["name"],
             "uid": pool["metadata"]["uid"],
             "controller": False,
@@ -38,15 +33,16 @@ def owner_references(claim: IPAddressClaim, kind: PoolKind, pool: Object) -> lis
     ]
 
 
-def desired_address(claim: IPAddressClaim, kind: PoolKind, pool: Object, allocation: Allocation) -> Object:
-    labels = {}
-    if LABEL_CLUSTER_NAME in claim.metadata.labels:
-        labels[LABEL_CLUSTER_NAME] = claim.metadata.labels[LABEL_CLUSTER_NAME]
-    elif claim.spec.cluster_name:
-        labels[LABEL_CLUSTER_NAME] = claim.spec.cluster_name
+def cluster_label(work: ClaimWork) -> str | None:
+    """The cluster-name label an IPAddress of the claim carries: the claim's own label, else its clusterName."""
+    return work.claim.metadata.labels.get(LABEL_CLUSTER_NAME) or work.claim.spec.cluster_name or None
+
+
+def desired_address(work: ClaimWork, pool: Object, allocation: Allocation) -> Object:
+    cluster = cluster_label(work)
     spec: Object = {
-        "claimRef": {"name": claim.metadata.name},
-        "poolRef": {"apiGroup": kind.group, "kind": kind.kind, "name": pool["metadata"]["name"]},
+        "claimRef": {"name": work.name},
+        "poolRef": {"apiGroup": work.kind.group, "kind": work.kind.kind, "name": pool["metadata"]["name"]},
         "address": allocation.address,
         "prefix": allocation.prefix,
     }
@@ -56,12 +52,12 @@ def desired_address(claim: IPAddressClaim, kind: PoolKind, pool: Object, allocat
         "apiVersion": ADDRESSES.api_version,
         "kind": ADDRESSES.kind,
         "metadata": {
-            "name": claim.metadata.name,
-            "namespace": claim.metadata.namespace,
-            "labels": labels,
+            "name": work.name,
+            "namespace": work.namespace,
+            "labels": {LABEL_CLUSTER_NAME: cluster} if cluster else {},
             "annotations": dict(allocation.annotations),
             "finalizers": [FINALIZER_PROTECT_ADDRESS],
-            "ownerReferences": owner_references(claim, kind, pool),
+            "ownerReferences": owner_references(work, pool),
         },
         "spec": spec,
     }
@@ -76,24 +72,19 @@ def allocation_of(address: IPAddress) -> Allocation:
     )
 
 
-def belongs_to(address: IPAddress, claim: IPAddressClaim, kind: PoolKind) -> bool:
+def belongs_to(address: Object, work: ClaimWork) -> bool:
     """Whether the IPAddress names this claim and its pool (by name: uids may predate a restore)."""
-    ref = address.spec.pool_ref
-    return (
-        address.spec.claim_ref.name == claim.metadata.name
-        and ref.kind == kind.kind
-        and ref.api_group == kind.group
-        and ref.name == claim.spec.pool_ref.name
-    )
+    claim_ref = (address.get("spec") or {}).get("claimRef") or {}
+    return claim_ref.get("name") == work.name and names_pool(address, work.pool_ref)
 
 
-def adoption_patch(address: Object, claim: IPAddressClaim, kind: PoolKind, pool: Object) -> Object | None:
+def adoption_patch(address: Object, work: ClaimWork, pool: Object) -> Object | None:
     """A merge patch adding the owner references, finalizer and cluster label an adopted IPAddress lacks, or
     None if it has them all. The spec is never touched."""
     meta = address["metadata"]
     references = list(meta.get("ownerReferences") or [])
     present = {ref.get("uid") for ref in references}
-    wanted = owner_references(claim, kind, pool)
+    wanted = owner_references(work, pool)
     if any(ref.get("controller") for ref in references):
         wanted = [ref for ref in wanted if not ref["controller"]]
     missing_refs = [ref for ref in wanted if ref["uid"] not in present]
@@ -104,7 +95,7 @@ def adoption_patch(address: Object, claim: IPAddressClaim, kind: PoolKind, pool:
         patch["metadata"]["ownerReferences"] = references + missing_refs
     if FINALIZER_PROTECT_ADDRESS not in finalizers:
         patch["metadata"]["finalizers"] = [*finalizers, FINALIZER_PROTECT_ADDRESS]
-    cluster = claim.metadata.labels.get(LABEL_CLUSTER_NAME) or claim.spec.cluster_name
+    cluster = cluster_label(work)
     if cluster and labels.get(LABEL_CLUSTER_NAME) != cluster:
         patch["metadata"]["labels"] = {LABEL_CLUSTER_NAME: cluster}
     return patch if len(patch["metadata"]) > 1 else None

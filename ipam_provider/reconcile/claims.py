@@ -34,19 +34,12 @@ from ipam_provider.api.capi import (
     IPAddressClaim,
 )
 from ipam_provider.api.meta import find_condition, set_condition
-from ipam_provider.backend.contract import (
-    Allocation,
-    Backend,
-    BackendError,
-    ClaimContext,
-    PoolExhaustedError,
-    PoolKind,
-    PoolRef,
-)
+from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError
+from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
-from ipam_provider.reconcile.context import Object, ReconcileContext, patch_cached, shard_for
+from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, patch_cached
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
 
@@ -55,46 +48,15 @@ log = structlog.get_logger(__name__)
 RETRY_NOT_READY = 30.0
 RETRY_EXHAUSTED = 60.0
 RETRY_FAILED = 15.0
-
-
-def pool_ref_of(claim: IPAddressClaim, kind: PoolKind) -> PoolRef:
-    namespace = claim.metadata.namespace if kind.namespaced else None
-    return PoolRef(kind.group, kind.kind, namespace, claim.spec.pool_ref.name)
-
-
-def claim_context(claim: IPAddressClaim) -> ClaimContext:
-    return ClaimContext(
-        namespace=claim.metadata.namespace or "",
-        name=claim.metadata.name,
-        uid=claim.metadata.uid,
-        cluster_name=claim.cluster_name,
-        labels=dict(claim.metadata.labels),
-        annotations=dict(claim.metadata.annotations),
-        owner_references=[ref.wire() for ref in claim.metadata.owner_references],
-    )
+LIVE, GONE, DELETING = "live", "gone", "deleting"
 
 
 class ClaimReconciler:
     def __init__(self, context: ReconcileContext) -> None:
         self.ctx = context
 
-    def shard_of(self, namespace: str, name: str) -> str:
-        """The queue shard of a claim: its pool, so that claims of one pool are handled one at a time."""
-        raw = self.ctx.caches.claims.get(namespace, name)
-        if raw is None:
-            return ""
-        pool = raw.get("spec", {}).get("poolRef", {})
-        found = self.ctx.registry.lookup(pool.get("apiGroup", ""), pool.get("kind", ""))
-        if found is None:
-            return ""
-        try:
-            claim = IPAddressClaim.model_validate(raw)
-        except ValidationError:
-            return ""  # reconcile() logs why the claim is ignored
-        return shard_for(pool_ref_of(claim, found[1]))
-
-    async def reconcile(self, namespace: str, name: str) -> float | None:
-        """Reconcile one claim; returns seconds until it should be looked at again, or None."""
+    def _work(self, namespace: str, name: str) -> ClaimWork | None:
+        """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""
         raw = self.ctx.caches.claims.get(namespace, name)
         if raw is None:
             return None
@@ -107,180 +69,192 @@ class ClaimReconciler:
         if found is None:
             return None
         backend, kind = found
-        pool_ref = pool_ref_of(claim, kind)
-        pool = self.ctx.caches.pool(pool_ref)
+        pool_ref = kind.ref(namespace, claim.spec.pool_ref.name)
         bound = log.bind(claim=f"{namespace}/{name}", pool=str(pool_ref))
-        cluster_name = claim.cluster_name
-        cluster_raw = self.ctx.caches.clusters.get(namespace, cluster_name) if cluster_name else None
-        if _paused(claim, cluster_raw, pool):
-            bound.debug("paused; nothing done")
+        return ClaimWork(raw, claim, backend, kind, pool_ref, self.ctx.caches.pool(pool_ref), bound)
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """Reconcile one claim; returns seconds until it should be looked at again, or None."""
+        work = self._work(namespace, name)
+        if work is None:
             return None
-        if claim.metadata.deleting:
-            if FINALIZER_RELEASE_ADDRESS in claim.metadata.finalizers:
-                await release_claim(self.ctx, raw, claim, backend, kind, pool_ref, pool, claim_context(claim))
-                bound.info("claim released")
-                metrics.RELEASES.labels(kind.kind).inc()
+        cluster_name = work.claim.cluster_name
+        cluster_raw = self.ctx.caches.clusters.get(namespace, cluster_name) if cluster_name else None
+        if _paused(work, cluster_raw):
+            work.log.debug("paused; nothing done")
+            return None
+        if work.claim.metadata.deleting:
+            if FINALIZER_RELEASE_ADDRESS in work.claim.metadata.finalizers:
+                await release_claim(self.ctx, work)
+                work.log.info("claim released")
+                metrics.RELEASES.labels(work.kind.kind).inc()
             return None
         if cluster_name and cluster_raw is None:
             message = (
                 f"Cluster {namespace}/{cluster_name} was not found; waiting for it before allocating, because "
                 "whether it is paused cannot be known"
             )
-            await self._set_ready(raw, claim, False, REASON_ALLOCATION_FAILED, message, None)
+            await self._set_ready(work, False, REASON_ALLOCATION_FAILED, message)
             return None
-        confirmed = False  # whether this reconcile has proven the cached claim current against the API server
-        if FINALIZER_RELEASE_ADDRESS not in claim.metadata.finalizers:
-            confirmed = True  # the patch carries the resourceVersion: a stale or deleted claim fails it
-            raw = await patch_cached(
-                self.ctx,
-                self.ctx.caches.claims,
-                CLAIMS,
-                raw,
-                {"metadata": {"finalizers": [*claim.metadata.finalizers, FINALIZER_RELEASE_ADDRESS]}},
-            )
-            claim = IPAddressClaim.model_validate(raw)
+        confirmed = await self._ensure_finalizer(work)
+        pool = work.pool
         if pool is None or pool.get("metadata", {}).get("deletionTimestamp"):
-            if await self._keep_fulfilled(raw, claim, kind, pool_ref):
+            if await self._keep_fulfilled(work):
                 return None
             state = "was not found" if pool is None else "is being deleted"
-            message = f"{pool_ref} {state}; create it or point the claim at another pool"
-            await self._set_ready(raw, claim, False, REASON_POOL_NOT_READY, message, None)
+            message = f"{work.pool_ref} {state}; create it or point the claim at another pool"
+            await self._set_ready(work, False, REASON_POOL_NOT_READY, message)
             return None
-        return await self._allocate(raw, claim, backend, kind, pool_ref, pool, bound, confirmed)
+        return await self._allocate(work, pool, confirmed)
 
-    async def _allocate(
-        self,
-        raw: Object,
-        claim: IPAddressClaim,
-        backend: Backend,
-        kind: PoolKind,
-        pool_ref: PoolRef,
-        pool: Object,
-        bound: structlog.typing.FilteringBoundLogger,
-        confirmed: bool,
-    ) -> float | None:
-        namespace, name = claim.metadata.namespace or "", claim.metadata.name
-        address_raw = self.ctx.caches.addresses.get(namespace, name)
+    async def _ensure_finalizer(self, work: ClaimWork) -> bool:
+        """Add the ReleaseAddress finalizer if missing. Returns whether this proved the cached claim current: the
+        patch carries the resourceVersion, so a stale or deleted claim fails it."""
+        finalizers = work.claim.metadata.finalizers
+        if FINALIZER_RELEASE_ADDRESS in finalizers:
+            return False
+        patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_RELEASE_ADDRESS]}}
+        work.refresh(await patch_cached(self.ctx, self.ctx.caches.claims, CLAIMS, work.raw, patch))
+        return True
+
+    async def _fresh_state(self, work: ClaimWork) -> str:
+        """The claim's state on the API server (not in the cache): LIVE, GONE (or replaced by another of its
+        name) or DELETING (then cached). Read before a new allocation, so that a lagging cache never allocates for
+        a claim another replica is releasing."""
+        fresh = await self.ctx.kube.get(CLAIMS, work.name, work.namespace)
+        if fresh is None or fresh["metadata"].get("uid") != work.claim.metadata.uid:
+            return GONE
+        if fresh["metadata"].get("deletionTimestamp"):
+            self.ctx.caches.claims.upsert(fresh)
+            return DELETING
+        return LIVE
+
+    async def _allocate(self, work: ClaimWork, pool: Object, confirmed: bool) -> float | None:
+        address_raw = self.ctx.caches.addresses.get(work.namespace, work.name)
         existing: Allocation | None = None
         if address_raw is None and not confirmed:
-            # A new allocation: confirm from the API server, not the cache, that the claim still wants one, so
-            # that a lagging cache never allocates for a claim another replica is releasing.
-            fresh = await self.ctx.kube.get(CLAIMS, name, namespace)
-            if fresh is None or fresh["metadata"].get("uid") != claim.metadata.uid:
-                return None
-            if fresh["metadata"].get("deletionTimestamp"):
-                self.ctx.caches.claims.upsert(fresh)
-                return 0.0  # reconcile again, on the release path
+            state = await self._fresh_state(work)
+            if state != LIVE:
+                return None if state == GONE else 0.0  # a deleting claim: reconcile again, on the release path
         if address_raw is not None:
-            address = IPAddress.model_validate(address_raw)
-            if not belongs_to(address, claim, kind):
-                message = (
-                    f"IPAddress {namespace}/{name} already exists for claim {address.spec.claim_ref.name} "
-                    f"and pool {address.spec.pool_ref.kind}/{address.spec.pool_ref.name}; delete it or rename "
-                    "the claim"
-                )
-                await self._set_ready(raw, claim, False, REASON_ALLOCATION_FAILED, message, None)
+            if not belongs_to(address_raw, work):
+                await self._report_foreign(work, address_raw)
                 return RETRY_FAILED
+            address = IPAddress.model_validate(address_raw)
             if address.metadata.deleting:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
         try:
-            allocation = await backend.allocate(pool_ref, pool, claim_context(claim), existing)
+            allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
         except BackendError as error:
-            bound.info("allocation failed", reason=error.reason, message=error.message)
-            metrics.ALLOCATION_FAILURES.labels(kind.kind, error.reason).inc()
-            await self._set_ready(raw, claim, False, error.reason, error.message, None)
-            if error.retry_after is not None:
-                return error.retry_after
-            return RETRY_EXHAUSTED if isinstance(error, PoolExhaustedError) else RETRY_NOT_READY
+            return await self._failed(work, error)
         if address_raw is None:
-            body = desired_address(claim, kind, pool, allocation)
-            try:
-                created = await self.ctx.kube.create(ADDRESSES, body, namespace)
-            except ApiError as error:
-                if not error.already_exists:
-                    raise
-                fresh = await self.ctx.kube.get(ADDRESSES, name, namespace)
-                if fresh is not None:
-                    self.ctx.caches.addresses.upsert(fresh)
+            if not await self._create_address(work, pool, allocation):
                 return 0.0  # look again with the IPAddress that exists
-            self.ctx.caches.addresses.upsert(created)
-            bound.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
-            metrics.ALLOCATIONS.labels(kind.kind).inc()
-            self.ctx.pool_changed(pool_ref)
         else:
-            patch = adoption_patch(address_raw, claim, kind, pool)
-            if patch is not None:
-                await patch_cached(self.ctx, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
-                bound.info("existing IPAddress adopted", address=allocation.address)
-                self.ctx.pool_changed(pool_ref)
-        message = f"{allocation.address}/{allocation.prefix} allocated from {pool_ref}"
-        await self._set_ready(raw, claim, True, REASON_ALLOCATED, message, name)
+            await self._adopt(work, pool, address_raw, allocation)
+        message = f"{allocation.address}/{allocation.prefix} allocated from {work.pool_ref}"
+        await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
         return None
 
-    async def _keep_fulfilled(self, raw: Object, claim: IPAddressClaim, kind: PoolKind, pool_ref: PoolRef) -> bool:
+    async def _failed(self, work: ClaimWork, error: BackendError) -> float:
+        work.log.info("allocation failed", reason=error.reason, message=error.message)
+        metrics.ALLOCATION_FAILURES.labels(work.kind.kind, error.reason).inc()
+        await self._set_ready(work, False, error.reason, error.message)
+        if error.retry_after is not None:
+            return error.retry_after
+        return RETRY_EXHAUSTED if isinstance(error, PoolExhaustedError) else RETRY_NOT_READY
+
+    async def _report_foreign(self, work: ClaimWork, address_raw: Object) -> None:
+        """An IPAddress of the claim's name exists for another claim or pool."""
+        spec = address_raw.get("spec") or {}
+        claim_ref, pool_ref = spec.get("claimRef") or {}, spec.get("poolRef") or {}
+        message = (
+            f"IPAddress {work.namespace}/{work.name} already exists for claim {claim_ref.get('name')} "
+            f"and pool {pool_ref.get('kind')}/{pool_ref.get('name')}; delete it or rename the claim"
+        )
+        await self._set_ready(work, False, REASON_ALLOCATION_FAILED, message)
+
+    async def _create_address(self, work: ClaimWork, pool: Object, allocation: Allocation) -> bool:
+        """Create the claim's IPAddress; False when one of its name appeared meanwhile (now in the cache)."""
+        body = desired_address(work, pool, allocation)
+        try:
+            created = await self.ctx.kube.create(ADDRESSES, body, work.namespace)
+        except ApiError as error:
+            if not error.already_exists:
+                raise
+            fresh = await self.ctx.kube.get(ADDRESSES, work.name, work.namespace)
+            if fresh is not None:
+                self.ctx.caches.addresses.upsert(fresh)
+            return False
+        self.ctx.caches.addresses.upsert(created)
+        work.log.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
+        metrics.ALLOCATIONS.labels(work.kind.kind).inc()
+        self.ctx.pool_changed(work.pool_ref)
+        return True
+
+    async def _adopt(self, work: ClaimWork, pool: Object, address_raw: Object, allocation: Allocation) -> None:
+        patch = adoption_patch(address_raw, work, pool)
+        if patch is not None:
+            await patch_cached(self.ctx, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
+            work.log.info("existing IPAddress adopted", address=allocation.address)
+            self.ctx.pool_changed(work.pool_ref)
+
+    async def _keep_fulfilled(self, work: ClaimWork) -> bool:
         """While its pool is gone or being deleted, a claim whose IPAddress exists stays Ready=True: the address
         is still held. Returns False when there is no such IPAddress (a new allocation must wait for a pool)."""
-        namespace, name = claim.metadata.namespace or "", claim.metadata.name
-        address_raw = self.ctx.caches.addresses.get(namespace, name)
+        address_raw = self.ctx.caches.addresses.get(work.namespace, work.name)
         if address_raw is None:
             return False
         try:
             address = IPAddress.model_validate(address_raw)
         except ValidationError:
             return False
-        if address.metadata.deleting or not belongs_to(address, claim, kind):
+        if address.metadata.deleting or not belongs_to(address_raw, work):
             return False
-        message = f"{address.spec.address}/{address.spec.prefix} allocated from {pool_ref}"
-        await self._set_ready(raw, claim, True, REASON_ALLOCATED, message, name)
+        message = f"{address.spec.address}/{address.spec.prefix} allocated from {work.pool_ref}"
+        await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
         return True
 
     async def _let_go(self, address_raw: Object) -> None:
         """Remove our finalizer from an IPAddress someone deleted, so that it can be re-created afresh."""
         finalizers = [f for f in address_raw["metadata"].get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
         if finalizers != (address_raw["metadata"].get("finalizers") or []):
-            await patch_cached(
-                self.ctx,
-                self.ctx.caches.addresses,
-                ADDRESSES,
-                address_raw,
-                {"metadata": {"finalizers": finalizers}},
-            )
+            patch = {"metadata": {"finalizers": finalizers}}
+            await patch_cached(self.ctx, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
 
     async def _set_ready(
-        self,
-        raw: Object,
-        claim: IPAddressClaim,
-        ready: bool,
-        reason: str,
-        message: str,
-        address_name: str | None,
+        self, work: ClaimWork, ready: bool, reason: str, message: str, address_name: str | None = None
     ) -> None:
         """Write `status.addressRef` and the Ready condition when they change; record an Event on transitions."""
+        status_now = work.claim.status
         conditions, changed = set_condition(
-            claim.status.conditions,
+            status_now.conditions,
             type=READY,
             status=ready,
             reason=reason,
             message=message,
-            generation=claim.metadata.generation,
+            generation=work.claim.metadata.generation,
         )
-        previous = find_condition(claim.status.conditions, READY)
-        current_ref = claim.status.address_ref.name if claim.status.address_ref else None
+        previous = find_condition(status_now.conditions, READY)
+        current_ref = status_now.address_ref.name if status_now.address_ref else None
         wanted_ref = address_name if address_name is not None else current_ref
         if not changed and current_ref == wanted_ref:
             return
         status: Object = {"conditions": [c.wire() for c in conditions]}
         if wanted_ref is not None:
             status["addressRef"] = {"name": wanted_ref}
-        await patch_cached(self.ctx, self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
+        raw = work.raw
+        work.refresh(
+            await patch_cached(self.ctx, self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
+        )
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
             await self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message)
 
 
-def _paused(claim: IPAddressClaim, cluster_raw: Object | None, pool: Object | None) -> bool:
-    if ANNOTATION_PAUSED in claim.metadata.annotations:
+def _paused(work: ClaimWork, cluster_raw: Object | None) -> bool:
+    if ANNOTATION_PAUSED in work.claim.metadata.annotations:
         return True
     if cluster_raw is not None:
         try:
@@ -288,4 +262,5 @@ def _paused(claim: IPAddressClaim, cluster_raw: Object | None, pool: Object | No
                 return True
         except ValidationError:
             pass
+    pool = work.pool
     return pool is not None and ANNOTATION_PAUSED in (pool.get("metadata", {}).get("annotations") or {})

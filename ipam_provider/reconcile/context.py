@@ -1,43 +1,27 @@
-"""What reconcilers share: the caches, the API client, the backends, the event recorder."""
+"""What reconcilers share (the API client, caches, backends and event recorder), the per-claim work object,
+and the guarded patch that keeps the caches read-your-writes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from ipam_provider.backend.contract import PoolKind, PoolRef
+import structlog
+
+from ipam_provider.api.capi import IPAddressClaim
+from ipam_provider.backend.contract import Backend, ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 from ipam_provider.reconcile.events import EventRecorder
+from ipam_provider.watch.caches import Caches
 from ipam_provider.watch.store import Store
-
-Object = dict[str, Any]
-
-
-def shard_for(ref: PoolRef) -> str:
-    """The work-queue shard of a pool: all work on one pool is serialised."""
-    return f"{ref.kind}.{ref.group}/{ref.namespace or ''}/{ref.name}"
 
 
 def pool_resource(kind: PoolKind) -> Resource:
     return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
-
-
-@dataclass
-class Caches:
-    """The informers' stores. Pools are kept per (group, kind)."""
-
-    claims: Store = field(default_factory=Store)
-    addresses: Store = field(default_factory=Store)
-    clusters: Store = field(default_factory=Store)
-    pools: dict[tuple[str, str], Store] = field(default_factory=dict)
-
-    def pool(self, ref: PoolRef) -> Object | None:
-        store = self.pools.get((ref.group, ref.kind))
-        return store.get(ref.namespace, ref.name) if store is not None else None
 
 
 @dataclass
@@ -47,6 +31,46 @@ class ReconcileContext:
     registry: BackendRegistry
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
+
+
+@dataclass
+class ClaimWork:
+    """One reconcile of one claim: the claim as cached (`raw`) and parsed (`claim`), always in step (see
+    `refresh`), with the backend, kind, reference and cached object of its pool, and a logger bound to both."""
+
+    raw: Object
+    claim: IPAddressClaim
+    backend: Backend
+    kind: PoolKind
+    pool_ref: PoolRef
+    pool: Object | None
+    log: structlog.typing.FilteringBoundLogger
+
+    @property
+    def namespace(self) -> str:
+        return self.claim.metadata.namespace or ""
+
+    @property
+    def name(self) -> str:
+        return self.claim.metadata.name
+
+    def refresh(self, raw: Object) -> None:
+        """Take the claim as the API server last returned it."""
+        self.raw = raw
+        self.claim = IPAddressClaim.model_validate(raw)
+
+    def context(self) -> ClaimContext:
+        """What the backend may know about the claim."""
+        claim = self.claim
+        return ClaimContext(
+            namespace=self.namespace,
+            name=self.name,
+            uid=claim.metadata.uid,
+            cluster_name=claim.cluster_name,
+            labels=dict(claim.metadata.labels),
+            annotations=dict(claim.metadata.annotations),
+            owner_references=[ref.wire() for ref in claim.metadata.owner_references],
+        )
 
 
 async def patch_cached(

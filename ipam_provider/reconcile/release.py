@@ -7,49 +7,33 @@ Warning Event and the claim is let go; any other failure keeps the finalizer and
 
 from __future__ import annotations
 
-from ipam_provider.api.capi import (
-    FINALIZER_PROTECT_ADDRESS,
-    FINALIZER_RELEASE_ADDRESS,
-    IPAddress,
-    IPAddressClaim,
-)
-from ipam_provider.backend.contract import Allocation, Backend, ClaimContext, PoolKind, PoolRef, ReleaseImpossibleError
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, IPAddress
+from ipam_provider.backend.contract import Allocation, ReleaseImpossibleError
+from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import allocation_of, belongs_to
-from ipam_provider.reconcile.context import Object, ReconcileContext, patch_cached
+from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, patch_cached
 from ipam_provider.reconcile.events import WARNING
 
 
-async def release_claim(
-    ctx: ReconcileContext,
-    raw: Object,
-    claim: IPAddressClaim,
-    backend: Backend,
-    kind: PoolKind,
-    pool_ref: PoolRef,
-    pool: Object | None,
-    context: ClaimContext,
-) -> None:
-    namespace, name = claim.metadata.namespace or "", claim.metadata.name
+async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> None:
     allocation: Allocation | None = None
-    address_raw = await ctx.kube.get(ADDRESSES, name, namespace)
-    if address_raw is not None:
-        address = IPAddress.model_validate(address_raw)
-        if belongs_to(address, claim, kind):
-            allocation = allocation_of(address)
-            await _delete_address(ctx, address_raw)
+    address_raw = await ctx.kube.get(ADDRESSES, work.name, work.namespace)
+    if address_raw is not None and belongs_to(address_raw, work):
+        allocation = allocation_of(IPAddress.model_validate(address_raw))
+        await _delete_address(ctx, address_raw)
     try:
-        await backend.release(pool_ref, pool, context, allocation)
+        await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
-        await ctx.recorder.record(raw, WARNING, error.reason, error.message)
-    finalizers = [f for f in claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
+        await ctx.recorder.record(work.raw, WARNING, error.reason, error.message)
+    finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
     try:
-        await patch_cached(ctx, ctx.caches.claims, CLAIMS, raw, {"metadata": {"finalizers": finalizers}})
+        await patch_cached(ctx, ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": finalizers}})
     except ApiError as error:
         if not error.not_found:
             raise
-    ctx.pool_changed(pool_ref)
+    ctx.pool_changed(work.pool_ref)
 
 
 async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> None:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 import aiohttp
 import structlog
 
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
-from ipam_provider.watch.store import Object, Store, object_key
+from ipam_provider.watch.store import Store, object_key
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 log = structlog.get_logger(__name__)
@@ -129,10 +130,10 @@ class Informer:
         return version
 
     def _apply(self, kind: str, obj: Object) -> None:
-        previous = self.store.upsert(obj)
-        if previous is False:
+        previous = self.store.get(*object_key(obj))
+        if not self.store.upsert(obj):
             return
-        if previous is None or previous is True:
+        if previous is None:
             self._notify("ADDED", None, obj)
         elif previous.get("metadata", {}).get("resourceVersion") != obj["metadata"].get("resourceVersion"):
             self._notify("MODIFIED", previous, obj)

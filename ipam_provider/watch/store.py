@@ -8,9 +8,9 @@ and a deleted object leaves a tombstone, so a late answer to one of our own writ
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
 
-Object = dict[str, Any]
+from ipam_provider.common import Object
+
 Key = tuple[str | None, str]
 IndexFunc = Callable[[Object], Iterable[Hashable]]
 
@@ -57,9 +57,9 @@ class Store:
     def by_index(self, index: str, value: Hashable) -> list[Object]:
         return [self._objects[key] for key in self._indexes[index].get(value, ())]
 
-    def upsert(self, obj: Object) -> Object | bool | None:
-        """Store `obj` unless the cache holds a newer version. Returns the previous object (None if new), or
-        False when `obj` was older and was ignored."""
+    def upsert(self, obj: Object) -> bool:
+        """Store `obj` unless the cache holds a newer version of it, or a tombstone at least as new. Returns
+        whether `obj` was stored."""
         key = object_key(obj)
         previous = self._objects.get(key)
         new_version = resource_version(obj)
@@ -76,7 +76,7 @@ class Store:
         self._objects[key] = obj
         for name in self._index_funcs:
             self._index(name, key, obj)
-        return previous
+        return True
 
     def remove(self, key: Key, deleted: Object | None = None) -> Object | None:
         """Forget the object; `deleted` (its last state, e.g. from a DELETED event) leaves a tombstone so that

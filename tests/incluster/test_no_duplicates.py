@@ -177,7 +177,7 @@ async def test_no_duplicates_with_three_controllers_one_lagging(
     from backends.incluster import create_backend
     from ipam_provider.backend.contract import BackendContext
     from ipam_provider.backend.registry import BackendRegistry
-    from ipam_provider.controller import Controller, Settings
+    from ipam_provider.controller import Controller, ControllerSettings
 
     for index, name in enumerate(("p1", "p2")):
         await kube.create(POOLS, pool(name, [f"10.42.{index}.0/25"], 24), namespace)
@@ -188,7 +188,7 @@ async def test_no_duplicates_with_three_controllers_one_lagging(
             client.__class__ = LaggingKubeClient
         registry = BackendRegistry([create_backend(BackendContext(kube=client))])
         controller = Controller(
-            client, registry, Settings(namespaces=[namespace], watch_filter=watch_filter, workers=4)
+            client, registry, ControllerSettings(namespaces=[namespace], watch_filter=watch_filter, workers=4)
         )
         ready = asyncio.Event()
         task = asyncio.create_task(controller.run(ready))

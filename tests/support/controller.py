@@ -18,7 +18,7 @@ import pytest_asyncio
 from backends.incluster import create_backend
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.controller import Controller, Settings
+from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 
 ControllerFactory = Callable[..., contextlib.AbstractAsyncContextManager[Controller]]
@@ -37,7 +37,7 @@ async def run_controller(
     context = BackendContext(kube=kube)
     factories = ([create_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
-    controller = Controller(kube, registry, Settings(namespaces=list(namespaces), **settings))
+    controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))
     ready = asyncio.Event()
     task = asyncio.create_task(controller.run(ready))
     waiter = asyncio.create_task(ready.wait())

@@ -35,6 +35,9 @@ class FakeController:
         self.ran = True
         await self._stopping.wait()
 
+    async def wait_stopping(self) -> None:
+        await self._stopping.wait()
+
 
 class FakeElector:
     def __init__(self, *, lose_after: float | None) -> None:

@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.controller import Controller, Settings
+from ipam_provider.common import Object
+from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.queue.keys import ClaimKey, QueueKey
 from ipam_provider.watch.informer import Informer
-from ipam_provider.watch.store import Object, Store
+from ipam_provider.watch.store import Store
 
 
 def claim_object(name: str, version: str) -> Object:
@@ -67,24 +69,25 @@ async def test_a_raising_handler_is_skipped_and_never_taken_for_a_connection_fai
 
 
 def controller() -> Controller:
-    return Controller(cast(KubeClient, object()), BackendRegistry([]), Settings(workers=1))
+    return Controller(cast(KubeClient, object()), BackendRegistry([]), ControllerSettings(workers=1))
 
 
 async def test_a_worker_survives_a_cancelled_error_from_a_reconcile() -> None:
     ctl = controller()
     handled: list[str] = []
 
-    async def dispatch(key: tuple[Any, ...]) -> float | None:
-        if key[2] == "cancelled" and key[2] not in handled:
-            handled.append(key[2])
+    async def dispatch(key: QueueKey) -> float | None:
+        assert isinstance(key, ClaimKey)
+        if key.name == "cancelled" and key.name not in handled:
+            handled.append(key.name)
             raise asyncio.CancelledError  # e.g. a future cancelled by a thread pool's shutdown
-        handled.append(key[2])
+        handled.append(key.name)
         return None
 
     ctl._dispatch = dispatch  # type: ignore[method-assign]
-    ctl.queue.add(("claim", "ns", "cancelled"), "shard-a")
-    ctl.queue.add(("claim", "ns", "next"), "shard-b")
-    worker = asyncio.create_task(ctl._worker(0))
+    ctl.queue.add(ClaimKey("ns", "cancelled"), "shard-a")
+    ctl.queue.add(ClaimKey("ns", "next"), "shard-b")
+    worker = asyncio.create_task(ctl._worker())
     for _ in range(100):
         if handled.count("cancelled") == 2 and "next" in handled:
             break
@@ -99,14 +102,14 @@ async def test_a_worker_still_stops_when_it_is_cancelled_itself() -> None:
     ctl = controller()
     started = asyncio.Event()
 
-    async def dispatch(key: tuple[Any, ...]) -> float | None:
+    async def dispatch(key: QueueKey) -> float | None:
         started.set()
         await asyncio.Event().wait()
         return None
 
     ctl._dispatch = dispatch  # type: ignore[method-assign]
-    ctl.queue.add(("claim", "ns", "slow"), "shard-a")
-    worker = asyncio.create_task(ctl._worker(0))
+    ctl.queue.add(ClaimKey("ns", "slow"), "shard-a")
+    worker = asyncio.create_task(ctl._worker())
     await asyncio.wait_for(started.wait(), 2)
     worker.cancel()
     done, _ = await asyncio.wait({worker}, timeout=2)

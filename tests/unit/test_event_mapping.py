@@ -14,7 +14,8 @@ import pytest
 from backends.incluster.backend import InClusterBackend
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.controller import Controller, Settings
+from ipam_provider.controller import Controller, ControllerSettings
+from ipam_provider.queue.keys import ClaimKey
 
 GROUP = "ipam.cluster.x-k8s.io"
 
@@ -48,7 +49,7 @@ def claim(name: str, fulfilled: bool) -> dict[str, Any]:
 def controller() -> Controller:
     kube: Any = object()  # never called: nothing here runs a reconcile or an informer
     registry = BackendRegistry([InClusterBackend(BackendContext(kube=kube))])
-    built = Controller(kube, registry, Settings())
+    built = Controller(kube, registry, ControllerSettings())
     built.caches.claims.upsert(claim("done", fulfilled=True))
     built.caches.claims.upsert(claim("waiting", fulfilled=False))
     return built
@@ -56,7 +57,7 @@ def controller() -> Controller:
 
 def pool_handler(controller: Controller) -> Any:
     (kind,) = [k for k in controller.registry.kinds if k.kind == "InClusterIPPool"]
-    return controller._pool_handler(kind)
+    return controller.handlers.on_pool(kind)
 
 
 async def queued_claims(controller: Controller) -> set[str]:
@@ -65,8 +66,8 @@ async def queued_claims(controller: Controller) -> set[str]:
         item = await asyncio.wait_for(controller.queue.get(), 1)
         assert item is not None
         key, shard = item
-        if key[0] == "claim":
-            names.add(key[2])
+        if isinstance(key, ClaimKey):
+            names.add(key.name)
         controller.queue.done(key, shard)
     return names
 

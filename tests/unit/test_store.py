@@ -13,11 +13,11 @@ def obj(name: str, version: int, pool: str = "p", namespace: str = "ns") -> dict
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:
     store = Store()
-    assert store.upsert(obj("a", 5)) is None
+    assert store.upsert(obj("a", 5)) is True
     assert store.upsert(obj("a", 4)) is False
     assert store.get("ns", "a") == obj("a", 5)
-    previous = store.upsert(obj("a", 6))
-    assert previous == obj("a", 5)
+    assert store.upsert(obj("a", 6)) is True
+    assert store.get("ns", "a") == obj("a", 6)
 
 
 def test_a_tombstone_refuses_versions_up_to_the_deletion_but_not_a_new_object() -> None:
@@ -27,7 +27,7 @@ def test_a_tombstone_refuses_versions_up_to_the_deletion_but_not_a_new_object() 
     assert store.upsert(obj("a", 6)) is False, "a late answer to an earlier write must not resurrect the object"
     assert store.upsert(obj("a", 7)) is False
     assert store.get("ns", "a") is None
-    assert store.upsert(obj("a", 9)) is None, "a re-created object (newer version) is stored"
+    assert store.upsert(obj("a", 9)) is True, "a re-created object (newer version) is stored"
     assert store.get("ns", "a") == obj("a", 9)
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 
 from ipam_provider.queue.workqueue import WorkQueue
 
 
-async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, str]]:
+async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, Hashable]]:
     taken = []
     for _ in range(count):
         item = await asyncio.wait_for(queue.get(), 1)

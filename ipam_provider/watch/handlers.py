@@ -1,0 +1,125 @@
+"""Event handlers: which queue keys a watch event enqueues (controller-runtime's predicates and map functions).
+
+- A claim event enqueues the claim.
+- An IPAddress event enqueues its claim and, a little later, its pool (status counts); a deleted IPAddress also
+  enqueues the claims of its pool still waiting for an address.
+- A Cluster event enqueues its claims when the Cluster appears, goes, or changes its pause state.
+- A pool event enqueues the pool and its claims, except for a status-only change, which enqueues only the waiting
+  claims and only when the pool became usable (turned Ready, or reports free addresses where it reported none).
+
+Claims are sharded by the pool they reference, so that work on one pool is serialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ipam_provider.api.capi import ANNOTATION_PAUSED
+from ipam_provider.api.pools import KindLookup, referenced_pool
+from ipam_provider.backend.contract import PoolKind, PoolRef, reported_free
+from ipam_provider.common import Object
+from ipam_provider.queue.keys import ClaimKey, PoolKey, QueueKey, Shard
+from ipam_provider.queue.workqueue import WorkQueue
+from ipam_provider.watch.caches import CLUSTER, POOL, Caches
+
+EventHandler = Callable[[str, Object | None, Object | None], None]
+POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts after this many seconds
+
+
+class EventHandlers:
+    """Maps watch events of claims, IPAddresses, Clusters and pools to queue keys."""
+
+    def __init__(self, caches: Caches, queue: WorkQueue[QueueKey], kind_of: KindLookup) -> None:
+        self.caches = caches
+        self.queue = queue
+        self.kind_of = kind_of
+
+    def claim_shard(self, key: ClaimKey) -> Shard:
+        """The shard of a claim: the pool its cached object references (None if unknown)."""
+        claim = self.caches.claims.get(key.namespace, key.name)
+        return referenced_pool(claim, self.kind_of) if claim is not None else None
+
+    def enqueue_claim(self, namespace: str, name: str) -> None:
+        key = ClaimKey(namespace, name)
+        self.queue.add(key, self.claim_shard(key))
+
+    def enqueue_pool(self, ref: PoolRef, delay: float = 0.0) -> None:
+        self.queue.add_after(PoolKey(ref), delay, ref)
+
+    def pool_changed(self, ref: PoolRef) -> None:
+        """A reconciler changed what the pool's status counts: look at the pool soon."""
+        self.enqueue_pool(ref, POOL_STATUS_DELAY)
+
+    def _enqueue_claims(self, claims: list[Object], *, waiting_only: bool = False) -> None:
+        for claim in claims:
+            if waiting_only and (claim.get("status") or {}).get("addressRef"):
+                continue
+            self.enqueue_claim(claim["metadata"]["namespace"], claim["metadata"]["name"])
+
+    def on_claim(self, type: str, old: Object | None, new: Object | None) -> None:
+        obj = new or old
+        if obj is not None:
+            self.enqueue_claim(obj["metadata"]["namespace"], obj["metadata"]["name"])
+
+    def on_address(self, type: str, old: Object | None, new: Object | None) -> None:
+        obj = new or old
+        if obj is None:
+            return
+        claim_name = (obj.get("spec", {}).get("claimRef") or {}).get("name") or obj["metadata"]["name"]
+        self.enqueue_claim(obj["metadata"]["namespace"], claim_name)
+        ref = referenced_pool(obj, self.kind_of)
+        if ref is None:
+            return
+        self.pool_changed(ref)
+        if type == "DELETED":  # an address came free: claims waiting on this pool may now be served
+            self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=True)
+
+    def on_cluster(self, type: str, old: Object | None, new: Object | None) -> None:
+        obj = new or old
+        if obj is None:
+            return
+        if type == "MODIFIED" and old is not None and new is not None and pause_state(old) == pause_state(new):
+            return
+        self._enqueue_claims(
+            self.caches.claims.by_index(CLUSTER, (obj["metadata"]["namespace"], obj["metadata"]["name"]))
+        )
+
+    def on_pool(self, kind: PoolKind) -> EventHandler:
+        """The handler of one pool kind's events."""
+
+        def handle(type: str, old: Object | None, new: Object | None) -> None:
+            obj = new or old
+            if obj is None:
+                return
+            ref = kind.ref(obj["metadata"].get("namespace"), obj["metadata"]["name"])
+            self.enqueue_pool(ref)
+            waiting_only = False
+            if type == "MODIFIED" and old is not None and new is not None and pool_unchanged_for_claims(old, new):
+                if not pool_became_usable(old, new):
+                    return
+                waiting_only = True  # a status change that can serve claims still waiting for an address
+            self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=waiting_only)
+
+        return handle
+
+
+def pause_state(cluster: Object) -> tuple[bool, bool]:
+    """A Cluster's `spec.paused` and whether it carries the paused annotation."""
+    annotations = cluster["metadata"].get("annotations") or {}
+    return bool((cluster.get("spec") or {}).get("paused")), ANNOTATION_PAUSED in annotations
+
+
+def pool_unchanged_for_claims(old: Object, new: Object) -> bool:
+    """A status-only change of a pool does not concern its claims."""
+    keys = ("generation", "annotations", "deletionTimestamp", "uid")
+    return all(old["metadata"].get(k) == new["metadata"].get(k) for k in keys)
+
+
+def pool_became_usable(old: Object, new: Object) -> bool:
+    """Whether a pool's status turned Ready, or reports free addresses where it reported none."""
+
+    def ready(pool: Object) -> bool:
+        conditions = (pool.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    return (ready(new) and not ready(old)) or (reported_free(new) > 0 and reported_free(old) == 0)
