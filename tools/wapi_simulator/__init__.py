@@ -14,7 +14,7 @@ address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.a
 
 In tests::
 
-    pytest_plugins = ["tests.wapi_simulator.fixtures"]
+    pytest_plugins = ["tools.wapi_simulator.fixtures"]
 
     def test_allocate(wapi_simulator):
         wapi_simulator.state.add_network("10.0.0.0/24")
@@ -32,7 +32,7 @@ Outside pytest::
 
 As a command (serves until interrupted; prints the URL, credentials and CA path)::
 
-    python -m tests.wapi_simulator --port 8443 --seed-network 10.0.0.0/24 --seed-ea Claim
+    python -m tools.wapi_simulator --port 8443 --seed-network 10.0.0.0/24 --seed-ea Claim
 """
 
 from __future__ import annotations
