@@ -39,7 +39,7 @@ from backends.infoblox.backend import InfobloxBackend
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.resources import SECRETS, Resource
 from ipam_provider.logconfig import configure_logging
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 Object = dict[str, Any]
 

@@ -4,5 +4,5 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.controller",
     "tests.support.netbox",
-    "tests.wapi_simulator.fixtures",
+    "tools.wapi_simulator.fixtures",
 ]

@@ -25,7 +25,7 @@ from ipam_provider.reconcile.context import pool_resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 POOLS = pool_resource(INFOBLOX_POOL)
 KIND = INFOBLOX_POOL.kind

@@ -14,7 +14,7 @@ from backends.infoblox.instances import Instances
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import Problem, WapiError
 from tests.infoblox.test_backend_units import StubKube, grid_instance, secret
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 SECRET_KEY = ("secrets", "sys", "creds")
 

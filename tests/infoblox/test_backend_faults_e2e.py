@@ -17,7 +17,7 @@ from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from tests.infoblox.conftest import Grid, b64, events_text, wait_gone, wait_instance_reason, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason
-from tests.wapi_simulator import make_tls_material
+from tools.wapi_simulator import make_tls_material
 
 Object = dict[str, Any]
 

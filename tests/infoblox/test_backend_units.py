@@ -20,7 +20,7 @@ from backends.infoblox.objects import duid_for
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import Problem, RetryPolicy, WapiClient, WapiError
 from ipam_provider.backend.contract import PoolRef
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 
@@ -149,7 +149,7 @@ async def test_client_retries_503_and_lost_requests_on_reads_only(wapi_simulator
 
 
 async def test_client_bad_credentials_and_tls(wapi_simulator: WapiSimulator, tmp_path: Any) -> None:
-    from tests.wapi_simulator import make_tls_material
+    from tools.wapi_simulator import make_tls_material
 
     wrong = client(wapi_simulator, password="wrong-secret-value")
     with pytest.raises(WapiError) as caught:

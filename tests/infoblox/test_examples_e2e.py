@@ -14,7 +14,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, SECRETS
 from tests.infoblox.conftest import POOLS, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "infoblox"
 Object = dict[str, Any]

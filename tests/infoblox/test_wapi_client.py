@@ -14,7 +14,7 @@ from backends.infoblox.instances import Instances
 from backends.infoblox.objects import parse_object
 from backends.infoblox.settings import Settings
 from backends.infoblox.wapi import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
-from tests.wapi_simulator import WapiSimulator
+from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 

@@ -1,4 +1,4 @@
-"""Run the WAPI simulator as a command: ``python -m tests.wapi_simulator [options]``.
+"""Run the WAPI simulator as a command: ``python -m tools.wapi_simulator [options]``.
 
 It binds 127.0.0.1 only, prints the WAPI URL, the credentials and (with TLS) the CA certificate path, then
 serves until interrupted.  ``--seed-*`` options may be repeated.
@@ -17,7 +17,7 @@ from .tls import make_tls_material
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.wapi_simulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.wapi_simulator", description=__doc__)
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--tls", dest="tls", action="store_true", default=True, help="serve https (default)")
     parser.add_argument("--no-tls", dest="tls", action="store_false", help="serve plain http")

@@ -23,10 +23,10 @@ import requests
 from infoblox_client import exceptions as ib_ex
 from infoblox_client import objects as ib
 
-from tests.wapi_simulator import WapiError, WapiSimulator, make_tls_material
-from tests.wapi_simulator.auth import Authenticator
+from tools.wapi_simulator import WapiError, WapiSimulator, make_tls_material
+from tools.wapi_simulator.auth import Authenticator
 
-pytest_plugins = ["tests.wapi_simulator.fixtures"]
+pytest_plugins = ["tools.wapi_simulator.fixtures"]
 
 REF = re.compile(r"^(?P<type>[a-z0-9:_]+)/(?P<opaque>[A-Za-z0-9_-]+):(?P<name>.+)$")
 NO_FREE = {
@@ -783,14 +783,14 @@ def test_command_line_serves_seeded_networks() -> None:
     command = [
         sys.executable,
         "-m",
-        "tests.wapi_simulator",
+        "tools.wapi_simulator",
         "--no-tls",
         "--seed-network",
         "10.3.0.0/24",
         "--seed-ea",
         "Claim",
     ]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None

@@ -1,7 +1,7 @@
 """A faithful Infoblox NIOS WAPI simulator, for testing the Infoblox backend through the real infoblox-client.
 
-It is an HTTP(S) server on 127.0.0.1 that follows the documented WAPI shapes (see
-``/work/shared/reference/external-ipam.md``): routes under ``/wapi/v2.<n>/``, object references,
+It is an HTTP(S) server on 127.0.0.1 that follows the documented WAPI shapes (what it covers and what it
+does not: docs/infoblox.md): routes under ``/wapi/v2.<n>/``, object references,
 ``_return_fields`` / ``_return_fields+``, ``func:nextavailableip``, search (including ``*<EA>=`` search),
 paging, the NIOS error bodies, HTTP basic authentication with the ``ibapauth`` cookie, and fault injection.
 
@@ -14,7 +14,7 @@ address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.a
 
 In tests::
 
-    pytest_plugins = ["tests.wapi_simulator.fixtures"]
+    pytest_plugins = ["tools.wapi_simulator.fixtures"]
 
     def test_allocate(wapi_simulator):
         wapi_simulator.state.add_network("10.0.0.0/24")
@@ -32,7 +32,7 @@ Outside pytest::
 
 As a command (serves until interrupted; prints the URL, credentials and CA path)::
 
-    python -m tests.wapi_simulator --port 8443 --seed-network 10.0.0.0/24 --seed-ea Claim
+    python -m tools.wapi_simulator --port 8443 --seed-network 10.0.0.0/24 --seed-ea Claim
 """
 
 from __future__ import annotations

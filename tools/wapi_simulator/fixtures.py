@@ -2,13 +2,13 @@
 
 Use them from a test module (or from the root ``tests/conftest.py``) with::
 
-    pytest_plugins = ["tests.wapi_simulator.fixtures"]
+    pytest_plugins = ["tools.wapi_simulator.fixtures"]
 
 Fixtures:
 
 * ``wapi_simulator`` -- a fresh, running, TLS-enabled simulator per test (admin / infoblox, WAPI 2.12); use
   ``.connector()`` for a real infoblox-client Connector that verifies the simulator's CA;
-* ``wapi_simulator_factory`` -- call it with :class:`~tests.wapi_simulator.server.WapiSimulator` keyword
+* ``wapi_simulator_factory`` -- call it with :class:`~tools.wapi_simulator.server.WapiSimulator` keyword
   arguments (``tls=False``, ``username=...``, ``session_timeout=...``, ``seed=...``) to start more or
   differently configured simulators; every one is stopped after the test;
 * ``wapi_tls_material`` -- the session-wide throwaway CA and server certificate the simulators share.
