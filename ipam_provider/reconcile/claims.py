@@ -39,7 +39,7 @@ from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
-from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, patch_cached
+from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
 
@@ -114,7 +114,7 @@ class ClaimReconciler:
         if FINALIZER_RELEASE_ADDRESS in finalizers:
             return False
         patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_RELEASE_ADDRESS]}}
-        work.refresh(await patch_cached(self.ctx, self.ctx.caches.claims, CLAIMS, work.raw, patch))
+        work.refresh(await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, work.raw, patch))
         return True
 
     async def _fresh_state(self, work: ClaimWork) -> str:
@@ -197,7 +197,7 @@ class ClaimReconciler:
     async def _adopt(self, work: ClaimWork, pool: Object, address_raw: Object, allocation: Allocation) -> None:
         patch = adoption_patch(address_raw, work, pool)
         if patch is not None:
-            await patch_cached(self.ctx, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
+            await self.ctx.patch_cached(self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
             work.log.info("existing IPAddress adopted", address=allocation.address)
             self.ctx.pool_changed(work.pool_ref)
 
@@ -222,7 +222,7 @@ class ClaimReconciler:
         finalizers = [f for f in address_raw["metadata"].get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
         if finalizers != (address_raw["metadata"].get("finalizers") or []):
             patch = {"metadata": {"finalizers": finalizers}}
-            await patch_cached(self.ctx, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
+            await self.ctx.patch_cached(self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
 
     async def _set_ready(
         self, work: ClaimWork, ready: bool, reason: str, message: str, address_name: str | None = None
@@ -247,7 +247,7 @@ class ClaimReconciler:
             status["addressRef"] = {"name": wanted_ref}
         raw = work.raw
         work.refresh(
-            await patch_cached(self.ctx, self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
+            await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
         )
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
             await self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message)

@@ -32,6 +32,43 @@ class ReconcileContext:
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
 
+    async def patch_cached(
+        self,
+        store: Store,
+        resource: Resource,
+        obj: Object,
+        patch: Object,
+        *,
+        subresource: str | None = None,
+    ) -> Object:
+        """Merge-patch `obj` guarded by its resourceVersion, and cache the answer (read-your-writes).
+
+        On a conflict the object is read again from the API server into the cache before the error propagates,
+        so the retry works from fresh data.
+        """
+        meta = obj["metadata"]
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
+        try:
+            updated = await self.kube.patch(
+                resource, meta["name"], body, meta.get("namespace"), subresource=subresource
+            )
+        except ApiError as error:
+            if error.conflict or error.not_found:
+                fresh = await self.kube.get(resource, meta["name"], meta.get("namespace"))
+                if fresh is not None:
+                    fresh.setdefault("apiVersion", resource.api_version)
+                    fresh.setdefault("kind", resource.kind)
+                    store.upsert(fresh)
+            raise
+        updated.setdefault("apiVersion", resource.api_version)
+        updated.setdefault("kind", resource.kind)
+        finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
+        if finalized:  # the API server deletes it now: it must not linger in the cache
+            store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
+        else:
+            store.upsert(updated)
+        return updated
+
 
 @dataclass
 class ClaimWork:
@@ -71,39 +108,3 @@ class ClaimWork:
             annotations=dict(claim.metadata.annotations),
             owner_references=[ref.wire() for ref in claim.metadata.owner_references],
         )
-
-
-async def patch_cached(
-    context: ReconcileContext,
-    store: Store,
-    resource: Resource,
-    obj: Object,
-    patch: Object,
-    *,
-    subresource: str | None = None,
-) -> Object:
-    """Merge-patch `obj` guarded by its resourceVersion, and cache the answer (read-your-writes).
-
-    On a conflict the object is read again from the API server into the cache before the error propagates,
-    so the retry works from fresh data.
-    """
-    meta = obj["metadata"]
-    body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-    try:
-        updated = await context.kube.patch(resource, meta["name"], body, meta.get("namespace"), subresource=subresource)
-    except ApiError as error:
-        if error.conflict or error.not_found:
-            fresh = await context.kube.get(resource, meta["name"], meta.get("namespace"))
-            if fresh is not None:
-                fresh.setdefault("apiVersion", resource.api_version)
-                fresh.setdefault("kind", resource.kind)
-                store.upsert(fresh)
-        raise
-    updated.setdefault("apiVersion", resource.api_version)
-    updated.setdefault("kind", resource.kind)
-    finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
-    if finalized:  # the API server deletes it now: it must not linger in the cache
-        store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
-    else:
-        store.upsert(updated)
-    return updated

@@ -27,7 +27,7 @@ from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport
 from ipam_provider.common import Object
 from ipam_provider.kube.resources import ADDRESSES, Resource
 from ipam_provider.reconcile.addresses import allocation_of
-from ipam_provider.reconcile.context import ReconcileContext, patch_cached, pool_resource
+from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import WARNING
 from ipam_provider.watch.caches import POOL
 from ipam_provider.watch.store import Store
@@ -69,7 +69,7 @@ class PoolReconciler:
             return await self._deleting(ref, raw, store, resource)
         if FINALIZER_PROTECT_POOL not in finalizers:
             patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_PROTECT_POOL]}}
-            raw = await patch_cached(self.ctx, store, resource, raw, patch)
+            raw = await self.ctx.patch_cached(store, resource, raw, patch)
         report = await backend.report(ref, raw, self.addresses_of(ref))
         await self._write_status(raw, store, resource, report, event=not report.ready)
         return RESYNC
@@ -87,7 +87,7 @@ class PoolReconciler:
                 await self._write_status(raw, store, resource, report, event=True)
                 return RETRY_DELETING
         remaining = [f for f in finalizers if f != FINALIZER_PROTECT_POOL]
-        await patch_cached(self.ctx, store, resource, raw, {"metadata": {"finalizers": remaining}})
+        await self.ctx.patch_cached(store, resource, raw, {"metadata": {"finalizers": remaining}})
         log.info("pool released", pool=str(ref))
         return None
 
@@ -118,7 +118,7 @@ class PoolReconciler:
         if not changed and all(status.get(k) == v for k, v in fields.items()):
             return
         patch = {"status": {**fields, "conditions": [c.wire() for c in conditions]}}
-        await patch_cached(self.ctx, store, resource, raw, patch, subresource="status")
+        await self.ctx.patch_cached(store, resource, raw, patch, subresource="status")
         previous = next((c for c in current if c.type == READY), None)
         if event and (previous is None or previous.reason != report.reason):
             await self.ctx.recorder.record(raw, WARNING, report.reason, report.message)

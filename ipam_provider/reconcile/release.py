@@ -13,7 +13,7 @@ from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import allocation_of, belongs_to
-from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, patch_cached
+from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import WARNING
 
 
@@ -29,7 +29,7 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> None:
         await ctx.recorder.record(work.raw, WARNING, error.reason, error.message)
     finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
     try:
-        await patch_cached(ctx, ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": finalizers}})
+        await ctx.patch_cached(ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": finalizers}})
     except ApiError as error:
         if not error.not_found:
             raise
@@ -41,8 +41,8 @@ async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> None:
     finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
     try:
         if finalizers != (meta.get("finalizers") or []):
-            address_raw = await patch_cached(
-                ctx, ctx.caches.addresses, ADDRESSES, address_raw, {"metadata": {"finalizers": finalizers}}
+            address_raw = await ctx.patch_cached(
+                ctx.caches.addresses, ADDRESSES, address_raw, {"metadata": {"finalizers": finalizers}}
             )
         await ctx.kube.delete(ADDRESSES, meta["name"], meta["namespace"], uid=meta.get("uid"))
     except ApiError as error:
