@@ -2,7 +2,7 @@
 
 Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
 name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
-allocations, not the pool's size (see `allocator`).
+allocations, not the pool's size (see `intervals`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import structlog
 from pydantic import Field, ValidationError, field_validator
 
-from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
-from backends.incluster.allocator import address_to_int, int_to_address
+from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.existing import reserve_existing
+from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
