@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynetbox
 import structlog
 
-from backends.netbox import NetboxBackend, Settings
+from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
@@ -129,8 +129,8 @@ def claims(count: int, prefix: str) -> list[ClaimContext]:
 
 
 async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int, workers: int) -> list[Figure]:
-    settings = Settings()
-    settings = Settings(client=type(settings.client)(workers=workers))
+    settings = NetboxSettings()
+    settings = NetboxSettings(client=type(settings.client)(workers=workers))
     backend = NetboxBackend(BackendContext(kube=cast(KubeClient, SecretsOnly(url, token))), settings)
     figures = []
     try:
