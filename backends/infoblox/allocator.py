@@ -31,17 +31,11 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from backends.infoblox.api import (
-    ANNOTATION_HOSTNAME,
-    ANNOTATION_INSTANCE,
-    ANNOTATION_REF,
-    EA_POOL,
-    Pool,
-    Target,
-)
+from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.hostname import HostnameError, machine_name
 from backends.infoblox.instances import Connection, Instances
-from backends.infoblox.objects import (
+from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
+from backends.infoblox.payloads import (
     FIXED_V4,
     FIXED_V6,
     HOST,
@@ -56,9 +50,15 @@ from backends.infoblox.objects import (
     parse_object,
     types_for_version,
 )
-from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import (
+    ANNOTATION_HOSTNAME,
+    ANNOTATION_INSTANCE,
+    ANNOTATION_REF,
+    EA_POOL,
+    Pool,
+    Target,
+)
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -84,7 +84,7 @@ class PoolState:
 
 
 class Allocator:
-    def __init__(self, kube: KubeClient, instances: Instances, settings: Settings) -> None:
+    def __init__(self, kube: KubeClient, instances: Instances, settings: InfobloxSettings) -> None:
         self._kube = kube
         self._instances = instances
         self._settings = settings

@@ -17,7 +17,10 @@ from collections.abc import Sequence
 import structlog
 
 from backends.infoblox.allocator import Allocator
-from backends.infoblox.api import (
+from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
+from backends.infoblox.instances import Connection, InstanceProblem, Instances
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import (
     ANNOTATION_INSTANCE,
     HOST_RECORD,
     INFOBLOX_POOL,
@@ -25,9 +28,6 @@ from backends.infoblox.api import (
     PoolSpecError,
     parse_pool,
 )
-from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
-from backends.infoblox.instances import Connection, InstanceProblem, Instances
-from backends.infoblox.settings import Settings
 from ipam_provider.backend.contract import (
     Allocation,
     BackendContext,
@@ -46,8 +46,8 @@ log = structlog.get_logger(__name__)
 class InfobloxBackend:
     """Serves InfobloxIPPool."""
 
-    def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
-        self.settings = settings or Settings()
+    def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
+        self.settings = settings or InfobloxSettings()
         self.instances = Instances(context.kube, self.settings)
         self.allocator = Allocator(context.kube, self.instances, self.settings)
         self.checks = PoolChecks(self.instances, self.settings)

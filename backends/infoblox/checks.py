@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.api import HOST_RECORD, Pool
+from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.instances import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, Health, Instances
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import HOST_RECORD, Pool
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
 DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound"})
@@ -45,7 +45,7 @@ class CheckResult:
 
 
 class PoolChecks:
-    def __init__(self, instances: Instances, settings: Settings) -> None:
+    def __init__(self, instances: Instances, settings: InfobloxSettings) -> None:
         self._instances = instances
         self._settings = settings
         self._results: dict[PoolRef, CheckResult] = {}

@@ -37,17 +37,17 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from backends.infoblox.api import INSTANCES, OWNERSHIP_EAS, InstanceSpec
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiClient, WapiError
+from backends.infoblox.client import Problem, WapiClient, WapiError
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import INSTANCES, OWNERSHIP_EAS, InstanceSpec
 from ipam_provider.api.meta import Condition, set_condition
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import SECRETS
 
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
-Obj = dict[str, Any]
 AUTH_FAILED = Problem.AUTH.value  # the Health reason of refused credentials
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
 
@@ -101,11 +101,11 @@ class Connection:
 class Instances:
     """Every InfobloxInstance this process talks to."""
 
-    def __init__(self, kube: KubeClient, settings: Settings) -> None:
+    def __init__(self, kube: KubeClient, settings: InfobloxSettings) -> None:
         self._kube = kube
         self._settings = settings
         self._connections: dict[str, Connection] = {}
-        self._raw: dict[str, Obj] = {}
+        self._raw: dict[str, Object] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._retiring: dict[asyncio.Task[None], Connection] = {}
 
@@ -146,7 +146,7 @@ class Instances:
             log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
             return connection
 
-    async def _read(self, raw: Obj) -> _Material:
+    async def _read(self, raw: Object) -> _Material:
         """What a connection to the instance needs; private files are removed again if reading fails."""
         try:
             spec = InstanceSpec.model_validate(raw.get("spec") or {})

@@ -21,10 +21,17 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from backends.infoblox.api import ANNOTATION_REF, EA_CLAIM_UID
+from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.instances import INSTANCE_WIDE, Connection, Instances
-from backends.infoblox.objects import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref, types_for_version
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.payloads import (
+    ALL_TYPES,
+    RETURN_FIELDS,
+    GridObject,
+    parse_object,
+    type_of_ref,
+    types_for_version,
+)
+from backends.infoblox.spec import ANNOTATION_REF, EA_CLAIM_UID
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,

@@ -10,9 +10,9 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox import instances as instances_module
+from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.instances import Instances
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.settings import InfobloxSettings
 from tests.infoblox.test_backend_units import StubKube, grid_instance, secret
 from tests.wapi_simulator import WapiSimulator
 
@@ -40,7 +40,7 @@ async def test_refused_credentials_are_rechecked_later_and_later_until_the_secre
     sim = wapi_simulator
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, "Wrong-password-1")
-    instances = Instances(cast(Any, kube), Settings())  # re-check after 10 s, doubling up to 300 s
+    instances = Instances(cast(Any, kube), InfobloxSettings())  # re-check after 10 s, doubling up to 300 s
     connection = await instances.connect("grid")
     assert (await instances.health(connection)).reason == "AuthenticationFailed"
     assert sim.request_log.entries and all(e.status == 401 for e in sim.request_log.entries)
@@ -77,7 +77,7 @@ async def test_other_failures_keep_the_short_recheck(
     sim = wapi_simulator
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, sim.password, defaultDNSView="nope")
-    instances = Instances(cast(Any, kube), Settings())
+    instances = Instances(cast(Any, kube), InfobloxSettings())
     connection = await instances.connect("grid")
     checks = 0
     for second in range(0, 100):
@@ -97,7 +97,7 @@ async def test_refusals_of_other_calls_double_the_wait_only_when_they_probed_aga
     sim = wapi_simulator
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, "Wrong-password-1")
-    instances = Instances(cast(Any, kube), Settings())
+    instances = Instances(cast(Any, kube), InfobloxSettings())
     connection = await instances.connect("grid")
     await instances.health(connection)  # refused at 1000: the wait is 10 s
     refusal = WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", 401)

@@ -13,12 +13,12 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.api import Pool, PoolSpecError, parse_pool
+from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError
 from backends.infoblox.hostname import plural
 from backends.infoblox.instances import InstanceProblem, Instances
-from backends.infoblox.objects import duid_for
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.payloads import duid_for
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import Pool, PoolSpecError, parse_pool
 from ipam_provider.backend.contract import PoolRef
 from tests.wapi_simulator import WapiSimulator
 
@@ -236,7 +236,7 @@ async def test_client_certificates_go_to_private_files_removed_with_the_connecti
             ("secrets", "sys", "creds"): secret("creds", clientCert="CERT-PEM", clientKey="KEY-PEM"),
         }
     )
-    instances = Instances(cast(Any, kube), Settings())
+    instances = Instances(cast(Any, kube), InfobloxSettings())
     connection = await instances.connect("grid")
     options = connection.client._connector
     assert (options.cert, options.key) != (None, None) and not hasattr(options, "password")
@@ -290,7 +290,7 @@ async def test_instance_problems_have_reasons_and_reach_the_instance_status(
     objects: dict[Any, Any], reason: str
 ) -> None:
     kube = StubKube(objects)
-    instances = Instances(cast(Any, kube), Settings())
+    instances = Instances(cast(Any, kube), InfobloxSettings())
     with pytest.raises(InstanceProblem) as caught:
         await instances.connect("grid")
     assert caught.value.reason == reason

@@ -10,10 +10,10 @@ from typing import Any, cast
 
 import pytest
 
+from backends.infoblox.client import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
 from backends.infoblox.instances import Instances
-from backends.infoblox.objects import parse_object
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.payloads import parse_object
+from backends.infoblox.settings import InfobloxSettings
 from tests.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -135,7 +135,7 @@ async def test_a_replaced_connection_serves_its_calls_in_flight_then_closes(wapi
     sim = wapi_simulator
     sim.state.add_network("10.0.0.0/24")
     kube = SecretsStub(sim)
-    instances = Instances(cast(Any, kube), Settings(instance_cache_seconds=0, retry=FAST))
+    instances = Instances(cast(Any, kube), InfobloxSettings(instance_cache_seconds=0, retry=FAST))
     old = await instances.connect("grid")
     ca_file = old.client._connector.ssl_verify
     sim.faults.add_latency(0.3, methods="GET", count=4)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.api import (
+from backends.infoblox.spec import (
     EA_CLAIM_NAME,
     EA_CLAIM_NAMESPACE,
     EA_CLAIM_UID,
