@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.health import GridHealth
 from backends.infoblox.hostname import HostnameError, machine_name
-from backends.infoblox.instances import Connection, Instances
 from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
 from backends.infoblox.payloads import (
     FIXED_V4,
@@ -84,9 +85,9 @@ class PoolState:
 
 
 class Allocator:
-    def __init__(self, kube: KubeClient, instances: Instances, settings: InfobloxSettings) -> None:
+    def __init__(self, kube: KubeClient, grid: GridHealth, settings: InfobloxSettings) -> None:
         self._kube = kube
-        self._instances = instances
+        self._grid = grid
         self._settings = settings
         self._states: dict[PoolRef, PoolState] = {}
         self.late_commits = LateCommits()
@@ -401,4 +402,4 @@ class Allocator:
             state.exhausted.clear()
 
     async def _translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
-        return await translate(self._instances, connection, error, what)
+        return await translate(self._grid, connection, error, what)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from backends.infoblox.client import Problem, WapiError
-from backends.infoblox.instances import INSTANCE_WIDE, Connection, Instances
+from backends.infoblox.connections import Connection
+from backends.infoblox.health import INSTANCE_WIDE, GridHealth
 from backends.infoblox.payloads import (
     ALL_TYPES,
     RETURN_FIELDS,
@@ -139,10 +140,10 @@ class LateCommits:
                 await task
 
 
-async def translate(instances: Instances, connection: Connection, error: WapiError, what: str) -> BackendError:
+async def translate(grid: GridHealth, connection: Connection, error: WapiError, what: str) -> BackendError:
     """A BackendError for people; instance-wide failures also go to the instance's condition."""
     if error.problem in INSTANCE_WIDE:
-        health = await instances.failed(connection, error)
+        health = await grid.failed(connection, error)
         return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
     if error.problem in (Problem.TARGET_NOT_FOUND, Problem.VIEW_NOT_FOUND):
         return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
