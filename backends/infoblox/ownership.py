@@ -98,9 +98,9 @@ class LateCommits:
     """Removes the object a timed-out or lost POST may still create after the claim was served by a second POST.
 
     `watch` is called when a POST's outcome was unknown, a search found nothing, and the POST was sent again. Twice
-    (after `delays`) it searches the claim's objects and deletes those other than `keep_ref` (the one the claim
-    was given), as long as the claim holds `keep_ref` or has been released (`holds` answers the refs the pool's
-    index lists for the claim). Failures are logged; release deletes every owned object anyway.
+    (after `delays`) it searches the claim's objects of `kept`'s type and deletes those other than `kept` (the one
+    the claim was given), as long as the claim holds `kept` or has been released (`holds` answers the refs the
+    pool's index lists for the claim). Failures are logged; release deletes every owned object anyway.
     """
 
     def __init__(self) -> None:
@@ -109,12 +109,13 @@ class LateCommits:
     def watch(
         self,
         connection: Connection,
-        obj_type: str,
         claim: ClaimContext,
-        keep_ref: str,
+        kept: GridObject,
         holds: Callable[[], set[str]],
         delays: Sequence[float],
     ) -> None:
+        keep_ref = kept.ref
+
         async def check() -> None:
             for delay in delays:
                 await asyncio.sleep(delay)
@@ -122,7 +123,7 @@ class LateCommits:
                 if held and keep_ref not in held:
                     return  # the claim holds something else now: allocation sorts it out
                 try:
-                    for obj in await owned(connection, (obj_type,), claim.uid):
+                    for obj in await owned(connection, (kept.obj_type,), claim.uid):
                         if obj.ref != keep_ref:
                             await connection.client.delete(obj.ref)
                             log.info("late object of a lost request released", claim=str(claim), ref=obj.ref)
