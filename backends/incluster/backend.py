@@ -19,6 +19,7 @@ from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
     AddressCounts,
@@ -312,6 +313,5 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
 
 def _first_line(error: Exception) -> str:
     if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        return f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return spec_error(error)
     return str(error).splitlines()[0]

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import enum
 import functools
-import random
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ import structlog
 from infoblox_client import connector as ib_connector
 from infoblox_client import exceptions as ib_ex
 
+from backends.backoff import backoff_delay
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
@@ -84,8 +84,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (0-based), with ±20 % jitter."""
-        delay: float = min(self.max_delay, self.base_delay * (2**attempt))
-        return delay * random.uniform(0.8, 1.2)
+        return backoff_delay(attempt, self.base_delay, self.max_delay)
 
 
 class WapiClient:

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.infoblox.spec import InstanceSpec
+from backends.validation import spec_error
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import SECRETS
@@ -57,9 +58,7 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
     try:
         spec = InstanceSpec.model_validate(instance.get("spec") or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InstanceProblem("InvalidConfiguration", f"spec.{where}: {first['msg']}") from error
+        raise InstanceProblem("InvalidConfiguration", spec_error(error)) from error
     ref = spec.credentials_secret_ref
     secret_label = f"{ref.namespace}/{ref.name}"
     secret = await kube.get(SECRETS, ref.name, ref.namespace)
