@@ -18,6 +18,7 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object
 
 JSON = Object
+"""The same type as `Object`: plugins may import either name."""
 
 __all__ = [
     "JSON",
@@ -28,6 +29,7 @@ __all__ = [
     "BackendContext",
     "BackendError",
     "ClaimContext",
+    "Object",
     "PoolExhaustedError",
     "PoolKind",
     "PoolNotReadyError",

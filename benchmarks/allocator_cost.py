@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.incluster.allocator import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 
 POOL_BASE = address_to_int("fd00:1234:5678::", 6)
 POOL = IntervalSet([(POOL_BASE + 1, POOL_BASE + 2**80 - 1)])

@@ -34,14 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infoblox_client.connector import Connector
 
-from backends.infoblox.api import INSTANCES
 from backends.infoblox.backend import InfobloxBackend
+from backends.infoblox.spec import INSTANCES
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
+from ipam_provider.common import Object
 from ipam_provider.kube.resources import SECRETS, Resource
 from ipam_provider.logconfig import configure_logging
 from tools.wapi_simulator import WapiSimulator
-
-Object = dict[str, Any]
 
 
 class MemoryKube:

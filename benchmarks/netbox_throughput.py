@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynetbox
 import structlog
 
-from backends.netbox import NetboxBackend, Settings
+from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
@@ -129,14 +129,14 @@ def claims(count: int, prefix: str) -> list[ClaimContext]:
 
 
 async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int, workers: int) -> list[Figure]:
-    settings = Settings()
-    settings = Settings(client=type(settings.client)(workers=workers))
+    settings = NetboxSettings()
+    settings = NetboxSettings(client=type(settings.client)(workers=workers))
     backend = NetboxBackend(BackendContext(kube=cast(KubeClient, SecretsOnly(url, token))), settings)
     figures = []
     try:
         one = pool("one", cidrs[0])
         await backend.allocate(PoolRef.from_object(one), one, ClaimContext(NAMESPACE, "warm-up", new_uid()))
-        client = await backend.connections.client(backend._parse(one))
+        client = await backend.connections.client(backend._parse(PoolRef.from_object(one), one))
         wanted = claims(n, "one")
         before, started = client.requests_sent, time.perf_counter()
         allocations = [await backend.allocate(PoolRef.from_object(one), one, c) for c in wanted]
@@ -153,7 +153,7 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
             )
         )
         before, started = client.requests_sent, time.perf_counter()
-        ref = backend._parse(one).ref
+        ref = backend._parse(PoolRef.from_object(one), one).ref
         for c, a in zip(wanted, allocations, strict=True):
             await backend.release(ref, one, c, a)
         figures.append(Figure("ours, releases", n, time.perf_counter() - started, client.requests_sent - before))

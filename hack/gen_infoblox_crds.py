@@ -4,7 +4,7 @@ Run `.venv/bin/python hack/gen_infoblox_crds.py`. Version v1alpha1: these kinds 
 still allowed to change without a conversion path. They are not wire-compatible with the kinds of the same names of
 telekom/cluster-api-ipam-provider-infoblox (different fields), and the two providers cannot be installed together.
 Validation is OpenAPI plus CEL (isIP, isCIDR, cidr(), ip()) so mistakes are refused at admission with a message.
-The models in backends/infoblox/api.py mirror these schemas.
+The models in backends/infoblox/spec.py mirror these schemas.
 """
 
 from __future__ import annotations

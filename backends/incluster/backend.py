@@ -2,7 +2,7 @@
 
 Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
 name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
-allocations, not the pool's size (see `allocator`).
+allocations, not the pool's size (see `intervals`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Sequence
 import structlog
 from pydantic import Field, ValidationError, field_validator
 
-from backends.incluster.addresses import AllocatableSet, PoolSpecError, build_allocatable_set
-from backends.incluster.allocator import address_to_int, int_to_address
+from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.existing import reserve_existing
+from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
     AddressCounts,
@@ -312,6 +313,5 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
 
 def _first_line(error: Exception) -> str:
     if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        return f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return spec_error(error)
     return str(error).splitlines()[0]

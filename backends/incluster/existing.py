@@ -16,18 +16,16 @@ Contract:
 
 from __future__ import annotations
 
-import ipaddress
-from typing import Any
-
 import structlog
 
+from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.backend.contract import PoolRef
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 
 log = structlog.get_logger(__name__)
-Object = dict[str, Any]
 
 
 def names_pool(address: Object, ref: PoolRef) -> bool:
@@ -46,12 +44,12 @@ def controller_claim_uid(address: Object) -> str | None:
     return None
 
 
-def _normalized(value: str, family: int) -> str | None:
+def _in_family(value: str, family: int) -> str | None:
+    """The canonical text of `value` when it is a plain IP address of `family`, else None."""
     try:
-        ip = ipaddress.ip_address(value.strip())
+        return int_to_address(address_to_int(value, family), family)
     except ValueError:
         return None
-    return str(ip) if ip.version == family else None
 
 
 async def reserve_existing(
@@ -59,14 +57,14 @@ async def reserve_existing(
 ) -> list[Reservation]:
     """Make sure every IPAddress naming the pool is held by a reservation; return the reservations created or
     found for them (those in `held`, a fresh list of the pool's reservations, are not repeated)."""
-    held_addresses = {_normalized(r.address, family) for r in held}
+    held_addresses = {_in_family(r.address, family) for r in held}
     items, _ = await kube.list(ADDRESSES, ref.namespace)
     found: list[Reservation] = []
     for address in items:
         if not names_pool(address, ref):
             continue
         spec, meta = address.get("spec") or {}, address["metadata"]
-        value = _normalized(str(spec.get("address", "")), family)
+        value = _in_family(str(spec.get("address", "")), family)
         if value is None or value in held_addresses:
             continue
         namespace = meta.get("namespace", "")

@@ -29,8 +29,8 @@ from backends.incluster.reservations import (
     age_seconds,
 )
 from ipam_provider.backend.contract import PoolKind, PoolRef
-from ipam_provider.common import normalized_address
-from ipam_provider.kube.client import KubeClient, Object
+from ipam_provider.common import Object, normalized_address
+from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, Resource
 
 log = structlog.get_logger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from backends.incluster.allocator import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 from backends.incluster.reservations import Reservation, age_seconds
 
 

@@ -13,7 +13,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from ipam_provider.backend.contract import PoolRef
-from ipam_provider.kube.client import KubeClient, Object
+from ipam_provider.common import Object
+from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import IPAM_GROUP, Resource
 

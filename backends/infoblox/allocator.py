@@ -31,7 +31,28 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from backends.infoblox.api import (
+from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.health import GridHealth
+from backends.infoblox.hostname import HostnameError, machine_name
+from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
+from backends.infoblox.payloads import (
+    FIXED_V4,
+    FIXED_V6,
+    HOST,
+    RETURN_FIELDS,
+    GridObject,
+    claim_marks,
+    fixed_payload,
+    gateway_marks,
+    host_payload,
+    next_available,
+    object_type,
+    parse_object,
+    types_for_version,
+)
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import (
     ANNOTATION_HOSTNAME,
     ANNOTATION_INSTANCE,
     ANNOTATION_REF,
@@ -39,26 +60,6 @@ from backends.infoblox.api import (
     Pool,
     Target,
 )
-from backends.infoblox.hostname import HostnameError, machine_name
-from backends.infoblox.instances import Connection, Instances
-from backends.infoblox.objects import (
-    FIXED_V4,
-    FIXED_V6,
-    HOST,
-    RETURN_FIELDS,
-    GridObject,
-    claim_comment,
-    fixed_payload,
-    host_payload,
-    next_available,
-    object_type,
-    ownership,
-    parse_object,
-    types_for_version,
-)
-from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiError
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -83,10 +84,22 @@ class PoolState:
     exhausted: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Allocating:
+    """One allocation under way: the claim, its pool and what this process knows of the pool's objects, the
+    connection to the grid, and the network view."""
+
+    pool: Pool
+    connection: Connection
+    state: PoolState
+    claim: ClaimContext
+    network_view: str
+
+
 class Allocator:
-    def __init__(self, kube: KubeClient, instances: Instances, settings: Settings) -> None:
+    def __init__(self, kube: KubeClient, grid: GridHealth, settings: InfobloxSettings) -> None:
         self._kube = kube
-        self._instances = instances
+        self._grid = grid
         self._settings = settings
         self._states: dict[PoolRef, PoolState] = {}
         self.late_commits = LateCommits()
@@ -145,10 +158,11 @@ class Allocator:
     ) -> Allocation:
         state = await self.index(pool, connection)
         network_view = pool.spec.network_view or connection.spec.default_network_view
+        job = _Allocating(pool, connection, state, claim, network_view)
         if claim.uid in state.uncertain:
-            await self._resolve(connection, state, pool, claim)
+            await self._resolve(job)
         if existing is not None:
-            return await self._hold_existing(pool, connection, state, claim, existing, network_view)
+            return await self._hold_existing(job, existing)
         held = state.by_claim.get(claim.uid)
         if held:
             return self._allocation(pool, connection, held[0])
@@ -158,7 +172,7 @@ class Allocator:
             while True:
                 value = next_available(target, network_view)
                 try:
-                    obj = await self._create(pool, connection, state, claim, value, network_view, hostname)
+                    obj = await self._create(job, value, hostname)
                 except WapiError as error:
                     if error.problem is not Problem.EXHAUSTED:
                         raise await self._translate(connection, error, str(target)) from error
@@ -179,7 +193,7 @@ class Allocator:
                 if target.argument in tried_gateway:
                     raise AllocationFailedError(f"the grid keeps handing out gateway {target.gateway} of {target}")
                 tried_gateway.add(target.argument)
-                await self._reserve_gateway(pool, connection, state, claim, obj, target, network_view)
+                await self._reserve_gateway(job, obj, target)
         names = ", ".join(str(t) for t in pool.targets)
         raise PoolExhaustedError(f"{pool.ref} has no free address on the grid in {names}; add a subnet or free some")
 
@@ -189,26 +203,16 @@ class Allocator:
         fresh = [t for t in pool.targets if state.exhausted.get(t.argument, 0.0) <= now]
         return fresh + [t for t in pool.targets if t not in fresh]
 
-    async def _create(
-        self,
-        pool: Pool,
-        connection: Connection,
-        state: PoolState,
-        claim: ClaimContext,
-        address: str,
-        network_view: str,
-        hostname: str | None,
-    ) -> GridObject:
+    async def _create(self, job: _Allocating, address: str, hostname: str | None) -> GridObject:
         """POST one object for the claim at `address` (literal or func:), resolving lost replies; WapiError if not."""
+        pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         obj_type = object_type(pool)
-        eas = ownership(pool, claim)
         if obj_type == HOST:
             assert hostname is not None and pool.spec.host_record is not None
             dns_view = pool.spec.host_record.dns_view or connection.spec.default_dns_view
-            configure = pool.spec.host_record.configure_for_dns
-            payload = host_payload(pool.version, address, hostname, dns_view, configure, eas, claim_comment(claim))
+            payload = host_payload(pool, address, hostname, dns_view, claim_marks(pool, claim))
         else:
-            payload = fixed_payload(pool.version, address, network_view, eas, claim_comment(claim), claim.uid)
+            payload = fixed_payload(pool, address, job.network_view, claim_marks(pool, claim))
         attempts, resent = self._settings.create_attempts, False
         for attempt in range(attempts):
             try:
@@ -223,12 +227,12 @@ class Allocator:
                         pool=str(pool.ref),
                         detail=error.detail,
                     )
-                    found = await self._resolve(connection, state, pool, claim)
+                    found = await self._resolve(job)
                     if found is not None:
                         return found
                     resent = True
                 elif error.problem is Problem.CONFLICT and obj_type == HOST and hostname is not None:
-                    return await self._same_name(connection, state, claim, hostname, payload["view"], error)
+                    return await self._same_name(job, hostname, payload["view"], error)
                 elif error.problem is not Problem.UNAVAILABLE:
                     raise
                 if last:
@@ -243,7 +247,7 @@ class Allocator:
                 timeout = float(connection.spec.request_timeout_seconds)
                 delays = (2 * timeout, connection.client.call_timeout)
                 holds = self._holds(pool.ref, claim.uid)
-                self.late_commits.watch(connection, obj_type, claim, obj.ref, holds, delays)
+                self.late_commits.watch(connection, claim, obj, holds, delays)
             return obj
         raise AssertionError("unreachable")
 
@@ -254,11 +258,10 @@ class Allocator:
 
         return holds
 
-    async def _resolve(
-        self, connection: Connection, state: PoolState, pool: Pool, claim: ClaimContext
-    ) -> GridObject | None:
+    async def _resolve(self, job: _Allocating) -> GridObject | None:
         """Search the grid for what the claim owns after a lost reply; the claim stays uncertain if that fails."""
-        found = await owned(connection, (object_type(pool),), claim.uid)
+        pool, state, claim = job.pool, job.state, job.claim
+        found = await owned(job.connection, (object_type(pool),), claim.uid)
         state.uncertain.discard(claim.uid)
         if not found:
             state.by_claim.pop(claim.uid, None)
@@ -267,17 +270,10 @@ class Allocator:
         log.info("lost allocation found on the grid", claim=str(claim), pool=str(pool.ref), address=found[0].address)
         return found[0]
 
-    async def _same_name(
-        self,
-        connection: Connection,
-        state: PoolState,
-        claim: ClaimContext,
-        hostname: str,
-        dns_view: str,
-        error: WapiError,
-    ) -> GridObject:
+    async def _same_name(self, job: _Allocating, hostname: str, dns_view: str, error: WapiError) -> GridObject:
         """A host record of this name exists: it is the claim's only if it carries the claim's uid."""
-        answer = await connection.client.search(HOST, RETURN_FIELDS[HOST], {"name": hostname, "view": dns_view})
+        state, claim = job.state, job.claim
+        answer = await job.connection.client.search(HOST, RETURN_FIELDS[HOST], {"name": hostname, "view": dns_view})
         holders = [obj for obj in (parse_object(HOST, raw) for raw in answer) if obj is not None]
         mine = [obj for obj in holders if obj.claim_uid == claim.uid]
         if mine:
@@ -295,22 +291,15 @@ class Allocator:
             "change the pool's hostnameSource"
         )
 
-    async def _hold_existing(
-        self,
-        pool: Pool,
-        connection: Connection,
-        state: PoolState,
-        claim: ClaimContext,
-        existing: Allocation,
-        network_view: str,
-    ) -> Allocation:
+    async def _hold_existing(self, job: _Allocating, existing: Allocation) -> Allocation:
         """Make the claim own exactly the address its IPAddress names, and nothing else."""
+        pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         mine = state.by_claim.get(claim.uid) or []
         if not any(same(o.address, existing.address) for o in mine):
             mine = await owned(connection, types_for_version(pool.version), claim.uid)
         keep = next((o for o in mine if same(o.address, existing.address)), None)
         if keep is None:
-            keep = await self._reserve_literal(pool, connection, state, claim, existing.address, network_view)
+            keep = await self._reserve_literal(job, existing.address)
         for other in mine:
             if other.ref != keep.ref:  # e.g. the object of a reply that was lost, then searched for too early
                 await connection.client.delete(other.ref)
@@ -319,9 +308,8 @@ class Allocator:
         annotations = {**existing.annotations, **self._allocation(pool, connection, keep).annotations}
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
 
-    async def _reserve_literal(
-        self, pool: Pool, connection: Connection, state: PoolState, claim: ClaimContext, address: str, view: str
-    ) -> GridObject:
+    async def _reserve_literal(self, job: _Allocating, address: str) -> GridObject:
+        pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view
         fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
         field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
         try:
@@ -333,29 +321,20 @@ class Allocator:
                     f"the claim does not own; delete one of the two"
                 )
             hostname = await self._hostname(pool, connection, claim)
-            obj = await self._create(pool, connection, state, claim, address, view, hostname)
+            obj = await self._create(job, address, hostname)
         except WapiError as error:
             raise await self._translate(connection, error, f"address {address}") from error
         log.info("address of an existing IPAddress reserved on the grid", claim=str(claim), address=address)
         return obj
 
-    async def _reserve_gateway(
-        self,
-        pool: Pool,
-        connection: Connection,
-        state: PoolState,
-        claim: ClaimContext,
-        obj: GridObject,
-        target: Target,
-        view: str,
-    ) -> None:
+    async def _reserve_gateway(self, job: _Allocating, obj: GridObject, target: Target) -> None:
         """The grid handed out the gateway: give it back, and hold it with a reservation of the pool's own."""
         assert target.gateway is not None
-        comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
-        payload = fixed_payload(pool.version, target.gateway, view, {EA_POOL: pool.label}, comment, pool.uid)
+        pool, connection = job.pool, job.connection
+        payload = fixed_payload(pool, target.gateway, job.network_view, gateway_marks(pool))
         try:
             await connection.client.delete(obj.ref)
-            state.by_claim.pop(claim.uid, None)
+            job.state.by_claim.pop(job.claim.uid, None)
             await connection.client.create(FIXED_V4 if pool.version == 4 else FIXED_V6, payload, ["network_view"])
         except WapiError as error:
             if error.problem is not Problem.CONFLICT:
@@ -401,4 +380,4 @@ class Allocator:
             state.exhausted.clear()
 
     async def _translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
-        return await translate(self._instances, connection, error, what)
+        return await translate(self._grid, connection, error, what)

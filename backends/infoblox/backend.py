@@ -1,13 +1,14 @@
 """The Infoblox backend: InfobloxIPPool (v1alpha1) served from an Infoblox NIOS grid through infoblox-client.
 
-How the pieces fit: `instances` turns an InfobloxInstance and its Secrets into a cached connection (a Connector
-with its own bounded thread pool) and checks the grid; `allocator` allocates and releases (one WAPI request per
-allocation in steady state; ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool
-against the grid for its status. The pool's Ready condition depends on its instance's: a pool is Ready only when
-its instance answers, accepts the credentials, verifies under TLS, and holds the pool's view, networks and ranges
-(and, for host records, the DNS view and zone). A pool whose DNS view or zone is missing gets no POST at all: its
-claims get PoolNotReady from the pool's cached check (re-asked at pool-check times, never per allocation). Releases
-on an instance whose credentials the grid refused wait for its next re-check instead of asking the grid again.
+How the pieces fit: `connections` turns an InfobloxInstance and its Secrets (read by `credentials`) into a cached
+connection (a Connector with its own bounded thread pool); `health` checks the grid and, through `status`, writes
+the instance's Ready condition; `allocator` allocates and releases (one WAPI request per allocation in steady state;
+ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool against the grid for its status.
+The pool's Ready condition depends on its instance's: a pool is Ready only when its instance answers, accepts the
+credentials, verifies under TLS, and holds the pool's view, networks and ranges (and, for host records, the DNS view
+and zone). A pool whose DNS view or zone is missing gets no POST at all: its claims get PoolNotReady from the pool's
+cached check (re-asked at pool-check times, never per allocation). Releases on an instance whose credentials the
+grid refused wait for its next re-check instead of asking the grid again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from collections.abc import Sequence
 import structlog
 
 from backends.infoblox.allocator import Allocator
-from backends.infoblox.api import (
+from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
+from backends.infoblox.connections import Connection, Connections
+from backends.infoblox.credentials import InstanceProblem
+from backends.infoblox.health import GridHealth
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import (
     ANNOTATION_INSTANCE,
     HOST_RECORD,
     INFOBLOX_POOL,
@@ -25,9 +31,7 @@ from backends.infoblox.api import (
     PoolSpecError,
     parse_pool,
 )
-from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
-from backends.infoblox.instances import Connection, InstanceProblem, Instances
-from backends.infoblox.settings import Settings
+from backends.infoblox.status import InstanceStatus
 from ipam_provider.backend.contract import (
     Allocation,
     BackendContext,
@@ -46,11 +50,13 @@ log = structlog.get_logger(__name__)
 class InfobloxBackend:
     """Serves InfobloxIPPool."""
 
-    def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
-        self.settings = settings or Settings()
-        self.instances = Instances(context.kube, self.settings)
-        self.allocator = Allocator(context.kube, self.instances, self.settings)
-        self.checks = PoolChecks(self.instances, self.settings)
+    def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
+        self.settings = settings or InfobloxSettings()
+        status = InstanceStatus(context.kube)
+        self.connections = Connections(context.kube, self.settings, status)
+        self.grid = GridHealth(self.settings, status)
+        self.allocator = Allocator(context.kube, self.grid, self.settings)
+        self.checks = PoolChecks(self.grid, self.settings)
         self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
 
     @property
@@ -67,7 +73,7 @@ class InfobloxBackend:
 
     async def _connect(self, name: str) -> Connection:
         try:
-            return await self.instances.connect(name)
+            return await self.connections.connect(name)
         except InstanceProblem as problem:
             raise PoolNotReadyError(f"InfobloxInstance {name}: {problem.message}") from problem
 
@@ -90,7 +96,7 @@ class InfobloxBackend:
             quick = self.allocator.quick(parsed, connection, claim, existing)
             if quick is not None:
                 return quick
-        health = await self.instances.health(connection)
+        health = await self.grid.health(connection)
         if not health.ready:
             raise PoolNotReadyError(
                 f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
@@ -125,7 +131,7 @@ class InfobloxBackend:
                 f"unknown; delete the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
             )
         try:
-            connection = await self.instances.connect(instance)
+            connection = await self.connections.connect(instance)
         except InstanceProblem as problem:
             if problem.reason == "InstanceNotFound":
                 raise ReleaseImpossibleError(
@@ -133,7 +139,7 @@ class InfobloxBackend:
                     f"the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
                 ) from problem
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
-        refused = self.instances.refused(connection)
+        refused = self.grid.refused(connection)
         if refused is not None:
             raise PoolNotReadyError(f"InfobloxInstance {instance} is not ready ({refused.reason}): {refused.message}")
         await self.allocator.release(connection, pool_ref, claim, allocation)
@@ -149,13 +155,13 @@ class InfobloxBackend:
         counts = usage(parsed, addresses)
         view = parsed.spec.network_view
         try:
-            connection = await self.instances.connect(parsed.instance)
+            connection = await self.connections.connect(parsed.instance)
         except InstanceProblem as problem:
             message = f"InfobloxInstance {parsed.instance}: {problem.message}"
             return PoolReport(False, problem.reason, message, counts=counts)
         view = view or connection.spec.default_network_view
         status = {"networkView": view}
-        health = await self.instances.health(connection)
+        health = await self.grid.health(connection)
         if not health.ready:
             message = f"InfobloxInstance {parsed.instance}: {health.message}"
             return PoolReport(False, health.reason, message, status, counts)
@@ -172,4 +178,4 @@ class InfobloxBackend:
 
     async def close(self) -> None:
         await self.allocator.late_commits.close()
-        await self.instances.close()
+        await self.connections.close()

@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.api import HOST_RECORD, Pool
-from backends.infoblox.instances import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, Health, Instances
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth, Health
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import HOST_RECORD, Pool
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
 DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound"})
@@ -45,8 +46,8 @@ class CheckResult:
 
 
 class PoolChecks:
-    def __init__(self, instances: Instances, settings: Settings) -> None:
-        self._instances = instances
+    def __init__(self, grid: GridHealth, settings: InfobloxSettings) -> None:
+        self._grid = grid
         self._settings = settings
         self._results: dict[PoolRef, CheckResult] = {}
 
@@ -63,7 +64,7 @@ class PoolChecks:
         try:
             ready, reason, message = await self._ask(pool, connection, health)
         except WapiError as error:
-            failed = await self._instances.failed(connection, error) if error.problem in INSTANCE_WIDE else None
+            failed = await self._grid.failed(connection, error) if error.problem in INSTANCE_WIDE else None
             ready, reason = False, failed.reason if failed else "WAPIError"
             message = failed.message if failed else f"checking the pool on the grid failed: {error.detail}"
         result = CheckResult(ready, reason, message, key, time.monotonic())

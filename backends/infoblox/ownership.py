@@ -21,10 +21,18 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from backends.infoblox.api import ANNOTATION_REF, EA_CLAIM_UID
-from backends.infoblox.instances import INSTANCE_WIDE, Connection, Instances
-from backends.infoblox.objects import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref, types_for_version
-from backends.infoblox.wapi import Problem, WapiError
+from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.health import INSTANCE_WIDE, GridHealth
+from backends.infoblox.payloads import (
+    ALL_TYPES,
+    RETURN_FIELDS,
+    GridObject,
+    parse_object,
+    type_of_ref,
+    types_for_version,
+)
+from backends.infoblox.spec import ANNOTATION_REF, EA_CLAIM_UID
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -90,9 +98,9 @@ class LateCommits:
     """Removes the object a timed-out or lost POST may still create after the claim was served by a second POST.
 
     `watch` is called when a POST's outcome was unknown, a search found nothing, and the POST was sent again. Twice
-    (after `delays`) it searches the claim's objects and deletes those other than `keep_ref` (the one the claim
-    was given), as long as the claim holds `keep_ref` or has been released (`holds` answers the refs the pool's
-    index lists for the claim). Failures are logged; release deletes every owned object anyway.
+    (after `delays`) it searches the claim's objects of `kept`'s type and deletes those other than `kept` (the one
+    the claim was given), as long as the claim holds `kept` or has been released (`holds` answers the refs the
+    pool's index lists for the claim). Failures are logged; release deletes every owned object anyway.
     """
 
     def __init__(self) -> None:
@@ -101,12 +109,13 @@ class LateCommits:
     def watch(
         self,
         connection: Connection,
-        obj_type: str,
         claim: ClaimContext,
-        keep_ref: str,
+        kept: GridObject,
         holds: Callable[[], set[str]],
         delays: Sequence[float],
     ) -> None:
+        keep_ref = kept.ref
+
         async def check() -> None:
             for delay in delays:
                 await asyncio.sleep(delay)
@@ -114,7 +123,7 @@ class LateCommits:
                 if held and keep_ref not in held:
                     return  # the claim holds something else now: allocation sorts it out
                 try:
-                    for obj in await owned(connection, (obj_type,), claim.uid):
+                    for obj in await owned(connection, (kept.obj_type,), claim.uid):
                         if obj.ref != keep_ref:
                             await connection.client.delete(obj.ref)
                             log.info("late object of a lost request released", claim=str(claim), ref=obj.ref)
@@ -132,10 +141,10 @@ class LateCommits:
                 await task
 
 
-async def translate(instances: Instances, connection: Connection, error: WapiError, what: str) -> BackendError:
+async def translate(grid: GridHealth, connection: Connection, error: WapiError, what: str) -> BackendError:
     """A BackendError for people; instance-wide failures also go to the instance's condition."""
     if error.problem in INSTANCE_WIDE:
-        health = await instances.failed(connection, error)
+        health = await grid.failed(connection, error)
         return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
     if error.problem in (Problem.TARGET_NOT_FOUND, Problem.VIEW_NOT_FOUND):
         return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.infoblox.wapi import RetryPolicy
+from backends.infoblox.client import RetryPolicy
 
 
 @dataclass(frozen=True)
-class Settings:
+class InfobloxSettings:
     # How long an InfobloxInstance and its Secrets, once read, are trusted before they are read again (a changed
     # instance or Secret rebuilds the connection; an authentication failure forces a fresh read at once).
     instance_cache_seconds: float = 5.0

@@ -1,9 +1,10 @@
 """The NetBox backend: NetboxIPPool and GlobalNetboxIPPool (v1alpha1), addresses allocated in a real NetBox."""
 
-from backends.netbox.backend import NetboxBackend, Settings
+from backends.netbox.backend import NetboxBackend
+from backends.netbox.settings import NetboxSettings
 from ipam_provider.backend.contract import BackendContext
 
-__all__ = ["NetboxBackend", "Settings", "create_backend"]
+__all__ = ["NetboxBackend", "NetboxSettings", "create_backend"]
 
 
 def create_backend(context: BackendContext) -> NetboxBackend:

@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from backends.netbox import objects, problems
+from backends.netbox import calls, problems
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
 from backends.netbox.resolver import Resolved, Source
@@ -48,14 +48,14 @@ from backends.netbox.spec import (
     CLAIM_REF_FIELD,
     CLAIM_UID_FIELD,
     DEFAULT_DESCRIPTION,
+    OWNER_TAG,
     Pool,
     render,
 )
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolExhaustedError, PoolRef
-from ipam_provider.common import normalized_address
+from ipam_provider.common import Object, normalized_address
 
 log = structlog.get_logger(__name__)
-Obj = dict[str, Any]
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Allocator:
         for source in self._order(state, resolved.sources):
             try:
                 created = await client.call(
-                    f"allocate from {source.ref}", objects.allocate(source.type, source.id, body), idempotent=False
+                    f"allocate from {source.ref}", calls.allocate(source.type, source.id, body), idempotent=False
                 )
             except HTTPError as error:
                 if error.conflict:
@@ -177,17 +177,17 @@ class Allocator:
         )
         return allocation_of(resolved, keep, claim.uid)
 
-    async def _claim_addresses(self, client: NetboxClient, uid: str) -> list[Obj]:
-        found = await client.call(f"look up claim {uid}", objects.find_claim_addresses(uid))
-        return [o for o in found if objects.is_ours(o, uid)]
+    async def _claim_addresses(self, client: NetboxClient, uid: str) -> list[Object]:
+        found = await client.call(f"look up claim {uid}", calls.find_claim_addresses(uid))
+        return [o for o in found if is_ours(o, uid)]
 
     async def _delete_extra(
-        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, found: Sequence[Obj], keep: Mapping[str, Any]
+        self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, found: Sequence[Object], keep: Mapping[str, Any]
     ) -> None:
         """Delete the claim's other addresses (duplicates or leftovers; each carries both of our marks)."""
         for other in found:
-            if other["id"] != keep["id"] and objects.is_ours(other, claim.uid):
-                await client.call(f"delete address #{other['id']}", objects.delete_address(int(other["id"])))
+            if other["id"] != keep["id"] and is_ours(other, claim.uid):
+                await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
                 log.warning(
                     "extra address of claim deleted", claim=str(claim), pool=str(ref), address=str(other["address"])
                 )
@@ -203,7 +203,7 @@ class Allocator:
         ):
             return self._remember(state, claim, allocation)
         address_id = int(allocation.annotations[ANNOTATION_IP_ID])
-        await client.call(f"delete address #{address_id}", objects.delete_address(address_id))
+        await client.call(f"delete address #{address_id}", calls.delete_address(address_id))
         log.warning("netbox gave out the gateway; deleted", claim=str(claim), pool=str(pool.ref), id=address_id)
         raise Problem(
             problems.GATEWAY_NOT_RECORDED,
@@ -235,8 +235,8 @@ class Allocator:
             )
         raw_id = existing.annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
-            obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
-            if obj is not None and objects.is_ours(obj) and host_of(obj) == address:
+            obj = await client.call(f"GET address #{raw_id}", calls.get_address(int(raw_id)))
+            if obj is not None and is_ours(obj) and host_of(obj) == address:
                 if (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD) != claim.uid:
                     await self._rekey(client, pool, claim, obj)
                 return self._remember(state, claim, _with_marks(existing, int(raw_id), claim.uid))
@@ -249,7 +249,7 @@ class Allocator:
 
     async def _rekey(self, client: NetboxClient, pool: Pool, claim: ClaimContext, obj: Mapping[str, Any]) -> None:
         """Give our address `obj` this claim's UID, if it records this claim's namespace/name (else refuse)."""
-        recorded = objects.claim_ref_of(obj)
+        recorded = claim_ref_of(obj)
         if recorded != claim_ref(claim):
             owner = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
             held_for = f"claim {recorded}" if recorded else f"a claim whose name is not recorded ({CLAIM_REF_FIELD})"
@@ -259,23 +259,23 @@ class Allocator:
                 f"this claim (a restore), set its custom field {CLAIM_REF_FIELD} to {claim_ref(claim)!r} in NetBox"
             )
         changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid}}
-        await client.call(f"re-key address #{obj['id']}", objects.patch_address(int(obj["id"]), changes))
+        await client.call(f"re-key address #{obj['id']}", calls.patch_address(int(obj["id"]), changes))
         log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(pool.ref), id=obj["id"])
 
     async def _record(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
-    ) -> Obj:
+    ) -> Object:
         source = resolved.source_of(address)
         if source is None:
             raise AllocationFailedError(
                 f"IPAddress {claim} names {address}, which lies in none of {pool.ref}'s NetBox sources; delete the "
                 "IPAddress or point the claim at the right pool"
             )
-        holders = await client.call(f"look up {address}", objects.find_address(address, source.vrf_id))
+        holders = await client.call(f"look up {address}", calls.find_address(address, source.vrf_id))
         if holders:
             holder = holders[0]
             owner = (holder.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
-            whose = f"claim UID {owner}" if objects.is_ours(holder) else "nobody this provider knows"
+            whose = f"claim UID {owner}" if is_ours(holder) else "nobody this provider knows"
             raise AllocationFailedError(
                 f"address {address} of IPAddress {claim} is already NetBox IP address #{holder['id']} (held for "
                 f"{whose}); delete one of them"
@@ -285,8 +285,8 @@ class Allocator:
             "address": f"{address}/{source.mask}",
             "vrf": source.vrf_id,
         }
-        created: Obj = await client.call(
-            f"record {address}", objects.create("ipam", "ip_addresses", body), idempotent=False
+        created: Object = await client.call(
+            f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
         )
         log.info("existing address recorded in NetBox", claim=str(claim), pool=str(pool.ref), address=address)
         return created
@@ -305,12 +305,12 @@ class Allocator:
         raw_id = annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
             recorded_uid = annotations.get(ANNOTATION_CLAIM_UID)
-            obj = await client.call(f"GET address #{raw_id}", objects.get_address(int(raw_id)))
+            obj = await client.call(f"GET address #{raw_id}", calls.get_address(int(raw_id)))
             if obj is None and recorded_uid == claim.uid and not sweep:
                 return  # already released
-            restored = objects.is_ours(obj or {}, recorded_uid) and objects.claim_ref_of(obj or {}) == claim_ref(claim)
-            if obj is not None and (objects.is_ours(obj, claim.uid) or restored):
-                await client.call(f"delete address #{raw_id}", objects.delete_address(int(raw_id)))
+            restored = is_ours(obj or {}, recorded_uid) and claim_ref_of(obj or {}) == claim_ref(claim)
+            if obj is not None and (is_ours(obj, claim.uid) or restored):
+                await client.call(f"delete address #{raw_id}", calls.delete_address(int(raw_id)))
                 log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
                 if not sweep:
                     return
@@ -319,7 +319,7 @@ class Allocator:
                     "address lacks our ownership marks; not deleted", claim=str(claim), pool=str(ref), id=raw_id
                 )
         for obj in await self._claim_addresses(client, claim.uid):
-            await client.call(f"delete address #{obj['id']}", objects.delete_address(int(obj["id"])))
+            await client.call(f"delete address #{obj['id']}", calls.delete_address(int(obj["id"])))
             log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
 
     def forget(self, ref: PoolRef) -> None:
@@ -331,10 +331,25 @@ def claim_ref(claim: ClaimContext) -> str:
     return f"{claim.namespace}/{claim.name}"
 
 
-def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Obj:
+def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
+    """Whether a NetBox IP address carries our ownership marks (for `claim_uid`, when given)."""
+    slugs = {tag.get("slug") for tag in obj.get("tags") or [] if isinstance(tag, Mapping)}
+    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
+    if OWNER_TAG not in slugs or not uid:
+        return False
+    return claim_uid is None or uid == claim_uid
+
+
+def claim_ref_of(obj: Mapping[str, Any]) -> str | None:
+    """The "<namespace>/<name>" of the claim a NetBox IP address was made for, if recorded."""
+    value = (obj.get("custom_fields") or {}).get(CLAIM_REF_FIELD)
+    return str(value) if value else None
+
+
+def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Object:
     """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks."""
     fields = pool.fields
-    body: Obj = {
+    body: Object = {
         "status": fields.status,
         "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
         "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],

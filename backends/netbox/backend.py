@@ -20,16 +20,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import structlog
 
 from backends.netbox import problems, resolver
 from backends.netbox.allocator import Allocator
-from backends.netbox.client import ClientSettings, NetboxClient, NetboxError
+from backends.netbox.client import NetboxClient, NetboxError
 from backends.netbox.connections import Connections
 from backends.netbox.problems import Problem
 from backends.netbox.resolver import Ownership, Resolved
+from backends.netbox.settings import NetboxSettings
 from backends.netbox.spec import (
     CLAIM_UID_FIELD,
     GLOBAL_NETBOX_POOL,
@@ -55,23 +55,11 @@ from ipam_provider.common import Object, cap_int64
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Tunables of the NetBox backend. The defaults suit production; tests shorten the timers."""
-
-    client: ClientSettings = field(default_factory=ClientSettings)
-    secret_seconds: float = 30.0  # how long a Secret, once read, is trusted
-    ownership_seconds: float = 300.0  # how long the owner tag and UID field, once checked, are trusted
-    full_skip_seconds: float = 30.0  # a source that answered 409 is asked last for this long
-    unknown_retry_seconds: float = 2.0  # a claim whose POST had an unknown outcome is looked at again this soon
-    uncertain_seconds: float = 120.0  # without a Unique UID field: no second POST this soon after an unknown outcome
-
-
 class NetboxBackend:
     """Serves NetboxIPPool and GlobalNetboxIPPool."""
 
-    def __init__(self, context: BackendContext, settings: Settings | None = None) -> None:
-        self.settings = settings or Settings()
+    def __init__(self, context: BackendContext, settings: NetboxSettings | None = None) -> None:
+        self.settings = settings or NetboxSettings()
         self.connections = Connections(context.kube, self.settings.client, self.settings.secret_seconds)
         self.allocator = Allocator(
             self.settings.full_skip_seconds, self.settings.unknown_retry_seconds, self.settings.uncertain_seconds
@@ -142,10 +130,8 @@ class NetboxBackend:
                         allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
                     else:
                         allocation = await self.allocator.allocate(client, parsed, resolved, claim)
-            except NetboxError as error:
-                raise problems.from_netbox(error, context) from error
-            except (ValueError, KeyError, TypeError) as error:
-                raise problems.from_data(error, context, client.endpoint.token if client else None) from error
+            except problems.FAILURES as error:
+                raise problems.from_failure(error, context, _token(client)) from error
         except Problem as problem:
             self._forget(parsed, problem)
             if problem.reason == problems.AUTH_FAILED and client is not None:
@@ -174,6 +160,7 @@ class NetboxBackend:
                 f"address whose custom field {CLAIM_UID_FIELD} is {claim.uid} by hand, if it exists"
             )
         context = f"releasing claim {claim} from {parsed.ref}"
+        client: NetboxClient | None = None
         try:
             async with self.connections.use(parsed) as client:
                 cached = self._ownership.get(client)
@@ -181,12 +168,10 @@ class NetboxBackend:
                 await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
         except Problem as problem:
             raise AllocationFailedError(f"releasing claim {claim}: {problem.message}") from problem
-        except NetboxError as error:
-            failure = problems.from_netbox(error, context)
-            self._forget(parsed, failure)
-            raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
-        except (ValueError, KeyError, TypeError) as error:
-            failure = problems.from_data(error, context, client.endpoint.token)
+        except problems.FAILURES as error:
+            failure = problems.from_failure(error, context, _token(client))
+            if isinstance(error, NetboxError):  # unusable data leaves no connection state to drop
+                self._forget(parsed, failure)
             raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
@@ -200,11 +185,8 @@ class NetboxBackend:
                 async with self.connections.use(parsed) as client:
                     resolved = await self._resolve(client, parsed, fresh=True)
                     usage = await resolver.usage(client, resolved.sources)
-            except NetboxError as error:
-                raise problems.from_netbox(error, f"checking {parsed.ref}") from error
-            except (ValueError, KeyError, TypeError) as error:
-                scrub = client.endpoint.token if client else None
-                raise problems.from_data(error, f"checking {parsed.ref}", scrub) from error
+            except problems.FAILURES as error:
+                raise problems.from_failure(error, f"checking {parsed.ref}", _token(client)) from error
         except Problem as problem:
             self._forget(parsed, problem)
             log.info("pool not ready", pool=str(parsed.ref), reason=problem.reason, message=problem.message)
@@ -236,3 +218,8 @@ class NetboxBackend:
         self._ownership.clear()
         self._failures.clear()
         await self.connections.close()
+
+
+def _token(client: NetboxClient | None) -> str | None:
+    """The token to scrub from messages about data `client` answered (None before a client was had)."""
+    return client.endpoint.token if client is not None else None

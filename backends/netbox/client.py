@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import re
 import threading
 import warnings
@@ -37,6 +36,8 @@ import requests
 import structlog
 import urllib3
 from requests.adapters import HTTPAdapter
+
+from backends.backoff import backoff_delay
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -57,7 +58,7 @@ class ClientSettings:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (0-based), with ±20 % jitter."""
-        return float(min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.8, 1.2))
+        return backoff_delay(attempt, self.backoff, self.max_backoff)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ NETBOX_ERROR = "NetBoxError"
 
 RETRY_UNREACHABLE = 10.0  # claims on an unreachable NetBox are tried again this soon
 
+# What a NetBox operation raises besides Problem: a failed call, or NetBox data the backend cannot use.
+FAILURES = (NetboxError, ValueError, KeyError, TypeError)
+
 
 class Problem(Exception):
     """A pool-level failure: `reason` (CamelCase) and `message` (for people)."""
@@ -59,6 +62,13 @@ def from_netbox(error: NetboxError, context: str) -> Problem:
             "in the Secret's `token` key",
         )
     return Problem(NETBOX_ERROR, f"{context}: {error.message}")
+
+
+def from_failure(error: Exception, context: str, scrub: str | None) -> Problem:
+    """The Problem for one of `FAILURES` raised while `context`: `from_netbox` for a failed call, else `from_data`."""
+    if isinstance(error, NetboxError):
+        return from_netbox(error, context)
+    return from_data(error, context, scrub)
 
 
 def from_data(error: Exception, context: str, scrub: str | None = None) -> Problem:

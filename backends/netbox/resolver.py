@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.netbox import objects, problems
+from backends.netbox import calls, problems
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG, Pool, SourceRef
@@ -93,8 +93,8 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
     tag = await _ensure(
         client,
         "the owner tag",
-        objects.find("extras", "tags", {"slug": OWNER_TAG}),
-        objects.create("extras", "tags", objects.OWNER_TAG_BODY),
+        calls.find("extras", "tags", {"slug": OWNER_TAG}),
+        calls.create("extras", "tags", calls.OWNER_TAG_BODY),
         lambda error: Problem(
             problems.TAG_MISSING,
             f"the tag {OWNER_TAG!r} does not exist in NetBox and this token may not create it ({error.message}); "
@@ -102,7 +102,7 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
         ),
     )
     unique = "Unique checked, filter logic Exact"
-    field = await _ensure_field(client, CLAIM_UID_FIELD, objects.CLAIM_UID_FIELD_BODY, unique)
+    field = await _ensure_field(client, CLAIM_UID_FIELD, calls.CLAIM_UID_FIELD_BODY, unique)
     logic = _choice(field.get("filter_logic"))
     if logic not in ("exact", "loose"):
         raise Problem(
@@ -111,7 +111,7 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
             f"of a claim's address by UID (cf_{CLAIM_UID_FIELD}=…) and it would list every address of ours; set its "
             "filter logic to Exact in NetBox (Customization → Custom Fields)",
         )
-    await _ensure_field(client, CLAIM_REF_FIELD, objects.CLAIM_REF_FIELD_BODY, "filter logic Exact")
+    await _ensure_field(client, CLAIM_REF_FIELD, calls.CLAIM_REF_FIELD_BODY, "filter logic Exact")
     return Ownership(int(tag["id"]), bool(field.get("unique")))
 
 
@@ -125,8 +125,8 @@ async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any]
     field = await _ensure(
         client,
         f"the custom field {name}",
-        objects.find("extras", "custom_fields", {"name": name}, brief=False),
-        objects.create("extras", "custom_fields", body),
+        calls.find("extras", "custom_fields", {"name": name}, brief=False),
+        calls.create("extras", "custom_fields", body),
         lambda error: Problem(
             problems.CUSTOM_FIELD_MISSING,
             f"the custom field {name!r} does not exist in NetBox and this token may not create it "
@@ -147,7 +147,7 @@ async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any]
 
 
 async def _ensure(
-    client: NetboxClient, what: str, lookup: objects.Call, create: objects.Call, refused: Callable[[HTTPError], Problem]
+    client: NetboxClient, what: str, lookup: calls.Call, create: calls.Call, refused: Callable[[HTTPError], Problem]
 ) -> dict[str, Any]:
     """The object `lookup` finds, created with `create` when there is none (a concurrent creator wins too)."""
     found = await client.call(f"look up {what}", lookup)
@@ -178,7 +178,7 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
     tenant_id = None
     fields = pool.fields
     if fields.tenant:
-        found = await client.call("look up the tenant", objects.find("tenancy", "tenants", {"slug": fields.tenant}))
+        found = await client.call("look up the tenant", calls.find("tenancy", "tenants", {"slug": fields.tenant}))
         if not found:
             raise Problem(
                 problems.OBJECT_NOT_FOUND,
@@ -188,7 +188,7 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
         tenant_id = int(found[0]["id"])
     tag_ids: tuple[int, ...] = ()
     if fields.tags:
-        found = await client.call("look up the tags", objects.find("extras", "tags", {"slug": list(fields.tags)}))
+        found = await client.call("look up the tags", calls.find("extras", "tags", {"slug": list(fields.tags)}))
         by_slug = {t["slug"]: int(t["id"]) for t in found}
         missing = [slug for slug in fields.tags if slug not in by_slug]
         if missing:
@@ -204,7 +204,7 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
 async def _resolve_source(client: NetboxClient, pool: Pool, index: int, ref: SourceRef) -> Source:
     where = f"{pool.ref}: spec.sources[{index}] ({ref})"
     if ref.id is not None:
-        found = await client.call(f"GET {ref}", objects.get_source(ref.type, ref.id))
+        found = await client.call(f"GET {ref}", calls.get_source(ref.type, ref.id))
         matches = [found] if found is not None else []
     else:
         vrf_id = await _vrf_id(client, where, ref)
@@ -214,7 +214,7 @@ async def _resolve_source(client: NetboxClient, pool: Pool, index: int, ref: Sou
         else:
             start, _, end = (ref.value or "").partition("-")
             filters.update(start_address=start, end_address=end)
-        matches = await client.call(f"look up {ref}", objects.find_sources(ref.type, filters))
+        matches = await client.call(f"look up {ref}", calls.find_sources(ref.type, filters))
     if not matches:
         raise Problem(
             problems.SOURCE_NOT_FOUND,
@@ -261,7 +261,7 @@ async def _check_gateways(client: NetboxClient, pool: Pool, sources: Sequence[So
         gateway = source.ref.gateway
         if gateway is None or not source.offers(gateway):
             continue
-        found = await client.call(f"look up the gateway {gateway}", objects.find_address(gateway, source.vrf_id))
+        found = await client.call(f"look up the gateway {gateway}", calls.find_address(gateway, source.vrf_id))
         if not found:
             vrf = f"VRF #{source.vrf_id}" if source.vrf_id is not None else "the global table"
             raise Problem(
@@ -275,7 +275,7 @@ async def _check_gateways(client: NetboxClient, pool: Pool, sources: Sequence[So
 async def _vrf_id(client: NetboxClient, where: str, ref: SourceRef) -> int | None:
     if ref.vrf_id is not None or ref.vrf is None:
         return ref.vrf_id
-    found = await client.call(f"look up VRF {ref.vrf}", objects.find("ipam", "vrfs", {"name": ref.vrf}))
+    found = await client.call(f"look up VRF {ref.vrf}", calls.find("ipam", "vrfs", {"name": ref.vrf}))
     if len(found) != 1:
         state = "does not exist" if not found else f"is ambiguous ({len(found)} VRFs have that name; use vrfID)"
         raise Problem(problems.OBJECT_NOT_FOUND, f"{where}: VRF {ref.vrf!r} {state} in NetBox")
@@ -347,6 +347,6 @@ async def usage(client: NetboxClient, sources: Sequence[Source]) -> list[Usage]:
             "parent": [str(n) for n in source.networks()],
             "vrf_id": source.vrf_id if source.vrf_id is not None else "null",
         }
-        used = await client.call(f"count the addresses of {source.ref}", objects.count_addresses(filters))
+        used = await client.call(f"count the addresses of {source.ref}", calls.count_addresses(filters))
         result.append(Usage(source, min(used, source.total)))
     return result

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from backends.validation import spec_error
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
 from ipam_provider.common import Object
@@ -55,19 +56,21 @@ class ConnectionSpec(Model):
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
 
 
-class PrefixSource(Model):
+class _NamedSource(Model):
+    """A NetBox object named by `id`, or by value (in the subclass's fields) in a VRF given by name or id."""
+
     id: int | None = None
-    cidr: str | None = None
     vrf: str | None = None
     vrf_id: int | None = Field(default=None, alias="vrfID")
 
 
-class RangeSource(Model):
-    id: int | None = None
+class PrefixSource(_NamedSource):
+    cidr: str | None = None
+
+
+class RangeSource(_NamedSource):
     start: str | None = None
     end: str | None = None
-    vrf: str | None = None
-    vrf_id: int | None = Field(default=None, alias="vrfID")
 
 
 class SourceSpec(Model):
@@ -137,8 +140,7 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     try:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        raise PoolSpecError(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from error
+        raise PoolSpecError(spec_error(error)) from error
     namespace = ref.namespace or spec.connection.secret_ref.namespace
     if not namespace:
         raise PoolSpecError("spec.connection.secretRef.namespace is required for a cluster-scoped pool")

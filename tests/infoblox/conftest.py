@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from backends.infoblox.api import INFOBLOX_POOL, INSTANCES
 from backends.infoblox.backend import InfobloxBackend
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import RetryPolicy
+from backends.infoblox.client import RetryPolicy
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
@@ -29,7 +29,7 @@ from tools.wapi_simulator import WapiSimulator
 
 POOLS = pool_resource(INFOBLOX_POOL)
 KIND = INFOBLOX_POOL.kind
-FAST = Settings(
+FAST = InfobloxSettings(
     instance_cache_seconds=0.5,
     unhealthy_recheck_seconds=0.5,
     not_ready_retry_seconds=1.0,

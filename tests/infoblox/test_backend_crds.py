@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.infoblox.api import INFOBLOX_POOL, INSTANCES
+from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.reconcile.context import pool_resource

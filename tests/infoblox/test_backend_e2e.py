@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.infoblox.api import ANNOTATION_HOSTNAME, ANNOTATION_INSTANCE, ANNOTATION_REF
+from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_INSTANCE, ANNOTATION_REF
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, CLUSTERS, MACHINES, Resource
 from tests.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason

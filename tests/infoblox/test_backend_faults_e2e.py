@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends.infoblox.api import INSTANCES
+from backends.infoblox.spec import INSTANCES
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from tests.infoblox.conftest import Grid, b64, events_text, wait_gone, wait_instance_reason, wait_pool_reason

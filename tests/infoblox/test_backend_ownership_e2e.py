@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.infoblox.api import ANNOTATION_REF, INFOBLOX_POOL
+from backends.infoblox.spec import ANNOTATION_REF, INFOBLOX_POOL
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
 from tests.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason

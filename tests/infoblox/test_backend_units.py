@@ -13,12 +13,14 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.api import Pool, PoolSpecError, parse_pool
+from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.connections import Connections
+from backends.infoblox.credentials import InstanceProblem
 from backends.infoblox.hostname import plural
-from backends.infoblox.instances import InstanceProblem, Instances
-from backends.infoblox.objects import duid_for
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.payloads import duid_for
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import Pool, PoolSpecError, parse_pool
+from backends.infoblox.status import InstanceStatus
 from ipam_provider.backend.contract import PoolRef
 from tools.wapi_simulator import WapiSimulator
 
@@ -204,7 +206,7 @@ async def test_client_bounds_concurrency_and_keeps_the_loop_free(wapi_simulator:
 
 
 class StubKube:
-    """Just `get` and `patch`, from a dict: what Instances reads and writes."""
+    """Just `get` and `patch`, from a dict: what Connections reads and InstanceStatus writes."""
 
     def __init__(self, objects: dict[tuple[str, str | None, str], dict[str, Any]]) -> None:
         self.objects = objects
@@ -236,13 +238,13 @@ async def test_client_certificates_go_to_private_files_removed_with_the_connecti
             ("secrets", "sys", "creds"): secret("creds", clientCert="CERT-PEM", clientKey="KEY-PEM"),
         }
     )
-    instances = Instances(cast(Any, kube), Settings())
-    connection = await instances.connect("grid")
+    connections = Connections(cast(Any, kube), InfobloxSettings(), InstanceStatus(cast(Any, kube)))
+    connection = await connections.connect("grid")
     options = connection.client._connector
     assert (options.cert, options.key) != (None, None) and not hasattr(options, "password")
     directory = check_private_files(options.cert, options.key, options.ssl_verify)
     assert contents(options.key) == "KEY-PEM" and contents(options.ssl_verify) == ca
-    await instances.close()
+    await connections.close()
     assert not directory.exists()
 
 
@@ -290,12 +292,12 @@ async def test_instance_problems_have_reasons_and_reach_the_instance_status(
     objects: dict[Any, Any], reason: str
 ) -> None:
     kube = StubKube(objects)
-    instances = Instances(cast(Any, kube), Settings())
+    connections = Connections(cast(Any, kube), InfobloxSettings(), InstanceStatus(cast(Any, kube)))
     with pytest.raises(InstanceProblem) as caught:
-        await instances.connect("grid")
+        await connections.connect("grid")
     assert caught.value.reason == reason
     if objects:
         (patch,) = kube.patches
         (condition,) = patch["status"]["conditions"]
         assert (condition["status"], condition["reason"]) == ("False", reason)
-    await instances.close()
+    await connections.close()

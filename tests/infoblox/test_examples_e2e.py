@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from backends.infoblox.api import INSTANCES
+from backends.infoblox.spec import INSTANCES
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, SECRETS
 from tests.infoblox.conftest import POOLS, wait_instance_reason, wait_pool_reason

@@ -1,5 +1,5 @@
 """WapiClient against the WAPI simulator: one request per attempt, complete paged answers, fresh logins, and
-closing a client while calls are in flight; and Instances replacing a connection that calls are still using."""
+closing a client while calls are in flight; and Connections replacing a connection that calls are still using."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.instances import Instances
-from backends.infoblox.objects import parse_object
-from backends.infoblox.settings import Settings
-from backends.infoblox.wapi import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.client import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.connections import Connections
+from backends.infoblox.payloads import parse_object
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.status import InstanceStatus
 from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -106,7 +107,7 @@ async def test_closing_lets_queued_calls_finish_and_refuses_new_ones(wapi_simula
 
 
 class SecretsStub:
-    """`get` and `patch` from a dict, with a settable Secret resourceVersion (what Instances reads)."""
+    """`get` and `patch` from a dict, with a settable Secret resourceVersion (what Connections reads)."""
 
     def __init__(self, sim: WapiSimulator) -> None:
         assert sim.ca_path is not None
@@ -135,20 +136,21 @@ async def test_a_replaced_connection_serves_its_calls_in_flight_then_closes(wapi
     sim = wapi_simulator
     sim.state.add_network("10.0.0.0/24")
     kube = SecretsStub(sim)
-    instances = Instances(cast(Any, kube), Settings(instance_cache_seconds=0, retry=FAST))
-    old = await instances.connect("grid")
+    settings = InfobloxSettings(instance_cache_seconds=0, retry=FAST)
+    connections = Connections(cast(Any, kube), settings, InstanceStatus(cast(Any, kube)))
+    old = await connections.connect("grid")
     ca_file = old.client._connector.ssl_verify
     sim.faults.add_latency(0.3, methods="GET", count=4)
     in_flight = [asyncio.create_task(old.client.search("network", ["network"])) for _ in range(4)]
     await asyncio.sleep(0.05)
     kube.secret["metadata"]["resourceVersion"] = "2"  # the password was rotated
-    new = await instances.connect("grid")
+    new = await connections.connect("grid")
     assert new is not old
     answers = await asyncio.gather(*in_flight, return_exceptions=True)
     assert all(isinstance(a, list) and len(a) == 1 for a in answers), answers
     assert exists(ca_file), "the old connection's files stay while it may still serve calls"
     assert len(await new.client.search("network", ["network"])) == 1
-    await instances.close()
+    await connections.close()
     assert not exists(ca_file) and not exists(new.client._connector.ssl_verify)
 
 

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 import requests
 
-from backends.netbox import NetboxBackend, Settings
+from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, OWNER_TAG
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
@@ -35,7 +35,7 @@ GLOBAL_NB_POOLS = pool_resource(GLOBAL_NETBOX_POOL)
 Object = dict[str, Any]
 
 
-def fast_settings(**overrides: Any) -> Settings:
+def fast_settings(**overrides: Any) -> NetboxSettings:
     """Backend settings with short timers, so that tests see recoveries within seconds."""
     client = ClientSettings(attempts=2, backoff=0.05, max_backoff=0.2, connect_timeout=2.0, read_timeout=15.0)
     values: dict[str, Any] = {
@@ -46,10 +46,10 @@ def fast_settings(**overrides: Any) -> Settings:
         "unknown_retry_seconds": 0.5,
     }
     values.update(overrides)
-    return Settings(**values)
+    return NetboxSettings(**values)
 
 
-def backend_factory(settings: Settings | None = None) -> Callable[[BackendContext], NetboxBackend]:
+def backend_factory(settings: NetboxSettings | None = None) -> Callable[[BackendContext], NetboxBackend]:
     def factory(context: BackendContext) -> NetboxBackend:
         return NetboxBackend(context, settings or fast_settings())
 
@@ -145,7 +145,7 @@ def netbox_controller(controller_factory: Any, namespace: str) -> Callable[..., 
     """`async with netbox_controller() as controller:` runs the controller with only the NetBox backend."""
 
     @contextlib.asynccontextmanager
-    async def run(settings: Settings | None = None, **kwargs: Any) -> AsyncIterator[Controller]:
+    async def run(settings: NetboxSettings | None = None, **kwargs: Any) -> AsyncIterator[Controller]:
         async with controller_factory(
             namespaces=[namespace],
             extra_backends=[backend_factory(settings)],

@@ -149,7 +149,7 @@ async def test_a_read_only_token_shows_on_the_pool(
     report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert (report.ready, report.reason) == (False, "AuthenticationFailed"), report.message
     assert "last allocation" in report.message and token.split(".")[-1] not in report.message
-    assert report.status["ipAddresses"]["free"] == 6  # the counts are still reported
+    assert report.status_fields()["ipAddresses"]["free"] == 6  # the counts are still reported
     # The administrator grants the permission: the next allocation succeeds, and the pool is Ready again.
     api = netbox.api()
     user = api.users.users.get(username=username)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 
-from backends.incluster.allocator import IntervalSet
+from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
+from backends.validation import spec_error
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
@@ -161,8 +162,7 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     try:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        raise PoolSpecError(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from error
+        raise PoolSpecError(spec_error(error)) from error
     targets = [_subnet_target(i, s) for i, s in enumerate(spec.subnets)]
     targets += [_range_target(i, r) for i, r in enumerate(spec.ranges)]
     if not targets:

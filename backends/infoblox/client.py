@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import enum
 import functools
-import random
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,9 +40,11 @@ import structlog
 from infoblox_client import connector as ib_connector
 from infoblox_client import exceptions as ib_ex
 
+from backends.backoff import backoff_delay
+from ipam_provider.common import Object
+
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-Obj = dict[str, Any]
 PAGE_SIZE = 1000
 
 
@@ -83,8 +84,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (0-based), with ±20 % jitter."""
-        delay: float = min(self.max_delay, self.base_delay * (2**attempt))
-        return delay * random.uniform(0.8, 1.2)
+        return backoff_delay(attempt, self.base_delay, self.max_delay)
 
 
 class WapiClient:
@@ -162,7 +162,7 @@ class WapiClient:
         extattrs: Mapping[str, str] | None = None,
         *,
         paging: bool = False,
-    ) -> list[Obj]:
+    ) -> list[Object]:
         """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none."""
         eas = {name: {"value": value} for name, value in (extattrs or {}).items()}
         query: dict[str, Any] = {**(params or {}), "_return_fields": ",".join(fields)}
@@ -172,8 +172,8 @@ class WapiClient:
         query.update({"_paging": 1, "_return_as_object": 1, "_max_results": PAGE_SIZE})
         return await self._retrying(f"GET {obj_type} (paged)", lambda: self._all_pages(obj_type, query, eas))
 
-    async def _all_pages(self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any]) -> list[Obj]:
-        found: list[Obj] = []
+    async def _all_pages(self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any]) -> list[Object]:
+        found: list[Object] = []
         page_id: str | None = None
         while True:
             page_query = {**query, "_page_id": page_id} if page_id else dict(query)
@@ -199,7 +199,7 @@ class WapiClient:
                 connector.session.auth = (connector.username, connector.password)
             return connector._get_object(obj_type, url)
 
-    async def create(self, obj_type: str, payload: Mapping[str, Any], fields: Sequence[str]) -> Obj:
+    async def create(self, obj_type: str, payload: Mapping[str, Any], fields: Sequence[str]) -> Object:
         """One POST (no retry), answering the new object with `fields`."""
 
         def call() -> Any:
@@ -229,7 +229,7 @@ class WapiClient:
             self._connector.session.close()
 
 
-def _objects(answer: Any, obj_type: str) -> list[Obj]:
+def _objects(answer: Any, obj_type: str) -> list[Object]:
     """The objects of a search answer; anything but a list of objects is the grid misbehaving."""
     if answer is None:
         return []

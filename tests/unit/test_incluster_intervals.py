@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from backends.incluster.allocator import (
+from backends.incluster.intervals import (
     IntervalSet,
     PoolAllocator,
     address_to_int,

@@ -21,7 +21,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.incluster.allocator import IntervalSet
+from backends.incluster.intervals import IntervalSet
 
 ADDRESSES_REQUIRED = "addresses is required"
 INVALID_ADDRESS = "provided address is not a valid IP, range, nor CIDR"

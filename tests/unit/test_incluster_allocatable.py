@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.incluster.addresses import (
+from backends.incluster.allocatable import (
     ADDRESSES_REQUIRED,
     DIFFERENT_SUBNET,
     EXCLUDED_MIXED_FAMILIES,
@@ -23,7 +23,7 @@ from backends.incluster.addresses import (
     parse_address_entry,
     validate_pool_spec,
 )
-from backends.incluster.allocator import IntervalSet, PoolAllocator, address_to_int, int_to_address
+from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
 
 
 def texts(allocatable: IntervalSet, family: int) -> list[str]:

@@ -3,7 +3,7 @@
 Every object carries the ownership extensible attributes: CAPI-Claim-UID (the claim's uid: the one attribute
 ownership is decided on), CAPI-Claim-Namespace, CAPI-Claim-Name, CAPI-Cluster-Name (when the claim names a
 cluster) and CAPI-Pool (`<namespace>/<pool name>`, what the per-pool index searches on), plus the pool's own
-extra attributes. A gateway reservation (see `allocator`) carries CAPI-Pool only.
+extra attributes. A gateway reservation (see `allocator`) carries CAPI-Pool only (`gateway_marks`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.api import (
+from backends.infoblox.spec import (
     EA_CLAIM_NAME,
     EA_CLAIM_NAMESPACE,
     EA_CLAIM_UID,
@@ -69,7 +69,7 @@ def next_available(target: Target, network_view: str) -> str:
     return f"func:nextavailableip:{target.argument},{network_view}"
 
 
-def ownership(pool: Pool, claim: ClaimContext) -> dict[str, str]:
+def ownership_extattrs(pool: Pool, claim: ClaimContext) -> dict[str, str]:
     eas = dict(pool.spec.extensible_attributes)
     eas.update(
         {
@@ -88,30 +88,53 @@ def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return {name: {"value": value} for name, value in eas.items()}
 
 
-def fixed_payload(
-    version: int, address: str, network_view: str, eas: Mapping[str, str], comment: str, identity: str
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Marks:
+    """What an object this backend writes carries besides its address: its extensible attributes, its comment,
+    and the identity an ipv6fixedaddress's DUID is derived from."""
+
+    extattrs: Mapping[str, str]
+    comment: str
+    identity: str
+
+
+def claim_marks(pool: Pool, claim: ClaimContext) -> Marks:
+    """The marks of an object held for `claim`: the ownership attributes and the pool's own."""
+    return Marks(ownership_extattrs(pool, claim), claim_comment(claim), claim.uid)
+
+
+def gateway_marks(pool: Pool) -> Marks:
+    """The marks of the reservation that keeps the pool's gateway from being handed out: CAPI-Pool only."""
+    comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
+    return Marks({EA_POOL: pool.label}, comment, pool.uid)
+
+
+def fixed_payload(pool: Pool, address: str, network_view: str, marks: Marks) -> dict[str, Any]:
     """A fixedaddress (MAC of zeros: a reservation no DHCP client matches) or an ipv6fixedaddress (a DUID-UUID
-    derived from `identity`, so that no two objects share one)."""
-    payload: dict[str, Any] = {"network_view": network_view, "comment": comment, "extattrs": wapi_extattrs(eas)}
-    if version == 4:
+    derived from the marks' identity, so that no two objects share one)."""
+    payload: dict[str, Any] = {
+        "network_view": network_view,
+        "comment": marks.comment,
+        "extattrs": wapi_extattrs(marks.extattrs),
+    }
+    if pool.version == 4:
         payload.update(ipv4addr=address, mac=ZERO_MAC)
     else:
-        payload.update(ipv6addr=address, duid=duid_for(identity))
+        payload.update(ipv6addr=address, duid=duid_for(marks.identity))
     return payload
 
 
-def host_payload(
-    version: int, address: str, fqdn: str, dns_view: str, configure_for_dns: bool, eas: Mapping[str, str], comment: str
-) -> dict[str, Any]:
-    entry_key, list_key = ("ipv4addr", "ipv4addrs") if version == 4 else ("ipv6addr", "ipv6addrs")
+def host_payload(pool: Pool, address: str, fqdn: str, dns_view: str, marks: Marks) -> dict[str, Any]:
+    """A record:host named `fqdn` in `dns_view`, registered in DNS as the pool's hostRecord.configureForDNS says."""
+    assert pool.spec.host_record is not None
+    entry_key, list_key = ("ipv4addr", "ipv4addrs") if pool.version == 4 else ("ipv6addr", "ipv6addrs")
     return {
         "name": fqdn,
         "view": dns_view,
-        "configure_for_dns": configure_for_dns,
+        "configure_for_dns": pool.spec.host_record.configure_for_dns,
         list_key: [{entry_key: address}],
-        "comment": comment,
-        "extattrs": wapi_extattrs(eas),
+        "comment": marks.comment,
+        "extattrs": wapi_extattrs(marks.extattrs),
     }
 
 

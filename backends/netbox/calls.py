@@ -6,7 +6,7 @@ which hold the thread's session). They raise pynetbox's exceptions; `NetboxClien
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pynetbox
@@ -15,8 +15,8 @@ from pynetbox.models.ipam import IpAddresses, IpRanges, Prefixes
 
 from backends.netbox.client import Api
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
+from ipam_provider.common import Object
 
-Obj = dict[str, Any]
 Call = Callable[[Api], Any]
 
 OWNER_TAG_BODY = {
@@ -47,7 +47,7 @@ CLAIM_REF_FIELD_BODY = {
 }
 
 
-def _plain(record: Any) -> Obj:
+def _plain(record: Any) -> Object:
     return dict(record)
 
 
@@ -58,7 +58,7 @@ def _endpoint(api: Api, kind: str) -> Any:
 def get_source(kind: str, source_id: int) -> Call:
     """GET /ipam/prefixes/{id}/ or /ipam/ip-ranges/{id}/: the object, or None on 404."""
 
-    def run(api: Api) -> Obj | None:
+    def run(api: Api) -> Object | None:
         record = _endpoint(api, kind).get(source_id)
         return _plain(record) if record is not None else None
 
@@ -68,7 +68,7 @@ def get_source(kind: str, source_id: int) -> Call:
 def find_sources(kind: str, filters: Mapping[str, Any]) -> Call:
     """GET /ipam/prefixes/?… or /ipam/ip-ranges/?…: every match (usually one page)."""
 
-    def run(api: Api) -> list[Obj]:
+    def run(api: Api) -> list[Object]:
         return [_plain(r) for r in _endpoint(api, kind).filter(**filters)]
 
     return run
@@ -77,7 +77,7 @@ def find_sources(kind: str, filters: Mapping[str, Any]) -> Call:
 def find(app: str, endpoint: str, filters: Mapping[str, Any], *, brief: bool = True) -> Call:
     """GET /<app>/<endpoint>/?…: every match (brief objects unless `brief` is False)."""
 
-    def run(api: Api) -> list[Obj]:
+    def run(api: Api) -> list[Object]:
         extra = {"brief": 1} if brief else {}
         return [_plain(r) for r in getattr(getattr(api, app), endpoint).filter(**extra, **filters)]
 
@@ -87,7 +87,7 @@ def find(app: str, endpoint: str, filters: Mapping[str, Any], *, brief: bool = T
 def create(app: str, endpoint: str, body: Mapping[str, Any]) -> Call:
     """POST /<app>/<endpoint>/: the created object."""
 
-    def run(api: Api) -> Obj:
+    def run(api: Api) -> Object:
         return _plain(getattr(getattr(api, app), endpoint).create(dict(body)))
 
     return run
@@ -108,7 +108,7 @@ def allocate(kind: str, source_id: int, body: Mapping[str, Any]) -> Call:
     Raises pynetbox.AllocationError on 409 (the source is full).
     """
 
-    def run(api: Api) -> Obj:
+    def run(api: Api) -> Object:
         model = Prefixes if kind == "prefix" else IpRanges
         parent = model({"id": source_id}, api, _endpoint(api, kind))
         return _plain(parent.available_ips.create(dict(body)))
@@ -119,7 +119,7 @@ def allocate(kind: str, source_id: int, body: Mapping[str, Any]) -> Call:
 def get_address(address_id: int) -> Call:
     """GET /ipam/ip-addresses/{id}/: the object, or None on 404."""
 
-    def run(api: Api) -> Obj | None:
+    def run(api: Api) -> Object | None:
         record = api.ipam.ip_addresses.get(address_id)
         return _plain(record) if record is not None else None
 
@@ -129,7 +129,7 @@ def get_address(address_id: int) -> Call:
 def find_claim_addresses(claim_uid: str) -> Call:
     """GET /ipam/ip-addresses/?tag=<owner tag>&cf_<uid field>=<uid>: every address marked for the claim."""
 
-    def run(api: Api) -> list[Obj]:
+    def run(api: Api) -> list[Object]:
         filters = {"tag": OWNER_TAG, f"cf_{CLAIM_UID_FIELD}": claim_uid}
         return [_plain(r) for r in api.ipam.ip_addresses.filter(**filters)]
 
@@ -139,7 +139,7 @@ def find_claim_addresses(claim_uid: str) -> Call:
 def find_address(address: str, vrf_id: int | None) -> Call:
     """GET /ipam/ip-addresses/?address=<ip>&vrf_id=<id|null>: the objects holding that address in the VRF."""
 
-    def run(api: Api) -> list[Obj]:
+    def run(api: Api) -> list[Object]:
         filters = {"address": address, "vrf_id": vrf_id if vrf_id is not None else "null"}
         return [_plain(r) for r in api.ipam.ip_addresses.filter(**filters)]
 
@@ -149,11 +149,11 @@ def find_address(address: str, vrf_id: int | None) -> Call:
 def patch_address(address_id: int, changes: Mapping[str, Any]) -> Call:
     """PATCH /ipam/ip-addresses/{id}/ with `changes`."""
 
-    def run(api: Api) -> Obj:
+    def run(api: Api) -> Object:
         request = Request(
             key=address_id, base=api.ipam.ip_addresses.url, token=api.token, http_session=api.http_session
         )
-        result: Obj = request.patch(dict(changes))
+        result: Object = request.patch(dict(changes))
         return result
 
     return run
@@ -172,22 +172,3 @@ def delete_address(address_id: int) -> Call:
             raise
 
     return run
-
-
-def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
-    """Whether a NetBox IP address carries our ownership marks (for `claim_uid`, when given)."""
-    slugs = {tag.get("slug") for tag in obj.get("tags") or [] if isinstance(tag, Mapping)}
-    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
-    if OWNER_TAG not in slugs or not uid:
-        return False
-    return claim_uid is None or uid == claim_uid
-
-
-def claim_ref_of(obj: Mapping[str, Any]) -> str | None:
-    """The "<namespace>/<name>" of the claim a NetBox IP address was made for, if recorded."""
-    value = (obj.get("custom_fields") or {}).get(CLAIM_REF_FIELD)
-    return str(value) if value else None
-
-
-def ids(objs: Sequence[Mapping[str, Any]]) -> list[int]:
-    return [int(o["id"]) for o in objs]
