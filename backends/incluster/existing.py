@@ -20,20 +20,13 @@ import structlog
 
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.reservations import Reservation, ReservationClient
+from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 
 log = structlog.get_logger(__name__)
-
-
-def names_pool(address: Object, ref: PoolRef) -> bool:
-    """Whether the IPAddress's spec.poolRef names the pool `ref` (a namespaced pool: in its own namespace)."""
-    pool = (address.get("spec") or {}).get("poolRef") or {}
-    if (pool.get("apiGroup") or "", pool.get("kind"), pool.get("name")) != (ref.group, ref.kind, ref.name):
-        return False
-    return ref.namespace is None or address["metadata"].get("namespace") == ref.namespace
 
 
 def controller_claim_uid(address: Object) -> str | None:

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 
 import structlog
 
-from backends.incluster.existing import names_pool
 from backends.incluster.reservations import (
     RESERVATIONS,
     Reservation,
     ReservationClient,
     age_seconds,
 )
+from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.kube.client import KubeClient
