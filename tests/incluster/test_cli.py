@@ -78,10 +78,14 @@ async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, nam
             assert await get(f"http://127.0.0.1:{probe_port}/readyz") == (200, "ok")
 
             async def allocation_counted() -> str | None:
+                # The allocation is counted during the claim's reconcile, the reconcile itself when it ends: wait
+                # for both, or a scrape between the two sees no reconcile yet.
                 _, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
-                return text if 'ipam_provider_allocations_total{pool_kind="InClusterIPPool"} 1.0' in text else None
+                allocated = 'ipam_provider_allocations_total{pool_kind="InClusterIPPool"} 1.0' in text
+                reconciled = 'ipam_provider_reconcile_total{key_kind="claim",result="success"}' in text
+                return text if allocated and reconciled else None
 
-            text = await wait_for(allocation_counted, message="the allocation to be counted in /metrics")
+            text = await wait_for(allocation_counted, message="the allocation and its reconcile to be counted")
             assert "ipam_provider_reconcile_duration_seconds_bucket" in text
         status = await asyncio.create_subprocess_exec(
             sys.executable,
