@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -77,11 +78,19 @@ async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, nam
             assert await get(f"http://127.0.0.1:{probe_port}/healthz") == (200, "ok")
             assert await get(f"http://127.0.0.1:{probe_port}/readyz") == (200, "ok")
 
-            async def allocation_counted() -> str | None:
-                _, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
-                return text if 'ipam_provider_allocations_total{pool_kind="InClusterIPPool"} 1.0' in text else None
+            def metrics_with(line: str) -> Callable[[], Awaitable[str | None]]:
+                async def probe() -> str | None:
+                    _, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
+                    return text if line in text else None
 
-            text = await wait_for(allocation_counted, message="the allocation to be counted in /metrics")
+                return probe
+
+            allocated = 'ipam_provider_allocations_total{pool_kind="InClusterIPPool"} 1.0'
+            await wait_for(metrics_with(allocated), message="the allocation to be counted in /metrics")
+            # A reconcile's duration is observed when it returns, after it has written the claim's status (which
+            # wait_address saw) and recorded its Event: /metrics may be read in between.
+            histogram = "ipam_provider_reconcile_duration_seconds_bucket"
+            text = await wait_for(metrics_with(histogram), message="a reconcile's duration in /metrics")
             assert "ipam_provider_reconcile_duration_seconds_bucket" in text
         status = await asyncio.create_subprocess_exec(
             sys.executable,
