@@ -1,8 +1,41 @@
-"""Test-suite wiring: the real control plane and shared helpers are pytest plugins under tests/support."""
+"""Test-suite wiring: the real control plane and shared helpers are pytest plugins under tests/support.
+
+Every test is marked by what it needs, from its fixtures, so that `pytest -m "not apiserver and not netbox"` runs
+the tests that need neither (the fast lane):
+
+- `apiserver`: the test uses, directly or through other fixtures, `kubeconfig` (tests/support/cluster.py), which
+  starts the real kube-apiserver and etcd. Every fixture that talks to the API server depends on it: `kube`,
+  `namespace`, `controller_factory`, `in_process_controller` and the fixtures of tests/netbox/conftest.py and
+  tests/infoblox/conftest.py built on them.
+- `netbox`: the test uses `netbox_server` (tests/support/netbox.py), which starts the real NetBox; `netbox`
+  depends on it.
+
+`item.fixturenames` is the transitive closure of a test's fixtures, so these two roots are enough. A test that
+starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
 
 pytest_plugins = [
+    "pytester",
     "tests.support.cluster",
     "tests.support.controller",
     "tests.support.netbox",
     "tools.wapi_simulator.fixtures",
 ]
+
+# The fixtures that start a real server, by the marker a test using them (at any depth) gets.
+NEEDS: dict[str, frozenset[str]] = {
+    "apiserver": frozenset({"kubeconfig"}),
+    "netbox": frozenset({"netbox_server"}),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for marker, roots in NEEDS.items():
+            if fixtures & roots and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)

@@ -97,6 +97,7 @@ def test_every_config_manifest_parses_and_every_kustomization_resource_exists() 
             assert doc["metadata"].get("name"), f"{path}: {doc['kind']} without a name"
 
 
+@pytest.mark.apiserver  # kustomize: the kubectl built with the control plane
 def test_config_default_builds_into_the_provider_components() -> None:
     objects = built(CONFIG / "default")
     by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
@@ -146,6 +147,7 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert args.leader_election_namespace == SYSTEM_NAMESPACE
 
 
+@pytest.mark.apiserver  # kustomize: the kubectl built with the control plane
 def test_config_crd_lists_every_generated_crd() -> None:
     kustomization = load_yaml(CONFIG / "crd" / "kustomization.yaml")[0]
     generated = sorted(f"../../crds/{p.name}" for p in (REPO / "crds").glob("*.yaml"))

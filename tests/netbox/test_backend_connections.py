@@ -38,8 +38,6 @@ from tests.support.cluster import wait_for
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
-
 
 async def test_a_call_ends_within_its_deadline(kube: KubeClient, namespace: str, netbox: NetBoxServer) -> None:
     netbox.create_prefix("10.90.0.0/29")

@@ -45,7 +45,6 @@ from tests.netbox.proxy import NetboxProxy
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 Object = dict[str, Any]
 
 

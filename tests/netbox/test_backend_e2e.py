@@ -12,8 +12,6 @@ import asyncio
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, CLUSTERS
@@ -37,8 +35,6 @@ from tests.support.objects import cluster, wait_address, wait_claim_reason
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
-
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 
 
 async def test_allocate_and_release_ipv4(

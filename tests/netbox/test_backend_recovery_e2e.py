@@ -9,8 +9,6 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
@@ -32,8 +30,6 @@ from tests.support.objects import wait_address, wait_claim_reason
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
-
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 
 
 async def assert_netbox_matches_cluster(kube: KubeClient, namespace: str, netbox: NetBoxServer, parent: str) -> None:

@@ -12,8 +12,6 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING
 
-import pytest
-
 from backends.netbox import NetboxBackend
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
@@ -31,7 +29,6 @@ from tests.netbox.proxy import NetboxProxy
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 PER_REPLICA = 50
 CIDR = "10.71.0.0/24"
 

@@ -39,7 +39,6 @@ from tests.netbox.proxy import Event, NetboxProxy
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 Object = dict[str, Any]
 
 ATTEMPTS = 4

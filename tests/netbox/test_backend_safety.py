@@ -43,8 +43,6 @@ from tests.netbox.proxy import NetboxProxy
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
-
 
 async def test_a_gateway_inside_a_source_must_be_recorded(
     backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer

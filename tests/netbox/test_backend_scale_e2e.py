@@ -9,8 +9,6 @@ import collections
 import time
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from tests.netbox.conftest import NB_POOLS, claim_uid_of, create_secret, nb_claim, netbox_pool, owned_addresses, prefix
@@ -19,7 +17,6 @@ from tests.support.cluster import wait_for
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 CLAIM_COUNT = 100
 
 

@@ -46,7 +46,6 @@ REFUSED: list[tuple[str, Object, str]] = [
 ]
 
 
-@pytest.mark.apiserver
 @pytest.mark.parametrize(("case", "body", "hint"), REFUSED, ids=[c[0] for c in REFUSED])
 async def test_the_crd_refuses(kube: KubeClient, namespace: str, case: str, body: Object, hint: str) -> None:
     with pytest.raises(ApiError) as refused:
@@ -63,7 +62,6 @@ def test_parse_pool_refuses(case: str, body: Object, hint: str) -> None:
         parse_pool(PoolRef.from_object(body), body)
 
 
-@pytest.mark.apiserver
 async def test_the_crds_accept_the_full_shape(kube: KubeClient, namespace: str) -> None:
     fields = {
         "status": "active",

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import yaml
 
 from ipam_provider.kube.client import KubeClient
@@ -28,7 +27,6 @@ from tests.support.objects import wait_address
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-pytestmark = [pytest.mark.netbox, pytest.mark.apiserver]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "netbox"
 RESOURCES = {r.kind: r for r in (NAMESPACES, SECRETS, NB_POOLS, GLOBAL_NB_POOLS, CLUSTERS, CLAIMS)}
 Object = dict[str, Any]

@@ -28,8 +28,6 @@ pytest_plugins = ["tests.support.netbox"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.netbox
-
 
 def _addresses(records: object) -> list[str]:
     return [record.address for record in records]  # type: ignore[attr-defined]

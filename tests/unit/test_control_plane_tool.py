@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tools.controlplane.cluster import _alive
 from tools.controlplane.versions import REPO_ROOT, load_versions
 
@@ -41,6 +43,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.apiserver  # starts two control planes of its own
 def test_two_instances_side_by_side_and_down_leaves_nothing(tmp_path: Path) -> None:
     dirs = [tmp_path / "one", tmp_path / "two"]
     states = []
@@ -67,6 +70,7 @@ def test_two_instances_side_by_side_and_down_leaves_nothing(tmp_path: Path) -> N
             assert not _alive(pid), f"process {pid} survived `down`"
 
 
+@pytest.mark.apiserver  # starts a control plane of its own
 def test_external_install_leaves_existing_capi_crds_alone_and_up_replaces_a_dead_instance(tmp_path: Path) -> None:
     """`make run` on someone else's cluster must not overwrite its Cluster API CRDs; and a recorded control plane
     whose processes died (a reboot) must give way to a fresh one instead of failing."""

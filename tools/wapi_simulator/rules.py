@@ -92,7 +92,9 @@ def _finish_network(
     obj_type = "network" if network.version == 4 else "ipv6network"
     if store.by_key(obj_type, f"{network}/{network_view}") is not None:
         raise errors.conflict(f"The network {network} already exists.  Select another network.")
-    for other in store.of_type(obj_type):
+    if not store.overlaps_network(obj_type, network_view, network):
+        return
+    for other in store.of_type(obj_type):  # name the first one created, as before the index
         other_net = ipaddress.ip_network(other.get("network"))
         if other.get("network_view") == network_view and other_net.overlaps(network):
             raise errors.conflict(f"The network {network} overlaps with the network {other_net}.")

@@ -4,8 +4,9 @@ Contract:
 
 * :class:`ObjectStore` keeps every object as a :class:`StoredObject` (type + stored field values) under its
   reference, which is derived from the object's natural key (see :mod:`.refs`);
-* it keeps a natural-key index (``(type, key) -> ref``) so uniqueness checks and lookups by key are O(1), and
-  an :class:`~.addressing.AddressUsage` so next-available searches are fast;
+* it keeps a natural-key index (``(type, key) -> ref``) so uniqueness checks and lookups by key are O(1), an
+  :class:`~.addressing.AddressUsage` so next-available searches are fast, and the networks of each view sorted
+  by address so that an overlap check costs O(log n), not a parse of every network;
 * DNS views (``view``, each bound to a network view) and authoritative zones (``zone_auth``) are stored objects
   like any other; :meth:`ObjectStore.dns_view_network_view` and :meth:`ObjectStore.zone_for` answer from the
   natural-key index, so a host record's view and zone are found in O(labels);
@@ -16,6 +17,7 @@ Contract:
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import threading
 from collections.abc import Iterator
@@ -24,6 +26,9 @@ from typing import Any
 
 from .addressing import AddressUsage, IPAddress
 from .refs import make_ref
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+NetworkSpan = tuple[int, int, str]
 
 
 @dataclass
@@ -82,6 +87,7 @@ class ObjectStore:
         self._by_type: dict[str, dict[str, StoredObject]] = {}
         self._keys: dict[tuple[str, str], str] = {}
         self._by_id: dict[str, str] = {}
+        self._networks: dict[tuple[str, str], list[NetworkSpan]] = {}  # (type, view) -> spans sorted by address
         self.insert(StoredObject("networkview", {"name": "default", "is_default": True}))
         self.insert(StoredObject("view", {"name": "default", "network_view": "default", "is_default": True}))
 
@@ -123,6 +129,16 @@ class ObjectStore:
                 best, best_len = candidate, network.prefixlen
         return best
 
+    def overlaps_network(self, obj_type: str, network_view: str, network: IPNetwork) -> bool:
+        """Whether a network of ``obj_type`` in ``network_view`` overlaps ``network``.
+
+        The networks of a view never overlap one another (the rules refuse it), so only the one that starts last
+        at or before ``network`` ends can overlap it."""
+        spans = self._networks.get((obj_type, network_view), [])
+        first, last = int(network.network_address), int(network.broadcast_address)
+        before = bisect.bisect_right(spans, last, key=lambda span: span[0])
+        return before > 0 and spans[before - 1][1] >= first
+
     def ranges_in(self, network_view: str) -> list[StoredObject]:
         """The DHCP ranges of one network view."""
         return [r for r in self.of_type("range") if r.get("network_view") == network_view]
@@ -157,6 +173,9 @@ class ObjectStore:
         self._by_id[ref_id(obj.ref)] = obj.ref
         for network_view, address, dhcp in claims_of(obj):
             self.usage.claim(network_view, address, obj.ref, dhcp)
+        span = network_span(obj)
+        if span is not None:
+            bisect.insort(self._networks.setdefault(span[0], []), span[1])
         return obj.ref
 
     def remove(self, ref: str) -> StoredObject | None:
@@ -170,12 +189,24 @@ class ObjectStore:
         self._by_id.pop(ref_id(ref), None)
         for network_view, address, _dhcp in claims_of(obj):
             self.usage.release(network_view, address, ref)
+        span = network_span(obj)
+        if span is not None:
+            self._networks[span[0]].remove(span[1])
         return obj
 
     def replace(self, old_ref: str, obj: StoredObject) -> str:
         """Swap the object ``old_ref`` for ``obj`` (same type); answer the (possibly new) reference."""
         self.remove(old_ref)
         return self.insert(obj)
+
+
+def network_span(obj: StoredObject) -> tuple[tuple[str, str], NetworkSpan] | None:
+    """A network's ``((type, view), (first address, last address, ref))``; ``None`` for other objects."""
+    if obj.obj_type not in ("network", "ipv6network"):
+        return None
+    network = ipaddress.ip_network(obj.fields["network"], strict=False)
+    span = (int(network.network_address), int(network.broadcast_address), obj.ref)
+    return (obj.obj_type, obj.fields["network_view"]), span
 
 
 def claims_of(obj: StoredObject) -> list[tuple[str, IPAddress, bool]]:

@@ -498,6 +498,28 @@ def test_network_views_are_independent_and_cascade_on_delete(sim: WapiSimulator)
     assert sim.state.count("network") == 1
 
 
+def test_overlapping_networks_are_refused_within_a_view_only(sim: WapiSimulator) -> None:
+    sim.state.add_network("10.0.2.0/24")
+    for cidr, other in [
+        ("10.0.0.0/16", "10.0.0.0/24"),  # encloses both: the first created is named
+        ("10.0.0.128/25", "10.0.0.0/24"),
+        ("10.0.2.0/30", "10.0.2.0/24"),
+        ("10.0.2.0/23", "10.0.2.0/24"),
+    ]:
+        with pytest.raises(WapiError) as refused:
+            sim.state.add_network(cidr)
+        assert refused.value.text == f"The network {cidr} overlaps with the network {other}.", cidr
+    sim.state.add_network("10.0.1.0/24")  # between the two, touching both
+    sim.state.add_network("10.0.3.0/24")
+    sim.state.add_network_view("blue")
+    sim.state.add_network("10.0.0.0/16", network_view="blue")
+    sim.state.delete(next(n["_ref"] for n in sim.state.objects("network") if n["network"] == "10.0.2.0/24"))
+    sim.state.add_network("10.0.2.0/25")  # a deleted network no longer refuses its space
+    sim.state.add_network("2001:db8::/64")
+    with pytest.raises(WapiError):
+        sim.state.add_network("2001:db8::/48")
+
+
 # -- DNS views and authoritative zones -----------------------------------------------------------------------
 
 

@@ -1,0 +1,180 @@
+"""PoolReconciler against the in-memory API server and the fake backend: the ProtectPool finalizer, status from the
+backend's report, deletion held while IPAddresses name the pool, and pauses."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipam_provider.api.capi import ANNOTATION_SKIP_DELETE_VALIDATION, FINALIZER_PROTECT_POOL
+from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport
+from ipam_provider.kube.resources import ADDRESSES, EVENTS
+from ipam_provider.reconcile.context import pool_resource
+from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
+from tests.core.world import NS, PAUSED, POOLS, Object, World, address, pool, ready_of, ready_state
+
+REF = PoolRef(GROUP, "FakeIPPool", NS, "net")
+DELETING = "2026-01-01T00:00:00Z"
+IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
+
+
+def stored_pool(world: World, name: str = "net") -> Object:
+    found = world.kube.stored(POOLS, name, NS)
+    assert found is not None, f"pool {name} is gone"
+    return found
+
+
+async def test_a_live_pool_gets_the_finalizer_and_its_status_from_the_report(world: World) -> None:
+    world.add(POOLS, pool())
+    world.add(ADDRESSES, address("a1", "c1", ip="10.0.0.20", annotations={"k": "v"}))
+    world.add(ADDRESSES, address("a2", "c2", "other", ip="10.0.0.21"))
+    world.backend.report_with = PoolReport(
+        True,
+        "PoolReady",
+        "1 of 254 used",
+        status={"networkView": "default"},
+        counts=AddressCounts(254, used=1, free=253, out_of_range=0),
+    )
+
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+
+    stored = stored_pool(world)
+    assert stored["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL]
+    (report,) = world.backend.calls
+    assert report.method == "report" and report.pool_ref == REF
+    assert report.pool is not None and report.pool["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL]
+    assert report.addresses == (Allocation("10.0.0.20", 24, "10.0.0.1", {"k": "v"}),), "the pool's IPAddresses only"
+    assert stored["status"]["networkView"] == "default"
+    assert stored["status"]["ipAddresses"] == {"total": 254, "used": 1, "free": 253, "outOfRange": 0}
+    ready = ready_of(stored)
+    assert ready is not None
+    assert (ready["status"], ready["reason"], ready["message"]) == ("True", "PoolReady", "1 of 254 used")
+    assert ready["observedGeneration"] == 1
+    assert set(stored["status"]) == {"networkView", "ipAddresses", "conditions"}
+    assert world.events() == [], "a Ready pool records no Event"
+    journal = world.journal
+    finalizer, reported = journal.index("patch FakeIPPool net"), journal.index("backend report net")
+    assert finalizer < reported < journal.index("patch FakeIPPool/status net"), journal
+    assert world.ctx.caches.pool(REF) == stored
+
+    world.forget_requests()
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    assert world.kube.writes() == [], "an unchanged report writes nothing"
+
+
+async def test_a_report_without_counts_leaves_the_counts_alone(world: World) -> None:
+    counts = {"total": 8, "used": 2, "free": 6}
+    world.add(POOLS, {**pool(finalizers=[FINALIZER_PROTECT_POOL]), "status": {"ipAddresses": counts}})
+    world.backend.report_with = PoolReport(True, "PoolReady")
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    stored = stored_pool(world)
+    assert stored["status"]["ipAddresses"] == counts
+    assert ready_state(stored) == ("True", "PoolReady")
+
+
+async def test_a_pool_that_is_not_ready_says_why_with_a_warning_on_each_new_reason(world: World) -> None:
+    world.add(POOLS, pool())
+    world.backend.report_with = PoolReport(False, "PoolInvalid", "addresses must not be empty")
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    ready = ready_of(stored_pool(world))
+    assert ready is not None
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "PoolInvalid",
+        "addresses must not be empty",
+    )
+    assert world.events() == [("Warning", "PoolInvalid", "FakeIPPool", "net")]
+    assert world.kube.stored_all(EVENTS, NS)[0]["message"] == "addresses must not be empty"
+
+    await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
+    assert len(world.events()) == 1, "the same reason again: no new Event"
+    world.backend.report_with = PoolReport(True, "PoolReady")
+    await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
+    assert ready_state(stored_pool(world)) == ("True", "PoolReady") and len(world.events()) == 1
+    world.backend.report_with = PoolReport(False, "Unreachable", "no route")
+    await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
+    assert world.events()[-1] == ("Warning", "Unreachable", "FakeIPPool", "net")
+
+
+async def test_a_failing_report_propagates_after_the_finalizer(world: World) -> None:
+    world.add(POOLS, pool())
+    world.backend.fail("report", RuntimeError("backend bug"))
+    with pytest.raises(RuntimeError):
+        await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
+    stored = stored_pool(world)
+    assert stored["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL] and "status" not in stored
+
+
+async def test_a_deleted_pool_is_held_while_ipaddresses_name_it(world: World) -> None:
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING))
+    world.kube.put(ADDRESSES, address("a1", "c1"))  # not in the cache: the count is read from the API server
+    world.kube.put(ADDRESSES, address("a2", "c2", "other"))
+
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 15.0
+    stored = stored_pool(world)
+    assert stored["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL]
+    ready = ready_of(stored)
+    assert ready is not None
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "Deleting", f"{IN_USE} (1 remain)")
+    assert world.events() == [("Warning", "Deleting", "FakeIPPool", "net")]
+    assert world.backend.calls == [], "a deleted pool is not reported"
+
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 15.0
+    assert len(world.events()) == 1
+
+    assert await world.kube.delete(ADDRESSES, "a1", NS)
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.stored(POOLS, "net", NS) is None, "its last finalizer removed, the pool is gone"
+    assert world.ctx.caches.pool(REF) is None
+
+
+async def test_a_deleted_cluster_scoped_pool_counts_ipaddresses_in_every_namespace(world: World) -> None:
+    global_pools = pool_resource(GLOBAL_FAKE_POOL)
+    world.add(
+        global_pools, pool("g", kind=GLOBAL_FAKE_POOL, finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING)
+    )
+    for namespace in ("a", "b"):
+        world.kube.put(ADDRESSES, address("x", "x", "g", kind=GLOBAL_FAKE_POOL, namespace=namespace))
+    assert await world.pools.reconcile(GLOBAL_FAKE_POOL.ref(None, "g")) == 15.0
+    stored = world.kube.stored(global_pools, "g")
+    assert stored is not None
+    ready = ready_of(stored)
+    assert ready is not None and ready["message"] == f"{IN_USE} (2 remain)"
+
+
+async def test_the_skip_validate_annotation_lets_a_deleted_pool_go_at_once(world: World) -> None:
+    annotations = {ANNOTATION_SKIP_DELETE_VALIDATION: ""}
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING, annotations=annotations))
+    world.add(ADDRESSES, address("a1", "c1"))
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.stored(POOLS, "net", NS) is None
+    assert world.journal == ["patch FakeIPPool net"], "no IPAddress is even looked for"
+
+
+async def test_a_deleted_pool_keeps_finalizers_that_are_not_ours(world: World) -> None:
+    world.add(POOLS, pool(finalizers=["example.com/keep", FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING))
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert stored_pool(world)["metadata"]["finalizers"] == ["example.com/keep"]
+    world.sync()
+    world.forget_requests()
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.requests == [], "without our finalizer a deleted pool is none of our business"
+
+
+@pytest.mark.parametrize("deleting", [False, True], ids=["live", "deleted"])
+async def test_a_paused_pool_is_left_alone(world: World, deleting: bool) -> None:
+    meta: Object = {"annotations": PAUSED}
+    if deleting:
+        meta.update(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING)
+        world.add(ADDRESSES, address("a1", "c1"))
+    before = world.add(POOLS, pool(**meta))
+    world.forget_requests()
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.requests == [] and world.backend.calls == []
+    assert stored_pool(world) == before
+
+
+async def test_pools_not_cached_or_of_kinds_no_backend_serves_are_ignored(world: World) -> None:
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "missing")) is None
+    other = PoolKind("ipam.other.example", "v1", "OtherPool", "otherpools", namespaced=True)
+    assert await world.pools.reconcile(other.ref(NS, "net")) is None
+    assert world.kube.requests == [] and world.backend.calls == []
