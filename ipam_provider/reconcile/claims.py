@@ -84,11 +84,13 @@ class ClaimReconciler:
             work.log.debug("paused; nothing done")
             return None
         if work.claim.metadata.deleting:
-            if FINALIZER_RELEASE_ADDRESS in work.claim.metadata.finalizers:
-                await release_claim(self.ctx, work)
+            if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
+                return None
+            retry = await release_claim(self.ctx, work)
+            if retry is None:
                 work.log.info("claim released")
                 metrics.RELEASES.labels(work.kind.kind).inc()
-            return None
+            return retry
         if cluster_name and cluster_raw is None:
             message = (
                 f"Cluster {namespace}/{cluster_name} was not found; waiting for it before allocating, because "

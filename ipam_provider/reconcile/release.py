@@ -1,8 +1,10 @@
 """Releasing a deleted claim: IPAddress first, then the backend, then the claim's finalizer.
 
 The IPAddress is read fresh from the API server, not from the cache, so that a lagging watch cannot leave an
-IPAddress behind once the claim is gone. A backend that can never release (ReleaseImpossibleError) gets a
-Warning Event and the claim is let go; any other failure keeps the finalizer and is retried.
+IPAddress behind once the claim is gone. While another finalizer keeps the deleted IPAddress in existence, the
+backend is not asked to release: the address stays held until no IPAddress names it. A backend that can never
+release (ReleaseImpossibleError) gets a Warning Event and the claim is let go; any other failure keeps the
+finalizer and is retried.
 """
 
 from __future__ import annotations
@@ -16,13 +18,20 @@ from ipam_provider.reconcile.addresses import allocation_of, belongs_to
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import WARNING
 
+RETRY_LINGERING = 30.0
 
-async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> None:
+
+async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
+    """Release the claim; returns seconds until it should be looked at again (its IPAddress still exists), or
+    None once the claim's finalizer is gone."""
     allocation: Allocation | None = None
     address_raw = await ctx.kube.get(ADDRESSES, work.name, work.namespace)
     if address_raw is not None and belongs_to(address_raw, work):
         allocation = allocation_of(IPAddress.model_validate(address_raw))
-        await _delete_address(ctx, address_raw)
+        holders = await _delete_address(ctx, address_raw)
+        if holders:
+            work.log.info("IPAddress still held by other finalizers; release waits", finalizers=",".join(holders))
+            return RETRY_LINGERING
     try:
         await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
@@ -34,9 +43,12 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> None:
         if not error.not_found:
             raise
     ctx.pool_changed(work.pool_ref)
+    return None
 
 
-async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> None:
+async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> list[str]:
+    """Remove our finalizer from the IPAddress and delete it. Returns the finalizers of others that keep it in
+    existence (empty once it is gone)."""
     meta = address_raw["metadata"]
     finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
     try:
@@ -48,4 +60,8 @@ async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> None:
     except ApiError as error:
         if not error.not_found:
             raise
+        return []
+    if finalizers:
+        return finalizers
     ctx.caches.addresses.remove((meta["namespace"], meta["name"]))
+    return []

@@ -348,20 +348,27 @@ async def test_release_leaves_other_finalizers_and_other_claims_addresses(world:
     assert remaining["metadata"]["deletionTimestamp"]
 
 
-async def test_release_does_not_wait_for_an_ipaddress_held_by_another_finalizer(world: World) -> None:
-    """Today the IPAddress is deleted, not waited for: with someone else's finalizer on it, it still exists
-    (deleting) when the backend releases its address."""
+async def test_release_waits_while_another_finalizer_keeps_the_ipaddress(world: World) -> None:
+    """The address is never free in the backend while an IPAddress still names it: with someone else's
+    finalizer on the deleted IPAddress, the backend is not asked to release and the claim keeps its finalizer;
+    once the IPAddress is gone, the release goes on."""
     await fulfilled(world)
     await world.kube.patch(
         ADDRESSES, "m1", {"metadata": {"finalizers": [FINALIZER_PROTECT_ADDRESS, "example.com/hold"]}}, NS
     )
     await delete_claim(world)
 
-    assert await world.claims.reconcile(NS, "m1") is None
+    assert await world.claims.reconcile(NS, "m1") == 30.0
     ip = world.address("m1")
     assert ip is not None and ip["metadata"]["deletionTimestamp"]
     assert ip["metadata"]["finalizers"] == ["example.com/hold"]
-    assert world.backend.calls_of("release")[0].allocation == FIRST
+    assert world.backend.calls_of("release") == []
+    assert world.claim("m1")["metadata"]["finalizers"] == [FINALIZER_RELEASE_ADDRESS]
+
+    await world.kube.patch(ADDRESSES, "m1", {"metadata": {"finalizers": []}}, NS)
+    world.sync()
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.backend.calls_of("release")[0].allocation is None
     assert world.kube.stored(CLAIMS, "m1", NS) is None
 
 
