@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries netbox cluster-up cluster-down test lint run format generate
+.PHONY: venv binaries netbox cluster-up cluster-down test test-fast lint run format generate
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -48,3 +48,7 @@ generate: venv
 	$(BIN)/python hack/gen_crds.py
 	$(BIN)/python hack/gen_netbox_crds.py
 	$(BIN)/python hack/gen_infoblox_crds.py
+
+# The fast lane: every test that needs no control plane, NetBox or Go toolchain (see README, Tests).
+test-fast: venv
+	$(BIN)/pytest -m "not apiserver and not netbox" $(PYTEST_ARGS)
