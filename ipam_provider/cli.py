@@ -19,6 +19,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
+from ipam_provider.version import __version__
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +43,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ipam-provider", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the controller")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
@@ -101,6 +103,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         log.info(
             "controller starting",
+            version=__version__,
             kinds=",".join(k.kind for k in registry.kinds),
             workers=settings.workers,
             namespaces=",".join(settings.namespaces) or "*",
