@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The controller image: `docker build -t capi-ipam-provider-py:dev .`
+# The controller image: `docker build -t capi-ipam-provider-py:dev .`; for a release, add
+# `--build-arg SOURCE=<repository URL> --build-arg REVISION=$(git rev-parse HEAD)`.
 # Stage 1 installs the package and its pinned dependencies into a virtualenv; stage 2 copies only that
 # virtualenv onto a clean base and runs it as an unprivileged user. The run-time image has no compiler, no
 # build tools, no pip cache and no source tree.
@@ -19,12 +20,20 @@ COPY backends ./backends
 # A regular (non-editable) install; pip compiles the .pyc files here, as the run-time root is read-only.
 RUN pip install -c constraints.txt . \
  && pip check \
- && ipam-provider --help >/dev/null
+ && ipam-provider --help >/dev/null \
+ && ipam-provider --version
 
 FROM ${PYTHON_IMAGE}
+# VERSION defaults to ipam_provider/version.py's __version__ (`ipam-provider --version`; a test keeps them equal).
+ARG VERSION=0.2.0
+ARG SOURCE=""
+ARG REVISION=""
 LABEL org.opencontainers.image.title="capi-ipam-provider-py" \
       org.opencontainers.image.description="Cluster API IPAM provider: in-cluster, NetBox and Infoblox pools" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"
 # A fixed numeric uid/gid, so that Kubernetes can check runAsNonRoot without a passwd lookup.
 RUN groupadd --system --gid 65532 nonroot \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \

@@ -1,12 +1,14 @@
-"""`ipam-provider run|status`: the controller's command line, with controller-runtime's flag names."""
+"""`ipam-provider run|status`: the controller's command line (its flags: `flags.py`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from wsgiref.simple_server import WSGIServer
 
 import structlog
 from aiohttp import web
@@ -15,103 +17,142 @@ from prometheus_client import start_http_server
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.controller import Controller, ControllerSettings
+from ipam_provider.flagforms import host_port, split_list
+from ipam_provider.flags import LeaderElection, RunOptions, parse_args
+from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
+from ipam_provider.version import __version__
 
 log = structlog.get_logger(__name__)
 
-
-def _split(values: Sequence[str] | None) -> list[str]:
-    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """controller-runtime's bind-address form: ":8080", "127.0.0.1:8080", "[::]:8080", "[::1]:8080", or "0" to
-    disable. IPv6 hosts come back without their brackets."""
-    if address in ("", "0"):
-        return None
-    host, _, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"bind address {address!r}: put an IPv6 host in brackets, as in [::]:8080")
-    return host or "0.0.0.0", int(port)
+# The names these helpers had when they lived here (tests import them from the CLI).
+_host_port = host_port
+_split = split_list
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ipam-provider", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the controller")
-    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-    run.add_argument("--namespace", action="append", help="watch only this namespace (repeatable or a,b)")
-    run.add_argument("--watch-filter", help="only claims labelled cluster.x-k8s.io/watch-filter=<value>")
-    run.add_argument("--workers", type=int, default=8, help="concurrent reconciles (one per pool at a time)")
-    run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
-    run.add_argument("--leader-elect", action="store_true", help="run only while holding the leader lease")
-    run.add_argument("--leader-election-namespace", default="capi-ipam-system")
-    run.add_argument("--leader-election-id", default="capi-ipam-provider-py")
-    run.add_argument("--metrics-bind-address", default=":8080", help='"0" disables the metrics endpoint')
-    run.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables /healthz and /readyz')
-    run.add_argument("--log-format", choices=["json", "console"], default="console")
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    status = commands.add_parser("status", help="show claims with their addresses")
-    status.add_argument("--kubeconfig")
-    status.add_argument("--namespace", action="append")
-    return parser
+class BindError(Exception):
+    """An endpoint could not listen on its address (in use, not available, not permitted)."""
 
 
-async def _serve_probes(address: tuple[str, int], controller: Controller, standby: asyncio.Event) -> web.AppRunner:
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+class Endpoints:
+    """The metrics and probe endpoints. They are bound before anything talks to the API server, so that an address
+    already in use (two controllers on one machine) fails at once, with one line saying which."""
 
-    async def readyz(_: web.Request) -> web.Response:
-        # A standby replica waiting for the leader lease is ready (as with controller-runtime), so that a
-        # Deployment of several replicas becomes Available and rolls out.
-        if controller.synced or standby.is_set():
+    def __init__(self) -> None:
+        self.metrics: WSGIServer | None = None
+        self.probes: web.AppRunner | None = None
+        self.ready: Callable[[], bool] = lambda: False  # /readyz; the controller replaces it
+
+    @classmethod
+    async def bind(cls, options: RunOptions) -> Endpoints:
+        endpoints = cls()
+        try:
+            metrics = options.metrics_bind
+            if metrics is not None:
+                try:
+                    endpoints.metrics, _ = start_http_server(metrics[1], metrics[0])
+                except OSError as error:
+                    raise _bind_error(options.metrics_address, options.metrics_flag, error) from None
+            probes = options.probes_bind
+            if probes is not None:
+                endpoints.probes = await endpoints._serve_probes(probes, options.probes_address)
+        except BaseException:
+            await endpoints.close()
+            raise
+        return endpoints
+
+    async def _serve_probes(self, address: tuple[str, int], text: str) -> web.AppRunner:
+        async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
-        return web.Response(status=503, text="caches not synced")
 
-    app = web.Application()
-    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, address[0], address[1]).start()
-    return runner
+        async def readyz(_: web.Request) -> web.Response:
+            if self.ready():
+                return web.Response(text="ok")
+            return web.Response(status=503, text="caches not synced")
+
+        app = web.Application()
+        app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, address[0], address[1]).start()
+        except OSError as error:
+            await runner.cleanup()
+            raise _bind_error(text, "--health-probe-bind-address", error) from None
+        return runner
+
+    async def close(self) -> None:
+        if self.probes is not None:
+            await self.probes.cleanup()
+            self.probes = None
+        if self.metrics is not None:
+            metrics, self.metrics = self.metrics, None
+            await asyncio.to_thread(metrics.shutdown)
+            metrics.server_close()
 
 
-async def run(args: argparse.Namespace) -> int:
-    kube = await KubeClient.from_kubeconfig(args.kubeconfig)
-    registry = load_registry(BackendContext(kube=kube), _split([args.backends]) if args.backends else None)
+def _bind_error(address: str, flag: str, error: OSError) -> BindError:
+    # aiohttp rewrites strerror but keeps errno; a name that does not resolve has a negative (getaddrinfo) errno.
+    reason = os.strerror(error.errno) if error.errno and error.errno > 0 else str(error)
+    return BindError(f"cannot listen on {address} ({flag}): {reason}; choose another address, or 0 to turn it off")
+
+
+def leader_elector(kube: KubeClient, election: LeaderElection) -> LeaderElector:
+    return LeaderElector(
+        kube,
+        election.namespace,
+        election.name,
+        lease_seconds=election.lease_duration,
+        renew_deadline_seconds=election.renew_deadline,
+        retry_seconds=election.retry_period,
+    )
+
+
+async def run(options: RunOptions) -> int:
+    if options.not_acted_on:
+        log.warning("flags accepted but not acted on", flags=list(options.not_acted_on))
+    try:
+        endpoints = await Endpoints.bind(options)
+    except BindError as error:
+        log.error(str(error))
+        return 1
+    try:
+        return await _run_controller(options, endpoints)
+    finally:
+        await endpoints.close()
+
+
+async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
+    kube = await KubeClient.from_kubeconfig(options.kubeconfig)
+    registry = load_registry(BackendContext(kube=kube), options.backends)
     settings = ControllerSettings(
-        namespaces=_split(args.namespace), watch_filter=args.watch_filter, workers=args.workers
+        namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
     )
     controller = Controller(kube, registry, settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)
-    metrics_address = _host_port(args.metrics_bind_address)
-    if metrics_address is not None:
-        start_http_server(metrics_address[1], metrics_address[0])
-    probes_address = _host_port(args.health_probe_bind_address)
+    # A standby replica waiting for the leader lease is ready (as with controller-runtime), so that a Deployment
+    # of several replicas becomes Available and rolls out.
     standby = asyncio.Event()
-    probes = await _serve_probes(probes_address, controller, standby) if probes_address else None
-    elector = None
+    endpoints.ready = lambda: controller.synced or standby.is_set()
+    election = options.leader_election
     try:
         log.info(
             "controller starting",
+            version=__version__,
             kinds=",".join(k.kind for k in registry.kinds),
             workers=settings.workers,
             namespaces=",".join(settings.namespaces) or "*",
+            leader_elect=election.enabled,
         )
-        if args.leader_elect:
-            elector = LeaderElector(kube, args.leader_election_namespace, args.leader_election_id)
-            return await lead_and_run(controller, elector, standby)
+        if election.enabled:
+            return await lead_and_run(controller, leader_elector(kube, election), standby)
         await controller.run()
     finally:
-        if probes is not None:
-            await probes.cleanup()
         await registry.close()
         await kube.close()
     return 0
@@ -151,7 +192,7 @@ async def lead_and_run(controller: Controller, elector: LeaderElector, standby: 
 async def status(args: argparse.Namespace) -> int:
     kube = await KubeClient.from_kubeconfig(args.kubeconfig)
     try:
-        namespaces: list[str | None] = [*_split(args.namespace)] or [None]
+        namespaces: list[str | None] = [*split_list(args.namespace)] or [None]
         rows = []
         for namespace in namespaces:
             claims, _ = await kube.list(CLAIMS, namespace)
@@ -186,10 +227,13 @@ async def status(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_format", "console"), getattr(args, "log_level", "info"))
-    command = run if args.command == "run" else status
-    return asyncio.run(command(args))
+    args = parse_args(argv)
+    if args.command == "run":
+        options: RunOptions = args.options
+        configure_logging(options.log_format, options.log_level)
+        return asyncio.run(run(options))
+    configure_logging()
+    return asyncio.run(status(args))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Leader election on a coordination.k8s.io Lease, as controller-runtime's --leader-elect does.
 
-`acquire()` returns once this process holds the lease; `keep()` renews it and returns (so the caller can stop)
-when it could not renew within the renew deadline (two thirds of the lease), before anyone else may take over.
+The three durations are client-go's: a candidate tries to take the lease every *retry period*; the leader renews
+it every retry period, and `keep()` returns (so the caller can stop) once it could not renew for the *renew
+deadline*, which is shorter than the *lease duration* other candidates wait before taking an unrenewed lease over.
 Updates carry the lease's resourceVersion, so two candidates cannot both win. As in client-go, a lease counts as
 expired when its record has not changed for a whole lease duration *by this process's own clock*, so clock skew
 between nodes does not matter.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import math
 import socket
 import uuid
 
@@ -32,6 +34,10 @@ def _format(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# client-go's leader elector requires renew deadline > JITTER_FACTOR x retry period.
+JITTER_FACTOR = 1.2
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -39,13 +45,23 @@ class LeaderElector:
         namespace: str,
         name: str,
         *,
-        lease_seconds: int = 15,
+        lease_seconds: float = 15.0,
+        renew_deadline_seconds: float | None = None,
         retry_seconds: float = 2.0,
     ) -> None:
+        """controller-runtime's defaults are a 15 s lease, a 10 s renew deadline and a 2 s retry period; without a
+        renew deadline, it is two thirds of the lease."""
+        renew_deadline = lease_seconds * 2 / 3 if renew_deadline_seconds is None else renew_deadline_seconds
+        if not lease_seconds > renew_deadline > JITTER_FACTOR * retry_seconds > 0:
+            raise ValueError(
+                f"leader election needs lease duration ({lease_seconds:g}s) > renew deadline ({renew_deadline:g}s) "
+                f"> {JITTER_FACTOR:g} x retry period ({retry_seconds:g}s) > 0"
+            )
         self.kube = kube
         self.namespace = namespace
         self.name = name
         self.lease_seconds = lease_seconds
+        self.renew_deadline_seconds = renew_deadline
         self.retry_seconds = retry_seconds
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self._observed: tuple[object, float] | None = None  # (the lease record, local monotonic time first seen)
@@ -55,7 +71,7 @@ class LeaderElector:
         now = _now()
         spec = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": self.lease_seconds,
+            "leaseDurationSeconds": math.ceil(self.lease_seconds),  # an int32 of whole seconds
             "renewTime": _format(now),
         }
         if lease is None:
@@ -72,7 +88,7 @@ class LeaderElector:
                 raise
         current = lease.get("spec") or {}
         holder = current.get("holderIdentity")
-        duration = int(current.get("leaseDurationSeconds") or self.lease_seconds)
+        duration = float(current.get("leaseDurationSeconds") or self.lease_seconds)
         record = (holder, current.get("renewTime"))
         monotonic = asyncio.get_running_loop().time()
         if self._observed is None or self._observed[0] != record:
@@ -93,7 +109,14 @@ class LeaderElector:
         return True
 
     async def acquire(self) -> None:
-        log.info("waiting for leadership", lease=f"{self.namespace}/{self.name}", identity=self.identity)
+        log.info(
+            "waiting for leadership",
+            lease=f"{self.namespace}/{self.name}",
+            identity=self.identity,
+            lease_duration=self.lease_seconds,
+            renew_deadline=self.renew_deadline_seconds,
+            retry_period=self.retry_seconds,
+        )
         while True:
             try:
                 if await self._try():
@@ -104,23 +127,29 @@ class LeaderElector:
             await asyncio.sleep(self.retry_seconds)
 
     async def keep(self) -> None:
-        """Renew every third of the lease; return (leadership is lost) when another process holds the lease or
-        renewal has failed for the renew deadline, two thirds of the lease, before a competitor may take over."""
-        last_renewed = asyncio.get_running_loop().time()
-        renew_deadline = self.lease_seconds * 2 / 3
+        """Renew every retry period; return (leadership is lost) when another process holds the lease, or when the
+        lease could not be renewed for the renew deadline (a renewal still pending then is cut off), before a
+        competitor may take over."""
+        loop = asyncio.get_running_loop()
+        last_renewed = loop.time()
+
+        def time_left() -> float:
+            return self.renew_deadline_seconds - (loop.time() - last_renewed)
+
         while True:
-            await asyncio.sleep(self.lease_seconds / 6)
+            await asyncio.sleep(min(self.retry_seconds, max(time_left(), 0.0)))
+            if time_left() <= 0:
+                log.error("leadership lost: lease not renewed in time", renew_deadline=self.renew_deadline_seconds)
+                return
             try:
-                if await self._try():
-                    last_renewed = asyncio.get_running_loop().time()
-                    continue
+                renewed = await asyncio.wait_for(self._try(), time_left())
+            except Exception as error:  # the next pass gives up if this one took the renew deadline
+                log.warning("lease renewal failed", error=str(error) or type(error).__name__)
+                continue
+            if not renewed:
                 log.error("leadership lost to another process")
                 return
-            except Exception as error:
-                log.warning("lease renewal failed", error=str(error))
-            if asyncio.get_running_loop().time() - last_renewed > renew_deadline:
-                log.error("leadership lost: lease not renewed in time")
-                return
+            last_renewed = loop.time()
 
     async def release(self) -> None:
         """Give the lease up at shutdown so that a successor need not wait for it to expire."""

@@ -1,0 +1,377 @@
+"""The command line's flags: controller-runtime's names, in the Go forms a Cluster API manager is given.
+
+cluster-api-operator and Cluster API's shared manager flags (`util/flags`) pass booleans as `--flag` or
+`--flag=true|false`, durations as Go writes them (`15s`, `1m30s`, `500ms`), the log verbosity as `--v=N` and
+per-kind concurrency as `--<kind>-concurrency=N`. `parse_args` accepts all of them and resolves the result into
+`RunOptions`; the flags it accepts but that change nothing here are named in `--help` and in
+`RunOptions.not_acted_on`, which `ipam-provider run` logs once at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ipam_provider.flagforms import (
+    CLAIM_KIND,
+    FlagError,
+    bind_address,
+    duration_text,
+    go_bool,
+    host_port,
+    positive_duration,
+    split_list,
+    take_kind_concurrency,
+)
+from ipam_provider.leader import JITTER_FACTOR
+from ipam_provider.version import __version__
+
+DEFAULT_METRICS_ADDRESS = ":8080"
+DEFAULT_PROBES_ADDRESS = ":8081"
+DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # util/flags' default
+DEFAULT_WORKERS = 8
+
+
+# --- the parser ------------------------------------------------------------------------------------------------
+
+NOT_ACTED_ON = "accepted, not acted on"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ipam-provider", description="A Cluster API IPAM provider: `run` the controller, or show `status`."
+    )
+    parser.add_argument("--version", action="version", version=__version__, help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run the controller",
+        description="Run the controller. Flag names follow controller-runtime and Cluster API managers; booleans "
+        "take --flag or --flag=true|false, durations Go's form (15s, 1m30s, 500ms).",
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    run.add_argument(
+        "--namespace", action="append", metavar="NAMESPACE", help="watch only this namespace (repeatable or a,b)"
+    )
+    run.add_argument("--watch-filter", help="only claims labelled cluster.x-k8s.io/watch-filter=<value>")
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help=f"concurrent reconciles, one per pool at a time (default: {DEFAULT_WORKERS}; wins over the "
+        "concurrency flags below)",
+    )
+    run.add_argument(
+        f"--{CLAIM_KIND}-concurrency",
+        dest="claim_concurrency",
+        type=int,
+        metavar="N",
+        help="sets --workers (Cluster API's per-kind concurrency flag for the kind this controller reconciles); "
+        f"--<kind>-concurrency=N for any other kind (e.g. --inclusterippool-concurrency) is {NOT_ACTED_ON}",
+    )
+    run.add_argument(
+        "--max-concurrent-reconciles",
+        type=int,
+        metavar="N",
+        help="sets --workers unless --workers or --ipaddressclaim-concurrency is given",
+    )
+    run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
+
+    election = run.add_argument_group("leader election")
+    election.add_argument(
+        "--leader-elect",
+        nargs="?",
+        const=True,
+        default=False,
+        type=go_bool,
+        metavar="BOOL",
+        help="run only while holding the leader lease",
+    )
+    election.add_argument(
+        "--leader-election-namespace", default="capi-ipam-system", metavar="NAMESPACE", help="the lease's namespace"
+    )
+    election.add_argument(
+        "--leader-election-id",
+        default="capi-ipam-provider-py",
+        metavar="[NAMESPACE/]NAME",
+        help="the lease's name; a NAMESPACE/ prefix overrides --leader-election-namespace",
+    )
+    election.add_argument(
+        "--leader-elect-lease-duration",
+        type=positive_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="how long standbys wait before taking over a lease that was not renewed (default: 15s)",
+    )
+    election.add_argument(
+        "--leader-elect-renew-deadline",
+        type=positive_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="the leader gives up (and exits 1) when it could not renew for this long (default: 10s)",
+    )
+    election.add_argument(
+        "--leader-elect-retry-period",
+        type=positive_duration,
+        default=2.0,
+        metavar="DURATION",
+        help="how often the leader renews and standbys try to acquire (default: 2s)",
+    )
+
+    serving = run.add_argument_group("metrics and probes")
+    serving.add_argument(
+        "--metrics-bind-address",
+        "--metrics-bind-addr",
+        dest="metrics_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help=f'plain-HTTP Prometheus metrics (default: {DEFAULT_METRICS_ADDRESS}); "0" disables them',
+    )
+    serving.add_argument(
+        "--health-probe-bind-address",
+        "--health-addr",
+        dest="health_probe_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        default=DEFAULT_PROBES_ADDRESS,
+        help='/healthz and /readyz (default: %(default)s); "0" disables them',
+    )
+    serving.add_argument(
+        "--diagnostics-address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help="with --insecure-diagnostics=true, where the plain-HTTP metrics are served (unless "
+        f"--metrics-bind-address is given; default: {DEFAULT_DIAGNOSTICS_ADDRESS}); otherwise {NOT_ACTED_ON}: "
+        "the authenticated HTTPS diagnostics endpoint is not implemented",
+    )
+    serving.add_argument(
+        "--insecure-diagnostics",
+        nargs="?",
+        const=True,
+        type=go_bool,
+        metavar="BOOL",
+        help=f"true: serve the metrics at --diagnostics-address, see there; false: {NOT_ACTED_ON}",
+    )
+
+    logging = run.add_argument_group("logging")
+    logging.add_argument("--log-format", choices=["json", "console"], help="default: console")
+    logging.add_argument(
+        "--logging-format",
+        choices=["text", "json"],
+        help="Kubernetes components' name for it: text is console (--log-format wins)",
+    )
+    logging.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="default: info; wins over --v"
+    )
+    logging.add_argument(
+        "--v", type=_verbosity, metavar="N", help="klog verbosity: 0-3 log at info, 4 and more at debug"
+    )
+
+    ignored = run.add_argument_group(
+        f"Cluster API manager flags that are {NOT_ACTED_ON}",
+        "Taken so that a manager's usual command line starts; each one given is named in a warning at start-up.",
+    )
+    ignored.add_argument(
+        "--sync-period", type=duration_text, metavar="DURATION", help="the informers do not resync periodically"
+    )
+    ignored.add_argument("--profiler-address", metavar="ADDRESS", help="no pprof endpoint")
+    ignored.add_argument("--feature-gates", metavar="NAME=BOOL,...", help="there are no feature gates")
+    for name in (
+        "--webhook-port",
+        "--webhook-host",
+        "--webhook-cert-dir",
+        "--webhook-cert-secret-name",
+        "--webhook-cert-secret-namespace",
+    ):
+        ignored.add_argument(name, metavar="VALUE", help="the provider serves no webhooks")
+    for name in ("--tls-min-version", "--tls-cipher-suites", "--tls-curve-preferences"):
+        ignored.add_argument(name, metavar="VALUE", help="nothing is served over TLS")
+
+    status = commands.add_parser("status", help="show claims with their addresses")
+    status.add_argument("--kubeconfig")
+    status.add_argument("--namespace", action="append")
+    return parser
+
+
+def _verbosity(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a verbosity (0, 1, 2, ...)")
+    return int(text)
+
+
+# Flags that never change anything here: (attribute, flag).
+_IGNORED = [
+    ("sync_period", "--sync-period"),
+    ("profiler_address", "--profiler-address"),
+    ("feature_gates", "--feature-gates"),
+    ("webhook_port", "--webhook-port"),
+    ("webhook_host", "--webhook-host"),
+    ("webhook_cert_dir", "--webhook-cert-dir"),
+    ("webhook_cert_secret_name", "--webhook-cert-secret-name"),
+    ("webhook_cert_secret_namespace", "--webhook-cert-secret-namespace"),
+    ("tls_min_version", "--tls-min-version"),
+    ("tls_cipher_suites", "--tls-cipher-suites"),
+    ("tls_curve_preferences", "--tls-curve-preferences"),
+]
+
+
+# --- the resolved options --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    enabled: bool
+    namespace: str
+    name: str
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `ipam-provider run` does, with every alias, precedence and default resolved."""
+
+    kubeconfig: str | None
+    namespaces: list[str]
+    watch_filter: str | None
+    workers: int
+    backends: list[str] | None
+    leader_election: LeaderElection
+    metrics_address: str
+    metrics_flag: str  # the flag metrics_address came from, for error messages
+    probes_address: str
+    log_format: str
+    log_level: str
+    not_acted_on: tuple[str, ...]
+
+    @property
+    def metrics_bind(self) -> tuple[str, int] | None:
+        return host_port(self.metrics_address)
+
+    @property
+    def probes_bind(self) -> tuple[str, int] | None:
+        return host_port(self.probes_address)
+
+
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """Resolve `run`'s parsed flags. Raises FlagError for values that parse but cannot work together."""
+    ignored = [f"{flag}={getattr(args, attr)}" for attr, flag in _IGNORED if getattr(args, attr) is not None]
+    kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
+    ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
+
+    workers = DEFAULT_WORKERS
+    for attr, flag in (
+        ("max_concurrent_reconciles", "--max-concurrent-reconciles"),
+        ("claim_concurrency", f"--{CLAIM_KIND}-concurrency"),
+        ("workers", "--workers"),
+    ):  # lowest precedence first
+        value = getattr(args, attr)
+        if value is not None:
+            if value < 1:
+                raise FlagError(f"argument {flag}: must be at least 1, got {value}")
+            workers = value
+    if args.workers is not None:
+        ignored += [
+            f"{flag}={value} (--workers wins)"
+            for flag, value in (
+                (f"--{CLAIM_KIND}-concurrency", args.claim_concurrency),
+                ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
+            )
+            if value is not None
+        ]
+    elif args.claim_concurrency is not None and args.max_concurrent_reconciles is not None:
+        ignored.append(
+            f"--max-concurrent-reconciles={args.max_concurrent_reconciles} (--{CLAIM_KIND}-concurrency wins)"
+        )
+
+    # Metrics: --metrics-bind-address if given; else, as util/flags does, --diagnostics-address when
+    # --insecure-diagnostics=true (plain HTTP); the secure (HTTPS, authenticated) endpoint is not implemented.
+    diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
+    if args.insecure_diagnostics is not None:
+        diagnostics.append(f"--insecure-diagnostics={_bool_text(args.insecure_diagnostics)}")
+    if args.metrics_bind_address is not None:
+        metrics_address, metrics_flag = args.metrics_bind_address, "--metrics-bind-address"
+        wins = " (--metrics-bind-address wins)" if args.insecure_diagnostics else ""
+        ignored += [flag + wins for flag in diagnostics]
+    elif args.insecure_diagnostics:
+        metrics_address = args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS
+        metrics_flag = "--diagnostics-address"
+    else:
+        metrics_address, metrics_flag = DEFAULT_METRICS_ADDRESS, "--metrics-bind-address"
+        ignored += diagnostics
+
+    log_format = args.log_format or {"json": "json", "text": "console", None: "console"}[args.logging_format]
+    if args.log_format and args.logging_format:
+        ignored.append(f"--logging-format={args.logging_format} (--log-format wins)")
+    if args.log_level:
+        log_level = args.log_level
+        if args.v is not None:
+            ignored.append(f"--v={args.v} (--log-level wins)")
+    else:
+        log_level = "debug" if args.v is not None and args.v >= 4 else "info"
+
+    return RunOptions(
+        kubeconfig=args.kubeconfig,
+        namespaces=split_list(args.namespace),
+        watch_filter=args.watch_filter,
+        workers=workers,
+        backends=split_list([args.backends]) if args.backends else None,
+        leader_election=_leader_election(args),
+        metrics_address=metrics_address,
+        metrics_flag=metrics_flag,
+        probes_address=args.health_probe_bind_address,
+        log_format=log_format,
+        log_level=log_level,
+        not_acted_on=tuple(ignored),
+    )
+
+
+def _leader_election(args: argparse.Namespace) -> LeaderElection:
+    namespace, name = args.leader_election_namespace, args.leader_election_id
+    if "/" in name:
+        namespace, _, name = name.partition("/")
+        if not namespace or not name or "/" in name:
+            raise FlagError(
+                f"argument --leader-election-id: expected NAME or NAMESPACE/NAME, got {args.leader_election_id!r}"
+            )
+    election = LeaderElection(
+        enabled=args.leader_elect,
+        namespace=namespace,
+        name=name,
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
+    if election.enabled:
+        # As client-go's leader elector checks them (controller-runtime fails to start otherwise).
+        if election.renew_deadline >= election.lease_duration:
+            raise FlagError(
+                "--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration "
+                f"({election.renew_deadline:g}s >= {election.lease_duration:g}s)"
+            )
+        if election.renew_deadline <= election.retry_period * JITTER_FACTOR:
+            raise FlagError(
+                f"--leader-elect-renew-deadline must be longer than {JITTER_FACTOR:g} x --leader-elect-retry-period "
+                f"({election.renew_deadline:g}s <= {JITTER_FACTOR:g} x {election.retry_period:g}s)"
+            )
+    return election
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; `run` also gets `args.options`, its resolved RunOptions. Exits 2 on a bad flag."""
+    parser = build_parser()
+    try:
+        rest, kind_concurrency = take_kind_concurrency(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(rest, argparse.Namespace(kind_concurrency=kind_concurrency))
+        if args.command == "run":
+            args.options = run_options(args)
+    except FlagError as error:
+        parser.error(str(error))
+    return args

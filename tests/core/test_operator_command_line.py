@@ -1,0 +1,86 @@
+"""`ipam-provider run` as cluster-api-operator starts it (Go-form flags), against the real API server: the lease
+it takes is the one --leader-election-id names, with the lease duration given; claims are served; the start-up
+line carries the version; SIGTERM gives the lease up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import CLAIMS, LEASES
+from ipam_provider.version import __version__
+from tests.support.cluster import wait_for
+from tests.support.objects import POOLS, claim, pool, wait_address
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_the_operators_flags_drive_a_running_controller(
+    kube: KubeClient, kubeconfig: Path, namespace: str
+) -> None:
+    await kube.create(POOLS, pool("net", ["10.29.0.0/29"], 29), namespace)
+    await kube.create(CLAIMS, claim("operated", "net"), namespace)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ipam_provider",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        "--leader-elect=true",
+        "--leader-elect-lease-duration=4s",
+        "--leader-elect-renew-deadline=3s",
+        "--leader-elect-retry-period=500ms",
+        "--diagnostics-address=:8443",
+        "--insecure-diagnostics=false",
+        f"--health-addr=127.0.0.1:{free_port()}",
+        f"--metrics-bind-addr=127.0.0.1:{free_port()}",
+        "--v=2",
+        "--sync-period=10m",
+        f"--leader-election-id={namespace}/ipam-lock",
+        "--leader-election-namespace=capi-ipam-system",  # the id's namespace wins
+        "--ipaddressclaim-concurrency=3",
+        "--logging-format=json",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ},
+    )
+    try:
+        await wait_address(kube, namespace, "operated")
+
+        async def held() -> dict[str, Any] | None:
+            lease = await kube.get(LEASES, "ipam-lock", namespace)
+            return lease if lease and (lease.get("spec") or {}).get("holderIdentity") else None
+
+        lease = await wait_for(held, message="the lease named by --leader-election-id to be held")
+        assert lease["spec"]["leaseDurationSeconds"] == 4
+        first_renewal = lease["spec"]["renewTime"]
+
+        async def renewed() -> bool:
+            current = await held()
+            return current is not None and current["spec"]["renewTime"] != first_renewal
+
+        await wait_for(renewed, timeout=5, message="the leader to renew within a few retry periods")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    records = [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
+    (starting,) = [r for r in records if r["event"] == "controller starting"]
+    assert starting["version"] == __version__ and starting["workers"] == 3 and starting["leader_elect"] is True
+    (ignored,) = [r for r in records if r["event"] == "flags accepted but not acted on"]
+    assert ignored["flags"] == ["--sync-period=10m", "--diagnostics-address=:8443", "--insecure-diagnostics=false"]
+    assert not [r for r in records if r["level"] == "debug"], "--v=2 logs at info"
+    lease_after = await kube.get(LEASES, "ipam-lock", namespace)
+    assert lease_after is not None and not lease_after["spec"].get("holderIdentity"), "SIGTERM gives the lease up"
+    assert await kube.get(LEASES, "ipam-lock", "capi-ipam-system") is None
