@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries netbox cluster-up cluster-down test lint run format generate
+.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test lint run format generate
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 binaries:
 	hack/control-plane/build-binaries.sh
 
+# clusterctl from the pinned Cluster API module (CAPI_VERSION in hack/versions.env), cached by version like the
+# control-plane binaries.
+clusterctl:
+	hack/clusterctl/build.sh
+
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
@@ -29,7 +34,7 @@ cluster-up: venv
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries netbox
+test: venv binaries clusterctl netbox
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
