@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
+RELEASE_DIR ?= out
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test lint run format generate
+.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test lint run format generate release-manifests
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -20,7 +21,7 @@ binaries:
 	hack/control-plane/build-binaries.sh
 
 # clusterctl from the pinned Cluster API module (CAPI_VERSION in hack/versions.env), cached by version like the
-# control-plane binaries.
+# control-plane binaries; tests/clusterctl uses it.
 clusterctl:
 	hack/clusterctl/build.sh
 
@@ -48,6 +49,10 @@ format: venv
 
 run: venv
 	hack/run-demo.sh
+
+# The clusterctl release files: out/ipam-components.yaml (config/release) and out/metadata.yaml (docs/clusterctl.md).
+release-manifests: venv binaries
+	$(BIN)/python -m tools.release --out $(RELEASE_DIR)
 
 generate: venv
 	$(BIN)/python hack/gen_crds.py

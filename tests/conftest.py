@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.support.cluster",
+    "tests.support.clusterctl",
     "tests.support.controller",
     "tests.support.netbox",
     "tools.wapi_simulator.fixtures",
