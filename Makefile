@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
+RELEASE_DIR ?= out
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv binaries netbox cluster-up cluster-down test test-fast lint run format generate
+.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test test-fast lint run format generate release-manifests
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -19,6 +20,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 binaries:
 	hack/control-plane/build-binaries.sh
 
+# clusterctl from the pinned Cluster API module (CAPI_VERSION in hack/versions.env), cached by version like the
+# control-plane binaries; tests/clusterctl uses it.
+clusterctl:
+	hack/clusterctl/build.sh
+
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
@@ -29,7 +35,7 @@ cluster-up: venv
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries netbox
+test: venv binaries clusterctl netbox
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -43,6 +49,10 @@ format: venv
 
 run: venv
 	hack/run-demo.sh
+
+# The clusterctl release files: out/ipam-components.yaml (config/release) and out/metadata.yaml (docs/clusterctl.md).
+release-manifests: venv binaries
+	$(BIN)/python -m tools.release --out $(RELEASE_DIR)
 
 generate: venv
 	$(BIN)/python hack/gen_crds.py

@@ -150,9 +150,16 @@ def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, 
         column("Free", "integer", ".status.ipAddresses.free", "Count of unallocated IPs in the pool"),
         column("Used", "integer", ".status.ipAddresses.used", "Count of allocated IPs in the pool"),
     ]
-    labels = {"cluster.x-k8s.io/provider": "ipam-in-cluster"}
+    # A namespaced pool moves with everything it owns (its IPAddresses, and a Secret made owned by it); a
+    # cluster-scoped one is copied alone, and its IPAddresses move with their claims (see crdgen.MOVE_LABELS).
     document = crd(
-        kind=kind, plural=plural, scope=scope, version="v1alpha2", schema=schema, columns=columns, labels=labels
+        kind=kind,
+        plural=plural,
+        scope=scope,
+        version="v1alpha2",
+        schema=schema,
+        columns=columns,
+        move="hierarchy" if scope == "Namespaced" else "object",
     )
     document["spec"]["versions"].append(LEGACY_VERSION)
     return document
@@ -248,6 +255,10 @@ def reservation_crd() -> dict[str, Any]:
         version="v1alpha2",
         schema=schema,
         columns=columns,
+        # Internal state, never moved: clusterctl would copy these cluster-scoped objects to the target and leave them
+        # at the source. The target's controller rebuilds them from the IPAddresses that move (backends/incluster/
+        # existing.py), and the source's controller drops those of pools that are gone (backends/incluster/orphans.py).
+        move="never",
         status_subresource=False,
     )
 

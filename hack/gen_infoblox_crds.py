@@ -15,7 +15,6 @@ from crdgen import GROUP, Schema, age_column, conditions, crd, ready_columns, ru
 
 VERSION = "v1alpha1"
 CONDITIONS = "conditions of the object; Ready says whether it can be used, and if not, why."
-LABELS = {"cluster.x-k8s.io/provider": "ipam-infoblox"}
 RESERVED_EAS = ["CAPI-Claim-UID", "CAPI-Claim-Namespace", "CAPI-Claim-Name", "CAPI-Cluster-Name", "CAPI-Pool"]
 
 
@@ -329,7 +328,8 @@ def main() -> int:
             schema=instance_schema(),
             columns=[*instance_columns, *ready_columns(), age_column()],
             version=VERSION,
-            labels=LABELS,
+            # Copied to the target (and left at the source, being cluster-scoped), with anything it owns.
+            move="hierarchy",
         ),
         f"{GROUP}_infobloxippools.yaml": crd(
             kind="InfobloxIPPool",
@@ -338,7 +338,7 @@ def main() -> int:
             schema=pool_schema(),
             columns=[*pool_columns, *ready_columns(), age_column()],
             version=VERSION,
-            labels=LABELS,
+            move="hierarchy",
         ),
     }
     write(documents, "hack/gen_infoblox_crds.py")

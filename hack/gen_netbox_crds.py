@@ -14,7 +14,6 @@ import sys
 from crdgen import Schema, age_column, column, conditions, crd, integer, ready_columns, rules, string, write
 
 VERSION = "v1alpha1"
-LABELS = {"cluster.x-k8s.io/provider": "ipam-netbox"}
 OWNER_TAG = "capi-ipam"
 CLAIM_UID_FIELD = "capi_claim_uid"
 PLACEHOLDERS = "claim|namespace|cluster|machine"
@@ -293,7 +292,8 @@ def pool_crd(kind: str, plural: str, namespaced: bool, description: str) -> Sche
         version=VERSION,
         schema=pool_schema(kind, namespaced, description),
         columns=columns,
-        labels=LABELS,
+        # As the in-cluster pools: a namespaced pool moves with what it owns, a cluster-scoped one alone.
+        move="hierarchy" if namespaced else "object",
     )
 
 

@@ -21,6 +21,7 @@ import pytest
 pytest_plugins = [
     "pytester",
     "tests.support.cluster",
+    "tests.support.clusterctl",
     "tests.support.controller",
     "tests.support.netbox",
     "tools.wapi_simulator.fixtures",

@@ -7,12 +7,16 @@ Fixtures:
 - `kube` (session): a `KubeClient` with admin rights.
 - `namespace` (function): a fresh namespace for one test.
 
+`dedicated_control_plane()` starts another control plane, with nothing installed, for a test that must not share
+the session's (installing the provider from scratch, or the two management clusters of a `clusterctl move`).
+
 Nothing here ever skips: if the control plane cannot be built or started the fixture fails with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import tempfile
@@ -56,6 +60,25 @@ def kubeconfig() -> Iterator[Path]:
     print(f"local control plane ready in {time.monotonic() - started:.1f} s at {server}")
     try:
         yield plane.kubeconfig_path
+    finally:
+        plane.stop()
+
+
+@contextlib.contextmanager
+def dedicated_control_plane() -> Iterator[LocalControlPlane]:
+    """A control plane of its own (etcd + kube-apiserver, no CRDs), stopped and removed on exit. Its admin
+    kubeconfig is `plane.kubeconfig_path`. Fails the test if it cannot start."""
+    try:
+        binaries = binaries_dir()
+    except AssetError as error:
+        pytest.fail(f"cannot build the local control plane: {error}", pytrace=False)
+    plane = LocalControlPlane(Path(tempfile.mkdtemp(prefix="ipam-cp-dedicated-")), binaries)
+    try:
+        try:
+            plane.start()
+        except ControlPlaneError as error:
+            pytest.fail(f"cannot start a dedicated control plane: {error}", pytrace=False)
+        yield plane
     finally:
         plane.stop()
 
