@@ -136,12 +136,19 @@ async def test_sigterm_stops_a_controller_whose_caches_never_sync(
         f"--kubeconfig={variant}",
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
-        stderr=asyncio.subprocess.DEVNULL,
+        "--log-format=json",
+        stderr=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.DEVNULL,
         env={**os.environ},
     )
+    drain: asyncio.Task[None] | None = None
     try:
-        await asyncio.sleep(3.0)  # the informers are failing and backing off by now
+        # SIGTERM is handled from the "controller starting" line on (a loaded machine takes seconds to import);
+        # then the informers fail and back off for a while.
+        assert process.stderr is not None
+        await asyncio.wait_for(_line_with(process.stderr, '"controller starting"'), 30)
+        drain = asyncio.create_task(_line_with(process.stderr, "\0never"))
+        await asyncio.sleep(2.0)
         assert process.returncode is None, "the controller must keep retrying, not exit, while it cannot sync"
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 10) == 0
@@ -149,3 +156,13 @@ async def test_sigterm_stops_a_controller_whose_caches_never_sync(
         if process.returncode is None:
             process.kill()
             await process.wait()
+        if drain is not None:
+            drain.cancel()
+
+
+async def _line_with(stream: asyncio.StreamReader, text: str) -> None:
+    """Read lines until one contains `text` (or the stream ends); reading also keeps the pipe from filling."""
+    while True:
+        line = await stream.readline()
+        if not line or text in line.decode(errors="replace"):
+            return
