@@ -19,6 +19,7 @@ printed per backend (`pytest -s`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import secrets
@@ -27,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
@@ -36,14 +37,18 @@ from backends.incluster.reservations import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, Resource
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
 from ipam_provider.reconcile.context import pool_resource
+from tests.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.clusterctl import Clusterctl, init_management_cluster
 from tests.support.controller import run_controller
 from tests.support.objects import POOLS as INCLUSTER_POOLS
 from tests.support.objects import claim, pool, ready_condition
 from tools.controlplane.cluster import LocalControlPlane
+
+if TYPE_CHECKING:
+    from tests.support.netbox import NetBoxServer
 
 Object = dict[str, Any]
 CLAIM_COUNT = 12
@@ -345,4 +350,45 @@ async def test_move_with_the_incluster_backend(planes: Planes, clusterctl: Clust
     check_counts(
         outcome,
         {"Namespace": 1, "Cluster": 1, "InClusterIPPool": 1, "IPAddressClaim": CLAIM_COUNT, "IPAddress": CLAIM_COUNT},
+    )
+
+
+# --- NetBox ----------------------------------------------------------------------------------------------------
+
+NETBOX_PREFIX = "10.88.0.0/26"
+
+
+def netbox_backend(netbox: NetBoxServer) -> Backend_:
+    async def create(source: KubeClient, target: KubeClient, namespace: str) -> None:
+        netbox.create_prefix(NETBOX_PREFIX)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "netbox", "labels": {MOVE_LABEL: ""}},  # so that clusterctl moves it
+            "stringData": {"url": netbox.url, "token": netbox.token},
+        }
+        await source.create(SECRETS, secret, namespace)
+        await source.create(NB_POOLS, netbox_pool("net", [prefix(NETBOX_PREFIX)]), namespace)
+
+    async def held(kube: KubeClient, addresses: list[str]) -> dict[str, str | None]:
+        records = await asyncio.to_thread(owned_addresses, netbox)
+        found = {str(r.address).split("/")[0]: claim_uid_of(r) for r in records}
+        return {address: uid for address, uid in found.items() if address in addresses}
+
+    return Backend_("netbox", NB_POOLS, NB_POOLS.kind, (backend_factory(),), False, create, held, (SECRETS,))
+
+
+@pytest.mark.apiserver
+async def test_move_with_the_netbox_backend(planes: Planes, clusterctl: Clusterctl, netbox: NetBoxServer) -> None:
+    outcome = await move_and_check(planes, clusterctl, netbox_backend(netbox))
+    check_counts(
+        outcome,
+        {
+            "Namespace": 1,
+            "Cluster": 1,
+            "NetboxIPPool": 1,
+            "Secret": 1,
+            "IPAddressClaim": CLAIM_COUNT,
+            "IPAddress": CLAIM_COUNT,
+        },
     )
