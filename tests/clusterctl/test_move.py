@@ -34,18 +34,21 @@ import pytest
 import pytest_asyncio
 
 from backends.incluster.reservations import RESERVATIONS
-from backends.infoblox.spec import INFOBLOX_POOL
+from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
 from ipam_provider.reconcile.context import pool_resource
+from tests.infoblox.conftest import b64
+from tests.infoblox.conftest import fast_backend as infoblox_backend
 from tests.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
 from tests.support.cluster import dedicated_control_plane, wait_for
-from tests.support.clusterctl import Clusterctl, init_management_cluster
+from tests.support.clusterctl import IPAM_NAMESPACE, Clusterctl, init_management_cluster
 from tests.support.controller import run_controller
 from tests.support.objects import POOLS as INCLUSTER_POOLS
 from tests.support.objects import claim, pool, ready_condition
 from tools.controlplane.cluster import LocalControlPlane
+from tools.wapi_simulator import WapiSimulator
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
@@ -388,6 +391,72 @@ async def test_move_with_the_netbox_backend(planes: Planes, clusterctl: Clusterc
             "Cluster": 1,
             "NetboxIPPool": 1,
             "Secret": 1,
+            "IPAddressClaim": CLAIM_COUNT,
+            "IPAddress": CLAIM_COUNT,
+        },
+    )
+
+
+# --- Infoblox --------------------------------------------------------------------------------------------------
+
+INFOBLOX_NETWORK = "10.99.0.0/24"
+
+
+def infoblox_backend_spec(sim: WapiSimulator) -> Backend_:
+    instance = f"grid-{secrets.token_hex(3)}"
+
+    async def create(source: KubeClient, target: KubeClient, namespace: str) -> None:
+        sim.state.add_network(INFOBLOX_NETWORK)
+        # The instance's credentials are kept in the provider's namespace, which clusterctl never looks at: they
+        # are created in both clusters before the move (docs/clusterctl.md).
+        credentials = {
+            "metadata": {"name": instance},
+            "type": "kubernetes.io/basic-auth",
+            "data": {"username": b64(sim.username), "password": b64(sim.password)},
+        }
+        for kube in (source, target):
+            await kube.create(SECRETS, credentials, IPAM_NAMESPACE)
+        assert sim.ca_path is not None
+        spec = {
+            "host": sim.host,
+            "port": sim.port,
+            "wapiVersion": sim.wapi_version,
+            "credentialsSecretRef": {"name": instance, "namespace": IPAM_NAMESPACE},
+            "caBundle": sim.ca_path.read_text(),
+        }
+        body = {"apiVersion": INSTANCES.api_version, "kind": INSTANCES.kind, "metadata": {"name": instance}}
+        await source.create(INSTANCES, {**body, "spec": spec})
+        pool_body = {
+            "apiVersion": INFOBLOX_POOLS.api_version,
+            "kind": INFOBLOX_POOLS.kind,
+            "metadata": {"name": "net"},
+            "spec": {"instanceRef": {"name": instance}, "subnets": [{"cidr": INFOBLOX_NETWORK}]},
+        }
+        await source.create(INFOBLOX_POOLS, pool_body, namespace)
+
+    async def held(kube: KubeClient, addresses: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for obj in sim.state.objects("fixedaddress"):
+            uid = ((obj.get("extattrs") or {}).get(EA_CLAIM_UID) or {}).get("value")
+            if obj["ipv4addr"] in addresses and uid:
+                found[obj["ipv4addr"]] = uid
+        return found
+
+    return Backend_("infoblox", INFOBLOX_POOLS, INFOBLOX_POOLS.kind, (infoblox_backend,), False, create, held)
+
+
+@pytest.mark.apiserver
+async def test_move_with_the_infoblox_backend(
+    planes: Planes, clusterctl: Clusterctl, wapi_simulator_factory: Callable[..., WapiSimulator]
+) -> None:
+    outcome = await move_and_check(planes, clusterctl, infoblox_backend_spec(wapi_simulator_factory()))
+    check_counts(
+        outcome,
+        {
+            "Namespace": 1,
+            "Cluster": 1,
+            "InfobloxInstance": 1,
+            "InfobloxIPPool": 1,
             "IPAddressClaim": CLAIM_COUNT,
             "IPAddress": CLAIM_COUNT,
         },
