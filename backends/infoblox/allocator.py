@@ -9,7 +9,10 @@ Contract:
   `index_resync_seconds`) maps claim uids to the objects they own; a claim that owns an object gets it back, with no
   request. With `existing` (an IPAddress names the claim's address) the object at that address owned by the claim
   is kept and any other object the claim owns is deleted (the remains of a lost reply); if the grid holds nothing
-  for the claim, the address is reserved literally, unless another object holds it.
+  for the claim, an object of ours at that address recorded for the same claim namespace, name and pool under
+  another CAPI-Claim-UID is taken over (its CAPI-Claim-UID re-keyed to this claim: the claim was moved by
+  `clusterctl move` or restored from a backup, and got a new uid); otherwise the address is reserved literally,
+  unless another object holds it.
 - Subnets and ranges are asked in the pool's order; "Cannot find 1 available IP address(es)" moves on to the next
   (a full one is asked last for `exhausted_skip_seconds`), and when all are full the claim gets PoolExhausted.
 - A 503 is retried with backoff. A lost or timed-out POST has an unknown outcome: the claim is marked uncertain and
@@ -50,12 +53,16 @@ from backends.infoblox.payloads import (
     object_type,
     parse_object,
     types_for_version,
+    wapi_extattrs,
 )
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_HOSTNAME,
     ANNOTATION_INSTANCE,
     ANNOTATION_REF,
+    EA_CLAIM_NAME,
+    EA_CLAIM_NAMESPACE,
+    EA_CLAIM_UID,
     EA_POOL,
     Pool,
     Target,
@@ -299,6 +306,8 @@ class Allocator:
             mine = await owned(connection, types_for_version(pool.version), claim.uid)
         keep = next((o for o in mine if same(o.address, existing.address)), None)
         if keep is None:
+            keep = await self._take_over(job, existing.address)
+        if keep is None:
             keep = await self._reserve_literal(job, existing.address)
         for other in mine:
             if other.ref != keep.ref:  # e.g. the object of a reply that was lost, then searched for too early
@@ -307,6 +316,44 @@ class Allocator:
         state.by_claim[claim.uid] = [keep]
         annotations = {**existing.annotations, **self._allocation(pool, connection, keep).annotations}
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
+
+    async def _take_over(self, job: _Allocating, address: str) -> GridObject | None:
+        """The object at `address` that this claim's namespace and name held from this pool under another uid (a
+        `clusterctl move` or a restore gives the claim a new uid), re-keyed to the claim; None if there is none."""
+        pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view
+        fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
+        field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
+        try:
+            found = [
+                (fixed, raw)
+                for raw in await connection.client.search(
+                    fixed, RETURN_FIELDS[fixed], {field_name: address, "network_view": view}
+                )
+            ]
+            found += [
+                (HOST, raw) for raw in await connection.client.search(HOST, RETURN_FIELDS[HOST], {field_name: address})
+            ]
+            for obj_type, raw in found:
+                obj = parse_object(obj_type, raw)
+                if obj is None or not same(obj.address, address) or not obj.claim_uid or obj.claim_uid == claim.uid:
+                    continue
+                marks = obj.extattrs
+                recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
+                if recorded != (claim.namespace, claim.name, pool.label):
+                    continue
+                extattrs = {**marks, EA_CLAIM_UID: claim.uid}
+                await connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
+                log.info(
+                    "grid object re-keyed to the claim's new UID",
+                    claim=str(claim),
+                    pool=str(pool.ref),
+                    ref=obj.ref,
+                    previous_uid=obj.claim_uid,
+                )
+                return GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name)
+        except WapiError as error:
+            raise await self._translate(connection, error, f"address {address}") from error
+        return None
 
     async def _reserve_literal(self, job: _Allocating, address: str) -> GridObject:
         pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view

@@ -210,6 +210,13 @@ class WapiClient:
             raise WapiError(Problem.REFUSED, f"the grid answered the POST of a {obj_type} without an object")
         return result
 
+    async def update(self, ref: str, payload: Mapping[str, Any]) -> None:
+        """One PUT on an object (idempotent, so retried like a GET)."""
+        await self._retrying(
+            f"PUT {ref.split('/', 1)[0]}",
+            lambda: self._run(lambda: self._connector.update_object(ref, dict(payload))),
+        )
+
     async def delete(self, ref: str) -> bool:
         """DELETE one object by reference; False if it was already gone (404)."""
         try:

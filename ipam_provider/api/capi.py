@@ -13,6 +13,8 @@ LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
 LABEL_WATCH_FILTER = "cluster.x-k8s.io/watch-filter"
 ANNOTATION_PAUSED = "cluster.x-k8s.io/paused"
 ANNOTATION_SKIP_DELETE_VALIDATION = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook"
+# Set by `clusterctl move` on each object it deletes at the source, after copying it to the target.
+ANNOTATION_DELETE_FOR_MOVE = "clusterctl.cluster.x-k8s.io/delete-for-move"
 
 READY = "Ready"
 REASON_ALLOCATED = "AddressAllocated"

@@ -13,6 +13,12 @@ Contract (level-triggered; every step is idempotent and the reconcile may be rep
   finalizer is removed. The address is therefore never free in the backend while an IPAddress still names it.
 - An IPAddress deleted while its claim lives is re-created with identical values (the backend holds the
   address for the claim's uid); a pre-existing IPAddress for the claim is adopted, its spec untouched.
+- `clusterctl move` (annotation `clusterctl.cluster.x-k8s.io/delete-for-move`, set on each source object just
+  before clusterctl deletes it, the copy already being at the target): a claim or IPAddress so marked is never
+  released, allocated or re-created. A deleted claim so marked only loses the ReleaseAddress finalizer (before
+  any pause check: clusterctl removes every finalizer itself a moment later); its IPAddress is left to clusterctl;
+  the backend keeps the address for the claim at the target. An IPAddress so marked being deleted loses its
+  ProtectAddress finalizer and is not re-created for its claim (which clusterctl deletes next).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pydantic import ValidationError
 
 from ipam_provider import metrics
 from ipam_provider.api.capi import (
+    ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
     FINALIZER_PROTECT_ADDRESS,
     FINALIZER_RELEASE_ADDRESS,
@@ -54,6 +61,9 @@ LIVE, GONE, DELETING = "live", "gone", "deleting"
 class ClaimReconciler:
     def __init__(self, context: ReconcileContext) -> None:
         self.ctx = context
+        # Claims whose IPAddress clusterctl deleted for a move: (namespace, name) → claim uid. Such a claim gets
+        # no new IPAddress; the entry goes when the claim is gone (or replaced by another of its name).
+        self._moved_away: dict[tuple[str, str], str] = {}
 
     def _work(self, namespace: str, name: str) -> ClaimWork | None:
         """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""
@@ -77,7 +87,17 @@ class ClaimReconciler:
         """Reconcile one claim; returns seconds until it should be looked at again, or None."""
         work = self._work(namespace, name)
         if work is None:
+            self._moved_away.pop((namespace, name), None)
             return None
+        if ANNOTATION_DELETE_FOR_MOVE in work.claim.metadata.annotations:
+            await self._moving(work)
+            return None
+        moved_uid = self._moved_away.get((namespace, name))
+        if moved_uid is not None:
+            if moved_uid == work.claim.metadata.uid:
+                work.log.debug("IPAddress deleted by clusterctl move; the claim is not served here any more")
+                return None
+            del self._moved_away[(namespace, name)]
         cluster_name = work.claim.cluster_name
         cluster_raw = self.ctx.caches.clusters.get(namespace, cluster_name) if cluster_name else None
         if _paused(work, cluster_raw):
@@ -108,6 +128,22 @@ class ClaimReconciler:
             await self._set_ready(work, False, REASON_POOL_NOT_READY, message)
             return None
         return await self._allocate(work, pool, confirmed)
+
+    async def _moving(self, work: ClaimWork) -> None:
+        """A claim clusterctl is deleting for a move: nothing is released; a deleted one loses our finalizer only."""
+        finalizers = work.claim.metadata.finalizers
+        if not work.claim.metadata.deleting or FINALIZER_RELEASE_ADDRESS not in finalizers:
+            work.log.debug("being moved by clusterctl; nothing done")
+            return
+        remaining = [f for f in finalizers if f != FINALIZER_RELEASE_ADDRESS]
+        try:
+            await self.ctx.patch_cached(
+                self.ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": remaining}}
+            )
+        except ApiError as error:
+            if not error.not_found:
+                raise
+        work.log.info("claim deleted by clusterctl move; its address is kept in the backend for the target")
 
     async def _ensure_finalizer(self, work: ClaimWork) -> bool:
         """Add the ReleaseAddress finalizer if missing. Returns whether this proved the cached claim current: the
@@ -143,6 +179,12 @@ class ClaimReconciler:
                 await self._report_foreign(work, address_raw)
                 return RETRY_FAILED
             address = IPAddress.model_validate(address_raw)
+            if ANNOTATION_DELETE_FOR_MOVE in address.metadata.annotations:
+                if address.metadata.deleting:
+                    await self._let_go(address_raw)
+                    self._moved_away[(work.namespace, work.name)] = work.claim.metadata.uid
+                work.log.info("IPAddress being moved by clusterctl; not re-created, nothing released")
+                return None
             if address.metadata.deleting:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it

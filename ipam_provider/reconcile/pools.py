@@ -5,7 +5,10 @@ Contract:
   fields of the report: `ipAddresses{total,free,used[,outOfRange]}` from its counts, and the kind's own fields.
 - A deleted pool keeps the finalizer while any IPAddress references it (read fresh from the API server), with
   `Ready=False/Deleting` saying why; the annotation `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` lets
-  it go at once (for clusterctl move).
+  it go at once, and so does clusterctl move's `clusterctl.cluster.x-k8s.io/delete-for-move` (clusterctl's patch
+  replaces the annotations, so the skip-validate annotation a user set is gone by then).
+- A pool clusterctl is moving (delete-for-move) is neither reported nor tidied up by its backend: its copy at the
+  target owns its addresses now.
 - A paused pool is left alone.
 """
 
@@ -15,6 +18,7 @@ import structlog
 from pydantic import ValidationError
 
 from ipam_provider.api.capi import (
+    ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
     ANNOTATION_SKIP_DELETE_VALIDATION,
     FINALIZER_PROTECT_POOL,
@@ -67,6 +71,8 @@ class PoolReconciler:
             return None
         if meta.get("deletionTimestamp"):
             return await self._deleting(ref, raw, store, resource)
+        if ANNOTATION_DELETE_FOR_MOVE in (meta.get("annotations") or {}):
+            return None
         if FINALIZER_PROTECT_POOL not in finalizers:
             patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_PROTECT_POOL]}}
             raw = await self.ctx.patch_cached(store, resource, raw, patch)
@@ -80,7 +86,8 @@ class PoolReconciler:
         finalizers = list(meta.get("finalizers") or [])
         if FINALIZER_PROTECT_POOL not in finalizers:
             return None
-        if ANNOTATION_SKIP_DELETE_VALIDATION not in (meta.get("annotations") or {}):
+        annotations = meta.get("annotations") or {}
+        if ANNOTATION_SKIP_DELETE_VALIDATION not in annotations and ANNOTATION_DELETE_FOR_MOVE not in annotations:
             in_use = await self._addresses_in_use(ref)
             if in_use:
                 report = PoolReport(False, "Deleting", f"{IN_USE_MESSAGE} ({in_use} remain)")

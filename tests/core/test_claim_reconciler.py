@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ipam_provider.api.capi import (
+    ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
     FINALIZER_PROTECT_ADDRESS,
     FINALIZER_PROTECT_POOL,
@@ -403,6 +404,85 @@ async def test_a_failed_release_keeps_the_finalizer_and_is_retried(world: World,
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.backend.calls_of("release")[-1].allocation is None, "the retry releases by the claim's uid"
     assert world.kube.stored(CLAIMS, "m1", NS) is None
+
+
+# --- clusterctl move ------------------------------------------------------------------------------------------
+# At the source, clusterctl v1.13 (cmd/clusterctl/client/cluster/mover.go, deleteSourceObject) handles each moved
+# object, deepest first (IPAddresses, then claims, then pools and the Cluster): a JSON patch that sets the
+# annotations to {delete-for-move: ""}, a DELETE, then a merge patch removing every finalizer. The Cluster is
+# paused first, but a claim need not name a Cluster, so the annotation alone must keep the backend from releasing.
+
+MOVING = {ANNOTATION_DELETE_FOR_MOVE: ""}
+
+
+async def clusterctl_deletes(world: World, resource: Any, name: str = "m1") -> None:
+    """What clusterctl does to a source object before its finalizer patch: annotate, then delete."""
+    await world.kube.patch(resource, name, {"metadata": {"annotations": MOVING}}, NS)
+    assert await world.kube.delete(resource, name, NS)
+    world.sync()
+    world.forget_requests()
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["no-cluster", "cluster-paused"])
+async def test_a_claim_deleted_for_a_move_is_not_released(world: World, paused: bool) -> None:
+    if paused:
+        world.add(CLUSTERS, cluster("c1", paused=True))
+        world.add(POOLS, pool())
+        world.add(CLAIMS, claim(cluster="c1"))
+        await world.pools.reconcile(REF)  # nothing allocated while paused: give the claim what a move carries
+        world.add(ADDRESSES, address("m1", "m1", finalizers=[FINALIZER_PROTECT_ADDRESS]))
+        await world.kube.patch(CLAIMS, "m1", {"metadata": {"finalizers": [FINALIZER_RELEASE_ADDRESS]}}, NS)
+        world.sync()
+    else:
+        await fulfilled(world)
+    ip_before = world.address("m1")
+    await clusterctl_deletes(world, CLAIMS)
+    calls_before = len(world.backend.calls)
+
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.backend.calls[calls_before:] == [], "no release, no allocation"
+    assert world.kube.stored(CLAIMS, "m1", NS) is None, "our finalizer removed, the claim is gone"
+    assert world.journal == ["patch IPAddressClaim m1"], "the claim's finalizer, nothing else"
+    assert world.address("m1") == ip_before, "the IPAddress is clusterctl's to delete"
+    if not paused:
+        assert world.backend.held, "the backend still holds the address, for the claim's copy at the target"
+
+
+async def test_a_claim_annotated_for_a_move_gets_nothing(world: World) -> None:
+    world.add(POOLS, pool())
+    world.add(CLAIMS, claim(annotations=MOVING))
+    world.forget_requests()
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.kube.requests == [] and world.backend.calls == []
+
+
+async def test_an_ipaddress_deleted_for_a_move_is_let_go_and_not_recreated(world: World) -> None:
+    await fulfilled(world)
+    claim_before = world.claim("m1")
+    await clusterctl_deletes(world, ADDRESSES)
+    calls_before = len(world.backend.calls)
+
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.address("m1") is None, "our finalizer is removed, so the IPAddress goes"
+    assert world.backend.calls[calls_before:] == []
+    world.sync()
+    world.forget_requests()
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.address("m1") is None, "not re-created: clusterctl deletes the claim next"
+    assert world.kube.requests == [] and world.backend.calls[calls_before:] == []
+    assert world.claim("m1") == claim_before
+
+    # clusterctl deletes the claim: it goes without a release.
+    await clusterctl_deletes(world, CLAIMS)
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert world.kube.stored(CLAIMS, "m1", NS) is None and world.backend.calls_of("release") == []
+
+    # A new claim of the same name later is served as any other.
+    world.sync()
+    assert await world.claims.reconcile(NS, "m1") is None
+    world.add(CLAIMS, claim())
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert ready_state(world.claim("m1")) == ALLOCATED and world.address("m1") is not None
 
 
 # --- re-creation and adoption --------------------------------------------------------------------------------

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ipam_provider.api.capi import ANNOTATION_SKIP_DELETE_VALIDATION, FINALIZER_PROTECT_POOL
+from ipam_provider.api.capi import (
+    ANNOTATION_DELETE_FOR_MOVE,
+    ANNOTATION_SKIP_DELETE_VALIDATION,
+    FINALIZER_PROTECT_POOL,
+)
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport
 from ipam_provider.kube.resources import ADDRESSES, EVENTS
 from ipam_provider.reconcile.context import pool_resource
@@ -148,6 +152,24 @@ async def test_the_skip_validate_annotation_lets_a_deleted_pool_go_at_once(world
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
     assert world.kube.stored(POOLS, "net", NS) is None
     assert world.journal == ["patch FakeIPPool net"], "no IPAddress is even looked for"
+
+
+async def test_clusterctls_delete_for_move_lets_a_deleted_pool_go_at_once(world: World) -> None:
+    """clusterctl's patch replaces the annotations, so the skip-validate annotation is gone by the delete."""
+    annotations = {ANNOTATION_DELETE_FOR_MOVE: ""}
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING, annotations=annotations))
+    world.add(ADDRESSES, address("a1", "c1"))
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.stored(POOLS, "net", NS) is None
+    assert world.journal == ["patch FakeIPPool net"], "no IPAddress is looked for, no status written"
+
+
+async def test_a_pool_being_moved_is_not_reported(world: World) -> None:
+    before = world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], annotations={ANNOTATION_DELETE_FOR_MOVE: ""}))
+    world.forget_requests()
+    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
+    assert world.kube.requests == [] and world.backend.calls == []
+    assert stored_pool(world) == before
 
 
 async def test_a_deleted_pool_keeps_finalizers_that_are_not_ours(world: World) -> None:

@@ -97,6 +97,37 @@ async def test_an_ipaddress_whose_grid_object_vanished_gets_its_address_back(
         assert obj["ipv4addr"] == "10.10.0.42", "the address the IPAddress names is reserved for the claim"
 
 
+async def test_an_object_held_for_the_claims_name_under_an_old_uid_is_re_keyed_not_duplicated(
+    kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
+) -> None:
+    """`clusterctl move` (or a restore) re-creates a claim under a new uid, with its IPAddress: the grid object that
+    the same claim namespace/name held from the same pool is taken over, not refused nor reserved again. One held
+    for another claim name is still refused."""
+    define_eas(grid)
+    moved = grid.sim.state.add_fixed_address("10.10.0.43", extattrs=ownership("old-uid", namespace, "moved", "net"))
+    other = grid.sim.state.add_fixed_address("10.10.0.44", extattrs=ownership("old-2", namespace, "someone", "net"))
+    await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
+    claim = await grid.create_claim("moved", "net")
+    stranger = await grid.create_claim("stranger", "net")
+    await kube.create(ADDRESSES, restored_address(namespace, claim, "10.10.0.43"), namespace)
+    await kube.create(ADDRESSES, restored_address(namespace, stranger, "10.10.0.44"), namespace)
+    async with infoblox_controller():
+        await wait_claim_reason(kube, namespace, "moved", "AddressAllocated")
+        (obj,) = grid.objects_of(claim["metadata"]["uid"])
+        assert obj["_ref"] == moved and obj["ipv4addr"] == "10.10.0.43"
+        assert grid.sim.state.count("fixedaddress") == 2, "nothing reserved twice"
+        failed = await wait_claim_reason(kube, namespace, "stranger", "AllocationFailed")
+        assert "held on the grid by fixedaddress/" in str(failed["status"]["conditions"])
+        assert grid.objects_of("old-2")[0]["_ref"] == other
+
+        await kube.delete(CLAIMS, "moved", namespace)
+        await wait_gone(kube, namespace, "moved")
+        assert grid.sim.state.get(moved) is None, "released as the claim's own"
+        await kube.delete(CLAIMS, "stranger", namespace)
+        await wait_gone(kube, namespace, "stranger")
+    assert grid.sim.state.get(other) is not None
+
+
 async def test_an_object_posted_before_a_crash_is_found_without_posting_again(
     kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
 ) -> None:

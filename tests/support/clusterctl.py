@@ -8,6 +8,10 @@
   naming it (`providers:` with `type: IPAMProvider`), with optional variables and `images:` overrides.
 - `Clusterctl` runs the binary with a HOME of its own and without the caller's environment, so neither the user's
   ~/.config/cluster-api nor stray IPAM_PY_* variables change what it renders.
+- `init_management_cluster(kube)` makes a bare control plane look as `clusterctl init --ipam py` would leave it, for
+  `clusterctl move`: Cluster API's CRDs with the labels clusterctl gives them, ours, clusterctl's inventory CRD
+  (from the pinned module) and the inventory's Provider records (cluster-api core and this provider). No provider
+  is deployed: tests run the controller in-process.
 
 Fixtures:
 - `clusterctl` (session): a `Clusterctl`.
@@ -30,7 +34,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.controlplane.versions import REPO_ROOT
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import NAMESPACES, Resource
+from tools.controlplane.assets import capi_crd_paths, clusterctl_inventory_crd_path, our_crd_paths
+from tools.controlplane.crds import CLUSTERCTL_INIT_LABELS, install_crds
+from tools.controlplane.versions import REPO_ROOT, load_versions
 from tools.release import COMPONENTS, METADATA, PROVIDER_LABEL, PROVIDER_NAME, PROVIDER_TYPE, Release, release_version
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "clusterctl" / "build.sh"
@@ -159,6 +168,54 @@ class Clusterctl:
         them (variables substituted, target namespace set, clusterctl's labels added)."""
         args = ["generate", "provider", "--ipam", repository.spec, "--config", str(repository.config)]
         return self.check(*args, *extra_args, env=env)
+
+
+# clusterctl's provider inventory (cmd/clusterctl/api/v1alpha3).
+PROVIDERS = Resource("clusterctl.cluster.x-k8s.io", "v1alpha3", "providers", "Provider", namespaced=True)
+CORE_NAMESPACE = "capi-system"
+IPAM_NAMESPACE = "capi-ipam-system"
+
+
+def inventory() -> list[Object]:
+    """The Provider records `clusterctl init --ipam py:<version>` writes: core cluster-api and this provider."""
+    entries = [
+        (CORE_NAMESPACE, "cluster-api", "cluster-api", "CoreProvider", load_versions().capi),
+        (IPAM_NAMESPACE, PROVIDER_LABEL[1], PROVIDER_NAME, PROVIDER_TYPE, release_version()),
+    ]
+    return [
+        {
+            "apiVersion": PROVIDERS.api_version,
+            "kind": PROVIDERS.kind,
+            "metadata": {
+                "name": label,  # clusterctl names a record by its manifest label
+                "namespace": namespace,
+                "labels": {"clusterctl.cluster.x-k8s.io": "", PROVIDER_LABEL[0]: label},
+            },
+            "providerName": name,
+            "type": provider_type,
+            "version": version,
+        }
+        for namespace, label, name, provider_type, version in entries
+    ]
+
+
+async def init_management_cluster(kube: KubeClient) -> list[Object]:
+    """Install what `clusterctl init --ipam py` leaves in a management cluster, except the deployments (see the
+    module docstring); answer the inventory records."""
+    versions = load_versions()
+    await install_crds(kube, capi_crd_paths(versions), labels=CLUSTERCTL_INIT_LABELS)
+    await install_crds(kube, our_crd_paths())
+    await install_crds(kube, [clusterctl_inventory_crd_path(versions)])
+    records = inventory()
+    for record in records:
+        namespace = record["metadata"]["namespace"]
+        try:
+            await kube.create(NAMESPACES, {"metadata": {"name": namespace}})
+        except ApiError as error:
+            if not error.already_exists:
+                raise
+        await kube.create(PROVIDERS, record, namespace)
+    return records
 
 
 def documents(text: str) -> list[Object]:

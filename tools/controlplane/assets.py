@@ -45,28 +45,31 @@ def binaries_dir() -> Path:
     return directory
 
 
+def capi_module_dir(versions: Versions) -> Path:
+    """The pinned `sigs.k8s.io/cluster-api` module's directory in the Go module cache (downloaded if needed)."""
+    go = shutil.which("go")
+    if go is None:
+        raise AssetError("Go is needed to fetch the Cluster API module (or set CAPI_CRD_DIR to a directory of CRDs)")
+    try:
+        result = subprocess.run(
+            [go, "mod", "download", "-json", f"sigs.k8s.io/cluster-api@{versions.capi}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd="/",
+        )
+    except subprocess.CalledProcessError as error:
+        raise AssetError(f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}") from error
+    return Path(json.loads(result.stdout)["Dir"])
+
+
 def capi_crd_paths(versions: Versions) -> list[Path]:
     """The Cluster API CRD files of the pinned release, downloaded into the Go module cache if needed."""
-    go = shutil.which("go")
     override = os.environ.get("CAPI_CRD_DIR")
     if override:
         base = Path(override)
-    elif go is None:
-        raise AssetError("Go is needed to fetch the Cluster API CRDs (or set CAPI_CRD_DIR to a directory of them)")
     else:
-        try:
-            result = subprocess.run(
-                [go, "mod", "download", "-json", f"sigs.k8s.io/cluster-api@{versions.capi}"],
-                check=True,
-                capture_output=True,
-                text=True,
-                cwd="/",
-            )
-        except subprocess.CalledProcessError as error:
-            raise AssetError(
-                f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}"
-            ) from error
-        module_dir = Path(json.loads(result.stdout)["Dir"])
+        module_dir = capi_module_dir(versions)
         candidates = [
             module_dir / "config" / "crd" / "bases",
             module_dir / "core" / "config" / "crd" / "bases",
@@ -77,6 +80,14 @@ def capi_crd_paths(versions: Versions) -> list[Path]:
     if missing:
         raise AssetError(f"Cluster API CRDs not found: {', '.join(missing)}")
     return paths
+
+
+def clusterctl_inventory_crd_path(versions: Versions) -> Path:
+    """clusterctl's provider inventory CRD (`providers.clusterctl.cluster.x-k8s.io`), from the pinned module."""
+    path = capi_module_dir(versions) / "cmd" / "clusterctl" / "config" / "manifest" / "clusterctl-api.yaml"
+    if not path.is_file():
+        raise AssetError(f"clusterctl's inventory CRD not found: {path}")
+    return path
 
 
 def our_crd_paths() -> list[Path]:

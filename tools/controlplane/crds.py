@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,9 @@ from ipam_provider.kube.client import APPLY_PATCH, KubeClient
 from ipam_provider.kube.resources import CRDS
 
 FIELD_MANAGER = "ipam-provider-dev"
+# The labels `clusterctl init` gives Cluster API's own CRDs (kustomize adds them at release; the CRDs in the module's
+# config/crd/bases lack them). `clusterctl move` discovers only the kinds whose CRD carries the first.
+CLUSTERCTL_INIT_LABELS = {"clusterctl.cluster.x-k8s.io": "", "cluster.x-k8s.io/provider": "cluster-api"}
 
 
 def load_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -32,18 +35,22 @@ async def install_crds(
     *,
     force: bool = True,
     only_missing: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Apply every CRD in `paths` and wait for `Established`; return their names.
 
     `force` takes over fields other managers own (right for a control plane of our own). `only_missing` leaves a
     CRD that exists alone (a cluster someone else runs: its Cluster API CRDs are its own business). Without
     `force`, a CRD whose fields another manager owns fails with a 409 Conflict instead of being overwritten.
+    `labels` are added to every CRD's labels (e.g. CLUSTERCTL_INIT_LABELS, as `clusterctl init` would).
     """
     names = []
     for crd in load_documents(paths):
         if crd.get("kind") != "CustomResourceDefinition":
             continue
         name = crd["metadata"]["name"]
+        if labels:
+            crd["metadata"]["labels"] = {**(crd["metadata"].get("labels") or {}), **labels}
         if only_missing and await kube.get(CRDS, name) is not None:
             names.append(name)
             continue
