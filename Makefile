@@ -5,8 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 export PYTHONUNBUFFERED := 1
+# The image: its base (debian: a local Debian base, no registry needed; pinned: the Dockerfile's default,
+# python:3.11-slim by digest; or any image) and its name.
+IMAGE_BASE ?= debian
+IMAGE ?= localhost/capi-ipam-provider-py:dev
 
-.PHONY: venv binaries netbox cluster-up cluster-down test lint run format generate
+.PHONY: venv binaries netbox cluster-up cluster-down test lint run format generate docker-build
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -22,6 +26,10 @@ binaries:
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
+
+# The Dockerfile, built with buildah (installed when missing) into buildah's local storage; see hack/image/.
+docker-build:
+	IMAGE_BASE=$(IMAGE_BASE) IMAGE=$(IMAGE) hack/image/build.sh
 
 cluster-up: venv
 	@$(BIN)/python -m tools.controlplane up --dir $(CLUSTER_DIR)
