@@ -4,13 +4,16 @@
 # Stage 1 installs the package and its pinned dependencies into a virtualenv; stage 2 copies only that
 # virtualenv onto a clean base and runs it as an unprivileged user. The run-time image has no compiler, no
 # build tools, no pip cache and no source tree.
-ARG PYTHON_IMAGE=python:3.11-slim
+# The base of both stages: any image with python3 (3.11, as requires-python allows), its venv module, and
+# groupadd/useradd. The default is python:3.11-slim pinned by digest (`make docker-build IMAGE_BASE=pinned`); where no
+# registry can be reached, `make docker-build` passes a local Debian base instead (hack/image/base.sh).
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
-RUN python -m venv /opt/venv
+RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # README.md and LICENSE are named in pyproject.toml (readme, license-files): the build needs them.
@@ -42,6 +45,9 @@ COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# The base this image was built on (the build argument: the pinned default or the local Debian base).
+ARG PYTHON_IMAGE
+LABEL org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 USER 65532:65532
 WORKDIR /
 # 8080: Prometheus metrics; 8081: /healthz and /readyz.

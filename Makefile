@@ -6,8 +6,14 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .local/cluster
 RELEASE_DIR ?= out
 export PYTHONUNBUFFERED := 1
+# The image: its base (debian: a local Debian base, no registry needed; pinned: the Dockerfile's default,
+# python:3.11-slim by digest; or any image) and its name.
+IMAGE_BASE ?= debian
+# The version is written once, in ipam_provider/version.py; the image tag follows it.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ipam_provider/version.py)
+IMAGE ?= localhost/capi-ipam-provider-py:v$(VERSION)
 
-.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test test-fast lint run format generate release-manifests
+.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -28,6 +34,10 @@ clusterctl:
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
+
+# The Dockerfile, built with buildah (installed when missing) into buildah's local storage; see hack/image/.
+docker-build:
+	IMAGE_BASE=$(IMAGE_BASE) IMAGE=$(IMAGE) hack/image/build.sh
 
 cluster-up: venv
 	@$(BIN)/python -m tools.controlplane up --dir $(CLUSTER_DIR)

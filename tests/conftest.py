@@ -11,7 +11,8 @@ the tests that need neither (the fast lane):
   depends on it.
 
 `item.fixturenames` is the transitive closure of a test's fixtures, so these two roots are enough. A test that
-starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand.
+starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand, and
+so do the image tests (tests/image/), whose cold build takes minutes.
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
         "tests/netbox/test_backend_spec.py",  # the CRD (kube) and the parser (pure)
         "tests/unit/test_control_plane_tool.py",  # starts control planes without a fixture
         "tests/unit/test_incluster_intervals.py",  # pure
+        "tests/image/test_image.py",  # marked by hand: the image build
     ]
     items, _ = pytester.inline_genitems(
         *(str(REPO / name) for name in files), f"--rootdir={REPO}", "-c", str(REPO / "pyproject.toml")
@@ -115,3 +116,4 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
     assert of("tests/unit/test_control_plane_tool.py::test_two_instances") == [{"apiserver"}]
     assert of("tests/unit/test_control_plane_tool.py::test_kubebuilder_assets") == [set()]
     assert all(value == set() for value in of("tests/unit/test_incluster_intervals.py::"))
+    assert all(value == {"apiserver"} for value in of("tests/image/test_image.py::"))
