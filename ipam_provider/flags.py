@@ -79,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
 
+    _add_leader_election_flags(run)
+    _add_serving_flags(run)
+    _add_logging_flags(run)
+    _add_ignored_flags(run)
+    status = commands.add_parser("status", help="show claims with their addresses")
+    status.add_argument("--kubeconfig")
+    status.add_argument("--namespace", action="append")
+    return parser
+
+
+def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
+    """The leader-election flags, with client-go's durations."""
     election = run.add_argument_group("leader election")
     election.add_argument(
         "--leader-elect",
@@ -120,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often the leader renews and standbys try to acquire (default: 2s)",
     )
 
+
+def _add_serving_flags(run: argparse.ArgumentParser) -> None:
+    """The metrics and probe endpoints, under controller-runtime's and CAPI's names."""
     serving = run.add_argument_group("metrics and probes")
     serving.add_argument(
         "--metrics-bind-address",
@@ -155,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"true: serve the metrics at --diagnostics-address, see there; false: {NOT_ACTED_ON}",
     )
 
+
+def _add_logging_flags(run: argparse.ArgumentParser) -> None:
+    """Log format and level, and the CAPI forms that map onto them."""
     logging = run.add_argument_group("logging")
     logging.add_argument("--log-format", choices=["json", "console"], help="default: console")
     logging.add_argument(
@@ -169,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--v", type=_verbosity, metavar="N", help="klog verbosity: 0-3 log at info, 4 and more at debug"
     )
 
+
+def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
+    """Flags a CAPI manager is given that are accepted and not acted on."""
     ignored = run.add_argument_group(
         f"Cluster API manager flags that are {NOT_ACTED_ON}",
         "Taken so that a manager's usual command line starts; each one given is named in a warning at start-up.",
@@ -188,11 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
         ignored.add_argument(name, metavar="VALUE", help="the provider serves no webhooks")
     for name in ("--tls-min-version", "--tls-cipher-suites", "--tls-curve-preferences"):
         ignored.add_argument(name, metavar="VALUE", help="nothing is served over TLS")
-
-    status = commands.add_parser("status", help="show claims with their addresses")
-    status.add_argument("--kubeconfig")
-    status.add_argument("--namespace", action="append")
-    return parser
 
 
 def _verbosity(text: str) -> int:
@@ -265,7 +281,28 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     ignored = [f"{flag}={getattr(args, attr)}" for attr, flag in _IGNORED if getattr(args, attr) is not None]
     kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
     ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
+    workers = _workers(args, ignored)
+    metrics_address, metrics_flag = _metrics_address(args, ignored)
+    log_format, log_level = _logging(args, ignored)
+    return RunOptions(
+        kubeconfig=args.kubeconfig,
+        namespaces=split_list(args.namespace),
+        watch_filter=args.watch_filter,
+        workers=workers,
+        backends=split_list([args.backends]) if args.backends else None,
+        leader_election=_leader_election(args),
+        metrics_address=metrics_address,
+        metrics_flag=metrics_flag,
+        probes_address=args.health_probe_bind_address,
+        log_format=log_format,
+        log_level=log_level,
+        not_acted_on=tuple(ignored),
+    )
 
+
+def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
+    """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; overridden ones go to
+    `ignored`."""
     workers = DEFAULT_WORKERS
     for attr, flag in (
         ("max_concurrent_reconciles", "--max-concurrent-reconciles"),
@@ -290,47 +327,36 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         ignored.append(
             f"--max-concurrent-reconciles={args.max_concurrent_reconciles} (--{CLAIM_KIND}-concurrency wins)"
         )
+    return workers
 
-    # Metrics: --metrics-bind-address if given; else, as util/flags does, --diagnostics-address when
-    # --insecure-diagnostics=true (plain HTTP); the secure (HTTPS, authenticated) endpoint is not implemented.
+
+def _metrics_address(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:
+    """The metrics bind address and the flag it came from: --metrics-bind-address if given; else, as util/flags
+    does, --diagnostics-address when --insecure-diagnostics=true (plain HTTP). The secure (HTTPS, authenticated)
+    endpoint is not implemented, so the diagnostics flags are otherwise `ignored`."""
     diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
     if args.insecure_diagnostics is not None:
         diagnostics.append(f"--insecure-diagnostics={_bool_text(args.insecure_diagnostics)}")
     if args.metrics_bind_address is not None:
-        metrics_address, metrics_flag = args.metrics_bind_address, "--metrics-bind-address"
         wins = " (--metrics-bind-address wins)" if args.insecure_diagnostics else ""
         ignored += [flag + wins for flag in diagnostics]
-    elif args.insecure_diagnostics:
-        metrics_address = args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS
-        metrics_flag = "--diagnostics-address"
-    else:
-        metrics_address, metrics_flag = DEFAULT_METRICS_ADDRESS, "--metrics-bind-address"
-        ignored += diagnostics
+        return args.metrics_bind_address, "--metrics-bind-address"
+    if args.insecure_diagnostics:
+        return args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS, "--diagnostics-address"
+    ignored += diagnostics
+    return DEFAULT_METRICS_ADDRESS, "--metrics-bind-address"
 
+
+def _logging(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:
+    """Log format and level: --log-format/--log-level win over --logging-format/--v."""
     log_format = args.log_format or {"json": "json", "text": "console", None: "console"}[args.logging_format]
     if args.log_format and args.logging_format:
         ignored.append(f"--logging-format={args.logging_format} (--log-format wins)")
     if args.log_level:
-        log_level = args.log_level
         if args.v is not None:
             ignored.append(f"--v={args.v} (--log-level wins)")
-    else:
-        log_level = "debug" if args.v is not None and args.v >= 4 else "info"
-
-    return RunOptions(
-        kubeconfig=args.kubeconfig,
-        namespaces=split_list(args.namespace),
-        watch_filter=args.watch_filter,
-        workers=workers,
-        backends=split_list([args.backends]) if args.backends else None,
-        leader_election=_leader_election(args),
-        metrics_address=metrics_address,
-        metrics_flag=metrics_flag,
-        probes_address=args.health_probe_bind_address,
-        log_format=log_format,
-        log_level=log_level,
-        not_acted_on=tuple(ignored),
-    )
+        return log_format, str(args.log_level)
+    return log_format, "debug" if args.v is not None and args.v >= 4 else "info"
 
 
 def _leader_election(args: argparse.Namespace) -> LeaderElection:
