@@ -38,7 +38,7 @@ from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import GridHealth
 from backends.infoblox.hostname import HostnameError, machine_name
-from backends.infoblox.ownership import LateCommits, owned, release_owned, same, translate
+from backends.infoblox.ownership import LateCommits, owned, release_owned, same, take_over, translate
 from backends.infoblox.payloads import (
     FIXED_V4,
     FIXED_V6,
@@ -53,16 +53,12 @@ from backends.infoblox.payloads import (
     object_type,
     parse_object,
     types_for_version,
-    wapi_extattrs,
 )
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_HOSTNAME,
     ANNOTATION_INSTANCE,
     ANNOTATION_REF,
-    EA_CLAIM_NAME,
-    EA_CLAIM_NAMESPACE,
-    EA_CLAIM_UID,
     EA_POOL,
     Pool,
     Target,
@@ -318,42 +314,11 @@ class Allocator:
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
 
     async def _take_over(self, job: _Allocating, address: str) -> GridObject | None:
-        """The object at `address` that this claim's namespace and name held from this pool under another uid (a
-        `clusterctl move` or a restore gives the claim a new uid), re-keyed to the claim; None if there is none."""
-        pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view
-        fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
-        field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
+        """The object at `address` this claim held under another uid, re-keyed to the claim (see `take_over`)."""
         try:
-            found = [
-                (fixed, raw)
-                for raw in await connection.client.search(
-                    fixed, RETURN_FIELDS[fixed], {field_name: address, "network_view": view}
-                )
-            ]
-            found += [
-                (HOST, raw) for raw in await connection.client.search(HOST, RETURN_FIELDS[HOST], {field_name: address})
-            ]
-            for obj_type, raw in found:
-                obj = parse_object(obj_type, raw)
-                if obj is None or not same(obj.address, address) or not obj.claim_uid or obj.claim_uid == claim.uid:
-                    continue
-                marks = obj.extattrs
-                recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
-                if recorded != (claim.namespace, claim.name, pool.label):
-                    continue
-                extattrs = {**marks, EA_CLAIM_UID: claim.uid}
-                await connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
-                log.info(
-                    "grid object re-keyed to the claim's new UID",
-                    claim=str(claim),
-                    pool=str(pool.ref),
-                    ref=obj.ref,
-                    previous_uid=obj.claim_uid,
-                )
-                return GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name)
+            return await take_over(job.connection, job.pool, job.claim, job.network_view, address)
         except WapiError as error:
-            raise await self._translate(connection, error, f"address {address}") from error
-        return None
+            raise await self._translate(job.connection, error, f"address {address}") from error
 
     async def _reserve_literal(self, job: _Allocating, address: str) -> GridObject:
         pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view

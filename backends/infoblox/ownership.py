@@ -1,4 +1,5 @@
-"""Ownership on the grid: what a claim owns, releasing it, and turning WAPI failures into messages for people.
+"""Ownership on the grid: what a claim owns, taking over what it held under an earlier uid, releasing it, and turning
+WAPI failures into messages for people.
 
 Contract:
 - A claim owns exactly the fixed addresses and host records whose CAPI-Claim-UID extensible attribute is the
@@ -26,13 +27,17 @@ from backends.infoblox.connections import Connection
 from backends.infoblox.health import INSTANCE_WIDE, GridHealth
 from backends.infoblox.payloads import (
     ALL_TYPES,
+    FIXED_V4,
+    FIXED_V6,
+    HOST,
     RETURN_FIELDS,
     GridObject,
     parse_object,
     type_of_ref,
     types_for_version,
+    wapi_extattrs,
 )
-from backends.infoblox.spec import ANNOTATION_REF, EA_CLAIM_UID
+from backends.infoblox.spec import ANNOTATION_REF, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_CLAIM_UID, EA_POOL, Pool
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -168,3 +173,39 @@ def version_of(address: str) -> int | None:
         return ipaddress.ip_address(address).version
     except ValueError:
         return None
+
+
+async def take_over(
+    connection: Connection, pool: Pool, claim: ClaimContext, view: str, address: str
+) -> GridObject | None:
+    """The object of ours at `address` that this claim's namespace and name held from this pool under another
+    uid (a `clusterctl move` or a restore gives the claim a new uid), re-keyed to the claim (one PUT of its
+    extensible attributes); None if there is none. An object recorded for another claim is never taken."""
+    fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
+    field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
+    found = [
+        (fixed, raw)
+        for raw in await connection.client.search(
+            fixed, RETURN_FIELDS[fixed], {field_name: address, "network_view": view}
+        )
+    ]
+    found += [(HOST, raw) for raw in await connection.client.search(HOST, RETURN_FIELDS[HOST], {field_name: address})]
+    for obj_type, raw in found:
+        obj = parse_object(obj_type, raw)
+        if obj is None or not same(obj.address, address) or not obj.claim_uid or obj.claim_uid == claim.uid:
+            continue
+        marks = obj.extattrs
+        recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
+        if recorded != (claim.namespace, claim.name, pool.label):
+            continue
+        extattrs = {**marks, EA_CLAIM_UID: claim.uid}
+        await connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
+        log.info(
+            "grid object re-keyed to the claim's new UID",
+            claim=str(claim),
+            pool=str(pool.ref),
+            ref=obj.ref,
+            previous_uid=obj.claim_uid,
+        )
+        return GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name)
+    return None
