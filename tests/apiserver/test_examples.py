@@ -7,7 +7,6 @@ import asyncio
 import ipaddress
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import yaml
 from ipam_provider.cli import build_parser
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
+from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.objects import GLOBAL_POOLS, POOLS, wait_address
@@ -137,8 +137,7 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert container["image"] == f"localhost/capi-ipam-provider-py:v{version}"  # named in full, as clusterctl wants
+    assert container["image"] == f"localhost/capi-ipam-provider-py:v{__version__}"  # named in full, as clusterctl wants
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]

@@ -8,6 +8,7 @@ on a fresh API server, where every object is accepted and every CRD becomes Esta
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ipam_provider.cli import build_parser
+from ipam_provider.flags import parse_args
 from tests.apiserver.test_examples import built, kubectl_binary
 from tests.support.cluster import dedicated_control_plane
 from tests.support.clusterctl import Clusterctl, LocalRepository, documents
@@ -77,12 +78,12 @@ def manager(objects: list[Object]) -> Object:
 
 
 def settings(container: Object, namespace: str = SYSTEM_NAMESPACE) -> dict[str, Any]:
-    """What the controller runs with, from its command line: the CLI's parse, with the empty forms clusterctl
-    leaves (`--namespace=`, `--watch-filter=`, `--backends=`) read as the CLI reads them."""
+    """What the controller runs with, from its command line: the CLI's resolved options (every alias, precedence
+    and default applied), with the empty forms clusterctl leaves (`--watch-filter=`, `--backends=`) read as the
+    CLI reads them."""
     assert container["command"] == ["ipam-provider"]
     argv = [arg.replace("$(POD_NAMESPACE)", namespace) for arg in container["args"]]
-    parsed = vars(build_parser().parse_args(argv))
-    parsed["namespace"] = [n.strip() for arg in parsed["namespace"] or [] for n in arg.split(",") if n.strip()]
+    parsed = dataclasses.asdict(parse_args(argv).options)
     parsed["watch_filter"] = parsed["watch_filter"] or None
     parsed["backends"] = parsed["backends"] or None
     return parsed
@@ -212,9 +213,9 @@ def test_generate_provider_substitutes_variables_and_overrides(
     container = manager(objects)
     run = settings(container, target)
     assert run["log_format"] == "console" and run["log_level"] == "debug"
-    assert run["namespace"] == ["team-a", "team-b"] and run["watch_filter"] == "blue"
-    assert run["backends"] == "incluster" and run["workers"] == 3
-    assert run["leader_elect"] and run["leader_election_namespace"] == target
+    assert run["namespaces"] == ["team-a", "team-b"] and run["watch_filter"] == "blue"
+    assert run["backends"] == ["incluster"] and run["workers"] == 3
+    assert run["leader_election"]["enabled"] and run["leader_election"]["namespace"] == target
     assert container["image"] == "registry.example.com/mirror/capi-ipam-provider-py:v0.2.0-custom"
     assert container["imagePullPolicy"] == "Always"
 
