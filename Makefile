@@ -53,6 +53,12 @@ lint: venv
 	$(BIN)/ruff format --check ipam_provider backends
 	$(BIN)/mypy --strict ipam_provider backends tools tests
 
+# The Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env), whose CRDs tests/compat runs
+# the contract flow against, into the Go module cache (the tests also fetch them on first use).
+.PHONY: capi-crds
+capi-crds: venv
+	$(BIN)/python -m tools.controlplane capi-crds
+
 format: venv
 	$(BIN)/ruff format ipam_provider backends
 	$(BIN)/ruff check --fix .

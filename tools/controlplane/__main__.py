@@ -3,7 +3,9 @@
 `up` builds (or reuses) the binaries, starts etcd and kube-apiserver detached, installs the Cluster API CRDs and
 ours, and prints `export KUBECONFIG=…`; an instance recorded in DIR whose processes are gone is replaced.
 `install-crds --external` installs into a cluster this tool did not start: Cluster API's CRDs only where
-absent, and nothing with force. `down` stops the instance recorded in DIR and removes DIR.
+absent, and nothing with force. `down` stops the instance recorded in DIR and removes DIR. `capi-crds` fetches
+the Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env) into the Go module cache and
+prints where each one's CRDs are.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 
 from ipam_provider.kube.client import KubeClient
-from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
+from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import ControlPlaneError, LocalControlPlane
 from tools.controlplane.crds import install_crds
 from tools.controlplane.versions import REPO_ROOT, load_versions
@@ -80,7 +82,7 @@ def install(kubeconfig: Path, *, external: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.controlplane")
-    parser.add_argument("command", choices=["up", "down", "install-crds", "binaries", "versions"])
+    parser.add_argument("command", choices=["up", "down", "install-crds", "binaries", "versions", "capi-crds"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state directory of the instance")
     parser.add_argument("--kubeconfig", type=Path, help="for install-crds: the cluster to install into")
     parser.add_argument(
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             return down(args.dir)
         if args.command == "install-crds":
             return install(args.kubeconfig or args.dir / "kubeconfig", external=args.external)
+        if args.command == "capi-crds":
+            for version in load_versions().capi_compat:
+                print(f"{version} {capi_crd_paths_of(version)[0].parent}")
+            return 0
         if args.command == "binaries":
             print(binaries_dir())
             return 0

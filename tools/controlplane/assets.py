@@ -11,9 +11,10 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
-from tools.controlplane.versions import REPO_ROOT, Versions
+from tools.controlplane.versions import REPO_ROOT, Versions, load_versions
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "control-plane" / "build-binaries.sh"
 CAPI_CRD_FILES = (
@@ -92,3 +93,28 @@ def clusterctl_inventory_crd_path(versions: Versions) -> Path:
 
 def our_crd_paths() -> list[Path]:
     return sorted(OUR_CRD_DIR.glob("*.yaml"))
+
+
+def capi_crd_paths_of(capi_version: str) -> list[Path]:
+    """The Cluster API CRD files of release `capi_version` (e.g. "v1.12.10"), read from its Go module, downloaded
+    into the module cache if needed: for the releases of the compatibility matrix (CAPI_COMPAT_VERSIONS). The error
+    says which release and why; CAPI_CRD_DIR, the CRDs of one release, cannot stand in for several and is refused."""
+    if os.environ.get("CAPI_CRD_DIR"):
+        raise AssetError(
+            f"CAPI_CRD_DIR is set, but the CRDs of Cluster API {capi_version} must come from its own Go module: "
+            "unset CAPI_CRD_DIR"
+        )
+    go = shutil.which("go")
+    if go is None:
+        raise AssetError(f"Go is needed to fetch the CRDs of Cluster API {capi_version}")
+    module = f"sigs.k8s.io/cluster-api@{capi_version}"
+    fetched = subprocess.run(
+        [go, "mod", "download", "-json", module], capture_output=True, text=True, cwd="/", check=False
+    )
+    if fetched.returncode != 0:
+        try:
+            detail = str(json.loads(fetched.stdout)["Error"])  # with -json, Go reports the error on stdout
+        except (ValueError, KeyError, TypeError):
+            detail = (fetched.stderr or fetched.stdout).strip()
+        raise AssetError(f"go mod download {module} failed: {detail}")
+    return capi_crd_paths(replace(load_versions(), capi=capi_version))  # the module is in the cache now

@@ -15,6 +15,7 @@ class Versions:
     etcd: str
     capi: str
     netbox: str
+    capi_compat: tuple[str, ...] = ()  # the Cluster API releases of the compatibility matrix (tests/compat)
 
     def describe(self) -> str:
         return (
@@ -35,4 +36,5 @@ def load_versions(path: Path = VERSIONS_FILE) -> Versions:
         etcd=values["ETCD_VERSION"],
         capi=values["CAPI_VERSION"],
         netbox=values["NETBOX_VERSION"],
+        capi_compat=tuple(values.get("CAPI_COMPAT_VERSIONS", "").strip('"').split()),
     )
