@@ -63,10 +63,17 @@ start_web() {
   # setsid: gunicorn leads its own session and process group (its pid is the group id), so stop can reap
   # every worker even if the master dies. A background job of a script is never a group leader, so setsid
   # does not fork: $! is the gunicorn master. Were that ever wrong, the check below fails the start.
+  # Keep-alive: gunicorn never closes an idle connection during a test session (--keep-alive 3600 s, and no
+  # worker recycling: --max-requests 0). Test clients keep pooled connections and reuse them after any pause.
+  # A server that closes idle connections (gunicorn's default is after 2 s) races with a request sent just then:
+  # gunicorn closes a socket that holds an unread request, the kernel answers with a reset, and the client gets
+  # ECONNRESET although NetBox was fine. The client checks for a closed connection before reusing it, but
+  # cannot see a close that happens after that check. Only stop/kill below close connections on purpose.
   export NETBOX_DB_NAME
   nb_exec_clean "$run/gunicorn.log" setsid "$NB_VENV/bin/gunicorn" \
     --bind "127.0.0.1:$NETBOX_PORT" \
     --workers "${NETBOX_GUNICORN_WORKERS:-2}" --threads "${NETBOX_GUNICORN_THREADS:-4}" \
+    --keep-alive 3600 --max-requests 0 \
     --timeout 120 --graceful-timeout 10 --preload \
     --no-control-socket --pid "$pidfile" \
     --chdir "$NB_ROOT" \

@@ -15,7 +15,8 @@
 `method=None` or `path_part=""` matches any. Every request is logged in `log` (an `Event` with its monotonic start
 and end and what the proxy did with it), so tests can see attempts, the delays between them, and requests that
 were in NetBox's hands at the same time (`peak_in_flight`). Requests are forwarded concurrently, each proxy thread
-with its own upstream session.
+with its own upstream session (tests/support/sessions.py: only an idempotent request whose pooled connection NetBox
+closed under it is sent to NetBox again).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from tests.support.sessions import netbox_session
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
 
@@ -117,7 +120,7 @@ def _handler(
         """This proxy thread's own upstream session: requests are forwarded concurrently, never serialised."""
         mine: requests.Session | None = getattr(local, "session", None)
         if mine is None:
-            mine = local.session = requests.Session()
+            mine = local.session = netbox_session()
             with faults.lock:
                 sessions.append(mine)
         return mine

@@ -6,13 +6,17 @@ share one database (the ``netbox`` fixture resets it per module), so each uses i
 
 from __future__ import annotations
 
+import http.client
 import os
+import select
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import pynetbox
 import pytest
@@ -62,6 +66,39 @@ def test_v2_token_bearer_auth(netbox: NetBoxServer) -> None:
     assert wrong.status_code == 403
     anonymous = requests.get(f"{netbox.url}/api/ipam/prefixes/", timeout=10)
     assert anonymous.status_code == 403
+
+
+# Longer than gunicorn's default keep-alive (2 s) plus the second its workers may take to act on it.
+KEEP_ALIVE_PROBE_S = 4.0
+
+
+def test_an_idle_keep_alive_connection_stays_open(netbox: NetBoxServer) -> None:
+    """The harness's gunicorn never closes an idle connection (hack/netbox/web.sh: --keep-alive 3600).
+
+    A server that does races with a client reusing the connection just then: the request meets the close and the
+    client gets ConnectionResetError although NetBox was fine (tests/netbox/test_http_sessions.py shows how).
+    """
+    netbox.require_harness("gunicorn's keep-alive (hack/netbox/web.sh)")
+    url = urlsplit(netbox.url)
+    headers = {"Authorization": f"Bearer {netbox.token}", "Accept": "application/json"}
+    connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
+    try:
+        connection.request("GET", "/api/status/", headers=headers)
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200
+        assert (first.getheader("Connection") or "").lower() != "close", "NetBox does not keep connections open"
+        sock = connection.sock
+        assert sock is not None
+        time.sleep(KEEP_ALIVE_PROBE_S)
+        closed, _, _ = select.select([sock], [], [], 0)  # readable while idle: the server closed it
+        assert not closed, f"NetBox closed a keep-alive connection idle for {KEEP_ALIVE_PROBE_S:g} s"
+        connection.request("GET", "/api/status/", headers=headers)
+        second = connection.getresponse()
+        second.read()
+        assert second.status == 200 and connection.sock is sock
+    finally:
+        connection.close()
 
 
 def test_available_ips_gives_the_lowest_free_address(netbox: NetBoxServer) -> None:

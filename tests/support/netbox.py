@@ -60,6 +60,8 @@ import pynetbox
 import pytest
 import requests
 
+from tests.support.sessions import netbox_session
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "hack" / "netbox"
 VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
@@ -140,9 +142,13 @@ class NetBoxServer:
         """A new pynetbox client (pynetbox sends ``Authorization: Bearer`` for ``nbt_`` tokens).
 
         A new client per call: a ``requests.Session`` is not documented as thread-safe, so give each thread
-        its own client.
+        its own client. Its session keeps connections open between calls; an idempotent request whose reused
+        connection the server closed under it is sent once more, nothing else is retried (see
+        :mod:`tests.support.sessions`).
         """
-        return pynetbox.api(self.url, token=self.token)
+        api = pynetbox.api(self.url, token=self.token)
+        api.http_session = netbox_session()
+        return api
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         """``GET /api/status/`` with the token; raises ``requests`` exceptions when NetBox is not serving."""
