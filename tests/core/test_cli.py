@@ -17,6 +17,7 @@ from ipam_provider.cli import _host_port, _split, build_parser
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS
 from tests.support.cluster import wait_for
+from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 
@@ -55,12 +56,7 @@ async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, nam
     await kube.create(POOLS, pool("net", ["10.28.0.0/29"], 29), namespace)
     await kube.create(CLAIMS, claim("probed", "net"), namespace)
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
+        *controller_command(kubeconfig, namespace),
         f"--metrics-bind-address=127.0.0.1:{metrics_port}",
         f"--health-probe-bind-address=127.0.0.1:{probe_port}",
         "--log-format=json",

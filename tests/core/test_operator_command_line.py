@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, LEASES
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
+from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 
@@ -32,12 +32,7 @@ async def test_the_operators_flags_drive_a_running_controller(
     await kube.create(POOLS, pool("net", ["10.29.0.0/29"], 29), namespace)
     await kube.create(CLAIMS, claim("operated", "net"), namespace)
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
+        *controller_command(kubeconfig, namespace),
         "--leader-elect=true",
         "--leader-elect-lease-duration=4s",
         "--leader-elect-renew-deadline=3s",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
+from tests.support.controller import controller_command
 from tests.support.objects import claim, wait_address
 from tools.controlplane.crds import install_crds
 
@@ -78,12 +79,7 @@ async def test_an_installed_package_adds_a_pool_kind(
     )
     await kube.create(CLAIMS, claim("plugged", "static", kind="StaticIPPool", group="ipam.example.com"), namespace)
     controller = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
+        *controller_command(kubeconfig, namespace),
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
         "--log-level=warning",

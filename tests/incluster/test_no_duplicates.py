@@ -7,7 +7,6 @@ import asyncio
 import collections
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
 from ipam_provider.reconcile import pools
 from tests.support.cluster import wait_for
-from tests.support.controller import ControllerFactory
+from tests.support.controller import ControllerFactory, controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 
@@ -247,12 +246,7 @@ async def test_a_signal_mid_run_then_restart(
     for index in range(2):
         await kube.create(POOLS, pool(f"k-{index}", [f"10.44.{index}.0/24"], 24), namespace)
     command = [
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
+        *controller_command(kubeconfig, namespace),
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
         "--workers=4",

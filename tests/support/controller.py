@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,19 @@ from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 
 ControllerFactory = Callable[..., contextlib.AbstractAsyncContextManager[Controller]]
+
+
+def controller_command(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
+    """The command line of `ipam-provider run` as a separate process, serving `namespace` through `kubeconfig`."""
+    return [
+        sys.executable,
+        "-m",
+        "ipam_provider",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        *flags,
+    ]
 
 
 @contextlib.asynccontextmanager
