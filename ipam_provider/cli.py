@@ -66,6 +66,8 @@ class Endpoints:
         except BaseException:
             await endpoints.close()
             raise
+        if endpoints.metrics is not None:
+            endpoints.metrics.log_serving()
         return endpoints
 
     async def _serve_probes(self, address: tuple[str, int], text: str) -> web.AppRunner:

@@ -57,6 +57,8 @@ class ServingCertificate:
         self.files = files
         self.context = context
         self._fingerprint = fingerprint
+        # What is being served, for the log: the certificate file, or "self-signed".
+        self.source = str(files.cert) if fingerprint is not None else "self-signed"
 
     @classmethod
     def load(cls, files: CertificateFiles) -> ServingCertificate:
@@ -67,13 +69,8 @@ class ServingCertificate:
         fingerprint = _fingerprint(files)
         if fingerprint is None:
             _load_pem(context, *self_signed_pem(), "the self-signed certificate")
-            log.info(
-                "serving the metrics with a self-signed certificate generated at start",
-                cert_path=files.directory or "",
-            )
         else:
             _load_pem(context, *_read_files(files))
-            log.info("serving the metrics with the certificate files", cert=str(files.cert), key=str(files.key))
         return cls(files, context, fingerprint)
 
     def refresh(self) -> bool:
@@ -97,7 +94,8 @@ class ServingCertificate:
         except CertificateError as error:
             log.error("keeping the current serving certificate", error=str(error))
             return False
-        log.info("reloaded the serving certificate", cert=str(self.files.cert))
+        self.source = str(self.files.cert)
+        log.info("reloaded the serving certificate", cert=self.source)
         return True
 
 

@@ -35,6 +35,7 @@ class MetricsEndpoint:
         self.reviewer: Reviewer | None = None
         self._registry = registry
         self._runner: web.AppRunner | None = None
+        self.address = ""
         self._watcher: asyncio.Task[None] | None = None
 
     @property
@@ -54,8 +55,18 @@ class MetricsEndpoint:
             await runner.cleanup()
             raise
         self._runner = runner
+        self.address = f"{host}:{port}"
         if self.certificate is not None and self.certificate.files.directory:
             self._watcher = asyncio.create_task(_watch(self.certificate))
+
+    def log_serving(self) -> None:
+        """One line saying where and how the metrics are served (a warning for the self-signed certificate, the
+        development one, so that it is noticed in production)."""
+        if self.certificate is None:
+            log.info("serving the metrics over plain HTTP", address=self.address, path=METRICS_PATH)
+            return
+        report = log.warning if self.certificate.source == "self-signed" else log.info
+        report("serving the metrics over HTTPS", address=self.address, certificate=self.certificate.source)
 
     async def close(self) -> None:
         if self._watcher is not None:

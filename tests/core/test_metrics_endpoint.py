@@ -76,7 +76,8 @@ async def test_only_authorised_tokens_get_the_metrics(
     assert process.returncode == 0, stderr.decode()[-3000:]
     log = stderr.decode()
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    assert any("self-signed certificate" in r["event"] for r in records), log[-3000:]
+    (serving,) = [r for r in records if r["event"] == "serving the metrics over HTTPS"]
+    assert serving["certificate"] == "self-signed" and serving["address"] == f"127.0.0.1:{port}"
     for token in (metrics_reader_token, outsider):
         assert token not in log, "a token was logged"
 
