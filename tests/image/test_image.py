@@ -41,6 +41,7 @@ from ipam_provider.kube.resources import ADDRESSES, CLAIMS, LEASES
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
 from tests.apiserver.test_rbac import remove_bindings, status_of
 from tests.support.cluster import wait_for
+from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,6 +244,7 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
     process: asyncio.subprocess.Process | None = None
     try:
         await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
+        await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
         code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
         assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
 

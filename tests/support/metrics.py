@@ -9,6 +9,8 @@
   token for it from the TokenRequest API. `bind_metrics_reader(kube, namespace, name)` binds an existing
   ServiceAccount; `remove_reader_binding(kube, namespace, name)` deletes the
   (cluster-scoped) binding again.
+- `install_cert_manager_crds(kube)` installs stand-ins for cert-manager's CRDs (tests/support/cert-manager-crds.yaml)
+  before the provider's components (config/default) are applied to a test control plane.
 - The fixture `metrics_reader_token` does both for the test's `namespace` and cleans up: the token of a
   ServiceAccount allowed to get /metrics.
 
@@ -31,6 +33,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 from tests.support.cluster import wait_for
+from tools.controlplane.crds import install_crds
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_READER_ROLE = REPO / "config" / "rbac" / "metrics_reader_role.yaml"
@@ -126,3 +129,12 @@ async def metrics_reader_token(kube: KubeClient, namespace: str) -> AsyncIterato
         yield token
     finally:
         await remove_reader_binding(kube, namespace, "metrics-reader")
+
+
+CERT_MANAGER_CRDS = Path(__file__).with_name("cert-manager-crds.yaml")
+
+
+async def install_cert_manager_crds(kube: KubeClient) -> None:
+    """Stand-ins for cert-manager's Issuer and Certificate CRDs (see the file's header), so that the provider's
+    components, which include config/certmanager, apply to a test control plane."""
+    await install_crds(kube, [CERT_MANAGER_CRDS], only_missing=True)
