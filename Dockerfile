@@ -50,7 +50,7 @@ ARG PYTHON_IMAGE
 LABEL org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 USER 65532:65532
 WORKDIR /
-# 8080: Prometheus metrics; 8081: /healthz and /readyz.
-EXPOSE 8080 8081
+# 8443: Prometheus metrics (HTTPS, authenticated); 8081: /healthz and /readyz.
+EXPOSE 8443 8081
 ENTRYPOINT ["ipam-provider"]
 CMD ["run"]

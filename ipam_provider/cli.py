@@ -8,11 +8,9 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from wsgiref.simple_server import WSGIServer
 
 import structlog
 from aiohttp import web
-from prometheus_client import start_http_server
 
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
@@ -24,6 +22,9 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
+from ipam_provider.serving.certificates import CertificateError, ServingCertificate
+from ipam_provider.serving.endpoint import MetricsEndpoint
+from ipam_provider.serving.reviews import Reviewer
 from ipam_provider.version import __version__
 
 log = structlog.get_logger(__name__)
@@ -42,7 +43,7 @@ class Endpoints:
     already in use (two controllers on one machine) fails at once, with one line saying which."""
 
     def __init__(self) -> None:
-        self.metrics: WSGIServer | None = None
+        self.metrics: MetricsEndpoint | None = None
         self.probes: web.AppRunner | None = None
         self.ready: Callable[[], bool] = lambda: False  # /readyz; the controller replaces it
 
@@ -52,16 +53,21 @@ class Endpoints:
         try:
             metrics = options.metrics_bind
             if metrics is not None:
+                secure = ServingCertificate.load(options.metrics_cert) if options.metrics_secure else None
+                endpoint = MetricsEndpoint(secure)
                 try:
-                    endpoints.metrics, _ = start_http_server(metrics[1], metrics[0])
+                    await endpoint.start(*metrics)
                 except OSError as error:
                     raise _bind_error(options.metrics_address, options.metrics_flag, error) from None
+                endpoints.metrics = endpoint
             probes = options.probes_bind
             if probes is not None:
                 endpoints.probes = await endpoints._serve_probes(probes, options.probes_address)
         except BaseException:
             await endpoints.close()
             raise
+        if endpoints.metrics is not None:
+            endpoints.metrics.log_serving()
         return endpoints
 
     async def _serve_probes(self, address: tuple[str, int], text: str) -> web.AppRunner:
@@ -84,14 +90,18 @@ class Endpoints:
             raise _bind_error(text, "--health-probe-bind-address", error) from None
         return runner
 
+    def use_api(self, kube: KubeClient) -> None:
+        """Let the secure metrics endpoint review requests through `kube` (it answers 503 until then)."""
+        if self.metrics is not None and self.metrics.secure:
+            self.metrics.reviewer = Reviewer(kube)
+
     async def close(self) -> None:
         if self.probes is not None:
             await self.probes.cleanup()
             self.probes = None
         if self.metrics is not None:
             metrics, self.metrics = self.metrics, None
-            await asyncio.to_thread(metrics.shutdown)
-            metrics.server_close()
+            await metrics.close()
 
 
 def _bind_error(address: str, flag: str, error: OSError) -> BindError:
@@ -116,7 +126,7 @@ async def run(options: RunOptions) -> int:
         log.warning("flags accepted but not acted on", flags=list(options.not_acted_on))
     try:
         endpoints = await Endpoints.bind(options)
-    except BindError as error:
+    except (BindError, CertificateError) as error:
         log.error(str(error))
         return 1
     try:
@@ -127,6 +137,7 @@ async def run(options: RunOptions) -> int:
 
 async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     kube = await KubeClient.from_kubeconfig(options.kubeconfig)
+    endpoints.use_api(kube)
     registry = load_registry(BackendContext(kube=kube), options.backends)
     settings = ControllerSettings(
         namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from ipam_provider.flagforms import (
     CLAIM_KIND,
     FlagError,
-    bind_address,
     duration_text,
     go_bool,
     host_port,
@@ -26,11 +25,10 @@ from ipam_provider.flagforms import (
     take_kind_concurrency,
 )
 from ipam_provider.leader import JITTER_FACTOR
+from ipam_provider.serving.certificates import CertificateFiles
+from ipam_provider.serving.options import add_serving_flags, metrics_serving
 from ipam_provider.version import __version__
 
-DEFAULT_METRICS_ADDRESS = ":8080"
-DEFAULT_PROBES_ADDRESS = ":8081"
-DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # util/flags' default
 DEFAULT_WORKERS = 8
 
 
@@ -80,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
 
     _add_leader_election_flags(run)
-    _add_serving_flags(run)
+    add_serving_flags(run)
     _add_logging_flags(run)
     _add_ignored_flags(run)
     status = commands.add_parser("status", help="show claims with their addresses")
@@ -133,44 +131,6 @@ def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_serving_flags(run: argparse.ArgumentParser) -> None:
-    """The metrics and probe endpoints, under controller-runtime's and CAPI's names."""
-    serving = run.add_argument_group("metrics and probes")
-    serving.add_argument(
-        "--metrics-bind-address",
-        "--metrics-bind-addr",
-        dest="metrics_bind_address",
-        type=bind_address,
-        metavar="ADDRESS",
-        help=f'plain-HTTP Prometheus metrics (default: {DEFAULT_METRICS_ADDRESS}); "0" disables them',
-    )
-    serving.add_argument(
-        "--health-probe-bind-address",
-        "--health-addr",
-        dest="health_probe_bind_address",
-        type=bind_address,
-        metavar="ADDRESS",
-        default=DEFAULT_PROBES_ADDRESS,
-        help='/healthz and /readyz (default: %(default)s); "0" disables them',
-    )
-    serving.add_argument(
-        "--diagnostics-address",
-        type=bind_address,
-        metavar="ADDRESS",
-        help="with --insecure-diagnostics=true, where the plain-HTTP metrics are served (unless "
-        f"--metrics-bind-address is given; default: {DEFAULT_DIAGNOSTICS_ADDRESS}); otherwise {NOT_ACTED_ON}: "
-        "the authenticated HTTPS diagnostics endpoint is not implemented",
-    )
-    serving.add_argument(
-        "--insecure-diagnostics",
-        nargs="?",
-        const=True,
-        type=go_bool,
-        metavar="BOOL",
-        help=f"true: serve the metrics at --diagnostics-address, see there; false: {NOT_ACTED_ON}",
-    )
-
-
 def _add_logging_flags(run: argparse.ArgumentParser) -> None:
     """Log format and level, and the CAPI forms that map onto them."""
     logging = run.add_argument_group("logging")
@@ -208,7 +168,7 @@ def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
     ):
         ignored.add_argument(name, metavar="VALUE", help="the provider serves no webhooks")
     for name in ("--tls-min-version", "--tls-cipher-suites", "--tls-curve-preferences"):
-        ignored.add_argument(name, metavar="VALUE", help="nothing is served over TLS")
+        ignored.add_argument(name, metavar="VALUE", help="the metrics endpoint takes TLS 1.2 or later")
 
 
 def _verbosity(text: str) -> int:
@@ -256,8 +216,10 @@ class RunOptions:
     workers: int
     backends: list[str] | None
     leader_election: LeaderElection
-    metrics_address: str
+    metrics_address: str  # "0": no metrics endpoint
     metrics_flag: str  # the flag metrics_address came from, for error messages
+    metrics_secure: bool  # HTTPS, authenticated and authorised by the API server; else plain HTTP
+    metrics_cert: CertificateFiles
     probes_address: str
     log_format: str
     log_level: str
@@ -272,17 +234,13 @@ class RunOptions:
         return host_port(self.probes_address)
 
 
-def _bool_text(value: bool) -> str:
-    return "true" if value else "false"
-
-
 def run_options(args: argparse.Namespace) -> RunOptions:
     """Resolve `run`'s parsed flags. Raises FlagError for values that parse but cannot work together."""
     ignored = [f"{flag}={getattr(args, attr)}" for attr, flag in _IGNORED if getattr(args, attr) is not None]
     kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
     ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
     workers = _workers(args, ignored)
-    metrics_address, metrics_flag = _metrics_address(args, ignored)
+    metrics = metrics_serving(args, ignored)
     log_format, log_level = _logging(args, ignored)
     return RunOptions(
         kubeconfig=args.kubeconfig,
@@ -291,8 +249,10 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         workers=workers,
         backends=split_list([args.backends]) if args.backends else None,
         leader_election=_leader_election(args),
-        metrics_address=metrics_address,
-        metrics_flag=metrics_flag,
+        metrics_address=metrics.address,
+        metrics_flag=metrics.flag,
+        metrics_secure=metrics.secure,
+        metrics_cert=metrics.cert,
         probes_address=args.health_probe_bind_address,
         log_format=log_format,
         log_level=log_level,
@@ -328,23 +288,6 @@ def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
             f"--max-concurrent-reconciles={args.max_concurrent_reconciles} (--{CLAIM_KIND}-concurrency wins)"
         )
     return workers
-
-
-def _metrics_address(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:
-    """The metrics bind address and the flag it came from: --metrics-bind-address if given; else, as util/flags
-    does, --diagnostics-address when --insecure-diagnostics=true (plain HTTP). The secure (HTTPS, authenticated)
-    endpoint is not implemented, so the diagnostics flags are otherwise `ignored`."""
-    diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
-    if args.insecure_diagnostics is not None:
-        diagnostics.append(f"--insecure-diagnostics={_bool_text(args.insecure_diagnostics)}")
-    if args.metrics_bind_address is not None:
-        wins = " (--metrics-bind-address wins)" if args.insecure_diagnostics else ""
-        ignored += [flag + wins for flag in diagnostics]
-        return args.metrics_bind_address, "--metrics-bind-address"
-    if args.insecure_diagnostics:
-        return args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS, "--diagnostics-address"
-    ignored += diagnostics
-    return DEFAULT_METRICS_ADDRESS, "--metrics-bind-address"
 
 
 def _logging(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:

@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.clusterctl",
     "tests.support.controller",
+    "tests.support.metrics",
     "tests.support.netbox",
     "tools.wapi_simulator.fixtures",
 ]

@@ -123,6 +123,12 @@ class KubeClient:
     async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
         return await self._json("POST", resource.path(namespace), body=dict(body))
 
+    async def create_subresource(
+        self, resource: Resource, name: str, subresource: str, body: Mapping[str, Any], namespace: str | None = None
+    ) -> Object:
+        """POST to an object's subresource, e.g. a ServiceAccount's `token` (a TokenRequest)."""
+        return await self._json("POST", resource.path(namespace, name, subresource), body=dict(body))
+
     async def replace(self, resource: Resource, body: Mapping[str, Any], *, subresource: str | None = None) -> Object:
         meta = body["metadata"]
         return await self._json("PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=dict(body))

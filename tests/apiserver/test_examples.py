@@ -14,8 +14,10 @@ import pytest
 import yaml
 
 from ipam_provider.cli import build_parser
+from ipam_provider.flags import parse_args
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
+from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
@@ -27,6 +29,7 @@ CONFIG = REPO / "config"
 EXAMPLES = REPO / "examples" / "incluster"
 DEMO_NAMESPACE = "ipam-demo"
 SYSTEM_NAMESPACE = "capi-ipam-system"
+METRICS_SERVICE = "capi-ipam-controller-manager-metrics-service"
 PROVIDER_LABEL = ("cluster.x-k8s.io/provider", "ipam-py")
 RESOURCES = {r.kind: r for r in (NAMESPACES, POOLS, GLOBAL_POOLS, CLUSTERS, CLAIMS)}
 Object = dict[str, Any]
@@ -117,6 +120,10 @@ def test_config_default_builds_into_the_provider_components() -> None:
         ("Role", "capi-ipam-leader-election-role"),
         ("RoleBinding", "capi-ipam-leader-election-rolebinding"),
         ("Deployment", "capi-ipam-controller-manager"),
+        ("Service", METRICS_SERVICE),
+        ("ClusterRole", "capi-ipam-metrics-reader"),
+        ("Issuer", "capi-ipam-selfsigned-issuer"),
+        ("Certificate", "capi-ipam-metrics-certs"),
     }
     for obj in objects:
         labels = obj["metadata"].get("labels") or {}
@@ -145,7 +152,7 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080, "healthz": 8081}
+    assert ports == {"metrics": 8443, "healthz": 8081}
     assert {container["livenessProbe"]["httpGet"]["port"], container["readinessProbe"]["httpGet"]["port"]} == {
         "healthz"
     }
@@ -154,8 +161,47 @@ def test_config_default_builds_into_the_provider_components() -> None:
     argv = [arg.replace("$(POD_NAMESPACE)", SYSTEM_NAMESPACE) for arg in container["args"]]
     args = build_parser().parse_args(argv)
     assert args.command == "run" and args.leader_elect and args.log_format == "json"
-    assert (args.metrics_bind_address, args.health_probe_bind_address) == (":8080", ":8081")
+    assert (args.diagnostics_address, args.health_probe_bind_address) == (":8443", ":8081")
+    options = parse_args(argv).options
+    assert options.metrics_secure and args.metrics_bind_address is None
     assert args.leader_election_namespace == SYSTEM_NAMESPACE
+    assert_metrics_are_served_securely(by_kind, pod, options.metrics_cert)
+
+
+def assert_metrics_are_served_securely(
+    by_kind: dict[tuple[str, str], Object], pod: Object, cert: CertificateFiles
+) -> None:
+    """The metrics Service reaches the HTTPS port of the controller pods; cert-manager's Secret for the Service's
+    names is mounted, optionally, where --metrics-cert-path points; the reader role grants get on /metrics; the
+    controller may make the reviews."""
+    service = by_kind[("Service", METRICS_SERVICE)]["spec"]
+    (container,) = pod["containers"]
+    assert service["selector"] == pod_labels(by_kind)
+    (port,) = service["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("https", 8443, "metrics")
+    certificate = by_kind[("Certificate", "capi-ipam-metrics-certs")]["spec"]
+    assert certificate["issuerRef"] == {"kind": "Issuer", "name": "capi-ipam-selfsigned-issuer"}
+    assert certificate["dnsNames"] == [
+        f"{METRICS_SERVICE}.{SYSTEM_NAMESPACE}.svc",
+        f"{METRICS_SERVICE}.{SYSTEM_NAMESPACE}.svc.cluster.local",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cert.directory]
+    secret = volumes[mount["name"]]["secret"]
+    assert secret == {"secretName": certificate["secretName"], "optional": True}
+    assert (cert.cert_name, cert.key_name) == ("tls.crt", "tls.key")  # the keys of cert-manager's Secret
+    reader = by_kind[("ClusterRole", "capi-ipam-metrics-reader")]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    rules = by_kind[("ClusterRole", "capi-ipam-manager-role")]["rules"]
+    reviews = (("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews"))
+    for group, resource in reviews:
+        assert {"apiGroups": [group], "resources": [resource], "verbs": ["create"]} in rules
+
+
+def pod_labels(by_kind: dict[tuple[str, str], Object]) -> dict[str, str]:
+    deployment = by_kind[("Deployment", "capi-ipam-controller-manager")]
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return {k: v for k, v in labels.items() if k == "control-plane"}
 
 
 @pytest.mark.apiserver  # kustomize: the kubectl built with the control plane

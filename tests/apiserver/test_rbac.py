@@ -27,6 +27,7 @@ from ipam_provider.leader import LeaderElector
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
+from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, wait_address
 
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)
@@ -60,6 +61,8 @@ NEEDED = [
     ("get", "", "secrets", "other"),
     ("create", "", "events", "other"),
     ("create", "", "events", "default"),  # Events about cluster-scoped pools go to `default`
+    ("create", "authentication.k8s.io", "tokenreviews", None),  # the metrics endpoint's checks
+    ("create", "authorization.k8s.io", "subjectaccessreviews", None),
     *[(verb, "coordination.k8s.io", "leases", SYSTEM_NAMESPACE) for verb in ("get", "create", "patch")],
 ]
 NOT_GRANTED = [
@@ -144,6 +147,7 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
     try:
         # As config/README.md says (server-side: config/default holds the CRDs, which the session installed already).
         apply = ("apply", "--server-side", "--validate=strict", "-k", str(CONFIG / "default"))
+        await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
         code, _, err = await kubectl_against(kubeconfig, *apply)
         assert code == 0, f"kubectl apply --server-side -k config/default failed:\n{err}"
         assert "PodSecurity" not in err, f"the Deployment breaks its namespace's Pod Security level:\n{err}"

@@ -20,6 +20,7 @@ from ipam_provider.flags import parse_args
 from tests.apiserver.test_examples import built, kubectl_binary
 from tests.support.cluster import dedicated_control_plane
 from tests.support.clusterctl import Clusterctl, LocalRepository, documents
+from tests.support.metrics import CERT_MANAGER_CRDS
 from tools.release import (
     CLUSTERCTL_LABEL,
     CONTRACT,
@@ -219,10 +220,13 @@ def test_generate_provider_substitutes_variables_and_overrides(
     assert container["image"] == "registry.example.com/mirror/capi-ipam-provider-py:v0.2.0-custom"
     assert container["imagePullPolicy"] == "Always"
 
-    # Everything namespaced follows the target namespace, and so do the bindings' subjects.
+    # Everything namespaced follows the target namespace, and so do the bindings' subjects and the names the
+    # metrics endpoint's certificate is issued for.
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] == [target]
+    (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
+    assert [name.split(".")[1] for name in certificate["spec"]["dnsNames"]] == [target, target]
     for obj in objects:
-        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment"):
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "Issuer", "Certificate"):
             assert obj["metadata"]["namespace"] == target, key(obj)
         for subject in obj.get("subjects") or []:
             assert subject["namespace"] == target, key(obj)
@@ -252,6 +256,12 @@ def test_the_rendered_components_install_on_a_fresh_api_server(
     crd_names = [o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"]
     with dedicated_control_plane() as plane:
         kubeconfig = plane.kubeconfig_path
+        # cert-manager's kinds first (as `clusterctl init` installs cert-manager before any provider): stand-ins.
+        certmanager = kubectl(kubeconfig, "apply", "--server-side", "-f", str(CERT_MANAGER_CRDS))
+        assert certmanager.returncode == 0, certmanager.stderr
+        kinds = ("crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io")
+        waited = kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *kinds)
+        assert waited.returncode == 0, waited.stderr
         applied = kubectl(kubeconfig, "apply", "--server-side", "--validate=strict", "-f", "-", stdin=rendered)
         assert applied.returncode == 0, applied.stderr
         assert "PodSecurity" not in applied.stderr, f"the Deployment breaks its Pod Security level:\n{applied.stderr}"

@@ -41,6 +41,7 @@ def run_provider(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str
             ["--insecure-diagnostics=true", "--diagnostics-address=127.0.0.1:{port}", "--health-addr=0"],
             "--diagnostics-address",
         ),
+        (["--diagnostics-address=127.0.0.1:{port}", "--health-addr=0"], "--diagnostics-address"),  # HTTPS
     ],
 )
 def test_an_address_in_use_is_one_line_and_exit_1(tmp_path: Path, busy_port: int, flags: list[str], named: str) -> None:
@@ -50,6 +51,15 @@ def test_an_address_in_use_is_one_line_and_exit_1(tmp_path: Path, busy_port: int
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert f"cannot listen on 127.0.0.1:{busy_port} ({named}): Address already in use" in lines[0]
+
+
+def test_an_unusable_certificate_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    (tmp_path / "tls.crt").write_text("not a certificate\n")
+    (tmp_path / "tls.key").write_text("not a key\n")
+    done = run_provider(tmp_path, f"--metrics-cert-path={tmp_path}", "--diagnostics-address=127.0.0.1:0")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert f"cannot use {tmp_path}/tls.crt with {tmp_path}/tls.key" in line
 
 
 def test_metrics_and_probes_on_one_port(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from ipam_provider.cli import leader_elector
 from ipam_provider.flagforms import go_bool, go_duration, take_kind_concurrency
 from ipam_provider.flags import RunOptions, parse_args
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.serving.certificates import CertificateFiles
 
 # The command line cluster-api-operator writes for a provider whose manager spec sets leader election, the
 # diagnostics endpoint, the health address, verbosity, the sync period, and groupKindConcurrency for claims.
@@ -50,20 +51,21 @@ def test_the_operators_command_line() -> None:
     assert (election.namespace, election.name) == ("capi-ipam-system", "capi-ipam-provider-py")
     assert (election.lease_duration, election.renew_deadline, election.retry_period) == (15.0, 10.0, 2.0)
     assert got.probes_address == ":9440" and got.probes_bind == ("0.0.0.0", 9440)
-    # HTTPS diagnostics are not implemented: metrics stay plain HTTP on the metrics address.
-    assert got.metrics_address == ":8080"
+    # The diagnostics endpoint: HTTPS with authentication, on :8443.
+    assert (got.metrics_address, got.metrics_flag, got.metrics_secure) == (":8443", "--diagnostics-address", True)
     assert got.workers == 10
     assert (got.log_level, got.log_format) == ("info", "console")
-    assert got.not_acted_on == ("--sync-period=10m", "--diagnostics-address=:8443", "--insecure-diagnostics=false")
+    assert got.not_acted_on == ("--sync-period=10m",)
     # The leader elector is built with those durations: they act, not just parse.
     elector = leader_elector(cast(KubeClient, object()), election)
     assert (elector.namespace, elector.name) == ("capi-ipam-system", "capi-ipam-provider-py")
     assert (elector.lease_seconds, elector.renew_deadline_seconds, elector.retry_seconds) == (15.0, 10.0, 2.0)
 
 
-def test_no_flags_keep_the_earlier_defaults() -> None:
+def test_no_flags_serve_cluster_apis_defaults() -> None:
     got = options()
-    assert (got.metrics_address, got.probes_address) == (":8080", ":8081")
+    assert (got.metrics_address, got.probes_address) == (":8443", ":8081")
+    assert got.metrics_secure and got.metrics_cert == CertificateFiles(None, "tls.crt", "tls.key")
     assert got.workers == 8 and got.namespaces == [] and got.watch_filter is None and got.backends is None
     assert not got.leader_election.enabled
     assert (got.leader_election.namespace, got.leader_election.name) == ("capi-ipam-system", "capi-ipam-provider-py")
@@ -230,23 +232,44 @@ def test_concurrency_flags_are_only_taken_from_run() -> None:
     assert take_kind_concurrency(["run", "--", "--x-concurrency=1"]) == (["run", "--", "--x-concurrency=1"], {})
 
 
-def test_diagnostics_address_serves_the_metrics_only_when_insecure() -> None:
-    got = options("--insecure-diagnostics=true", "--diagnostics-address=127.0.0.1:9443")
+def test_diagnostics_address_serves_the_metrics_securely_unless_insecure() -> None:
+    got = options("--diagnostics-address=127.0.0.1:9443")
     assert got.metrics_bind == ("127.0.0.1", 9443) and got.metrics_flag == "--diagnostics-address"
-    assert got.not_acted_on == ()
+    assert got.metrics_secure and got.not_acted_on == ()
+    got = options("--insecure-diagnostics=true", "--diagnostics-address=127.0.0.1:9443")
+    assert got.metrics_bind == ("127.0.0.1", 9443) and not got.metrics_secure and got.not_acted_on == ()
     got = options("--insecure-diagnostics")  # util/flags' default diagnostics address
-    assert got.metrics_address == ":8443"
+    assert got.metrics_address == ":8443" and not got.metrics_secure
+    assert options("--insecure-diagnostics=false").metrics_secure
+    assert options("--diagnostics-address=0").metrics_bind is None
+
+
+def test_metrics_bind_address_wins_with_plain_http() -> None:
     got = options("--insecure-diagnostics", "--diagnostics-address=:9443", "--metrics-bind-address=:9090")
-    assert got.metrics_address == ":9090" and got.metrics_flag == "--metrics-bind-address"
+    assert (got.metrics_address, got.metrics_flag, got.metrics_secure) == (":9090", "--metrics-bind-address", False)
     assert got.not_acted_on == (
         "--diagnostics-address=:9443 (--metrics-bind-address wins)",
         "--insecure-diagnostics=true (--metrics-bind-address wins)",
     )
-    got = options("--diagnostics-address=:9443")
-    assert got.metrics_address == ":8080" and got.not_acted_on == ("--diagnostics-address=:9443",)
-    got = options("--diagnostics-address=:9443", "--insecure-diagnostics=false", "--metrics-bind-address=:9090")
-    assert got.metrics_address == ":9090"
-    assert got.not_acted_on == ("--diagnostics-address=:9443", "--insecure-diagnostics=false")
+    got = options("--diagnostics-address=:9443", "--metrics-cert-path=/certs", "--metrics-bind-address=:9090")
+    assert got.metrics_address == ":9090" and not got.metrics_secure
+    assert got.not_acted_on == (
+        "--diagnostics-address=:9443 (--metrics-bind-address wins)",
+        "--metrics-cert-path=/certs (--metrics-bind-address wins)",
+    )
+    got = options("--metrics-bind-address=0", "--diagnostics-address=:9443")
+    assert got.metrics_bind is None, "an explicit 0 turns the metrics off, the diagnostics address too"
+
+
+def test_certificate_flags() -> None:
+    got = options("--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs")
+    assert got.metrics_cert == CertificateFiles("/tmp/k8s-metrics-server/metrics-certs", "tls.crt", "tls.key")
+    assert str(got.metrics_cert.cert) == "/tmp/k8s-metrics-server/metrics-certs/tls.crt"
+    got = options("--metrics-cert-path=/c", "--metrics-cert-name=server.pem", "--metrics-cert-key=server-key.pem")
+    assert (str(got.metrics_cert.cert), str(got.metrics_cert.key)) == ("/c/server.pem", "/c/server-key.pem")
+    assert got.not_acted_on == ()
+    got = options("--insecure-diagnostics", "--metrics-cert-path=/c")
+    assert got.not_acted_on == ("--metrics-cert-path=/c (--insecure-diagnostics: plain HTTP)",)
 
 
 def test_aliases_of_the_bind_addresses(capsys: pytest.CaptureFixture[str]) -> None:
@@ -295,5 +318,4 @@ def test_help_names_the_flags_that_are_not_acted_on(capsys: pytest.CaptureFixtur
         assert flag in ignored
     flat = " ".join(text.split())
     assert "--inclusterippool-concurrency) is accepted, not acted on" in flat
-    assert "otherwise accepted, not acted on" in flat  # --diagnostics-address
-    assert "false: accepted, not acted on" in flat  # --insecure-diagnostics
+    assert "over HTTPS, each request authenticated (TokenReview)" in flat  # --diagnostics-address

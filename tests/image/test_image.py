@@ -8,7 +8,7 @@ the image's root filesystem (`buildah from` + `buildah mount`), read-only as the
 /dev nodes a process needs and a tmpfs on /tmp, and runs the image's own entrypoint, command, environment and user
 there with chroot: uid 65532, with the Deployment's flags, against the session's kube-apiserver, authenticated as
 the controller's ServiceAccount with only the grants of config/rbac. It must fulfil an IPAddressClaim, answer
-/readyz and /metrics, and exit 0 on SIGTERM.
+/readyz and /metrics (over HTTPS, to a metrics reader's token), and exit 0 on SIGTERM.
 
 Nothing is skipped: if buildah or debootstrap is missing or fails, the fixture fails with its output. Both tests
 carry the `apiserver` mark by hand, so the fast lane leaves them out: a cold build takes minutes.
@@ -41,6 +41,7 @@ from ipam_provider.kube.resources import ADDRESSES, CLAIMS, LEASES
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
 from tests.apiserver.test_rbac import remove_bindings, status_of
 from tests.support.cluster import wait_for
+from tests.support.metrics import install_cert_manager_crds, scrape
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def test_the_image_is_what_the_dockerfile_says(image: Image, rootfs: Path) -> No
     assert config.get("User") == "65532:65532"
     assert config.get("Entrypoint") == ["ipam-provider"] and config.get("Cmd") == ["run"]
     assert config.get("WorkingDir") == "/"
-    assert set(config.get("ExposedPorts", {})) == {"8080/tcp", "8081/tcp"}
+    assert set(config.get("ExposedPorts", {})) == {"8443/tcp", "8081/tcp"}
     labels = config.get("Labels", {})
     assert labels.get("org.opencontainers.image.title") == "capi-ipam-provider-py"
     assert image.base.startswith("localhost/ipam-provider-base:"), f"built on {image.base!r}, not the local base"
@@ -218,7 +219,13 @@ async def http_get(url: str) -> tuple[int, str]:
 
 
 async def test_the_image_serves_a_claim_as_its_nonroot_user(
-    image: Image, rootfs: Path, kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path
+    image: Image,
+    rootfs: Path,
+    kube: KubeClient,
+    kubeconfig: Path,
+    namespace: str,
+    tmp_path: Path,
+    metrics_reader_token: str,
 ) -> None:
     config = image.config
     user = config["User"]
@@ -235,7 +242,8 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         "--leader-elect",
         f"--leader-election-namespace={SYSTEM_NAMESPACE}",
         f"--leader-election-id={lease}",
-        f"--metrics-bind-address=127.0.0.1:{metrics}",
+        f"--diagnostics-address=127.0.0.1:{metrics}",
+        "--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs",  # absent here: the self-signed certificate
         f"--health-probe-bind-address=127.0.0.1:{health}",
         "--log-format=json",
     ]
@@ -243,6 +251,7 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
     process: asyncio.subprocess.Process | None = None
     try:
         await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
+        await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
         code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
         assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
 
@@ -281,7 +290,8 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         fulfilled = await kube.get(CLAIMS, "m1", namespace)
         assert fulfilled is not None and fulfilled["status"]["addressRef"]["name"] == "m1"
 
-        status, text = await http_get(f"http://127.0.0.1:{metrics}/metrics")
+        # HTTPS, the token reviewed by the API server as the controller's ServiceAccount (config/rbac's grants).
+        status, text = await scrape(f"https://127.0.0.1:{metrics}/metrics", metrics_reader_token)
         assert status == 200 and "ipam_provider_allocations_total" in text, text[:2000]
 
         await kube.delete(CLAIMS, "m1", namespace)

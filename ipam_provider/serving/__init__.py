@@ -1,0 +1,1 @@
+"""Serving the metrics: the `/metrics` endpoint, its authentication and authorisation, and its certificate."""

@@ -1,0 +1,130 @@
+"""The Prometheus `/metrics` endpoint, served by aiohttp in the controller's event loop.
+
+Secure (the default, as Cluster API's diagnostics endpoint): HTTPS, and every request must carry a bearer token
+that the API server authenticates (TokenReview) and authorises for `get` on the non-resource URL `/metrics`
+(SubjectAccessReview). No or an unknown token is 401, a user without the grant 403, a review the API server could
+not make 503 (no answer) or 500 (an error answer); the body says which. Insecure: plain HTTP, no checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from ipam_provider.serving.certificates import ServingCertificate
+from ipam_provider.serving.reviews import Reviewer, ReviewUnavailable
+
+log = structlog.get_logger(__name__)
+
+METRICS_PATH = "/metrics"
+CERT_CHECK_SECONDS = 10.0  # how often the certificate files are looked at (a stat of each) for a rotation
+
+
+class MetricsEndpoint:
+    """`/metrics` on one address. `certificate` None serves plain HTTP without authentication; otherwise HTTPS,
+    authenticated and authorised through `reviewer`, which the caller sets once it has an API client (until then
+    requests are answered 503)."""
+
+    def __init__(self, certificate: ServingCertificate | None, registry: CollectorRegistry = REGISTRY) -> None:
+        self.certificate = certificate
+        self.reviewer: Reviewer | None = None
+        self._registry = registry
+        self._runner: web.AppRunner | None = None
+        self.address = ""
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.certificate is not None
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on host:port. Raises OSError when the address cannot be bound."""
+        app = web.Application()
+        app.add_routes([web.get(METRICS_PATH, self._metrics)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        context = self.certificate.context if self.certificate is not None else None
+        try:
+            await web.TCPSite(runner, host, port, ssl_context=context).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.address = f"{host}:{port}"
+        if self.certificate is not None and self.certificate.files.directory:
+            self._watcher = asyncio.create_task(_watch(self.certificate))
+
+    def log_serving(self) -> None:
+        """One line saying where and how the metrics are served (a warning for the self-signed certificate, the
+        development one, so that it is noticed in production)."""
+        if self.certificate is None:
+            log.info("serving the metrics over plain HTTP", address=self.address, path=METRICS_PATH)
+            return
+        report = log.warning if self.certificate.source == "self-signed" else log.info
+        report("serving the metrics over HTTPS", address=self.address, certificate=self.certificate.source)
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.secure:
+            refused = await self._refusal(request)
+            if refused is not None:
+                return refused
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = await asyncio.to_thread(encoder, self._registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    async def _refusal(self, request: web.Request) -> web.Response | None:
+        """The answer to a request that may not have the metrics, or None when it may."""
+        reviewer = self.reviewer
+        if reviewer is None:
+            return web.Response(status=503, text="starting: not connected to the API server yet\n")
+        token = bearer_token(request.headers.get("Authorization", ""))
+        if not token:
+            return _unauthorized("no bearer token")
+        try:
+            user = await reviewer.authenticate(token)
+            if user is None:
+                return _unauthorized("the token is not valid")
+            if await reviewer.authorize(user, request.path, "get"):
+                return None
+        except ReviewUnavailable as error:
+            log.warning("cannot check a metrics request", error=str(error))
+            status = 503 if error.unanswered else 500
+            return web.Response(status=status, text=f"cannot check the request's credentials: {error}\n")
+        log.debug("metrics request forbidden", user=user.name)
+        return web.Response(status=403, text=f'Forbidden: user "{user.name}" may not get {request.path}\n')
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (the scheme in any case), else None."""
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _unauthorized(reason: str) -> web.Response:
+    return web.Response(
+        status=401, text=f"Unauthorized: {reason}\n", headers={"WWW-Authenticate": 'Bearer realm="metrics"'}
+    )
+
+
+async def _watch(certificate: ServingCertificate) -> None:
+    while True:
+        await asyncio.sleep(CERT_CHECK_SECONDS)
+        certificate.refresh()

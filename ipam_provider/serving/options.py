@@ -1,0 +1,109 @@
+"""The flags of the metrics and probe endpoints, under controller-runtime's, Cluster API's and kubebuilder's names.
+
+The metrics are served as Cluster API's managers serve them: by default over HTTPS on `--diagnostics-address`
+(`:8443`) with authentication and authorisation; `--insecure-diagnostics` makes that plain HTTP; the older
+`--metrics-bind-address` serves plain HTTP on its address and wins over both (`0` turns the metrics off).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ipam_provider.flagforms import bind_address, go_bool
+from ipam_provider.serving.certificates import CertificateFiles
+
+DEFAULT_PROBES_ADDRESS = ":8081"
+DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # Cluster API's util/flags default
+DEFAULT_CERT_NAME = "tls.crt"
+DEFAULT_CERT_KEY = "tls.key"
+
+
+@dataclass(frozen=True)
+class MetricsServing:
+    """Where and how the metrics are served: `address` ("0": not at all), the flag it came from (for error
+    messages), over HTTPS with authentication (`secure`) and with which certificate files."""
+
+    address: str
+    flag: str
+    secure: bool
+    cert: CertificateFiles
+
+
+def add_serving_flags(run: argparse.ArgumentParser) -> None:
+    serving = run.add_argument_group("metrics and probes")
+    serving.add_argument(
+        "--diagnostics-address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help=f"where the metrics are served, at /metrics (default: {DEFAULT_DIAGNOSTICS_ADDRESS}): over HTTPS, "
+        "each request authenticated (TokenReview) and authorised (SubjectAccessReview: get on /metrics) by the "
+        'API server, unless --insecure-diagnostics; "0" disables them',
+    )
+    serving.add_argument(
+        "--insecure-diagnostics",
+        nargs="?",
+        const=True,
+        type=go_bool,
+        metavar="BOOL",
+        help="true: serve the metrics at --diagnostics-address over plain HTTP, without authentication "
+        "(default: false)",
+    )
+    serving.add_argument(
+        "--metrics-bind-address",
+        "--metrics-bind-addr",
+        dest="metrics_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help='plain-HTTP metrics on this address instead, without authentication; "0" disables them (wins over '
+        "the diagnostics flags)",
+    )
+    serving.add_argument(
+        "--metrics-cert-path",
+        metavar="DIRECTORY",
+        help="the directory holding the HTTPS certificate and key (e.g. a mounted cert-manager Secret), re-read "
+        "when they change; without it, or while both files are absent, a self-signed certificate generated at "
+        "start is served",
+    )
+    serving.add_argument(
+        "--metrics-cert-name", metavar="FILE", help=f"the certificate's file name (default: {DEFAULT_CERT_NAME})"
+    )
+    serving.add_argument(
+        "--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {DEFAULT_CERT_KEY})"
+    )
+    serving.add_argument(
+        "--health-probe-bind-address",
+        "--health-addr",
+        dest="health_probe_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        default=DEFAULT_PROBES_ADDRESS,
+        help='/healthz and /readyz (default: %(default)s); "0" disables them',
+    )
+
+
+def metrics_serving(args: argparse.Namespace, ignored: list[str]) -> MetricsServing:
+    """Resolve the metrics flags; the ones that change nothing are appended to `ignored`, with the reason."""
+    cert_flags = [
+        f"{flag}={value}"
+        for flag, value in (
+            ("--metrics-cert-path", args.metrics_cert_path),
+            ("--metrics-cert-name", args.metrics_cert_name),
+            ("--metrics-cert-key", args.metrics_cert_key),
+        )
+        if value is not None
+    ]
+    cert = CertificateFiles(
+        args.metrics_cert_path, args.metrics_cert_name or DEFAULT_CERT_NAME, args.metrics_cert_key or DEFAULT_CERT_KEY
+    )
+    if args.metrics_bind_address is not None:
+        diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
+        if args.insecure_diagnostics is not None:
+            diagnostics.append(f"--insecure-diagnostics={'true' if args.insecure_diagnostics else 'false'}")
+        ignored += [f"{flag} (--metrics-bind-address wins)" for flag in diagnostics + cert_flags]
+        return MetricsServing(args.metrics_bind_address, "--metrics-bind-address", False, cert)
+    address = args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS
+    secure = not args.insecure_diagnostics
+    if not secure:
+        ignored += [f"{flag} (--insecure-diagnostics: plain HTTP)" for flag in cert_flags]
+    return MetricsServing(address, "--diagnostics-address", secure, cert)
