@@ -9,6 +9,7 @@ User-Agent, every write (create, replace, patch) its field manager unless the ca
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ class KubeClient:
     async def from_kubeconfig(cls, path: str | None = None, *, max_connections: int = 64) -> KubeClient:
         """Build a client from a kubeconfig file, or from the in-cluster service account when `path` is None
         and no default kubeconfig exists."""
-        configuration = client.Configuration()
+        configuration = _configuration()
         try:
             await config.load_kube_config(config_file=path, client_configuration=configuration)
         except config.ConfigException:
@@ -213,6 +214,17 @@ class KubeClient:
 
 
 _WRITE_QUERY = {"fieldManager": FIELD_MANAGER}
+
+
+def _configuration() -> client.Configuration:
+    """A new Configuration, leaving the process's log levels as they were (its constructor sets the `urllib3`
+    and `client` loggers to WARNING)."""
+    loggers = [logging.getLogger(name) for name in ("client", "urllib3")]
+    levels = [logger.level for logger in loggers]
+    configuration = client.Configuration()
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+    return configuration
 
 
 def _query_value(value: Any) -> str:
