@@ -3,7 +3,7 @@ retries that follow; a success ends the streak. Conflicts (another writer was fi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import pytest_asyncio
@@ -24,7 +24,7 @@ async def controller() -> AsyncIterator[Controller]:
     await kube.close()
 
 
-def failures(controller: Controller, key: ClaimKey, *errors: BaseException) -> list[dict[str, Any]]:
+def failures(controller: Controller, key: ClaimKey, *errors: BaseException) -> list[MutableMapping[str, Any]]:
     with structlog.testing.capture_logs() as records:
         for error in errors:
             controller._retry(key, None, error)

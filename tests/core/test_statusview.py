@@ -49,7 +49,7 @@ async def one_used_one_waiting(kube: KubeClient, namespace: str) -> None:
 
     async def counted() -> bool:
         found = await kube.get(POOLS, "net", namespace)
-        return ((found or {}).get("status") or {}).get("ipAddresses", {}).get("used") == 1
+        return bool(((found or {}).get("status") or {}).get("ipAddresses", {}).get("used") == 1)
 
     await wait_for(counted, message="pool net to count its used address")
 
