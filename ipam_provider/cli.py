@@ -1,8 +1,7 @@
-"""`ipam-provider run|status`: the controller's command line (its flags: `flags.py`)."""
+"""`ipam-provider run|status`: the controller's command line (its flags: `flags.py`; `status`: `statusview.py`)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -19,12 +18,12 @@ from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
 from ipam_provider.serving.certificates import CertificateError, ServingCertificate
 from ipam_provider.serving.endpoint import MetricsEndpoint
 from ipam_provider.serving.reviews import Reviewer
+from ipam_provider.statusview import status
 from ipam_provider.version import __version__
 
 log = structlog.get_logger(__name__)
@@ -200,50 +199,13 @@ async def lead_and_run(controller: Controller, elector: LeaderElector, standby: 
     return 0
 
 
-async def status(args: argparse.Namespace) -> int:
-    kube = await KubeClient.from_kubeconfig(args.kubeconfig)
-    try:
-        namespaces: list[str | None] = [*split_list(args.namespace)] or [None]
-        rows = []
-        for namespace in namespaces:
-            claims, _ = await kube.list(CLAIMS, namespace)
-            addresses, _ = await kube.list(ADDRESSES, namespace)
-            by_name = {(a["metadata"]["namespace"], a["metadata"]["name"]): a for a in addresses}
-            for claim in claims:
-                meta, status_ = claim["metadata"], claim.get("status") or {}
-                ready: dict[str, str] = next(
-                    (c for c in status_.get("conditions") or [] if c.get("type") == "Ready"), {}
-                )
-                ref = (status_.get("addressRef") or {}).get("name")
-                address = by_name.get((meta["namespace"], ref)) if ref else None
-                shown = f"{address['spec']['address']}/{address['spec']['prefix']}" if address else "-"
-                pool = claim["spec"]["poolRef"]
-                rows.append(
-                    (
-                        meta["namespace"],
-                        meta["name"],
-                        f"{pool['kind']}/{pool['name']}",
-                        shown,
-                        ready.get("reason", "-"),
-                    )
-                )
-        widths = [
-            max(len(str(r[i])) for r in [("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY"), *rows]) for i in range(5)
-        ]
-        for row in [("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY"), *rows]:
-            print("  ".join(str(value).ljust(width) for value, width in zip(row, widths, strict=True)))
-    finally:
-        await kube.close()
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "run":
         options: RunOptions = args.options
-        configure_logging(options.log_format, options.log_level)
+        configure_logging(options.log_format, options.log_level, options.library_log_level)
         return asyncio.run(run(options))
-    configure_logging()
+    configure_logging(level="warning")  # stdout is the view; stderr only says what went wrong
     return asyncio.run(status(args))
 
 

@@ -154,14 +154,20 @@ class Controller:
                 metrics.observe_reconcile(key_kind, result, time.perf_counter() - started, len(self.queue))
 
     def _retry(self, key: QueueKey, shard: Hashable, error: BaseException) -> None:
+        """Requeue `key` with backoff and log the failure: with its traceback on the first failure of the key's
+        streak (a success ends a streak), as one short line on the retries that follow; a conflict (another
+        writer was first) at debug level, without traceback."""
+        first_of_streak = self.queue.failures(key) == 0
         delay = self.queue.add_rate_limited(key, shard)
-        routine = isinstance(error, ApiError) and error.conflict  # another writer was first: just retry
+        routine = isinstance(error, ApiError) and error.conflict
         (log.debug if routine else log.warning)(
             "reconcile failed; retrying",
             key=str(key),
             error=str(error),
             error_type=type(error).__name__,
+            failures=self.queue.failures(key),
             retry_in=round(delay, 2),
+            exc_info=error if first_of_streak and not routine else None,
         )
 
     async def _dispatch(self, key: QueueKey) -> float | None:

@@ -25,6 +25,7 @@ from ipam_provider.flagforms import (
     take_kind_concurrency,
 )
 from ipam_provider.leader import JITTER_FACTOR
+from ipam_provider.logconfig import library_level
 from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.serving.options import add_serving_flags, metrics_serving
 from ipam_provider.version import __version__
@@ -81,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_flags(run)
     _add_logging_flags(run)
     _add_ignored_flags(run)
-    status = commands.add_parser("status", help="show claims with their addresses")
+    status = commands.add_parser("status", help="show claims with their addresses, or pools with their counts")
+    status.add_argument("view", nargs="?", choices=["claims", "pools"], default="claims", help="default: claims")
+    status.add_argument("--pools", action="store_true", help="the pools view")
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table", help="default: table")
     status.add_argument("--kubeconfig")
     status.add_argument("--namespace", action="append")
     return parser
@@ -144,7 +148,11 @@ def _add_logging_flags(run: argparse.ArgumentParser) -> None:
         "--log-level", choices=["debug", "info", "warning", "error"], help="default: info; wins over --v"
     )
     logging.add_argument(
-        "--v", type=_verbosity, metavar="N", help="klog verbosity: 0-3 log at info, 4 and more at debug"
+        "--v",
+        type=_verbosity,
+        metavar="N",
+        help="klog verbosity: 0-3 log at info, 4 and more at debug; libraries log warnings, from 5 on info, from 6 on "
+        "debug",
     )
 
 
@@ -224,6 +232,7 @@ class RunOptions:
     log_format: str
     log_level: str
     not_acted_on: tuple[str, ...]
+    library_log_level: str = "warning"  # the HTTP and client libraries' stdlib loggers (see logconfig.py)
 
     @property
     def metrics_bind(self) -> tuple[str, int] | None:
@@ -242,6 +251,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     workers = _workers(args, ignored)
     metrics = metrics_serving(args, ignored)
     log_format, log_level = _logging(args, ignored)
+    library_log_level = library_level(None if args.log_level else args.v)  # --log-level wins over --v
     return RunOptions(
         kubeconfig=args.kubeconfig,
         namespaces=split_list(args.namespace),
@@ -257,6 +267,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         log_format=log_format,
         log_level=log_level,
         not_acted_on=tuple(ignored),
+        library_log_level=library_log_level,
     )
 
 

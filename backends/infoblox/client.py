@@ -4,7 +4,7 @@ Contract:
 - Every call runs in the client's own bounded thread pool (`max_workers` = the instance's maxConcurrentRequests),
   so at most that many WAPI requests are in flight per instance, and the event loop never blocks. A call that does
   not finish within `call_timeout` is abandoned (its thread still ends on the HTTP timeout) and reported as
-  `Problem.UNKNOWN_OUTCOME`.
+  `Problem.UNKNOWN_OUTCOME`. Every request carries the controller's User-Agent.
 - Every failure surfaces as `WapiError` with a `Problem` and a `detail` that is safe to show: the grid's own error
   `text`, or a short description. Credentials are never part of it (infoblox-client keeps them in the session's
   auth, never in URLs; library exception strings, which embed URLs and bodies, are never passed on).
@@ -42,6 +42,7 @@ from infoblox_client import exceptions as ib_ex
 
 from backends.backoff import backoff_delay
 from ipam_provider.common import Object
+from ipam_provider.identity import user_agent
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -113,6 +114,7 @@ class WapiClient:
                 "paging": False,
             }
         )
+        self._connector.session.headers["User-Agent"] = user_agent("infoblox-client")
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"wapi-{label}")
         self._closed = False
 

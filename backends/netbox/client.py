@@ -5,7 +5,8 @@ Contract:
   thread (a `requests.Session` is not documented as thread-safe, so no session is ever shared between threads).
   Each thread keeps its session, so connections are reused. At most `workers` requests are in flight per NetBox
   URL: all clients of one URL share an asyncio semaphore of that size.
-- Every HTTP request carries a (connect, read) timeout, set on the session's adapter; pynetbox passes none itself.
+- Every HTTP request carries the controller's User-Agent and a (connect, read) timeout, set on the session's
+  adapter; pynetbox passes none itself.
 - Idempotent calls (reads, DELETE, PATCH) are retried with exponential backoff on connection errors, timeouts and
   5xx answers. A non-idempotent call (the allocating POST) is tried exactly once: when it fails without an answer
   or with a 5xx, `OutcomeUnknownError` is raised and the caller resolves it by looking the claim up.
@@ -38,6 +39,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from backends.backoff import backoff_delay
+from ipam_provider.identity import user_agent
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -181,6 +183,7 @@ class NetboxClient:
             api = pynetbox.api(self.endpoint.url, token=self.endpoint.token)
             session = requests.Session()
             session.verify = self.endpoint.verify
+            session.headers["User-Agent"] = user_agent("pynetbox")
             timeout = (self.settings.connect_timeout, self.settings.read_timeout)
             adapter = _Adapter(timeout, self.endpoint.verify)
             session.mount("https://", adapter)

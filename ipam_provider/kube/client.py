@@ -1,18 +1,22 @@
 """A small typed facade over kubernetes-asyncio's ApiClient for JSON objects of any resource.
 
 Objects are plain JSON dicts as the API server sends them; callers parse them into pydantic models where they
-need types. Non-2xx answers raise `ApiError` carrying the Status reason.
+need types. Non-2xx answers raise `ApiError` carrying the Status reason. Every request carries the controller's
+User-Agent, every write (create, replace, patch) its field manager unless the caller names another
+(`ipam_provider/identity.py`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from ipam_provider.identity import FIELD_MANAGER, user_agent
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 
@@ -27,13 +31,14 @@ class KubeClient:
 
     def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0) -> None:
         self._api = api_client
+        self._api.user_agent = user_agent("kubernetes-asyncio")
         self._timeout = request_timeout
 
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, *, max_connections: int = 64) -> KubeClient:
         """Build a client from a kubeconfig file, or from the in-cluster service account when `path` is None
         and no default kubeconfig exists."""
-        configuration = client.Configuration()
+        configuration = _configuration()
         try:
             await config.load_kube_config(config_file=path, client_configuration=configuration)
         except config.ConfigException:
@@ -121,7 +126,7 @@ class KubeClient:
                 return items, str(page.get("metadata", {}).get("resourceVersion", ""))
 
     async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
-        return await self._json("POST", resource.path(namespace), body=dict(body))
+        return await self._json("POST", resource.path(namespace), body=dict(body), query=_WRITE_QUERY)
 
     async def create_subresource(
         self, resource: Resource, name: str, subresource: str, body: Mapping[str, Any], namespace: str | None = None
@@ -131,7 +136,8 @@ class KubeClient:
 
     async def replace(self, resource: Resource, body: Mapping[str, Any], *, subresource: str | None = None) -> Object:
         meta = body["metadata"]
-        return await self._json("PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=dict(body))
+        path = resource.path(meta.get("namespace"), meta["name"], subresource)
+        return await self._json("PUT", path, body=dict(body), query=_WRITE_QUERY)
 
     async def patch(
         self,
@@ -146,13 +152,13 @@ class KubeClient:
         force: bool = False,
     ) -> Object:
         """Patch an object. A merge patch that carries metadata.resourceVersion fails with 409 when stale.
-        `force` takes over conflicting fields in a server-side apply."""
+        `force` takes over conflicting fields in a server-side apply. `field_manager` defaults to the controller's."""
         return await self._json(
             "PATCH",
             resource.path(namespace, name, subresource),
             body=patch,
             content_type=content_type,
-            query={"fieldManager": field_manager, "force": True if force else None},
+            query={"fieldManager": field_manager or FIELD_MANAGER, "force": True if force else None},
         )
 
     async def delete(
@@ -211,6 +217,20 @@ class KubeClient:
                 yield kind, obj
         finally:
             response.release()
+
+
+_WRITE_QUERY = {"fieldManager": FIELD_MANAGER}
+
+
+def _configuration() -> client.Configuration:
+    """A new Configuration, leaving the process's log levels as they were (its constructor sets the `urllib3`
+    and `client` loggers to WARNING)."""
+    loggers = [logging.getLogger(name) for name in ("client", "urllib3")]
+    levels = [logger.level for logger in loggers]
+    configuration = client.Configuration()
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+    return configuration
 
 
 def _query_value(value: Any) -> str:

@@ -194,6 +194,20 @@ def test_verbosity_maps_to_the_log_level(argv: list[str], level: str) -> None:
     assert options(*argv).log_level == level
 
 
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        ([], "warning"),
+        (["--v=4"], "warning"),
+        (["--v=5"], "info"),
+        (["--v=6"], "debug"),
+        (["--v=8", "--log-level=info"], "warning"),
+    ],
+)
+def test_the_libraries_log_more_only_at_a_high_verbosity(argv: list[str], level: str) -> None:
+    assert options(*argv).library_log_level == level
+
+
 def test_logging_format_is_an_alias_that_log_format_overrides() -> None:
     assert options("--logging-format=json").log_format == "json"
     assert options("--logging-format=text").log_format == "console"

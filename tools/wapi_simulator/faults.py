@@ -197,7 +197,8 @@ class LoggedRequest:
     """One request as the server saw it (path percent-decoded once, raw query, raw body).
 
     ``status`` is ``None`` when the connection was dropped; ``auth`` is how it authenticated (``basic``,
-    ``cookie`` or ``none``); ``fault`` names the injected fault that answered it, if any.
+    ``cookie`` or ``none``); ``fault`` names the injected fault that answered it, if any; ``user_agent`` is its
+    User-Agent header.
     """
 
     method: str
@@ -209,6 +210,7 @@ class LoggedRequest:
     fault: str | None = None
     is_ref: bool = False
     body: bytes = b""
+    user_agent: str | None = None
 
     def json(self) -> Any:
         """The request body decoded as JSON (``None`` when empty)."""

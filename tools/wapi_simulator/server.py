@@ -276,7 +276,16 @@ class WapiSimulator:
         def log(status: int | None, auth: str, fault: str | None = None) -> None:
             self.request_log.record(
                 LoggedRequest(
-                    method, obj_type, path, split.query, status, auth, fault, bool(match) and "/" in path, body
+                    method,
+                    obj_type,
+                    path,
+                    split.query,
+                    status,
+                    auth,
+                    fault,
+                    bool(match) and "/" in path,
+                    body,
+                    handler.headers.get("User-Agent"),
                 )
             )
 
