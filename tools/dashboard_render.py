@@ -149,12 +149,15 @@ def _formatter(unit: str) -> Any:
 
     def fmt(value: float, _pos: int) -> str:
         if unit == "percentunit":
-            return f"{value * 100:.0f}%"
+            return f"{value * 100:.3g}%"
         if unit == "bytes":
-            return f"{value / 2**20:.0f} MiB"
+            scaled, power = value, 0
+            while abs(scaled) >= 1024 and power < 3:
+                scaled, power = scaled / 1024, power + 1
+            return f"{scaled:.3g} {('', 'Ki', 'Mi', 'Gi')[power]}B"
         if unit == "s":
-            return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.1f} s"
-        return f"{value:g}"
+            return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+        return f"{value:.3g}"
 
     return FuncFormatter(fmt)
 
@@ -191,7 +194,7 @@ def draw(dashboard: dict[str, Any], results: list[PanelResult], out: Path, subti
         axes.tick_params(labelsize=7)
         axes.grid(True, alpha=0.3)
         axes.yaxis.set_major_formatter(_formatter(result.unit))
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
         for series in result.series:
             times = [dt.datetime.fromtimestamp(t) for t in series.times]
             axes.plot(times, series.values, linewidth=1.2, label=series.legend)  # type: ignore[arg-type]
@@ -207,7 +210,12 @@ def draw(dashboard: dict[str, Any], results: list[PanelResult], out: Path, subti
 
 
 def render(
-    url: str, start: float, end: float, out: Path, dashboard_path: Path = DASHBOARD, overrides: dict[str, str] | None = None
+    url: str,
+    start: float,
+    end: float,
+    out: Path,
+    dashboard_path: Path = DASHBOARD,
+    overrides: dict[str, str] | None = None,
 ) -> list[PanelResult]:
     """Query every panel of the dashboard over [start, end] and draw the PNG; return what each panel got."""
     dashboard = load_dashboard(dashboard_path)

@@ -94,10 +94,9 @@ class PrometheusServer:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise PrometheusUnavailable(f"prometheus exited ({self._process.returncode}):\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as response:
-                    if response.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as response:
+                if response.status == 200:
+                    return
             time.sleep(0.5)
         raise PrometheusUnavailable(f"prometheus not ready after {timeout} s:\n{self.log_tail()}")
 

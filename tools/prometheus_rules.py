@@ -26,7 +26,7 @@ HEADER = """\
 
 
 class _BlockStyleDumper(yaml.SafeDumper):
-    """Multi-line strings (the PromQL expressions) as `|` blocks and long texts folded (`>-`), as rules.yaml has them."""
+    """Multi-line strings (the PromQL expressions) as `|` blocks, long texts folded (`>-`), as in rules.yaml."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

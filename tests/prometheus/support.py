@@ -105,15 +105,18 @@ def _label_value(metric: Metric, label: str, index: int) -> str:
 
 
 def backfill_openmetrics(metrics: dict[str, Metric], start: int, end: int, step: int = 15) -> str:
-    """Two series of every metric from `start` to `end` (unix seconds): counters rise by one per step, gauges
-    move between 1 and 10 (pool_ready and leader status stay 1 on the first series), histograms fill three
-    buckets. The OpenMetrics text `promtool tsdb create-blocks-from openmetrics` reads."""
+    """Two series of every metric (one per replica) from `start` to `end` (unix seconds): counters rise by one per
+    step, gauges move between 1 and 10 (pool_ready and leader status stay 1 on the first series, 0 on the second),
+    histograms fill three buckets. The OpenMetrics text `promtool tsdb create-blocks-from openmetrics` reads."""
     lines: list[str] = []
     for metric in metrics.values():
         family = metric.name.removesuffix("_total") if metric.type == "counter" else metric.name
         lines.append(f"# TYPE {family} {metric.type}")
         for index in (0, 1):
-            labels = ",".join(f'{label}="{_label_value(metric, label, index)}"' for label in metric.labels)
+            pairs = [(label, _label_value(metric, label, index)) for label in metric.labels]
+            # Two replicas, as a scrape labels them.
+            pairs += [("instance", f"10.0.0.{5 + index}:8443"), ("job", "capi-ipam-controller-manager-metrics-service")]
+            labels = ",".join(f'{label}="{value}"' for label, value in pairs)
             for n, at in enumerate(range(start, end, step)):
                 lines.extend(_samples(metric, labels, index, n, at))
     lines.append("# EOF")
