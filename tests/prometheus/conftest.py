@@ -1,7 +1,11 @@
 """Fixtures of tests/prometheus: the real promtool and Prometheus server of PROMETHEUS_VERSION.
 
 Nothing here skips: if they cannot be built (Go and the Go module proxy are needed, or PROMETHEUS_BIN_DIR), the
-fixture fails with the build's output."""
+fixture fails with the build's output.
+
+Tests that use them carry support.BUILT_WITH_GO, the `apiserver` mark by hand (as tests/image does): like the control
+plane's binaries they are built with Go on first use, which the fast lane (`-m "not apiserver and not netbox"`)
+never needs."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "prometheus-and-grafana.md"
 RULES = REPO / "config" / "prometheus" / "rules.yaml"
@@ -17,6 +19,9 @@ DASHBOARD = REPO / "config" / "grafana" / "ipam-provider-dashboard.json"
 # Labels a scrape adds to every series, and the histogram bucket bound.
 SCRAPE_LABELS = frozenset({"instance", "job"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+# The mark of the tests that run promtool or prometheus (see conftest.py).
+BUILT_WITH_GO = pytest.mark.apiserver
 
 _TABLE_ROW = re.compile(r"^\| `([a-z_:][a-z0-9_:]*)` \| (counter|gauge|histogram) \|([^|]*)\|\s*$")
 _KEYWORDS = frozenset(

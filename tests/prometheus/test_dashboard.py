@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.prometheus.support import (
+    BUILT_WITH_GO,
     DASHBOARD,
     SCRAPE_LABELS,
     backfill_openmetrics,
@@ -107,6 +108,7 @@ def backfilled_tsdb(bins: PrometheusBinaries, directory: Path, start: int, end: 
     return tsdb
 
 
+@BUILT_WITH_GO
 def test_every_panel_draws_data_from_a_real_prometheus(prometheus_bins: PrometheusBinaries, tmp_path: Path) -> None:
     end = int(time.time()) - 120
     start = end - 30 * 60

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from tests.prometheus.support import (
+    BUILT_WITH_GO,
     DOC,
     PROMETHEUS_RULE,
     RULE_TESTS,
@@ -39,12 +40,14 @@ def promtool(bins: PrometheusBinaries, *args: str) -> subprocess.CompletedProces
     return subprocess.run([str(bins.promtool), *args], capture_output=True, text=True, timeout=300, check=False)
 
 
+@BUILT_WITH_GO
 def test_promtool_check_rules_accepts_the_rules(prometheus_bins: PrometheusBinaries) -> None:
     result = promtool(prometheus_bins, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
+@BUILT_WITH_GO
 def test_promtool_unit_tests_pass(prometheus_bins: PrometheusBinaries) -> None:
     """Each alert fires on series named as the controller emits them, and not in the healthy cases."""
     result = promtool(prometheus_bins, "test", "rules", str(RULE_TESTS))
