@@ -10,7 +10,7 @@
 5. `tools.dashboard_render` draws every panel over the run into the PNG.
 
 Run from the repository root: `.venv/bin/python benchmarks/dashboard_screenshot.py [--out docs/images/dashboard.png]
-[--keep-logs DIR]` (about 3-4 minutes warm). Every process started is stopped on the way out.
+[--keep-logs DIR]` (about 3 minutes warm). Every process started is stopped on the way out.
 """
 
 from __future__ import annotations

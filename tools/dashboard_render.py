@@ -154,7 +154,7 @@ def _formatter(unit: str) -> Any:
             scaled, power = value, 0
             while abs(scaled) >= 1024 and power < 3:
                 scaled, power = scaled / 1024, power + 1
-            return f"{scaled:.3g} {('', 'Ki', 'Mi', 'Gi')[power]}B"
+            return f"{scaled:.4g} {('', 'Ki', 'Mi', 'Gi')[power]}B"
         if unit == "s":
             return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
         return f"{value:.3g}"
@@ -162,8 +162,10 @@ def _formatter(unit: str) -> Any:
     return FuncFormatter(fmt)
 
 
-def draw(dashboard: dict[str, Any], results: list[PanelResult], out: Path, subtitle: str) -> None:
-    """Draw the panels on the dashboard's grid into `out` (PNG)."""
+def draw(
+    dashboard: dict[str, Any], results: list[PanelResult], out: Path, span: tuple[float, float], subtitle: str
+) -> None:
+    """Draw the panels on the dashboard's grid into `out` (PNG), every time axis over `span` (unix seconds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,7 +196,10 @@ def draw(dashboard: dict[str, Any], results: list[PanelResult], out: Path, subti
         axes.tick_params(labelsize=7)
         axes.grid(True, alpha=0.3)
         axes.yaxis.set_major_formatter(_formatter(result.unit))
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
+        locator = mdates.AutoDateLocator(maxticks=7)  # type: ignore[no-untyped-call]
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))  # type: ignore[no-untyped-call]
+        axes.set_xlim(*(dt.datetime.fromtimestamp(t) for t in span))  # type: ignore[arg-type]
         for series in result.series:
             times = [dt.datetime.fromtimestamp(t) for t in series.times]
             axes.plot(times, series.values, linewidth=1.2, label=series.legend)  # type: ignore[arg-type]
@@ -222,7 +227,13 @@ def render(
     values = variable_values(dashboard, overrides or {})
     results = [query_panel(url, panel, values, start, end) for panel in graph_panels(dashboard)]
     span = f"{dt.datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to {dt.datetime.fromtimestamp(end):%H:%M:%S}"
-    draw(dashboard, results, out, f"{url}, {span}, rendered from {dashboard_path.name} by tools/dashboard_render.py")
+    draw(
+        dashboard,
+        results,
+        out,
+        (start, end),
+        f"{url}, {span}, rendered from {dashboard_path.name} by tools/dashboard_render.py",
+    )
     return results
 
 

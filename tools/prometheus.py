@@ -62,8 +62,10 @@ def api_get(base_url: str, path: str, params: dict[str, str], timeout: float = 3
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = json.load(response)
     except urllib.error.HTTPError as error:
-        body = json.loads(error.read() or b"{}")
-        raise RuntimeError(f"{path} {params}: HTTP {error.code}: {body.get('error', body)}") from None
+        text = error.read().decode(errors="replace")
+        with contextlib.suppress(ValueError, AttributeError):
+            text = json.loads(text).get("error", text)
+        raise RuntimeError(f"{path} {params}: HTTP {error.code}: {text}") from None
     if body.get("status") != "success":
         raise RuntimeError(f"{path} {params}: {body.get('error', body)}")
     return body["data"]
