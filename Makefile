@@ -13,7 +13,7 @@ IMAGE_BASE ?= debian
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ipam_provider/version.py)
 IMAGE ?= localhost/capi-ipam-provider-py:v$(VERSION)
 
-.PHONY: venv binaries clusterctl netbox cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
+.PHONY: venv binaries clusterctl prometheus netbox cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -31,6 +31,11 @@ binaries:
 clusterctl:
 	hack/clusterctl/build.sh
 
+# promtool and the Prometheus server from the pinned Prometheus module (PROMETHEUS_VERSION in hack/versions.env),
+# cached by version; tests/prometheus (alert rules) and the dashboard screenshot use them.
+prometheus:
+	hack/prometheus/build.sh
+
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
@@ -45,7 +50,7 @@ cluster-up: venv
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries clusterctl netbox
+test: venv binaries clusterctl prometheus netbox
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -74,6 +79,7 @@ generate: venv
 	$(BIN)/python hack/gen_crds.py
 	$(BIN)/python hack/gen_netbox_crds.py
 	$(BIN)/python hack/gen_infoblox_crds.py
+	$(BIN)/python -m tools.prometheus_rules
 
 # The fast lane: every test that needs no control plane, NetBox or Go toolchain (see README, Tests).
 test-fast: venv
