@@ -59,7 +59,8 @@ lint: venv
 	$(BIN)/mypy --strict ipam_provider backends tools tests
 
 # The Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env), whose CRDs tests/compat runs
-# the contract flow against, into the Go module cache (the tests also fetch them on first use).
+# the contract flow against, and the cert-manager module of CERT_MANAGER_VERSION, whose CRDs the tests install before
+# config/default, into the Go module cache (the tests also fetch them on first use).
 .PHONY: capi-crds
 capi-crds: venv
 	$(BIN)/python -m tools.controlplane capi-crds

@@ -20,7 +20,8 @@ from ipam_provider.flags import parse_args
 from tests.apiserver.test_examples import built, kubectl_binary
 from tests.support.cluster import dedicated_control_plane
 from tests.support.clusterctl import Clusterctl, LocalRepository, documents
-from tests.support.metrics import CERT_MANAGER_CRDS
+from tools.controlplane.assets import cert_manager_crd_paths
+from tools.controlplane.versions import load_versions
 from tools.release import (
     CLUSTERCTL_LABEL,
     CONTRACT,
@@ -256,8 +257,9 @@ def test_the_rendered_components_install_on_a_fresh_api_server(
     crd_names = [o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"]
     with dedicated_control_plane() as plane:
         kubeconfig = plane.kubeconfig_path
-        # cert-manager's kinds first (as `clusterctl init` installs cert-manager before any provider): stand-ins.
-        certmanager = kubectl(kubeconfig, "apply", "--server-side", "-f", str(CERT_MANAGER_CRDS))
+        # cert-manager's CRDs first, as `clusterctl init` installs cert-manager before any provider.
+        certmanager_crds = [f"--filename={path}" for path in cert_manager_crd_paths(load_versions())]
+        certmanager = kubectl(kubeconfig, "apply", "--server-side", *certmanager_crds)
         assert certmanager.returncode == 0, certmanager.stderr
         kinds = ("crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io")
         waited = kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *kinds)

@@ -9,8 +9,9 @@
   token for it from the TokenRequest API. `bind_metrics_reader(kube, namespace, name)` binds an existing
   ServiceAccount; `remove_reader_binding(kube, namespace, name)` deletes the
   (cluster-scoped) binding again.
-- `install_cert_manager_crds(kube)` installs stand-ins for cert-manager's CRDs (tests/support/cert-manager-crds.yaml)
-  before the provider's components (config/default) are applied to a test control plane.
+- `install_cert_manager_crds(kube)` installs cert-manager's own cert-manager.io CRDs (of CERT_MANAGER_VERSION in
+  hack/versions.env, from its Go module) before the provider's components (config/default) are applied to a test
+  control plane.
 - The fixture `metrics_reader_token` does both for the test's `namespace` and cleans up: the token of a
   ServiceAccount allowed to get /metrics.
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 import yaml
 
@@ -33,7 +35,9 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 from tests.support.cluster import wait_for
+from tools.controlplane.assets import AssetError, cert_manager_crd_paths
 from tools.controlplane.crds import install_crds
+from tools.controlplane.versions import load_versions
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_READER_ROLE = REPO / "config" / "rbac" / "metrics_reader_role.yaml"
@@ -131,10 +135,14 @@ async def metrics_reader_token(kube: KubeClient, namespace: str) -> AsyncIterato
         await remove_reader_binding(kube, namespace, "metrics-reader")
 
 
-CERT_MANAGER_CRDS = Path(__file__).with_name("cert-manager-crds.yaml")
-
-
 async def install_cert_manager_crds(kube: KubeClient) -> None:
-    """Stand-ins for cert-manager's Issuer and Certificate CRDs (see the file's header), so that the provider's
-    components, which include config/certmanager, apply to a test control plane."""
-    await install_crds(kube, [CERT_MANAGER_CRDS], only_missing=True)
+    """cert-manager's cert-manager.io CRDs (Certificate, Issuer, ClusterIssuer, CertificateRequest) of the pinned
+    release, so that the provider's components, which include config/certmanager, apply to a test control plane (no
+    cert-manager controller runs there: the Certificate's Secret never appears, and the controller serves its
+    self-signed certificate). CRDs the cluster already has are left alone. Fails the test if the module cannot be
+    fetched."""
+    try:
+        paths = cert_manager_crd_paths(load_versions())
+    except AssetError as error:
+        pytest.fail(f"cannot fetch cert-manager's CRDs: {error}", pytrace=False)
+    await install_crds(kube, paths, only_missing=True)

@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tools.controlplane.assets import AssetError, cert_manager_crd_paths
 from tools.controlplane.cluster import _alive
 from tools.controlplane.versions import REPO_ROOT, load_versions
 
@@ -35,6 +38,38 @@ def test_versions_are_pinned_in_one_place() -> None:
     assert f"k8s.io/kubernetes {versions.kubernetes}" in text
     etcd = (REPO_ROOT / "hack" / "control-plane" / "modules" / "etcd" / "go.mod").read_text()
     assert f"go.etcd.io/etcd/server/v3 {versions.etcd}" in etcd
+
+
+def test_cert_manager_crds_are_the_pinned_release_s_own() -> None:
+    """The cert-manager.io kinds config/certmanager uses (and their siblings), from the pinned Go module."""
+    versions = load_versions()
+    paths = cert_manager_crd_paths(versions)
+    assert all(f"github.com/cert-manager/cert-manager@{versions.cert_manager}" in str(p) for p in paths), paths
+    crds = [doc for p in paths for doc in yaml.safe_load_all(p.read_text()) if doc]
+    assert {c["kind"] for c in crds} == {"CustomResourceDefinition"}
+    names = sorted(c["metadata"]["name"] for c in crds)
+    kinds = ("certificaterequests", "certificates", "clusterissuers", "issuers")
+    assert names == [f"{kind}.cert-manager.io" for kind in kinds]
+    for crd in crds:
+        served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+        assert served == ["v1"], f"{crd['metadata']['name']} serves {served}"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("GOPROXY", "off", "module lookup disabled by GOPROXY=off"),  # a release no cache holds, and no network
+        ("PATH", "/nowhere", "Go is needed to fetch github.com/cert-manager/cert-manager@v1.21.999"),
+    ],
+)
+def test_cert_manager_crds_that_cannot_be_had_fail_with_the_reason(
+    variable: str, value: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(AssetError) as failed:
+        cert_manager_crd_paths(replace(load_versions(), cert_manager="v1.21.999"))
+    assert reason in str(failed.value), str(failed.value)
+    assert "github.com/cert-manager/cert-manager@v1.21.999" in str(failed.value), str(failed.value)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

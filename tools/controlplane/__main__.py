@@ -4,8 +4,8 @@
 ours, and prints `export KUBECONFIG=…`; an instance recorded in DIR whose processes are gone is replaced.
 `install-crds --external` installs into a cluster this tool did not start: Cluster API's CRDs only where
 absent, and nothing with force. `down` stops the instance recorded in DIR and removes DIR. `capi-crds` fetches
-the Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env) into the Go module cache and
-prints where each one's CRDs are.
+the Cluster API modules of every release in CAPI_COMPAT_VERSIONS and the cert-manager module of CERT_MANAGER_VERSION
+(hack/versions.env) into the Go module cache and prints where each one's CRDs are.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 
 from ipam_provider.kube.client import KubeClient
-from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, capi_crd_paths_of, our_crd_paths
+from tools.controlplane.assets import (
+    AssetError,
+    binaries_dir,
+    capi_crd_paths,
+    capi_crd_paths_of,
+    cert_manager_crd_paths,
+    our_crd_paths,
+)
 from tools.controlplane.cluster import ControlPlaneError, LocalControlPlane
 from tools.controlplane.crds import install_crds
 from tools.controlplane.versions import REPO_ROOT, load_versions
@@ -99,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "install-crds":
             return install(args.kubeconfig or args.dir / "kubeconfig", external=args.external)
         if args.command == "capi-crds":
-            for version in load_versions().capi_compat:
-                print(f"{version} {capi_crd_paths_of(version)[0].parent}")
+            versions = load_versions()
+            for version in versions.capi_compat:
+                print(f"cluster-api {version} {capi_crd_paths_of(version)[0].parent}")
+            print(f"cert-manager {versions.cert_manager} {cert_manager_crd_paths(versions)[0].parent}")
             return 0
         if args.command == "binaries":
             print(binaries_dir())

@@ -2,7 +2,8 @@
 
 Binaries are built by `hack/control-plane/build-binaries.sh` (cached by version outside the work tree, or taken
 from KUBEBUILDER_ASSETS). The Cluster API CRDs are read from the pinned `sigs.k8s.io/cluster-api` Go module in
-the module cache; they are never copied into the repository.
+the module cache, and cert-manager's from the pinned `github.com/cert-manager/cert-manager` module; they are never
+copied into the repository.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ CAPI_CRD_FILES = (
     "ipam.cluster.x-k8s.io_ipaddresses.yaml",
     "cluster.x-k8s.io_clusters.yaml",
     "cluster.x-k8s.io_machines.yaml",
+)
+CAPI_MODULE = "sigs.k8s.io/cluster-api"
+CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
+# cert-manager.io's kinds, which the provider's components (config/certmanager) use; the acme.cert-manager.io ones
+# (Order, Challenge) serve only ACME issuers.
+CERT_MANAGER_CRD_FILES = (
+    "cert-manager.io_certificates.yaml",
+    "cert-manager.io_issuers.yaml",
+    "cert-manager.io_clusterissuers.yaml",
+    "cert-manager.io_certificaterequests.yaml",
 )
 OUR_CRD_DIR = REPO_ROOT / "crds"
 
@@ -46,22 +57,39 @@ def binaries_dir() -> Path:
     return directory
 
 
-def capi_module_dir(versions: Versions) -> Path:
-    """The pinned `sigs.k8s.io/cluster-api` module's directory in the Go module cache (downloaded if needed)."""
+def go_module_dir(module: str, version: str, *, hint: str = "") -> Path:
+    """The directory of Go module `module`@`version` in the Go module cache, downloaded through the Go module proxy
+    if it is not there yet. Raises AssetError naming the module and Go's reason when Go is missing (followed by
+    `hint`, if given) or the download fails."""
     go = shutil.which("go")
     if go is None:
-        raise AssetError("Go is needed to fetch the Cluster API module (or set CAPI_CRD_DIR to a directory of CRDs)")
-    try:
-        result = subprocess.run(
-            [go, "mod", "download", "-json", f"sigs.k8s.io/cluster-api@{versions.capi}"],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd="/",
-        )
-    except subprocess.CalledProcessError as error:
-        raise AssetError(f"go mod download sigs.k8s.io/cluster-api@{versions.capi} failed: {error.stderr}") from error
-    return Path(json.loads(result.stdout)["Dir"])
+        raise AssetError(f"Go is needed to fetch {module}@{version}{hint}")
+    fetched = subprocess.run(
+        [go, "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, cwd="/", check=False
+    )
+    if fetched.returncode != 0:
+        try:
+            detail = str(json.loads(fetched.stdout)["Error"])  # with -json, Go reports the error on stdout
+        except (ValueError, KeyError, TypeError):
+            detail = (fetched.stderr or fetched.stdout).strip()
+        raise AssetError(f"go mod download {module}@{version} failed: {detail}")
+    return Path(json.loads(fetched.stdout)["Dir"])
+
+
+def capi_module_dir(versions: Versions) -> Path:
+    """The pinned `sigs.k8s.io/cluster-api` module's directory in the Go module cache (downloaded if needed)."""
+    return go_module_dir(CAPI_MODULE, versions.capi, hint=" (or set CAPI_CRD_DIR to a directory of CRDs)")
+
+
+def cert_manager_crd_paths(versions: Versions) -> list[Path]:
+    """cert-manager's cert-manager.io CRD files (Certificate, Issuer, ClusterIssuer, CertificateRequest) of the
+    pinned release, read from its Go module (deploy/crds), downloaded into the Go module cache if needed."""
+    base = go_module_dir(CERT_MANAGER_MODULE, versions.cert_manager) / "deploy" / "crds"
+    paths = [base / name for name in CERT_MANAGER_CRD_FILES]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise AssetError(f"cert-manager {versions.cert_manager}'s CRDs not found: {', '.join(missing)}")
+    return paths
 
 
 def capi_crd_paths(versions: Versions) -> list[Path]:
@@ -104,17 +132,4 @@ def capi_crd_paths_of(capi_version: str) -> list[Path]:
             f"CAPI_CRD_DIR is set, but the CRDs of Cluster API {capi_version} must come from its own Go module: "
             "unset CAPI_CRD_DIR"
         )
-    go = shutil.which("go")
-    if go is None:
-        raise AssetError(f"Go is needed to fetch the CRDs of Cluster API {capi_version}")
-    module = f"sigs.k8s.io/cluster-api@{capi_version}"
-    fetched = subprocess.run(
-        [go, "mod", "download", "-json", module], capture_output=True, text=True, cwd="/", check=False
-    )
-    if fetched.returncode != 0:
-        try:
-            detail = str(json.loads(fetched.stdout)["Error"])  # with -json, Go reports the error on stdout
-        except (ValueError, KeyError, TypeError):
-            detail = (fetched.stderr or fetched.stdout).strip()
-        raise AssetError(f"go mod download {module} failed: {detail}")
-    return capi_crd_paths(replace(load_versions(), capi=capi_version))  # the module is in the cache now
+    return capi_crd_paths(replace(load_versions(), capi=capi_version))  # CAPI_CRD_DIR unset: from the module

@@ -15,12 +15,13 @@ class Versions:
     etcd: str
     capi: str
     netbox: str
+    cert_manager: str
     capi_compat: tuple[str, ...] = ()  # the Cluster API releases of the compatibility matrix (tests/compat)
 
     def describe(self) -> str:
         return (
             f"kube-apiserver/kubectl {self.kubernetes}, etcd {self.etcd}, "
-            f"Cluster API CRDs {self.capi}, NetBox {self.netbox}"
+            f"Cluster API CRDs {self.capi}, NetBox {self.netbox}, cert-manager CRDs {self.cert_manager}"
         )
 
 
@@ -36,5 +37,6 @@ def load_versions(path: Path = VERSIONS_FILE) -> Versions:
         etcd=values["ETCD_VERSION"],
         capi=values["CAPI_VERSION"],
         netbox=values["NETBOX_VERSION"],
+        cert_manager=values["CERT_MANAGER_VERSION"],
         capi_compat=tuple(values.get("CAPI_COMPAT_VERSIONS", "").strip('"').split()),
     )
