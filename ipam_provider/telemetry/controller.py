@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
+from time import monotonic
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -81,11 +82,11 @@ class QueueMetrics:
         with self._lock:
             if key in self._added:
                 return
-            self._added[key] = time.monotonic()
+            self._added[key] = monotonic()
         self._adds.inc()
 
     def taken(self, key: Hashable) -> None:
-        now = time.monotonic()
+        now = monotonic()
         with self._lock:
             added = self._added.pop(key, None)
             self._started[key] = now
@@ -96,7 +97,7 @@ class QueueMetrics:
         with self._lock:
             started = self._started.pop(key, None)
         if started is not None:
-            self._work_seconds.observe(time.monotonic() - started)
+            self._work_seconds.observe(monotonic() - started)
 
     def retried(self) -> None:
         self._retries.inc()
@@ -151,7 +152,7 @@ class _QueueCollector(Collector):
         return list(_families())
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        now = time.monotonic()
+        now = monotonic()
         totals: dict[str, tuple[int, float, float]] = {}
         with _QUEUES_LOCK:
             queues = list(_QUEUES)
