@@ -282,7 +282,7 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         assert fulfilled is not None and fulfilled["status"]["addressRef"]["name"] == "m1"
 
         status, text = await http_get(f"http://127.0.0.1:{metrics}/metrics")
-        assert status == 200 and "ipam_provider_allocations_total" in text, text[:2000]
+        assert status == 200 and "ipam_provider_allocation_total{" in text, text[:2000]
 
         await kube.delete(CLAIMS, "m1", namespace)
         await kube.delete(POOLS, "net", namespace)
