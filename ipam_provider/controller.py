@@ -8,14 +8,12 @@ and run the reconcilers. `stop()` stops taking new keys, lets in-flight reconcil
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from ipam_provider import metrics
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.kube.client import KubeClient
@@ -27,6 +25,7 @@ from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
+from ipam_provider.telemetry import controller as telemetry
 from ipam_provider.watch.caches import Caches
 from ipam_provider.watch.handlers import EventHandlers
 from ipam_provider.watch.informer import Informer
@@ -48,7 +47,7 @@ class Controller:
         self.registry = registry
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
-        self.queue: WorkQueue[QueueKey] = WorkQueue()
+        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam")
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
@@ -89,6 +88,8 @@ class Controller:
                 log.info("stopped before the caches synced")
                 return
             log.info("caches synced", claims=len(self.caches.claims), addresses=len(self.caches.addresses))
+            names = [CLAIM_CONTROLLER, *(kind.kind.lower() for kind in self.registry.kinds)]
+            telemetry.set_max_concurrent_reconciles(names, self.settings.workers)
             workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
             if ready is not None:
                 ready.set()
@@ -133,8 +134,9 @@ class Controller:
             if item is None:
                 return
             key, shard = item
-            started = time.perf_counter()
-            result = "success"
+            controller = controller_name(key)
+            started = telemetry.reconcile_started(controller)
+            result: str | None = None  # None: cut off by this worker's own cancellation, not counted
             try:
                 requeue = await self._dispatch(key)
             except (Exception, asyncio.CancelledError) as error:
@@ -142,16 +144,16 @@ class Controller:
                     raise  # this worker itself is being cancelled
                 # Anything else, including a CancelledError a backend let escape (a future cancelled by an
                 # executor's shutdown), fails this reconcile only: the worker lives on and the key is retried.
-                result = "error"
+                result = telemetry.ERROR
                 self._retry(key, shard, error)
             else:
+                result = telemetry.reconcile_result(requeue)
                 self.queue.forget(key)
                 if requeue is not None:
                     self.queue.add_after(key, requeue, shard)
             finally:
                 self.queue.done(key, shard)
-                key_kind = "claim" if isinstance(key, ClaimKey) else "pool"
-                metrics.observe_reconcile(key_kind, result, time.perf_counter() - started, len(self.queue))
+                telemetry.reconcile_finished(controller, started, result)
 
     def _retry(self, key: QueueKey, shard: Hashable, error: BaseException) -> None:
         """Requeue `key` with backoff and log the failure: with its traceback on the first failure of the key's
@@ -174,6 +176,14 @@ class Controller:
         if isinstance(key, ClaimKey):
             return await self.claims.reconcile(key.namespace, key.name)
         return await self.pools.reconcile(key.ref)
+
+
+CLAIM_CONTROLLER = "ipaddressclaim"
+
+
+def controller_name(key: QueueKey) -> str:
+    """The `controller` label of a key's reconcile: `ipaddressclaim`, or the pool kind in lower case."""
+    return CLAIM_CONTROLLER if isinstance(key, ClaimKey) else key.ref.kind.lower()
 
 
 def _cancelling() -> bool:

@@ -6,6 +6,9 @@ deadline*, which is shorter than the *lease duration* other candidates wait befo
 Updates carry the lease's resourceVersion, so two candidates cannot both win. As in client-go, a lease counts as
 expired when its record has not changed for a whole lease duration *by this process's own clock*, so clock skew
 between nodes does not matter.
+
+`leader_election_master_status{name=<lease name>}` is 0 from the elector's creation, 1 while it holds the lease,
+and 0 again once leadership is lost or given up.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import structlog
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import LEASES
+from ipam_provider.telemetry.clients import set_leader
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +69,7 @@ class LeaderElector:
         self.retry_seconds = retry_seconds
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self._observed: tuple[object, float] | None = None  # (the lease record, local monotonic time first seen)
+        set_leader(name, False)
 
     async def _try(self) -> bool:
         lease = await self.kube.get(LEASES, self.name, self.namespace)
@@ -121,6 +126,7 @@ class LeaderElector:
             try:
                 if await self._try():
                     log.info("became leader", identity=self.identity)
+                    set_leader(self.name, True)
                     return
             except ApiError as error:
                 log.warning("leader election failed", error=error.message)
@@ -140,6 +146,7 @@ class LeaderElector:
             await asyncio.sleep(min(self.retry_seconds, max(time_left(), 0.0)))
             if time_left() <= 0:
                 log.error("leadership lost: lease not renewed in time", renew_deadline=self.renew_deadline_seconds)
+                set_leader(self.name, False)
                 return
             try:
                 renewed = await asyncio.wait_for(self._try(), time_left())
@@ -148,11 +155,13 @@ class LeaderElector:
                 continue
             if not renewed:
                 log.error("leadership lost to another process")
+                set_leader(self.name, False)
                 return
             last_renewed = loop.time()
 
     async def release(self) -> None:
         """Give the lease up at shutdown so that a successor need not wait for it to expire."""
+        set_leader(self.name, False)
         lease = await self.kube.get(LEASES, self.name, self.namespace)
         if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
             patch = {

@@ -21,6 +21,9 @@ Contract:
 - `close()` may be called while calls are still queued: they run to completion (nothing is cancelled under a
   caller), and a call made after `close()` fails with a transient `WapiError`. Callers that replace a client while
   it may be in use close it only after `longest_call_seconds`.
+- Every HTTP request the Connector's session sends is counted in
+  `ipam_provider_backend_requests_total{backend="infoblox"}` and timed, under the method and the WAPI object type
+  (`GET network`, `POST record:host`, `DELETE fixedaddress`), never a reference or a query value.
 """
 
 from __future__ import annotations
@@ -34,19 +37,24 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 import structlog
 from infoblox_client import connector as ib_connector
 from infoblox_client import exceptions as ib_ex
+from requests.adapters import BaseAdapter
 
 from backends.backoff import backoff_delay
 from ipam_provider.common import Object
 from ipam_provider.identity import user_agent
+from ipam_provider.telemetry.backends import observe_request
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 PAGE_SIZE = 1000
+BACKEND = "infoblox"  # the `backend` label of the request metrics: the entry-point name
+_WAPI_PATH = re.compile(r"/wapi/v[0-9.]+/([a-z][a-z0-9_:]*)(?:/|$)")
 
 
 class Problem(enum.Enum):
@@ -115,6 +123,8 @@ class WapiClient:
             }
         )
         self._connector.session.headers["User-Agent"] = user_agent("infoblox-client")
+        for prefix, adapter in list(self._connector.session.adapters.items()):
+            self._connector.session.mount(prefix, _ObservedAdapter(adapter))
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"wapi-{label}")
         self._closed = False
 
@@ -236,6 +246,30 @@ class WapiClient:
         self._executor.shutdown(wait=False, cancel_futures=False)
         with contextlib.suppress(Exception):
             self._connector.session.close()
+
+
+class _ObservedAdapter(BaseAdapter):
+    """Counts and times each request the wrapped adapter sends."""
+
+    def __init__(self, inner: BaseAdapter) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        with observe_request(BACKEND, request_operation(str(request.method), str(request.url))) as observed:
+            response = self._inner.send(request, *args, **kwargs)
+            observed.answered(response.status_code)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def request_operation(method: str, url: str) -> str:
+    """The metrics name of a WAPI request: the method and the object type (`GET network`, `PUT record:host`);
+    `other` for a URL outside the WAPI's object paths."""
+    found = _WAPI_PATH.match(urlsplit(url).path)
+    return f"{method} {found.group(1) if found else 'other'}"
 
 
 def _objects(answer: Any, obj_type: str) -> list[Object]:

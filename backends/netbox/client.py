@@ -17,6 +17,8 @@ Contract:
 - A call on a closed client raises `ClientClosedError` (a NetboxError), never a bare RuntimeError.
 - Every failure is a `NetboxError` whose message is safe to show: it names the URL (without any userinfo) and
   NetBox's own `detail`, never the token. pynetbox's exception strings are never passed on.
+- Every HTTP request (each attempt) is counted in `ipam_provider_backend_requests_total{backend="netbox"}` and
+  timed, under an operation such as `GET ipam/prefixes` or `POST ipam/prefixes/available-ips` (no ids, no query).
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ from requests.adapters import HTTPAdapter
 
 from backends.backoff import backoff_delay
 from ipam_provider.identity import user_agent
+from ipam_provider.telemetry.backends import observe_request
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Api = Any  # pynetbox.api: untyped
+BACKEND = "netbox"  # the `backend` label of the request metrics: the entry-point name
+_PATH_SEGMENT = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,20 @@ class _Adapter(HTTPAdapter):
         if kwargs.get("timeout") is None:
             kwargs["timeout"] = self._timeout
         kwargs["verify"] = self._verify
-        return super().send(request, *args, **kwargs)
+        with observe_request(BACKEND, request_operation(str(request.method), str(request.url))) as observed:
+            response = super().send(request, *args, **kwargs)
+            observed.answered(response.status_code)
+        return response
+
+
+def request_operation(method: str, url: str) -> str:
+    """The metrics name of a request: the method and the API path below `/api/` without ids or query
+    (`GET ipam/prefixes`, `POST ipam/ip-ranges/available-ips`; `GET api` for the API root, `other` off the API)."""
+    _, found, below = urlsplit(url).path.partition("/api/")
+    if not found:
+        return f"{method} other"
+    segments = [part for part in below.split("/") if _PATH_SEGMENT.fullmatch(part)][:3]
+    return f"{method} {'/'.join(segments) or 'api'}"
 
 
 class NetboxClient:

@@ -3,6 +3,11 @@
 An entry point names a factory `create_backend(context: BackendContext) -> Backend`. The built-in backends are
 registered by this project's own pyproject; a separately installed package adds a pool kind by declaring an
 entry point in the same group. The reconciler looks backends up here and knows none by name.
+
+Each backend has a name, the `backend` label of its metrics: its entry-point name when loaded by
+`load_registry`. A backend registered without one (`BackendRegistry(backends)`, as tests do) is named by its
+`name` attribute when that is a non-empty string, else by its class's module: the last component of the module
+path, skipping a final `backend` (`backends.netbox.backend` → `netbox`, `my_plugin.pools` → `pools`).
 """
 
 from __future__ import annotations
@@ -28,18 +33,22 @@ class BackendRegistry:
 
     def __init__(self, backends: Iterable[Backend] = ()) -> None:
         self._by_kind: dict[tuple[str, str], tuple[Backend, PoolKind]] = {}
+        self._names: dict[tuple[str, str], str] = {}
         self._backends: list[Backend] = []
         for backend in backends:
             self.register(backend)
 
-    def register(self, backend: Backend) -> None:
+    def register(self, backend: Backend, name: str | None = None) -> None:
+        """Serve the backend's pool kinds; `name` (default: derived, see above) labels its metrics."""
         if not isinstance(backend, Backend):
             raise RegistryError(f"{backend!r} does not implement the Backend protocol")
+        name = name or backend_name(backend)
         for kind in backend.kinds:
             key = (kind.group, kind.kind)
             if key in self._by_kind:
                 raise RegistryError(f"pool kind {kind.kind}.{kind.group} is served by two backends")
             self._by_kind[key] = (backend, kind)
+            self._names[key] = name
         self._backends.append(backend)
 
     def lookup(self, group: str, kind: str) -> tuple[Backend, PoolKind] | None:
@@ -49,6 +58,10 @@ class BackendRegistry:
         """The registered pool kind `kind` of API group `group`, or None when no backend serves it."""
         found = self._by_kind.get((group, kind))
         return found[1] if found is not None else None
+
+    def name_of(self, group: str, kind: str) -> str:
+        """The name of the backend serving pool kind `kind` of API group `group` ("" when none does)."""
+        return self._names.get((group, kind), "")
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -80,6 +93,18 @@ def load_registry(context: BackendContext, enabled: Iterable[str] | None = None)
     registry = BackendRegistry()
     for name, factory in sorted(discover_factories(enabled).items()):
         backend = factory(context)
-        registry.register(backend)
+        registry.register(backend, name)
         log.info("backend loaded", backend=name, kinds=",".join(k.kind for k in backend.kinds))
     return registry
+
+
+def backend_name(backend: Backend) -> str:
+    """The name of a backend registered without one: its `name` attribute if that is a non-empty string, else the
+    last component of its class's module path other than a final `backend`."""
+    name = getattr(backend, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    parts = type(backend).__module__.split(".")
+    if len(parts) > 1 and parts[-1] == "backend":
+        parts = parts[:-1]
+    return parts[-1]

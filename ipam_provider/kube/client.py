@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from kubernetes_asyncio import client, config
 from ipam_provider.identity import FIELD_MANAGER, user_agent
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
+from ipam_provider.telemetry.clients import host_label, observe_rest_request
 
 Object = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -33,6 +35,7 @@ class KubeClient:
         self._api = api_client
         self._api.user_agent = user_agent("kubernetes-asyncio")
         self._timeout = request_timeout
+        self._host_label = host_label(str(api_client.configuration.host))
 
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, *, max_connections: int = 64) -> KubeClient:
@@ -67,16 +70,21 @@ class KubeClient:
     ) -> aiohttp.ClientResponse:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        response: aiohttp.ClientResponse = await self._api.call_api(
-            path,
-            method,
-            query_params=query_params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout if timeout is not None else self._timeout,
-        )
+        started, status = time.perf_counter(), None
+        try:
+            response: aiohttp.ClientResponse = await self._api.call_api(
+                path,
+                method,
+                query_params=query_params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout if timeout is not None else self._timeout,
+            )
+            status = response.status
+        finally:
+            observe_rest_request(self._host_label, method, status, time.perf_counter() - started)
         if not 200 <= response.status <= 299:
             raw = await response.read()
             response.release()

@@ -7,6 +7,7 @@ Contract:
 - `add_rate_limited` re-adds a failed key after a per-key exponential backoff; `forget` resets it.
 - `add_after` re-adds a key after a delay; the earliest pending delay wins.
 - After `shutdown`, `get` returns None once no key is ready; keys being processed are finished by their workers.
+- A queue given a `name` reports the `workqueue_*` series under it (`ipam_provider.telemetry.controller`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from ipam_provider.telemetry.controller import queue_metrics
+
 K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 120.0) -> None:
+    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 120.0, name: str | None = None) -> None:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._waiting: dict[Hashable, deque[K]] = {}
@@ -33,6 +36,7 @@ class WorkQueue(Generic[K]):
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._wakeup = asyncio.Condition()
         self._shutting_down = False
+        self._metrics = queue_metrics(name)
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -49,10 +53,12 @@ class WorkQueue(Generic[K]):
             timer[1].cancel()
         if key in self._processing:
             self._requeue_when_done[key] = shard
+            self._metrics.added(key)
             return
         if key in self._queued:
             return
         self._queued.add(key)
+        self._metrics.added(key)
         self._waiting.setdefault(shard, deque()).append(key)
         self._mark_ready(shard)
 
@@ -78,6 +84,7 @@ class WorkQueue(Generic[K]):
     def add_rate_limited(self, key: K, shard: Hashable = None) -> float:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
+        self._metrics.retried()
         delay = float(min(self.max_delay, self.base_delay * (2**failures)))
         self.add_after(key, delay, shard)
         return delay
@@ -116,12 +123,14 @@ class WorkQueue(Generic[K]):
                         continue
                     self._processing.add(key)
                     self._busy_shards.add(shard)
+                    self._metrics.taken(key)
                     return key, shard
                 if self._shutting_down:
                     return None
                 await self._wakeup.wait()
 
     def done(self, key: K, shard: Hashable) -> None:
+        self._metrics.done(key)
         self._processing.discard(key)
         self._busy_shards.discard(shard)
         if key in self._requeue_when_done:
@@ -140,6 +149,7 @@ class WorkQueue(Generic[K]):
         self._waiting.clear()
         self._ready_shards.clear()
         self._queued.clear()
+        self._metrics.cleared()
         asyncio.get_running_loop().create_task(self._notify_all())
 
     async def _notify_all(self) -> None:

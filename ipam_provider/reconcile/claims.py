@@ -19,6 +19,9 @@ Contract (level-triggered; every step is idempotent and the reconcile may be rep
   any pause check: clusterctl removes every finalizer itself a moment later); its IPAddress is left to clusterctl;
   the backend keeps the address for the claim at the target. An IPAddress so marked being deleted loses its
   ProtectAddress finalizer and is not re-created for its claim (which clusterctl deletes next).
+- Metrics (`ipam_provider.telemetry.pools`): IPAddresses written, failed allocations by reason, and releases are
+  counted per pool; the time from first seeing a live claim without an address to writing its IPAddress is
+  observed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import structlog
 from pydantic import ValidationError
 
-from ipam_provider import metrics
 from ipam_provider.api.capi import (
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
@@ -49,6 +51,7 @@ from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, bel
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
+from ipam_provider.telemetry import pools as pool_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +67,10 @@ class ClaimReconciler:
         # Claims whose IPAddress clusterctl deleted for a move: (namespace, name) → claim uid. Such a claim gets
         # no new IPAddress; the entry goes when the claim is gone (or replaced by another of its name).
         self._moved_away: dict[tuple[str, str], str] = {}
+        self._first_seen = pool_metrics.FirstSeen()  # live claims without an address, for the allocation time
+
+    def _labels(self, work: ClaimWork) -> pool_metrics.PoolLabels:
+        return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(work.kind.group, work.kind.kind), work.pool_ref)
 
     def _work(self, namespace: str, name: str) -> ClaimWork | None:
         """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""
@@ -88,6 +95,7 @@ class ClaimReconciler:
         work = self._work(namespace, name)
         if work is None:
             self._moved_away.pop((namespace, name), None)
+            self._first_seen.forget((namespace, name))
             return None
         if ANNOTATION_DELETE_FOR_MOVE in work.claim.metadata.annotations:
             await self._moving(work)
@@ -104,13 +112,16 @@ class ClaimReconciler:
             work.log.debug("paused; nothing done")
             return None
         if work.claim.metadata.deleting:
+            self._first_seen.forget((namespace, name))
             if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
                 return None
             retry = await release_claim(self.ctx, work)
             if retry is None:
                 work.log.info("claim released")
-                metrics.RELEASES.labels(work.kind.kind).inc()
+                pool_metrics.count_release(self._labels(work))
             return retry
+        if work.claim.status.address_ref is None:
+            self._first_seen.seen((namespace, name), work.claim.metadata.uid)
         if cluster_name and cluster_raw is None:
             message = (
                 f"Cluster {namespace}/{cluster_name} was not found; waiting for it before allocating, because "
@@ -200,11 +211,12 @@ class ClaimReconciler:
             await self._adopt(work, pool, address_raw, allocation)
         message = f"{allocation.address}/{allocation.prefix} allocated from {work.pool_ref}"
         await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
+        self._first_seen.forget((work.namespace, work.name))
         return None
 
     async def _failed(self, work: ClaimWork, error: BackendError) -> float:
         work.log.info("allocation failed", reason=error.reason, message=error.message)
-        metrics.ALLOCATION_FAILURES.labels(work.kind.kind, error.reason).inc()
+        pool_metrics.count_allocation_error(self._labels(work), error.reason)
         await self._set_ready(work, False, error.reason, error.message)
         if error.retry_after is not None:
             return error.retry_after
@@ -234,7 +246,8 @@ class ClaimReconciler:
             return False
         self.ctx.caches.addresses.upsert(created)
         work.log.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
-        metrics.ALLOCATIONS.labels(work.kind.kind).inc()
+        waited = self._first_seen.fulfilled((work.namespace, work.name), work.claim.metadata.uid)
+        pool_metrics.count_allocation(self._labels(work), waited)
         self.ctx.pool_changed(work.pool_ref)
         return True
 

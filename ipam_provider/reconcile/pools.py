@@ -10,6 +10,9 @@ Contract:
 - A pool clusterctl is moving (delete-for-move) is neither reported nor tidied up by its backend: its copy at the
   target owns its addresses now.
 - A paused pool is left alone.
+- Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.telemetry.pools`) from the report the
+  status is written from, and counts the cached claims of the pool still waiting for an address; a pool found gone
+  loses all of its series.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ipam_provider.kube.resources import ADDRESSES, Resource
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import WARNING
+from ipam_provider.telemetry import pools as pool_metrics
 from ipam_provider.watch.caches import POOL
 from ipam_provider.watch.store import Store
 
@@ -61,7 +65,10 @@ class PoolReconciler:
         store = self.ctx.caches.pools.get((ref.group, ref.kind))
         found = self.ctx.registry.lookup(ref.group, ref.kind)
         raw = store.get(ref.namespace, ref.name) if store is not None else None
-        if raw is None or found is None or store is None:
+        if found is None or store is None:
+            return None
+        if raw is None:
+            pool_metrics.forget_pool(self._labels(ref))
             return None
         backend, kind = found
         meta = raw["metadata"]
@@ -78,7 +85,31 @@ class PoolReconciler:
             raw = await self.ctx.patch_cached(store, resource, raw, patch)
         report = await backend.report(ref, raw, self.addresses_of(ref))
         await self._write_status(raw, store, resource, report, event=not report.ready)
+        self._record(ref, report)
         return RESYNC
+
+    def _labels(self, ref: PoolRef) -> pool_metrics.PoolLabels:
+        return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(ref.group, ref.kind), ref)
+
+    def _record(self, ref: PoolRef, report: PoolReport) -> None:
+        """Set the pool's gauges from the report its status was written from, and count its waiting claims."""
+        labels = self._labels(ref)
+        if report.counts is not None:
+            pool_metrics.record_counts(labels, report.counts)
+        pool_metrics.record_ready(labels, report.ready, report.reason)
+        pool_metrics.record_waiting(labels, self.waiting_claims(ref))
+
+    def waiting_claims(self, ref: PoolRef) -> dict[str, int]:
+        """The cached live claims of the pool without an address, by Ready reason (`Pending` without one)."""
+        waiting: dict[str, int] = {}
+        for claim in self.ctx.caches.claims.by_index(POOL, ref):
+            status = claim.get("status") or {}
+            if claim["metadata"].get("deletionTimestamp") or status.get("addressRef"):
+                continue
+            ready = next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
+            reason = str(ready.get("reason") or pool_metrics.PENDING) if ready else pool_metrics.PENDING
+            waiting[reason] = waiting.get(reason, 0) + 1
+        return waiting
 
     async def _deleting(self, ref: PoolRef, raw: Object, store: Store, resource: Resource) -> float | None:
         """Hold a deleted pool's finalizer while IPAddresses name it (unless told to skip the check)."""
@@ -92,6 +123,7 @@ class PoolReconciler:
             if in_use:
                 report = PoolReport(False, "Deleting", f"{IN_USE_MESSAGE} ({in_use} remain)")
                 await self._write_status(raw, store, resource, report, event=True)
+                self._record(ref, report)
                 return RETRY_DELETING
         remaining = [f for f in finalizers if f != FINALIZER_PROTECT_POOL]
         await self.ctx.patch_cached(store, resource, raw, {"metadata": {"finalizers": remaining}})

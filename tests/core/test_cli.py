@@ -77,12 +77,15 @@ async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, nam
                 # The allocation is counted during the claim's reconcile, the reconcile itself when it ends: wait
                 # for both, or a scrape between the two sees no reconcile yet.
                 _, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
-                allocated = 'ipam_provider_allocations_total{pool_kind="InClusterIPPool"} 1.0' in text
-                reconciled = 'ipam_provider_reconcile_total{key_kind="claim",result="success"}' in text
+                pool_labels = f'backend="incluster",kind="InClusterIPPool",name="net",namespace="{namespace}"'
+                allocated = f"ipam_provider_allocation_total{{{pool_labels}}} 1.0" in text  # labels sorted
+                reconciled = 'controller_runtime_reconcile_total{controller="ipaddressclaim",result="success"}' in text
                 return text if allocated and reconciled else None
 
             text = await wait_for(allocation_counted, message="the allocation and its reconcile to be counted")
-            assert "ipam_provider_reconcile_duration_seconds_bucket" in text
+            assert 'controller_runtime_reconcile_time_seconds_bucket{controller="ipaddressclaim"' in text
+            assert 'workqueue_adds_total{controller="ipam",name="ipam"}' in text
+            assert "rest_client_requests_total{" in text
         status = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

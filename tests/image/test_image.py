@@ -292,7 +292,7 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
 
         # HTTPS, the token reviewed by the API server as the controller's ServiceAccount (config/rbac's grants).
         status, text = await scrape(f"https://127.0.0.1:{metrics}/metrics", metrics_reader_token)
-        assert status == 200 and "ipam_provider_allocations_total" in text, text[:2000]
+        assert status == 200 and "ipam_provider_allocation_total{" in text, text[:2000]
 
         await kube.delete(CLAIMS, "m1", namespace)
         await kube.delete(POOLS, "net", namespace)

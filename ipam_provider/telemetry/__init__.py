@@ -1,0 +1,16 @@
+"""The Prometheus series of the controller, by subject (see docs/metrics.md for the list):
+
+- `pools`: the per-pool series (`ipam_provider_*`: counts, readiness, waiting claims, allocations and releases);
+- `controller`: the work queue's `workqueue_*` and the reconcilers' `controller_runtime_*` series;
+- `clients`: the API client's `rest_client_*` series and `leader_election_master_status`;
+- `backends`: `observe_request`, with which a backend counts its requests to an external system.
+
+Every series lives in prometheus-client's default registry, served by the metrics endpoint. Counters are exposed
+without prometheus-client's `*_created` companions, as Go's client exposes them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import disable_created_metrics
+
+disable_created_metrics()  # type: ignore[no-untyped-call]

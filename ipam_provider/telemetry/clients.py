@@ -1,0 +1,47 @@
+"""The API client's series, under client-go's names (`rest_client_*`), and leader election's
+`leader_election_master_status`, so that dashboards made for controller-runtime managers show them."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from prometheus_client import Counter, Gauge, Histogram
+
+NO_ANSWER = "<error>"  # the code of a request that got no answer, as client-go labels it
+
+REST_REQUESTS = Counter(
+    "rest_client_requests_total",
+    "Requests to the API server, by HTTP status code (<error> when none came), method and host.",
+    ["code", "host", "method"],
+)
+REST_REQUEST_SECONDS = Histogram(
+    "rest_client_request_duration_seconds",
+    "Time from sending a request to the API server until its answer's headers (or failure), by verb and host.",
+    ["host", "verb"],
+    buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+)
+LEADER = Gauge(
+    "leader_election_master_status",
+    "1 while this process holds the leader election lease `name`, else 0.",
+    ["name"],
+)
+
+
+def host_label(url: str) -> str:
+    """The `host` label of an API server URL: its host and port, never a path or userinfo."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{parts.port}" if parts.port else host
+
+
+def observe_rest_request(host: str, method: str, status: int | None, seconds: float) -> None:
+    """Count one API request; `status` None when no answer came."""
+    code = str(status) if status is not None else NO_ANSWER
+    REST_REQUESTS.labels(code, host, method).inc()
+    REST_REQUEST_SECONDS.labels(host, method).observe(seconds)
+
+
+def set_leader(name: str, held: bool) -> None:
+    LEADER.labels(name).set(1 if held else 0)
