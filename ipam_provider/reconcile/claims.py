@@ -216,8 +216,12 @@ class ClaimReconciler:
 
     async def _failed(self, work: ClaimWork, error: BackendError) -> float:
         work.log.info("allocation failed", reason=error.reason, message=error.message)
-        pool_metrics.count_allocation_error(self._labels(work), error.reason)
+        labels = self._labels(work)
+        pool_metrics.count_allocation_error(labels, error.reason)
+        previous = find_condition(work.claim.status.conditions, READY)
         await self._set_ready(work, False, error.reason, error.message)
+        if previous is None or previous.reason != error.reason:  # the pool's waiting claims changed reason
+            pool_metrics.record_waiting(labels, self.ctx.waiting_claims(work.pool_ref))
         if error.retry_after is not None:
             return error.retry_after
         return RETRY_EXHAUSTED if isinstance(error, PoolExhaustedError) else RETRY_NOT_READY

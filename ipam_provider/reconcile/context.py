@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ipam_provider.api.capi import IPAddressClaim
+from ipam_provider.api.capi import READY, IPAddressClaim
 from ipam_provider.backend.contract import Backend, ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
@@ -16,7 +16,8 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 from ipam_provider.reconcile.events import EventRecorder
-from ipam_provider.watch.caches import Caches
+from ipam_provider.telemetry.pools import PENDING
+from ipam_provider.watch.caches import POOL, Caches
 from ipam_provider.watch.store import Store
 
 
@@ -31,6 +32,18 @@ class ReconcileContext:
     registry: BackendRegistry
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
+
+    def waiting_claims(self, ref: PoolRef) -> dict[str, int]:
+        """The cached live claims of the pool without an address, by Ready reason (`Pending` without one)."""
+        waiting: dict[str, int] = {}
+        for claim in self.caches.claims.by_index(POOL, ref):
+            status = claim.get("status") or {}
+            if claim["metadata"].get("deletionTimestamp") or status.get("addressRef"):
+                continue
+            ready = next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
+            reason = str(ready.get("reason") or PENDING) if ready else PENDING
+            waiting[reason] = waiting.get(reason, 0) + 1
+        return waiting
 
     async def patch_cached(
         self,

@@ -97,19 +97,7 @@ class PoolReconciler:
         if report.counts is not None:
             pool_metrics.record_counts(labels, report.counts)
         pool_metrics.record_ready(labels, report.ready, report.reason)
-        pool_metrics.record_waiting(labels, self.waiting_claims(ref))
-
-    def waiting_claims(self, ref: PoolRef) -> dict[str, int]:
-        """The cached live claims of the pool without an address, by Ready reason (`Pending` without one)."""
-        waiting: dict[str, int] = {}
-        for claim in self.ctx.caches.claims.by_index(POOL, ref):
-            status = claim.get("status") or {}
-            if claim["metadata"].get("deletionTimestamp") or status.get("addressRef"):
-                continue
-            ready = next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
-            reason = str(ready.get("reason") or pool_metrics.PENDING) if ready else pool_metrics.PENDING
-            waiting[reason] = waiting.get(reason, 0) + 1
-        return waiting
+        pool_metrics.record_waiting(labels, self.ctx.waiting_claims(ref))
 
     async def _deleting(self, ref: PoolRef, raw: Object, store: Store, resource: Resource) -> float | None:
         """Hold a deleted pool's finalizer while IPAddresses name it (unless told to skip the check)."""

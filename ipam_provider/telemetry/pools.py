@@ -86,7 +86,10 @@ def record_counts(pool: PoolLabels, counts: AddressCounts) -> None:
 
 
 def record_ready(pool: PoolLabels, ready: bool, reason: str) -> None:
-    """The pool's one `pool_ready` series, under its current reason."""
+    """The pool's one `pool_ready` series, under its current reason. Its allocation and release counters and its
+    duration histogram start at 0 here, so that a rate over them is defined before the first allocation."""
+    for plain in (ALLOCATIONS, ALLOCATION_SECONDS, RELEASES):
+        plain.labels(*pool.values())
     _drop_reasons(READY, pool, {reason})
     READY.labels(*pool.values(), reason).set(1 if ready else 0)
     _with_reason(READY, pool, reason)

@@ -87,12 +87,14 @@ async def test_exhaustion_is_counted_and_waiting_claims_show_their_reason(world:
     for name in ("w1", "w2"):
         assert await world.claims.reconcile(NS, name) == 60.0
     assert await world.claims.reconcile(NS, "w1") == 60.0
+    # The claims' new reason shows at once, before the pool's next reconcile.
+    assert waiting_series("tm-full") == {"PoolExhausted": 2, "Pending": 1}
     world.sync()
     world.backend.report_with = PoolReport(False, "PoolExhausted", counts=AddressCounts(2, used=2, free=0))
     await world.pools.reconcile(FAKE_POOL.ref(NS, "tm-full"))
 
     assert value("ipam_provider_allocation_errors_total", "tm-full", reason="PoolExhausted") == 3
-    assert value("ipam_provider_allocation_total", "tm-full") is None
+    assert value("ipam_provider_allocation_total", "tm-full") == 0  # present from the first pool reconcile
     assert waiting_series("tm-full") == {"PoolExhausted": 2, "Pending": 1}
     assert ready_series("tm-full") == {"PoolExhausted": 0}
     assert value("ipam_provider_available_ips", "tm-full") == 0

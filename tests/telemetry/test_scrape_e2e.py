@@ -136,10 +136,7 @@ async def settled_scrape(url: str, token: str, checks: list[Check]) -> list[Samp
         last[0] = unmet(found, checks)
         return None if last[0] else found
 
-    try:
-        return await wait_for(all_met, timeout=90, message="every expected series")
-    except Exception as error:
-        raise AssertionError("unmet after 90 s:\n" + "\n".join(last[0])) from error
+    return await wait_for(all_met, timeout=90, message=lambda: "every expected series; unmet:\n" + "\n".join(last[0]))
 
 
 async def test_a_scrape_shows_every_series_after_a_known_sequence(
