@@ -20,6 +20,7 @@ from prometheus_client.samples import Sample
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, SECRETS
 from tests.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
+from tests.prometheus.support import documented_metrics, series_names
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.metrics import scrape
@@ -109,6 +110,22 @@ def controller_checks(workers: int) -> list[Check]:
     ]
 
 
+OURS = ("ipam_provider_", "workqueue_", "controller_runtime_", "rest_client_", "leader_election_")
+
+
+def assert_documented_is_emitted(found: list[Sample]) -> None:
+    """The table the alert rules and the dashboard are checked against (docs/prometheus-and-grafana.md) names
+    exactly the series of ours this controller emits, with their types and labels."""
+    documented = {name: m for name, m in documented_metrics().items() if name.startswith(OURS)}
+    emitted = {s.name for s in found if s.name.startswith(OURS)}
+    assert emitted == series_names(documented)
+    by_sample = {name: metric for metric in documented.values() for name in series_names({metric.name: metric})}
+    for sample in found:
+        if sample.name in by_sample:
+            keys = set(sample.labels) - {"le"}
+            assert keys == set(by_sample[sample.name].labels), f"{sample.name}: {sorted(keys)}"
+
+
 async def create_objects(kube: KubeClient, namespace: str, netbox: NetBoxServer) -> None:
     await kube.create(POOLS, pool("pool-a", ["10.61.0.10-10.61.0.20"], 24), namespace)
     await kube.create(POOLS, pool("pool-b", ["10.62.0.0/24"], 24), namespace)
@@ -165,7 +182,8 @@ async def test_a_scrape_shows_every_series_after_a_known_sequence(
         await wait_claim_reason(kube, namespace, "s-2", "PoolExhausted", timeout=60)
         await kube.delete(CLAIMS, "a-2", namespace)
         await wait_for(lambda: _gone(kube, namespace, "a-2"), timeout=60, message="claim a-2 released")
-        await settled_scrape(url, metrics_reader_token, pool_checks(namespace) + controller_checks(workers))
+        found = await settled_scrape(url, metrics_reader_token, pool_checks(namespace) + controller_checks(workers))
+        assert_documented_is_emitted(found)
 
         # A deleted pool's series disappear.
         await kube.delete(CLAIMS, "b-1", namespace)
