@@ -56,6 +56,7 @@ class Controller:
         self.pools = PoolReconciler(self.context)
         self.informers = self._informers()
         self._stopping = asyncio.Event()
+        self._traced: dict[QueueKey, str] = {}  # keys failing now → the error type whose traceback was logged
 
     def _informers(self) -> list[Informer]:
         namespaces = self.settings.namespaces or None
@@ -148,28 +149,37 @@ class Controller:
                 self._retry(key, shard, error)
             else:
                 result = telemetry.reconcile_result(requeue)
-                self.queue.forget(key)
+                self._succeeded(key)
                 if requeue is not None:
                     self.queue.add_after(key, requeue, shard)
             finally:
                 self.queue.done(key, shard)
                 telemetry.reconcile_finished(controller, started, result)
 
+    def _succeeded(self, key: QueueKey) -> None:
+        """A reconcile of `key` succeeded: its backoff and its failure streak end."""
+        self.queue.forget(key)
+        self._traced.pop(key, None)
+
     def _retry(self, key: QueueKey, shard: Hashable, error: BaseException) -> None:
-        """Requeue `key` with backoff and log the failure: with its traceback on the first failure of the key's
-        streak (a success ends a streak), as one short line on the retries that follow; a conflict (another
-        writer was first) at debug level, without traceback."""
-        first_of_streak = self.queue.failures(key) == 0
+        """Requeue `key` with backoff and log the failure: with its traceback the first time the key's failure
+        streak (ended by a success) meets an error of this type, as one short line on the retries that follow; a
+        conflict (another writer was first) at debug level, without traceback, and it does not use up the
+        streak's traceback."""
         delay = self.queue.add_rate_limited(key, shard)
         routine = isinstance(error, ApiError) and error.conflict
+        error_type = type(error).__name__
+        traced = not routine and self._traced.get(key) != error_type
+        if traced:
+            self._traced[key] = error_type
         (log.debug if routine else log.warning)(
             "reconcile failed; retrying",
             key=str(key),
             error=str(error),
-            error_type=type(error).__name__,
+            error_type=error_type,
             failures=self.queue.failures(key),
             retry_in=round(delay, 2),
-            exc_info=error if first_of_streak and not routine else None,
+            exc_info=error if traced else None,
         )
 
     async def _dispatch(self, key: QueueKey) -> float | None:

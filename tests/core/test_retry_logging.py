@@ -1,5 +1,6 @@
 """A failing reconcile logs its traceback once per failure streak: on the first failure of a key, not on the
-retries that follow; a success ends the streak. Conflicts (another writer was first) never carry one."""
+retries that follow, again only when the error's type changes; a success ends the streak. Conflicts (another
+writer was first) never carry one, nor use up the streak's."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ async def test_the_traceback_is_logged_on_the_first_failure_of_a_streak_only(con
     other = ClaimKey("ns", "other")  # streaks are per key
     assert [r["exc_info"] for r in failures(controller, other, first)] == [first]
 
-    controller.queue.forget(key)  # a success ends the streak
+    controller._succeeded(key)  # a success ends the streak
     again = RuntimeError("back")
     assert [r["exc_info"] for r in failures(controller, key, again, again)] == [again, None]
 
@@ -50,3 +51,11 @@ async def test_a_conflict_is_logged_at_debug_without_traceback(controller: Contr
     conflict = ApiError(409, "Conflict", "the object has been modified")
     (record,) = failures(controller, ClaimKey("ns", "claim"), conflict)
     assert record["log_level"] == "debug" and record["exc_info"] is None
+
+
+async def test_a_conflict_does_not_use_up_the_streak_and_a_new_error_type_is_traced(controller: Controller) -> None:
+    key = ClaimKey("ns", "claim")
+    conflict = ApiError(409, "Conflict", "the object has been modified")
+    boom, other = RuntimeError("boom"), ValueError("bad value")
+    streak = failures(controller, key, conflict, boom, boom, other, other, boom)
+    assert [r["exc_info"] for r in streak] == [None, boom, None, other, None, boom]
