@@ -188,8 +188,15 @@ REGISTRY.register(_QueueCollector())
 
 
 def set_max_concurrent_reconciles(controllers: Iterable[str], workers: int) -> None:
+    """Declare the controllers: their worker limit, and every reconcile series at 0 (as controller-runtime does at
+    start), so that rates and error ratios are defined before the first reconcile or error."""
     for controller in controllers:
         MAX_CONCURRENT.labels(controller).set(workers)
+        ACTIVE_WORKERS.labels(controller)
+        RECONCILE_ERRORS.labels(controller)
+        RECONCILE_SECONDS.labels(controller)
+        for result in (SUCCESS, ERROR, REQUEUE, REQUEUE_AFTER):
+            RECONCILES.labels(controller, result)
 
 
 def reconcile_started(controller: str) -> float:

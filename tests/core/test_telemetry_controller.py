@@ -156,3 +156,17 @@ async def test_the_worker_counts_reconciles_by_result() -> None:
         for r in ("success", "requeue", "requeue_after", "error")
     )
     assert sample("controller_runtime_active_workers", controller=controller) == 0
+
+
+def test_declared_controllers_show_every_reconcile_series_at_zero() -> None:
+    def present(name: str, **labels: str) -> float | None:  # None when the series does not exist
+        return REGISTRY.get_sample_value(name, labels)
+
+    assert present("controller_runtime_reconcile_errors_total", controller="declaredkind") is None
+    telemetry.set_max_concurrent_reconciles(["declaredkind"], 3)
+    assert sample("controller_runtime_max_concurrent_reconciles", controller="declaredkind") == 3
+    assert present("controller_runtime_active_workers", controller="declaredkind") == 0
+    assert present("controller_runtime_reconcile_errors_total", controller="declaredkind") == 0
+    assert present("controller_runtime_reconcile_time_seconds_count", controller="declaredkind") == 0
+    for result in ("success", "error", "requeue", "requeue_after"):
+        assert present("controller_runtime_reconcile_total", controller="declaredkind", result=result) == 0
