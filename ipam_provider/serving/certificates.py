@@ -18,10 +18,6 @@ from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 import structlog
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 log = structlog.get_logger(__name__)
 
@@ -153,7 +149,15 @@ def _load_pem(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes, what: st
 
 def self_signed_pem(hostname: str | None = None) -> tuple[bytes, bytes]:
     """A self-signed serving certificate (PEM) and its EC P-256 key (PEM, unencrypted) for `hostname` (default:
-    this host's name), localhost, 127.0.0.1 and ::1."""
+    this host's name), localhost, 127.0.0.1 and ::1.
+
+    `cryptography` is imported here, not at module level: it costs ~8 MiB of memory, needed only by a controller
+    that makes its own certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     host = hostname or socket.gethostname() or "localhost"
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
