@@ -204,7 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         options: RunOptions = args.options
         configure_logging(options.log_format, options.log_level, options.library_log_level)
-        return asyncio.run(run(options))
+        try:
+            return asyncio.run(run(options))
+        except Exception:  # a fatal error is one record in the log's format (JSON: a structured traceback)
+            log.critical("controller failed", exc_info=True)
+            return 1
     configure_logging(level="warning")  # stdout is the view; stderr only says what went wrong
     return asyncio.run(status(args))
 

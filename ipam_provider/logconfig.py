@@ -60,7 +60,7 @@ def _renderer(fmt: str) -> list[structlog.typing.Processor]:
 def configure_logging(fmt: str = "console", level: str = "info", library_level: str = "warning") -> None:
     """Log as `fmt` ("json" or "console") to stderr: the controller's records from `level` on, those of
     `NOISY_LIBRARIES` from `library_level` on (never below `level`), every other stdlib logger's from `level` on.
-    May be called again; the last call wins."""
+    Call it once, before the first record: loggers cache their configuration on first use."""
     numeric = _level(level)
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,

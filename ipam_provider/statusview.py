@@ -125,6 +125,7 @@ def _pool_row(kind: PoolKind, pool: Object, claims: Iterable[Object]) -> Object:
         1
         for claim in claims
         if _names_pool(claim, kind, namespace, meta["name"])
+        and not claim["metadata"].get("deletionTimestamp")  # as ipam_provider_waiting_claims counts them
         and not ((claim.get("status") or {}).get("addressRef") or {}).get("name")
     )
     return {

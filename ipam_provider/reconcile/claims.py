@@ -222,6 +222,10 @@ class ClaimReconciler:
         await self._set_ready(work, False, error.reason, error.message)
         if previous is None or previous.reason != error.reason:  # the pool's waiting claims changed reason
             pool_metrics.record_waiting(labels, self.ctx.waiting_claims(work.pool_ref))
+        ref = work.pool_ref
+        store = self.ctx.caches.pools.get((ref.group, ref.kind))
+        if store is None or store.get(ref.namespace, ref.name) is None:  # the pool went while this claim waited
+            pool_metrics.forget_pool(labels)
         if error.retry_after is not None:
             return error.retry_after
         return RETRY_EXHAUSTED if isinstance(error, PoolExhaustedError) else RETRY_NOT_READY

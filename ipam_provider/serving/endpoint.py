@@ -127,4 +127,13 @@ def _unauthorized(reason: str) -> web.Response:
 async def _watch(certificate: ServingCertificate) -> None:
     while True:
         await asyncio.sleep(CERT_CHECK_SECONDS)
+        refresh_certificate(certificate)
+
+
+def refresh_certificate(certificate: ServingCertificate) -> None:
+    """One look at the certificate files. Never raises: whatever goes wrong (a full temporary directory, an
+    unreadable file) is logged, the current certificate stays in use, and the next look tries again."""
+    try:
         certificate.refresh()
+    except Exception as error:
+        log.error("cannot check the serving certificate files; keeping the current certificate", error=str(error))

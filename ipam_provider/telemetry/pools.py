@@ -8,6 +8,7 @@ pool, counters and histogram included. Called on the event loop only.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -76,8 +77,15 @@ def _with_reason(metric: Gauge | Counter, pool: PoolLabels, reason: str) -> None
 def _drop_reasons(metric: Gauge | Counter, pool: PoolLabels, keep: set[str]) -> None:
     known = _reasons.get((pool, metric), set())
     for reason in known - keep:
-        metric.remove(*pool.values(), reason)
+        _remove(metric, *pool.values(), reason)
     known &= keep
+
+
+def _remove(metric: Gauge | Counter | Histogram, *values: str) -> None:
+    """Remove one labelled series; one that was never created is not an error (older prometheus-client releases
+    raise KeyError for it)."""
+    with contextlib.suppress(KeyError):
+        metric.remove(*values)
 
 
 def record_counts(pool: PoolLabels, counts: AddressCounts) -> None:
@@ -123,7 +131,7 @@ def count_release(pool: PoolLabels) -> None:
 def forget_pool(pool: PoolLabels) -> None:
     """Remove every series of the pool (it is gone)."""
     for plain in _PLAIN:
-        plain.remove(*pool.values())
+        _remove(plain, *pool.values())
     for reasoned in _REASONED:
         _drop_reasons(reasoned, pool, set())
         _reasons.pop((pool, reasoned), None)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -74,3 +78,29 @@ async def test_sigterm_while_leading_exits_zero_and_gives_the_lease_up() -> None
     controller.stop()
     assert await asyncio.wait_for(task, 5) == 0
     assert elector.released
+
+
+def test_a_fatal_error_is_one_json_record_and_exit_1(tmp_path: Path) -> None:
+    """An error nothing below handles (here: a kubeconfig that does not exist) ends the process with exit 1 and
+    is logged in the log's format: in JSON mode every line is JSON, the traceback structured."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipam_provider",
+            "run",
+            f"--kubeconfig={tmp_path / 'missing'}",
+            "--log-format=json",
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    (fatal,) = [r for r in records if r["level"] == "critical"]
+    assert fatal["event"] == "controller failed"
+    assert isinstance(fatal["exception"], list) and fatal["exception"][0]["exc_type"], fatal

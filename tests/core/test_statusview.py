@@ -58,7 +58,12 @@ async def test_pool_rows_count_and_skip_a_kind_without_crd(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
     await one_used_one_waiting(kube, namespace)
+    held = claim("going", "net")  # being deleted, held by another controller's finalizer: not waiting
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    await kube.create(CLAIMS, held, namespace)
+    await kube.delete(CLAIMS, "going", namespace)
     rows, skipped = await pool_rows(kube, [IN_CLUSTER_POOL, MISSING], [namespace])
+    await kube.patch(CLAIMS, "going", {"metadata": {"finalizers": None}}, namespace)
     assert rows == [
         {
             "apiGroup": IN_CLUSTER_POOL.group,

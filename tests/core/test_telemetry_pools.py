@@ -4,6 +4,8 @@ of other tests do not mix in."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import REGISTRY
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
@@ -199,3 +201,20 @@ def test_first_seen_is_per_uid_and_bounded() -> None:
     assert seen.fulfilled(("ns", "c"), "c") is None and seen.fulfilled(("ns", "e"), "e") == 0.0
     seen.forget(("ns", "d"))
     assert len(seen) == 0
+
+
+async def test_a_failure_counted_after_its_pool_went_leaves_no_series(world: World) -> None:
+    world.add(POOLS, pool("tm-gone"))
+    world.add(CLAIMS, claim("g1", "tm-gone"))
+    allocate = world.backend.allocate
+
+    async def pool_deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        assert await world.kube.delete(POOLS, "tm-gone", NS)
+        world.sync()
+        await world.pools.reconcile(FAKE_POOL.ref(NS, "tm-gone"))  # the pool's deletion is handled first
+        raise PoolExhaustedError("no free address in tm-gone")
+
+    world.backend.allocate = pool_deleted_meanwhile  # type: ignore[method-assign]
+    await world.claims.reconcile(NS, "g1")
+    world.backend.allocate = allocate  # type: ignore[method-assign]
+    assert series_of("tm-gone") == []

@@ -4,12 +4,15 @@ pieces of its request checks that need no API server (the review cache, the Auth
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import ssl
+import tempfile
 from pathlib import Path
 
 import aiohttp
 import pytest
+import structlog
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -19,7 +22,7 @@ from ipam_provider.serving.certificates import (
     ServingCertificate,
     self_signed_pem,
 )
-from ipam_provider.serving.endpoint import MetricsEndpoint, bearer_token
+from ipam_provider.serving.endpoint import MetricsEndpoint, bearer_token, refresh_certificate
 from ipam_provider.serving.reviews import TtlCache
 
 
@@ -174,3 +177,34 @@ def test_the_review_cache_expires_and_is_bounded() -> None:
     for key, value in (("a", 1), ("b", 2), ("c", 3)):
         cache.put(key, value)
     assert len(cache) == 2 and cache.get("a") == (False, None) and cache.get("c") == (True, 3)
+
+
+async def test_a_failed_look_at_the_files_is_logged_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_pair(tmp_path, "first.example")
+    certificate = ServingCertificate.load(CertificateFiles(str(tmp_path)))
+    endpoint = MetricsEndpoint(certificate)
+    port = free_port()
+    await endpoint.start("127.0.0.1", port)
+    try:
+        rotated = tmp_path / "rotated"
+        rotated.mkdir()
+        write_pair(rotated, "second.example")
+        for name in ("tls.crt", "tls.key"):
+            (rotated / name).replace(tmp_path / name)
+
+        def no_space(*_: object, **__: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(tempfile, "TemporaryDirectory", no_space)  # where the PEM passes on its way to OpenSSL
+        with structlog.testing.capture_logs() as records:
+            refresh_certificate(certificate)  # does not raise: the watch loop lives on
+        assert [r["log_level"] for r in records] == ["error"] and "No space left" in records[0]["error"]
+        assert await asyncio.to_thread(served_name, port) == "first.example"
+
+        monkeypatch.undo()
+        refresh_certificate(certificate)  # the same files, tried again
+        assert await asyncio.to_thread(served_name, port) == "second.example"
+    finally:
+        await endpoint.close()
