@@ -52,7 +52,11 @@ class Endpoints:
         try:
             metrics = options.metrics_bind
             if metrics is not None:
-                secure = ServingCertificate.load(options.metrics_cert) if options.metrics_secure else None
+                secure = (
+                    ServingCertificate.load(options.metrics_cert, options.metrics_tls)
+                    if options.metrics_secure
+                    else None
+                )
                 endpoint = MetricsEndpoint(secure)
                 try:
                     await endpoint.start(*metrics)

@@ -28,6 +28,7 @@ from ipam_provider.leader import JITTER_FACTOR
 from ipam_provider.logconfig import library_level
 from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.serving.options import add_serving_flags, metrics_serving
+from ipam_provider.serving.tlsoptions import TlsOptions
 from ipam_provider.version import __version__
 
 DEFAULT_WORKERS = 8
@@ -175,8 +176,12 @@ def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
         "--webhook-cert-secret-namespace",
     ):
         ignored.add_argument(name, metavar="VALUE", help="the provider serves no webhooks")
-    for name in ("--tls-min-version", "--tls-cipher-suites", "--tls-curve-preferences"):
-        ignored.add_argument(name, metavar="VALUE", help="the metrics endpoint takes TLS 1.2 or later")
+    ignored.add_argument(
+        "--tls-curve-preferences",
+        metavar="ID,...",
+        help="Python's ssl module can restrict the key exchange to one curve only, not to a list; OpenSSL's "
+        "default groups are offered",
+    )
 
 
 def _verbosity(text: str) -> int:
@@ -195,8 +200,6 @@ _IGNORED = [
     ("webhook_cert_dir", "--webhook-cert-dir"),
     ("webhook_cert_secret_name", "--webhook-cert-secret-name"),
     ("webhook_cert_secret_namespace", "--webhook-cert-secret-namespace"),
-    ("tls_min_version", "--tls-min-version"),
-    ("tls_cipher_suites", "--tls-cipher-suites"),
     ("tls_curve_preferences", "--tls-curve-preferences"),
 ]
 
@@ -228,6 +231,7 @@ class RunOptions:
     metrics_flag: str  # the flag metrics_address came from, for error messages
     metrics_secure: bool  # HTTPS, authenticated and authorised by the API server; else plain HTTP
     metrics_cert: CertificateFiles
+    metrics_tls: TlsOptions  # the HTTPS endpoint's minimum TLS version and cipher suites
     probes_address: str
     log_format: str
     log_level: str
@@ -263,6 +267,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         metrics_flag=metrics.flag,
         metrics_secure=metrics.secure,
         metrics_cert=metrics.cert,
+        metrics_tls=metrics.tls,
         probes_address=args.health_probe_bind_address,
         log_format=log_format,
         log_level=log_level,

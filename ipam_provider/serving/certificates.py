@@ -19,6 +19,8 @@ from pathlib import Path
 
 import structlog
 
+from ipam_provider.serving.tlsoptions import TlsOptions
+
 log = structlog.get_logger(__name__)
 
 SELF_SIGNED_DAYS = 365
@@ -57,11 +59,12 @@ class ServingCertificate:
         self.source = str(files.cert) if fingerprint is not None else "self-signed"
 
     @classmethod
-    def load(cls, files: CertificateFiles) -> ServingCertificate:
-        """The context, from the files if both exist, else self-signed. Raises CertificateError for files that
-        exist but cannot be used (including only one of the two)."""
+    def load(cls, files: CertificateFiles, tls: TlsOptions | None = None) -> ServingCertificate:
+        """The context, with `tls` (default: TLS 1.2 or later, Python's cipher list), from the files if both exist,
+        else self-signed. Raises CertificateError for files that exist but cannot be used (including only one of
+        the two). Reloads load into the same context, so the options hold for every certificate served."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        (tls or TlsOptions()).apply(context)
         fingerprint = _fingerprint(files)
         if fingerprint is None:
             _load_pem(context, *self_signed_pem(), "the self-signed certificate")

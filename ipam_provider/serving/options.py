@@ -3,6 +3,7 @@
 The metrics are served as Cluster API's managers serve them: by default over HTTPS on `--diagnostics-address`
 (`:8443`) with authentication and authorisation; `--insecure-diagnostics` makes that plain HTTP; the older
 `--metrics-bind-address` serves plain HTTP on its address and wins over both (`0` turns the metrics off).
+`--tls-min-version` and `--tls-cipher-suites` apply to the HTTPS endpoint (see tlsoptions.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,14 @@ from dataclasses import dataclass
 
 from ipam_provider.flagforms import bind_address, go_bool
 from ipam_provider.serving.certificates import CertificateFiles
+from ipam_provider.serving.tlsoptions import (
+    DEFAULT_MIN_VERSION,
+    INSECURE_SUITES,
+    LEGACY_NAMES,
+    SECURE_SUITES,
+    TlsOptions,
+    tls_options,
+)
 
 DEFAULT_PROBES_ADDRESS = ":8081"
 DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # Cluster API's util/flags default
@@ -28,6 +37,7 @@ class MetricsServing:
     flag: str
     secure: bool
     cert: CertificateFiles
+    tls: TlsOptions  # for HTTPS only
 
 
 def add_serving_flags(run: argparse.ArgumentParser) -> None:
@@ -71,6 +81,7 @@ def add_serving_flags(run: argparse.ArgumentParser) -> None:
     serving.add_argument(
         "--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {DEFAULT_CERT_KEY})"
     )
+    _add_tls_flags(serving)
     serving.add_argument(
         "--health-probe-bind-address",
         "--health-addr",
@@ -79,6 +90,24 @@ def add_serving_flags(run: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         default=DEFAULT_PROBES_ADDRESS,
         help='/healthz and /readyz (default: %(default)s); "0" disables them',
+    )
+
+
+def _add_tls_flags(serving: argparse._ArgumentGroup) -> None:
+    tls13 = [name for name, openssl_name in SECURE_SUITES.items() if openssl_name is None]
+    secure = [name for name, openssl_name in SECURE_SUITES.items() if openssl_name and name not in LEGACY_NAMES]
+    serving.add_argument(
+        "--tls-min-version",
+        metavar="VERSION",
+        help=f"the HTTPS metrics endpoint's minimum TLS version: VersionTLS12 or VersionTLS13 (default: "
+        f"{DEFAULT_MIN_VERSION}; VersionTLS10 and VersionTLS11 are refused)",
+    )
+    serving.add_argument(
+        "--tls-cipher-suites",
+        metavar="NAME,...",
+        help="the HTTPS metrics endpoint's TLS 1.2 cipher suites, by Go's crypto/tls names (default: Python's "
+        f"list). Preferred: {', '.join(secure)}. Insecure: {', '.join(INSECURE_SUITES)}. "
+        f"{', '.join(tls13)} are accepted but, as in Go, not configurable: with TLS 1.3 all three are always on",
     )
 
 
@@ -93,6 +122,16 @@ def metrics_serving(args: argparse.Namespace, ignored: list[str]) -> MetricsServ
         )
         if value is not None
     ]
+    tls_flags = [
+        f"{flag}={value}"
+        for flag, value in (
+            ("--tls-min-version", args.tls_min_version),
+            ("--tls-cipher-suites", args.tls_cipher_suites),
+        )
+        if value is not None
+    ]
+    unused_suites: list[str] = []  # named only when the endpoint is HTTPS; plain HTTP names the flags themselves
+    tls = tls_options(args.tls_min_version, args.tls_cipher_suites, unused_suites)  # checked in every mode, as CAPI
     cert = CertificateFiles(
         args.metrics_cert_path, args.metrics_cert_name or DEFAULT_CERT_NAME, args.metrics_cert_key or DEFAULT_CERT_KEY
     )
@@ -100,10 +139,11 @@ def metrics_serving(args: argparse.Namespace, ignored: list[str]) -> MetricsServ
         diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
         if args.insecure_diagnostics is not None:
             diagnostics.append(f"--insecure-diagnostics={'true' if args.insecure_diagnostics else 'false'}")
-        ignored += [f"{flag} (--metrics-bind-address wins)" for flag in diagnostics + cert_flags]
-        return MetricsServing(args.metrics_bind_address, "--metrics-bind-address", False, cert)
+        ignored += [f"{flag} (--metrics-bind-address wins)" for flag in diagnostics + cert_flags + tls_flags]
+        return MetricsServing(args.metrics_bind_address, "--metrics-bind-address", False, cert, tls)
     address = args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS
-    secure = not args.insecure_diagnostics
-    if not secure:
-        ignored += [f"{flag} (--insecure-diagnostics: plain HTTP)" for flag in cert_flags]
-    return MetricsServing(address, "--diagnostics-address", secure, cert)
+    if args.insecure_diagnostics:
+        ignored += [f"{flag} (--insecure-diagnostics: plain HTTP)" for flag in cert_flags + tls_flags]
+        return MetricsServing(address, "--diagnostics-address", False, cert, tls)
+    ignored += unused_suites
+    return MetricsServing(address, "--diagnostics-address", True, cert, tls)

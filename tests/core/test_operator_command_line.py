@@ -1,6 +1,6 @@
 """`ipam-provider run` as cluster-api-operator starts it (Go-form flags), against the real API server: the lease
-it takes is the one --leader-election-id names, with the lease duration given; claims are served; the start-up
-line carries the version; SIGTERM gives the lease up."""
+it takes is the one --leader-election-id names, with the lease duration given; claims are served; the metrics
+endpoint takes the TLS minimum version given; the start-up line carries the version; SIGTERM gives the lease up."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
+from tests.support.tlsclient import handshake, refused
 
 
 def free_port() -> int:
@@ -31,14 +33,16 @@ async def test_the_operators_flags_drive_a_running_controller(
 ) -> None:
     await kube.create(POOLS, pool("net", ["10.29.0.0/29"], 29), namespace)
     await kube.create(CLAIMS, claim("operated", "net"), namespace)
+    diagnostics_port = free_port()
     process = await asyncio.create_subprocess_exec(
         *controller_command(kubeconfig, namespace),
         "--leader-elect=true",
         "--leader-elect-lease-duration=4s",
         "--leader-elect-renew-deadline=3s",
         "--leader-elect-retry-period=500ms",
-        f"--diagnostics-address=127.0.0.1:{free_port()}",  # the operator's :8443, on a free port here
+        f"--diagnostics-address=127.0.0.1:{diagnostics_port}",  # the operator's :8443, on a free port here
         "--insecure-diagnostics=false",
+        "--tls-min-version=VersionTLS13",
         f"--health-addr=127.0.0.1:{free_port()}",
         "--v=2",
         "--sync-period=10m",
@@ -51,6 +55,9 @@ async def test_the_operators_flags_drive_a_running_controller(
     )
     try:
         await wait_address(kube, namespace, "operated")
+        # --tls-min-version acts on the HTTPS metrics endpoint: a TLS 1.2 client is refused, a TLS 1.3 one served.
+        assert (await asyncio.to_thread(handshake, diagnostics_port))[0] == "TLSv1.3"
+        await asyncio.to_thread(refused, diagnostics_port, ssl.TLSVersion.TLSv1_2)
 
         async def held() -> dict[str, Any] | None:
             lease = await kube.get(LEASES, "ipam-lock", namespace)
