@@ -5,7 +5,9 @@
 
 Every panel's PromQL targets are run through the HTTP API (`/api/v1/query_range`) over the time range and drawn on
 the dashboard's grid (gridPos: 24 columns): a title per panel, a line per series named by the target's
-legendFormat, a legend, and "no data" where a panel has no series. Row panels become section headings.
+legendFormat (ten colours, then the same colours dashed and dotted), a legend (at most 12 series, 8 on narrow
+panels: those with the highest peaks, and how many more), and "no data" where a panel has no series. Row panels
+become section headings.
 
 Template variables: `$__rate_interval` is 4 x the step, at least `--rate-interval` (default 1m), as Grafana does
 with a 15 s scrape interval; multi-value variables with "All" become their allValue (`.*`); a textbox its value;
@@ -33,7 +35,10 @@ GRID_COLUMNS = 24
 INCHES_PER_COLUMN = 0.8
 INCHES_PER_ROW = 0.36  # a Grafana grid row is 30 px against a column of ~80 px
 MAX_POINTS = 240
-LEGEND_ENTRIES = 10
+LEGEND_ENTRIES = 12  # per legend; 8 on panels narrower than half the grid
+NARROW_LEGEND_ENTRIES = 8
+COLORS = 10  # matplotlib's default cycle C0..C9; further series reuse them with another line style
+LINE_STYLES = ("-", "--", ":")
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
@@ -144,6 +149,19 @@ def _seconds(duration: str) -> float:
     return float(match.group(1)) * units[match.group(2)]
 
 
+def legend_series(series: list[Series], limit: int) -> list[int]:
+    """Indices of the series the legend names, in query order: all of them when there are at most `limit`, else the
+    `limit` with the highest peaks (series without a value rank last)."""
+    if len(series) <= limit:
+        return list(range(len(series)))
+
+    def peak(index: int) -> float:
+        values = [v for v in series[index].values if not math.isnan(v)]
+        return max(values, default=-math.inf)
+
+    return sorted(sorted(range(len(series)), key=peak, reverse=True)[:limit])
+
+
 def _formatter(unit: str) -> Any:
     from matplotlib.ticker import FuncFormatter
 
@@ -171,6 +189,7 @@ def draw(
     matplotlib.use("Agg")
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rows = [p for p in dashboard.get("panels", []) if p.get("type") == "row"]
     height_units = max(g["y"] + g["h"] for g in [*(r.grid for r in results), *(p["gridPos"] for p in rows)])
@@ -200,12 +219,23 @@ def draw(
         axes.xaxis.set_major_locator(locator)
         axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))  # type: ignore[no-untyped-call]
         axes.set_xlim(*(dt.datetime.fromtimestamp(t) for t in span))  # type: ignore[arg-type]
-        for series in result.series:
+        lines = []
+        for number, series in enumerate(result.series):
             times = [dt.datetime.fromtimestamp(t) for t in series.times]
-            axes.plot(times, series.values, linewidth=1.2, label=series.legend)  # type: ignore[arg-type]
+            look = {"color": f"C{number % COLORS}", "linestyle": LINE_STYLES[number // COLORS % len(LINE_STYLES)]}
+            (line,) = axes.plot(times, series.values, linewidth=1.2, **look)  # type: ignore[arg-type]
+            lines.append(line)
         if result.series:
-            handles, labels = axes.get_legend_handles_labels()
-            axes.legend(handles[:LEGEND_ENTRIES], labels[:LEGEND_ENTRIES], fontsize=6, loc="upper left", framealpha=0.6)
+            shown = legend_series(
+                result.series, LEGEND_ENTRIES if result.grid["w"] >= GRID_COLUMNS // 2 else NARROW_LEGEND_ENTRIES
+            )
+            handles: list[Any] = [lines[i] for i in shown]
+            labels = [result.series[i].legend for i in shown]
+            if len(shown) < len(result.series):
+                handles.append(Line2D([], [], linestyle="none"))
+                labels.append(f"+{len(result.series) - len(shown)} more (lower peaks)")
+            columns = 2 if len(labels) > 5 else 1
+            axes.legend(handles, labels, fontsize=6, loc="upper left", framealpha=0.6, ncol=columns)
         else:
             message = "query failed" if result.errors else "no data"
             axes.text(0.5, 0.5, message, ha="center", va="center", transform=axes.transAxes, color="gray")
