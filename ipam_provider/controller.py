@@ -164,10 +164,10 @@ class Controller:
     def _retry(self, key: QueueKey, shard: Hashable, error: BaseException) -> None:
         """Requeue `key` with backoff and log the failure: with its traceback the first time the key's failure
         streak (ended by a success) meets an error of this type, as one short line on the retries that follow; a
-        conflict (another writer was first) at debug level, without traceback, and it does not use up the
-        streak's traceback."""
+        conflict (another writer was first) or a 429 (the API server asks to come back later) at debug level,
+        without traceback, and it does not use up the streak's traceback."""
         delay = self.queue.add_rate_limited(key, shard)
-        routine = isinstance(error, ApiError) and error.conflict
+        routine = isinstance(error, ApiError) and (error.conflict or error.throttled)
         error_type = type(error).__name__
         traced = not routine and self._traced.get(key) != error_type
         if traced:

@@ -29,6 +29,11 @@ class ApiError(Exception):
         return self.status == 409 and self.reason != "AlreadyExists"
 
     @property
+    def throttled(self) -> bool:
+        """429: the API server asks to come back later (its rate limits, or storage still initialising)."""
+        return self.status == 429
+
+    @property
     def gone(self) -> bool:
         return self.status == 410
 

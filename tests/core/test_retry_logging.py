@@ -47,10 +47,11 @@ async def test_the_traceback_is_logged_on_the_first_failure_of_a_streak_only(con
     assert [r["exc_info"] for r in failures(controller, key, again, again)] == [again, None]
 
 
-async def test_a_conflict_is_logged_at_debug_without_traceback(controller: Controller) -> None:
+async def test_a_conflict_or_a_429_is_logged_at_debug_without_traceback(controller: Controller) -> None:
     conflict = ApiError(409, "Conflict", "the object has been modified")
-    (record,) = failures(controller, ClaimKey("ns", "claim"), conflict)
-    assert record["log_level"] == "debug" and record["exc_info"] is None
+    throttled = ApiError(429, "TooManyRequests", "storage is (re)initializing")
+    records = failures(controller, ClaimKey("ns", "claim"), conflict, throttled)
+    assert [(r["log_level"], r["exc_info"]) for r in records] == [("debug", None), ("debug", None)]
 
 
 async def test_a_conflict_does_not_use_up_the_streak_and_a_new_error_type_is_traced(controller: Controller) -> None:
