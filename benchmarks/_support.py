@@ -11,6 +11,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -56,6 +57,19 @@ class RunResult:
 
 
 # -- processes --------------------------------------------------------------------------------------------------
+
+
+def our_controller_argv(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
+    """`ipam-provider run` of this checkout as a subprocess, serving `namespace` through `kubeconfig`."""
+    return [
+        sys.executable,
+        "-m",
+        "ipam_provider",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        *flags,
+    ]
 
 
 def _die_with_parent() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
-from benchmarks._support import log_tail, start_process, stop_process
+from benchmarks._support import log_tail, our_controller_argv, start_process, stop_process
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, SECRETS, Resource
 from ipam_provider.reconcile.context import pool_resource
@@ -100,19 +100,15 @@ def start_grid() -> WapiSimulator:
 
 
 def controller_argv(kubeconfig: Path, metrics_port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={NAMESPACE}",
+    return our_controller_argv(
+        kubeconfig,
+        NAMESPACE,
         f"--metrics-bind-address=127.0.0.1:{metrics_port}",
         "--health-probe-bind-address=0",
         "--leader-elect",
         f"--leader-election-namespace={NAMESPACE}",
         "--log-level=warning",
-    ]
+    )
 
 
 def prometheus_config(path: Path, metrics_port: int) -> Path:

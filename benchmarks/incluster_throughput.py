@@ -43,6 +43,7 @@ from benchmarks._support import (
     RunResult,
     build_go_peer,
     log_tail,
+    our_controller_argv,
     print_report,
     proc_figures,
     request_delta,
@@ -86,18 +87,14 @@ class Target:
 
 def ours(workers: int) -> Target:
     def argv(kubeconfig: Path) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "ipam_provider",
-            "run",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
+        return our_controller_argv(
+            kubeconfig,
+            NAMESPACE,
             "--metrics-bind-address=0",
             "--health-probe-bind-address=0",
             f"--workers={workers}",
             "--log-level=warning",
-        ]
+        )
 
     return Target("ours (python)", "ours", "v1beta2", [*capi_crd_paths(load_versions()), *our_crd_paths()], argv)
 

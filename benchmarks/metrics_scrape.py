@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._support import log_tail, proc_figures, start_process, stop_process
+from benchmarks._support import log_tail, our_controller_argv, proc_figures, start_process, stop_process
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, Resource
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
@@ -243,17 +243,13 @@ def run(args: argparse.Namespace, work: Path) -> list[ScrapeFigures]:
         asyncio.run(_with_kube(kubeconfig, install))
         token = request_token(state.server, state.admin_token, state.ca_path)
         port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "ipam_provider",
-            "run",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
+        argv = our_controller_argv(
+            kubeconfig,
+            NAMESPACE,
             serving_flag(args.plain, port),
             "--health-probe-bind-address=0",
             "--log-level=warning",
-        ]
+        )
         process = start_process(argv, log)
         url = f"{'http' if args.plain else 'https'}://127.0.0.1:{port}/metrics"
         created = 0

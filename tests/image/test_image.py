@@ -27,7 +27,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,64 @@ async def http_get(url: str) -> tuple[int, str]:
         return 0, str(error)
 
 
+def deployment_flags(kubeconfig: str, namespace: str, lease: str, metrics: int, health: int) -> list[str]:
+    """The Deployment's flags (config/manager/manager.yaml), with this test's namespace, lease and free ports."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        "--leader-elect",
+        f"--leader-election-namespace={SYSTEM_NAMESPACE}",
+        f"--leader-election-id={lease}",
+        f"--diagnostics-address=127.0.0.1:{metrics}",
+        "--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs",  # absent here: the self-signed certificate
+        f"--health-probe-bind-address=127.0.0.1:{health}",
+        "--log-format=json",
+    ]
+
+
+async def install_config_default(kube: KubeClient, kubeconfig: Path, as_controller: KubeClient, namespace: str) -> None:
+    """`kubectl apply -k config/default`, and wait until its RBAC lets the controller's ServiceAccount work."""
+    await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
+    await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
+    code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
+    assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
+
+    async def granted() -> bool:
+        return await status_of(as_controller.list(CLAIMS, namespace)) == 200
+
+    await wait_for(granted, message="config/rbac to let the controller's ServiceAccount list claims")
+
+
+async def a_claim_is_served_scraped_and_released(
+    kube: KubeClient, namespace: str, metrics_url: str, token: str, output: Callable[[], str]
+) -> None:
+    await kube.create(POOLS, pool("net", ["10.40.0.0/24"], 24, gateway="10.40.0.1"), namespace)
+    await kube.create(CLAIMS, claim("m1", "net"), namespace)
+    address = await wait_address(kube, namespace, "m1", timeout=60)
+    assert address["spec"]["address"] == "10.40.0.2", address
+    assert address["spec"]["claimRef"]["name"] == "m1"
+    fulfilled = await kube.get(CLAIMS, "m1", namespace)
+    assert fulfilled is not None and fulfilled["status"]["addressRef"]["name"] == "m1"
+
+    # HTTPS, the token reviewed by the API server as the controller's ServiceAccount (config/rbac's grants).
+    status, text = await scrape(metrics_url, token)
+    assert status == 200 and "ipam_provider_allocation_total{" in text, text[:2000]
+
+    await kube.delete(CLAIMS, "m1", namespace)
+    await kube.delete(POOLS, "net", namespace)
+
+    async def released() -> bool:
+        return all(
+            [
+                await kube.get(CLAIMS, "m1", namespace) is None,
+                await kube.get(ADDRESSES, "m1", namespace) is None,
+                await kube.get(POOLS, "net", namespace) is None,
+            ]
+        )
+
+    await wait_for(released, timeout=60, message=lambda: f"the claim and pool to be released:\n{output()}")
+
+
 async def test_the_image_serves_a_claim_as_its_nonroot_user(
     image: Image,
     rootfs: Path,
@@ -235,40 +293,21 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
     as_controller = await KubeClient.from_kubeconfig(str(host_kubeconfig))
     metrics, health = free_port(), free_port()
     lease = f"image-test-{secrets.token_hex(4)}"
-    # The Deployment's flags (config/manager/manager.yaml), with this test's namespace, lease and free ports.
-    args = [
-        f"--kubeconfig={inside_kubeconfig}",
-        f"--namespace={namespace}",
-        "--leader-elect",
-        f"--leader-election-namespace={SYSTEM_NAMESPACE}",
-        f"--leader-election-id={lease}",
-        f"--diagnostics-address=127.0.0.1:{metrics}",
-        "--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs",  # absent here: the self-signed certificate
-        f"--health-probe-bind-address=127.0.0.1:{health}",
-        "--log-format=json",
-    ]
+    args = deployment_flags(inside_kubeconfig, namespace, lease, metrics, health)
     log_path = tmp_path / "controller.log"
     process: asyncio.subprocess.Process | None = None
+
+    def output() -> str:
+        return log_path.read_text(errors="replace")[-4000:]
+
     try:
-        await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
-        await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
-        code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
-        assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
-
-        async def granted() -> bool:
-            return await status_of(as_controller.list(CLAIMS, namespace)) == 200
-
-        await wait_for(granted, message="config/rbac to let the controller's ServiceAccount list claims")
-
+        await install_config_default(kube, kubeconfig, as_controller, namespace)
         env = dict(entry.split("=", 1) for entry in config.get("Env", []))
         command = [*config["Entrypoint"], *config["Cmd"], *args]
         with log_path.open("wb") as log:
             process = await asyncio.create_subprocess_exec(
                 "chroot", f"--userspec={user}", str(rootfs), *command, env=env, stdout=log, stderr=log
             )
-
-        def output() -> str:
-            return log_path.read_text(errors="replace")[-4000:]
 
         async def ready() -> bool:
             assert process is not None
@@ -282,31 +321,8 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         assert proc_ids(process.pid, "Gid") == {"65532"}, proc_ids(process.pid, "Gid")
         assert os.readlink(f"/proc/{process.pid}/root") == str(rootfs), "not in the image's root filesystem"
 
-        await kube.create(POOLS, pool("net", ["10.40.0.0/24"], 24, gateway="10.40.0.1"), namespace)
-        await kube.create(CLAIMS, claim("m1", "net"), namespace)
-        address = await wait_address(kube, namespace, "m1", timeout=60)
-        assert address["spec"]["address"] == "10.40.0.2", address
-        assert address["spec"]["claimRef"]["name"] == "m1"
-        fulfilled = await kube.get(CLAIMS, "m1", namespace)
-        assert fulfilled is not None and fulfilled["status"]["addressRef"]["name"] == "m1"
-
-        # HTTPS, the token reviewed by the API server as the controller's ServiceAccount (config/rbac's grants).
-        status, text = await scrape(f"https://127.0.0.1:{metrics}/metrics", metrics_reader_token)
-        assert status == 200 and "ipam_provider_allocation_total{" in text, text[:2000]
-
-        await kube.delete(CLAIMS, "m1", namespace)
-        await kube.delete(POOLS, "net", namespace)
-
-        async def released() -> bool:
-            return all(
-                [
-                    await kube.get(CLAIMS, "m1", namespace) is None,
-                    await kube.get(ADDRESSES, "m1", namespace) is None,
-                    await kube.get(POOLS, "net", namespace) is None,
-                ]
-            )
-
-        await wait_for(released, timeout=60, message=lambda: f"the claim and pool to be released:\n{output()}")
+        url = f"https://127.0.0.1:{metrics}/metrics"
+        await a_claim_is_served_scraped_and_released(kube, namespace, url, metrics_reader_token, output)
 
         process.send_signal(signal.SIGTERM)
         returncode = await asyncio.wait_for(process.wait(), 30)
