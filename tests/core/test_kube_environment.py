@@ -1,0 +1,58 @@
+"""The API client takes its proxy from the environment once, as client-go does, and its HTTP session then makes no
+per-request environment lookups (~/.netrc, proxy variables), which would cost two thread hops per request."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes_asyncio import client
+
+from ipam_provider.kube.client import KubeClient, proxy_from_environment
+
+API = "https://10.1.2.3:6443"
+
+
+def configuration(host: str = API, proxy: str | None = None) -> client.Configuration:
+    found = client.Configuration()
+    found.host = host
+    found.proxy = proxy
+    return found
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_https_proxy_is_taken_for_the_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@proxy.example:3128")
+    found = configuration()
+    proxy_from_environment(found)
+    assert found.proxy == "http://proxy.example:3128"
+    assert found.proxy_headers == {"Proxy-Authorization": "Basic dXNlcjpzZWNyZXQ="}
+
+
+def test_no_proxy_covering_the_host_or_no_variable_means_no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    unset = configuration()
+    proxy_from_environment(unset)
+    assert unset.proxy is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "10.1.2.3")
+    bypassed = configuration()
+    proxy_from_environment(bypassed)
+    assert bypassed.proxy is None
+
+
+def test_the_kubeconfig_proxy_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    named = configuration(proxy="http://named.example:8080")
+    proxy_from_environment(named)
+    assert named.proxy == "http://named.example:8080"
+
+
+async def test_the_session_makes_no_per_request_environment_lookups() -> None:
+    kube = KubeClient(client.ApiClient(configuration()))
+    try:
+        assert kube._api.rest_client.pool_manager.trust_env is False
+    finally:
+        await kube.close()
