@@ -294,7 +294,7 @@ async def measure_limit(plane: LocalControlPlane, target: Target, args: argparse
 
 def run_limit(target: Target, binaries: Path, work: Path, args: argparse.Namespace) -> RunResult:
     """The speed-of-light client on its own control plane with our CRDs; never raises except on interruption."""
-    result = RunResult(f"limit: our writes only (x{args.workers})", args.claims, args.pools)
+    result = RunResult(f"limit (our writes, {args.workers} in flight)", args.claims, args.pools)
     plane = LocalControlPlane(work / "limit", binaries)
     try:
         plane.start()
