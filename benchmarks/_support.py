@@ -4,6 +4,7 @@ outside (the API server's /metrics, /proc), so our controller and the Go peer ar
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import ctypes
@@ -152,6 +153,18 @@ def scrape_requests(server: str, token: str, ca_path: Path) -> RequestCounts:
     return counts
 
 
+async def settled_counts(server: str, token: str, ca: Path) -> RequestCounts:
+    """Request counts once the controller's trailing writes (e.g. pool status) have stopped, at most 10 s on."""
+    previous = await asyncio.to_thread(scrape_requests, server, token, ca)
+    for _ in range(10):
+        await asyncio.sleep(1)
+        current = await asyncio.to_thread(scrape_requests, server, token, ca)
+        if current == previous:
+            break
+        previous = current
+    return previous
+
+
 def request_delta(before: RequestCounts, after: RequestCounts, driver: RequestCounts) -> RequestCounts:
     """What the controller asked for between two scrapes: the difference less the benchmark's own requests."""
     delta: RequestCounts = collections.Counter()
@@ -178,11 +191,13 @@ class GoPeerUnavailable(RuntimeError):
     """The Go in-cluster provider could not be built or its CRDs fetched; the message says why."""
 
 
-def build_go_peer() -> GoPeer:
-    """Run hack/go-incluster/build.sh (a no-op when the binary is cached) and return what it produced."""
+def build_go_peer(version: str, capi: str) -> GoPeer:
+    """Run hack/go-incluster/build.sh for provider `version` against CAPI `capi`'s CRDs (a no-op when that
+    version's binary is cached) and return what it produced."""
     started = time.monotonic()
+    env = {**os.environ, "GO_INCLUSTER_VERSION": version, "GO_INCLUSTER_CAPI": capi}
     try:
-        result = subprocess.run(["bash", str(GO_BUILD_SCRIPT)], capture_output=True, text=True, check=True)
+        result = subprocess.run(["bash", str(GO_BUILD_SCRIPT)], capture_output=True, text=True, check=True, env=env)
     except (OSError, subprocess.CalledProcessError) as error:
         stderr = getattr(error, "stderr", None) or str(error)
         raise GoPeerUnavailable(f"{GO_BUILD_SCRIPT.relative_to(REPO_ROOT)} failed:\n{stderr[-3000:]}") from error
@@ -247,11 +262,15 @@ def print_report(results: list[RunResult]) -> None:
         if r.requests:
             top = ", ".join(f"{verb} {res} {n / r.claims:.2f}" for (verb, res), n in r.requests.most_common(8))
             print(f"{r.name} requests per claim: {top}")
-    if len(results) == 2 and all(r.seconds for r in results):
-        ours, go = results
+    ours = results[0] if results else None
+    for other in results[1:]:
+        if ours is None or not (ours.seconds and other.seconds):
+            continue
         print(
-            f"\nours/Go: throughput {_ratio(ours.claims_per_second, go.claims_per_second)}, "
-            f"mutating requests per allocation {_ratio(ours.per_claim(MUTATING_VERBS), go.per_claim(MUTATING_VERBS))}, "
-            f"reads per allocation {_ratio(ours.per_claim(READ_VERBS), go.per_claim(READ_VERBS))}, "
-            f"peak RSS {_ratio(ours.peak_rss_kib, go.peak_rss_kib)}, CPU {_ratio(ours.cpu_seconds, go.cpu_seconds)}"
+            f"\nours ÷ {other.name}: throughput {_ratio(ours.claims_per_second, other.claims_per_second)}, "
+            f"mutating requests per allocation "
+            f"{_ratio(ours.per_claim(MUTATING_VERBS), other.per_claim(MUTATING_VERBS))}, "
+            f"reads per allocation {_ratio(ours.per_claim(READ_VERBS), other.per_claim(READ_VERBS))}, "
+            f"peak RSS {_ratio(ours.peak_rss_kib, other.peak_rss_kib)}, "
+            f"CPU {_ratio(ours.cpu_seconds, other.cpu_seconds)}"
         )

@@ -1,19 +1,24 @@
-"""End-to-end throughput of our controller against the Go in-cluster provider, measured in the same run.
+"""End-to-end throughput of our controller against the Go in-cluster provider and a speed-of-light client, measured
+in the same run.
 
-For each controller: a fresh local control plane (etcd + kube-apiserver, `tools.controlplane`), the CRDs that
-controller speaks, P InClusterIPPools in namespace `bench`, the controller as a subprocess, one warm-up claim
-(so caches are synced and workers run), then N claims created at once (20 in flight) across the pools. Measured:
-the time until every claim has `status.addressRef`, claims/second, the API requests the controller made per
-allocation (apiserver_request_total before/after, less the benchmark's own requests and the API server's upkeep),
-the controller's peak RSS (VmHWM) and CPU time from /proc, and addresses handed out twice within a pool.
+For each: a fresh local control plane (etcd + kube-apiserver, `tools.controlplane`), the CRDs it speaks, P
+InClusterIPPools in namespace `bench`. A controller runs as a subprocess, gets one warm-up claim (caches synced,
+workers running), then N claims created at once (20 in flight) across the pools; measured: the time until every
+claim has `status.addressRef`, claims/second, the API requests the controller made per allocation
+(apiserver_request_total before/after, less the benchmark's own requests and the API server's upkeep), its peak
+RSS (VmHWM) and CPU time from /proc, and addresses handed out twice within a pool.
 
-Ours runs `python -m ipam_provider run --workers 8` against CAPI v1beta2 CRDs (hack/versions.env). The baseline is
-sigs.k8s.io/cluster-api-ipam-provider-in-cluster v1.0.3 (CAPI v1beta1, CAPI v1.10 CRDs), built once into a cache
-outside the work tree by hack/go-incluster/build.sh. The two never run at the same time.
+Ours runs `python -m ipam_provider run --workers 8` against CAPI v1beta2 CRDs (hack/versions.env). The Go baseline
+is sigs.k8s.io/cluster-api-ipam-provider-in-cluster v1.1.0 (IPAM v1beta2, CAPI v1.11.7 CRDs) or, with
+`--go-version v1.0.3`, v1.0.3 (v1beta1, CAPI v1.10.10 CRDs), built once per version into a cache outside the work
+tree by hack/go-incluster/build.sh. The limit (benchmarks/speed_of_light.py) makes our controller's writes for the
+N pre-created claims, `--workers` at a time, and nothing else; its clock covers only those writes. None of the
+three runs at the same time as another.
 
 Run from the repository root: `.venv/bin/python benchmarks/incluster_throughput.py [--claims 300] [--pools 3]
-[--skip-go]`. Exit status: 0 when our run succeeded (the baseline's failure is reported, not fatal), 1 when our
-run failed, 130 when interrupted. Every process started is stopped on the way out, Ctrl-C and SIGTERM included.
+[--go-version v1.1.0] [--skip-go] [--skip-limit]`. Exit status: 0 when our run succeeded (a baseline's failure is
+reported, not fatal), 1 when our run failed, 130 when interrupted. Every process started is stopped on the way
+out, Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -48,13 +53,15 @@ from benchmarks._support import (
     proc_figures,
     request_delta,
     scrape_requests,
+    settled_counts,
     start_process,
     stop_process,
 )
+from benchmarks.speed_of_light import write_all
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import IPAM_GROUP, NAMESPACES, Resource
-from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
+from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds
 from tools.controlplane.versions import load_versions
@@ -62,8 +69,22 @@ from tools.controlplane.versions import load_versions
 NAMESPACE = "bench"
 WARMUP = "warmup"
 IN_FLIGHT = 20
-CLUSTER_CRD = "cluster.x-k8s.io_clusters.yaml"
 POOLS = Resource(IPAM_GROUP, "v1alpha2", "inclusterippools", "InClusterIPPool", namespaced=True)
+
+
+@dataclass(frozen=True)
+class GoVersion:
+    """What one release of the Go in-cluster provider needs: CAPI CRDs, the claim API version, its flags."""
+
+    capi: str
+    claim_version: str
+    flags: tuple[str, ...]
+
+
+GO_VERSIONS = {
+    "v1.1.0": GoVersion("v1.11.7", "v1beta2", ("--diagnostics-address=0", "--health-probe-bind-address=0")),
+    "v1.0.3": GoVersion("v1.10.10", "v1beta1", ("--metrics-bind-address=0", "--health-probe-bind-address=0")),
+}
 
 
 @dataclass(frozen=True)
@@ -100,19 +121,20 @@ def ours(workers: int) -> Target:
 
 
 def go_baseline(peer: GoPeer) -> Target:
+    spec = GO_VERSIONS[peer.version]
+
     def argv(kubeconfig: Path) -> list[str]:
+        # --webhook-port=0 skips the pool webhooks, which would need cert-manager's serving certificate
         return [
             str(peer.binary),
             f"--kubeconfig={kubeconfig}",
             f"--namespace={NAMESPACE}",
-            "--webhook-port=0",  # 0 skips the pool webhooks, which would need cert-manager's serving certificate
-            "--metrics-bind-address=0",
-            "--health-probe-bind-address=0",
+            "--webhook-port=0",
+            *spec.flags,
         ]
 
-    capi = ("ipam.cluster.x-k8s.io_ipaddressclaims.yaml", "ipam.cluster.x-k8s.io_ipaddresses.yaml", CLUSTER_CRD)
-    crds = [*(peer.capi_crds / name for name in capi), *sorted(peer.pool_crds.glob("*.yaml"))]
-    return Target(f"Go in-cluster {peer.version}", "go", "v1beta1", crds, argv)
+    crds = [*capi_crd_paths_of(spec.capi), *sorted(peer.pool_crds.glob("*.yaml"))]
+    return Target(f"Go in-cluster {peer.version}", "go", spec.claim_version, crds, argv)
 
 
 def pool_layout(claims: int, pools: int) -> tuple[int, list[tuple[str, str]]]:
@@ -194,16 +216,19 @@ async def wait_fulfilled(
             return lists
 
 
-async def settled_counts(server: str, token: str, ca: Path) -> RequestCounts:
-    """Request counts once the controller's trailing writes (e.g. pool status) have stopped, at most 10 s on."""
-    previous = await asyncio.to_thread(scrape_requests, server, token, ca)
-    for _ in range(10):
-        await asyncio.sleep(1)
-        current = await asyncio.to_thread(scrape_requests, server, token, ca)
-        if current == previous:
-            break
-        previous = current
-    return previous
+async def check_addresses(kube: KubeClient, addresses: Resource, claims: int, result: RunResult) -> None:
+    """Record addresses handed out twice within a pool, and an error unless there is one IPAddress per claim."""
+    items, _ = await kube.list(addresses, NAMESPACE, limit=100_000)
+    by_pool: dict[str, list[str]] = collections.defaultdict(list)
+    for address in items:
+        by_pool[address["spec"]["poolRef"]["name"]].append(address["spec"]["address"])
+    by_pool.pop(WARMUP, None)
+    for pool, values in by_pool.items():
+        twice = sorted(a for a, n in collections.Counter(values).items() if n > 1)
+        if twice:
+            result.duplicates[pool] = twice
+    if (count := sum(map(len, by_pool.values()))) != claims:
+        result.error = f"{count} IPAddresses for {claims} fulfilled claims"
 
 
 async def measure(
@@ -235,19 +260,54 @@ async def measure(
         claims_key = f"{IPAM_GROUP}/{target.claims.plural}"
         driver: RequestCounts = collections.Counter({("POST", claims_key): args.claims, ("LIST", claims_key): lists})
         result.requests = request_delta(before, after, driver)
-        addresses, _ = await kube.list(target.addresses, NAMESPACE, limit=100_000)
-        by_pool: dict[str, list[str]] = collections.defaultdict(list)
-        for address in addresses:
-            by_pool[address["spec"]["poolRef"]["name"]].append(address["spec"]["address"])
-        by_pool.pop(WARMUP, None)
-        for pool, values in by_pool.items():
-            twice = sorted(a for a, n in collections.Counter(values).items() if n > 1)
-            if twice:
-                result.duplicates[pool] = twice
-        if (count := sum(map(len, by_pool.values()))) != args.claims:
-            result.error = f"{count} IPAddresses for {args.claims} fulfilled claims"
+        await check_addresses(kube, target.addresses, args.claims, result)
     finally:
         await kube.close()
+
+
+async def measure_limit(plane: LocalControlPlane, target: Target, args: argparse.Namespace, result: RunResult) -> None:
+    """Create the claims, then time benchmarks/speed_of_light.py's writes for all of them (its CPU: this process's)."""
+    state = plane.state
+    assert state is not None
+    kube = await KubeClient.from_kubeconfig(str(plane.kubeconfig_path))
+    try:
+        _, layout = pool_layout(args.claims, args.pools)
+        semaphore = asyncio.Semaphore(IN_FLIGHT)
+
+        async def create(index: int) -> dict[str, Any]:
+            async with semaphore:
+                body = claim_body(target, f"claim-{index}", layout[index % len(layout)][0])
+                return await kube.create(target.claims, body, NAMESPACE)
+
+        claims = await asyncio.gather(*(create(i) for i in range(args.claims)))
+        pools, _ = await kube.list(POOLS, NAMESPACE)
+        before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)
+        started, cpu = time.monotonic(), time.process_time()
+        await write_all(kube, list(claims), {p["metadata"]["name"]: p for p in pools}, args.workers)
+        result.seconds, result.cpu_seconds = time.monotonic() - started, time.process_time() - cpu
+        after = await settled_counts(state.server, state.admin_token, state.ca_path)
+        result.requests = request_delta(before, after, collections.Counter())
+        await check_addresses(kube, target.addresses, args.claims, result)
+    finally:
+        await kube.close()
+
+
+def run_limit(target: Target, binaries: Path, work: Path, args: argparse.Namespace) -> RunResult:
+    """The speed-of-light client on its own control plane with our CRDs; never raises except on interruption."""
+    result = RunResult(f"limit (our writes, {args.workers} in flight)", args.claims, args.pools)
+    plane = LocalControlPlane(work / "limit", binaries)
+    try:
+        plane.start()
+        asyncio.run(prepare(plane.kubeconfig_path, target, args.claims, args.pools))
+        asyncio.run(measure_limit(plane, target, args, result))
+        print(f"[limit] {args.claims} claims written in {result.seconds:.1f} s", flush=True)
+    except Exception as error:
+        while isinstance(error, ExceptionGroup) and error.exceptions:
+            error = error.exceptions[0]
+        result.error = f"{type(error).__name__}: {error}"
+    finally:
+        plane.stop()
+    return result
 
 
 def run_one(target: Target, binaries: Path, work: Path, args: argparse.Namespace) -> RunResult:
@@ -286,7 +346,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pools", type=int, default=3, help="pools they are spread over (default 3)")
     parser.add_argument("--workers", type=int, default=8, help="our controller's --workers (default 8)")
     parser.add_argument("--timeout", type=float, default=150, help="seconds allowed per run to fulfil all claims")
-    parser.add_argument("--skip-go", action="store_true", help="measure only our controller")
+    parser.add_argument("--go-version", choices=sorted(GO_VERSIONS), default="v1.1.0", help="Go baseline release")
+    parser.add_argument("--skip-go", action="store_true", help="do not measure the Go provider")
+    parser.add_argument("--skip-limit", action="store_true", help="do not measure the speed-of-light client")
     parser.add_argument("--keep-logs", type=Path, help="copy the controllers' logs into this directory")
     args = parser.parse_args(argv)
     if args.claims < 1 or not 1 <= args.pools <= 100:
@@ -306,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         go_problem = "skipped (--skip-go)" if args.skip_go else None
         if not args.skip_go:
             try:
-                peer = build_go_peer()
+                peer = build_go_peer(args.go_version, GO_VERSIONS[args.go_version].capi)
                 print(f"Go peer ready in {peer.build_seconds:.1f} s: {peer.binary}", flush=True)
             except GoPeerUnavailable as error:
                 go_problem = str(error)
@@ -317,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results.append(run_one(target, binaries, work, args))
         if peer is not None:
-            results.append(run_one(go_baseline(peer), binaries, work, args))
+            try:
+                results.append(run_one(go_baseline(peer), binaries, work, args))
+            except AssetError as error:
+                go_problem = str(error)
+        if not args.skip_limit:
+            results.append(run_limit(target, binaries, work, args))
     except KeyboardInterrupt:
         print("\ninterrupted: control planes and controllers stopped", file=sys.stderr)
         return 130

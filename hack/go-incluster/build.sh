@@ -3,13 +3,14 @@
 # module and fetches the CRDs it needs, all into caches outside the work tree. Nothing of it enters this repository.
 #
 # Pins (kept here, not in hack/versions.env, because only the benchmark uses them):
-#   GO_INCLUSTER_VERSION  the provider release (speaks Cluster API v1beta1);
-#   GO_INCLUSTER_CAPI     the Cluster API release whose CRDs it runs against (v1.10.x: v1beta1 served and stored;
-#                         v1.10.10 is the newest v1.10 patch the module proxy here serves).
+#   GO_INCLUSTER_VERSION  the provider release (v1.1.0 speaks IPAM v1beta2; v1.0.3, still selectable, v1beta1);
+#   GO_INCLUSTER_CAPI     the Cluster API release whose CRDs it runs against (v1.11.7 for v1.1.0, which needs
+#                         v1.11 or later; v1.10.10 for v1.0.3: v1beta1 served and stored).
+# Each provider version is built and cached on its own.
 # A warm run builds nothing. Prints KEY=VALUE lines: VERSION, BIN (the binary), POOL_CRDS and CAPI_CRDS (directories).
 set -euo pipefail
-GO_INCLUSTER_VERSION="${GO_INCLUSTER_VERSION:-v1.0.3}"
-GO_INCLUSTER_CAPI="${GO_INCLUSTER_CAPI:-v1.10.10}"
+GO_INCLUSTER_VERSION="${GO_INCLUSTER_VERSION:-v1.1.0}"
+GO_INCLUSTER_CAPI="${GO_INCLUSTER_CAPI:-v1.11.7}"
 module=sigs.k8s.io/cluster-api-ipam-provider-in-cluster
 
 command -v go >/dev/null || { echo "error: Go is needed to build the Go in-cluster provider" >&2; exit 1; }
