@@ -26,18 +26,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import math
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -57,9 +56,9 @@ from benchmarks._support import (
     start_process,
     stop_process,
 )
+from benchmarks.fulfilment import wait_fulfilled
 from benchmarks.speed_of_light import write_all
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import IPAM_GROUP, NAMESPACES, Resource
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
@@ -169,53 +168,6 @@ async def prepare(kubeconfig: Path, target: Target, claims: int, pools: int) -> 
         await kube.close()
 
 
-async def wait_fulfilled(
-    kube: KubeClient, claims: Resource, expected: set[str], timeout: float, alive: Callable[[], bool]
-) -> int:
-    """Wait until every claim in `expected` has status.addressRef; return how many LISTs that took."""
-    deadline = time.monotonic() + timeout
-    fulfilled: set[str] = set()
-    lists = 0
-
-    def note(obj: dict[str, Any]) -> None:
-        if ((obj.get("status") or {}).get("addressRef") or {}).get("name"):
-            fulfilled.add(obj["metadata"]["name"])
-
-    version = ""
-    while True:
-        if not version:
-            items, version = await kube.list(claims, NAMESPACE, limit=100_000)
-            lists += 1
-            for item in items:
-                note(item)
-        while not expected <= fulfilled:
-            if not alive():
-                raise RuntimeError("the controller exited")
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{len(expected - fulfilled)} of {len(expected)} claims unfulfilled after {timeout} s"
-                )
-            events = cast(  # an async generator: closed on break, which releases the connection
-                AsyncGenerator[tuple[str, dict[str, Any]], None],
-                kube.watch(claims, NAMESPACE, resource_version=version, timeout_seconds=2),
-            )
-            try:
-                async with contextlib.aclosing(events):
-                    async for kind, obj in events:
-                        version = obj.get("metadata", {}).get("resourceVersion") or version
-                        if kind in ("ADDED", "MODIFIED"):
-                            note(obj)
-                        if expected <= fulfilled:
-                            break
-            except ApiError as error:
-                if not error.gone:
-                    raise
-                version = ""
-                break
-        else:
-            return lists
-
-
 async def check_addresses(kube: KubeClient, addresses: Resource, claims: int, result: RunResult) -> None:
     """Record addresses handed out twice within a pool, and an error unless there is one IPAddress per claim."""
     items, _ = await kube.list(addresses, NAMESPACE, limit=100_000)
@@ -239,7 +191,7 @@ async def measure(
     kube = await KubeClient.from_kubeconfig(str(plane.kubeconfig_path))
     try:
         await kube.create(target.claims, claim_body(target, WARMUP, WARMUP), NAMESPACE)
-        await wait_fulfilled(kube, target.claims, {WARMUP}, 90, alive)
+        await wait_fulfilled(kube, target.claims, NAMESPACE, {WARMUP}, 90, alive)
         _, layout = pool_layout(args.claims, args.pools)
         work = [(f"claim-{i}", layout[i % len(layout)][0]) for i in range(args.claims)]
         semaphore = asyncio.Semaphore(IN_FLIGHT)
@@ -251,7 +203,9 @@ async def measure(
         before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)
         started = time.monotonic()
         async with asyncio.TaskGroup() as group:  # a failure anywhere cancels the rest
-            waiter = group.create_task(wait_fulfilled(kube, target.claims, {n for n, _ in work}, args.timeout, alive))
+            waiter = group.create_task(
+                wait_fulfilled(kube, target.claims, NAMESPACE, {n for n, _ in work}, args.timeout, alive)
+            )
             for name, pool in work:
                 group.create_task(create(name, pool))
         lists = waiter.result()

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._support import log_tail, our_controller_argv, proc_figures, start_process, stop_process
+from benchmarks.fulfilment import wait_fulfilled
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, Resource
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
@@ -161,19 +162,6 @@ async def add_pools(kube: KubeClient, first: int, last: int, claims_per_pool: in
     return names
 
 
-async def wait_fulfilled(kube: KubeClient, names: list[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    wanted = set(names)
-    while True:
-        items, _ = await kube.list(CLAIMS, NAMESPACE, limit=100_000)
-        done = {c["metadata"]["name"] for c in items if ((c.get("status") or {}).get("addressRef") or {}).get("name")}
-        if wanted <= done:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(wanted - done)} of {len(wanted)} claims unfulfilled after {timeout} s")
-        await asyncio.sleep(0.5)
-
-
 def measure_scrapes(url: str, token: str, pid: int, scrapes: int) -> tuple[list[float], bytes, float | None]:
     """Scrape `scrapes` times in a row; (durations, last body, controller CPU seconds per scrape net of idling)."""
     durations: list[float] = []
@@ -257,7 +245,7 @@ def run(args: argparse.Namespace, work: Path) -> list[ScrapeFigures]:
         for target in args.pools:
             claims += asyncio.run(_with_kube(kubeconfig, add_pools, created, target, args.claims_per_pool))
             created = target
-            asyncio.run(_with_kube(kubeconfig, wait_fulfilled, claims, args.timeout))
+            asyncio.run(_with_kube(kubeconfig, wait_fulfilled, CLAIMS, NAMESPACE, set(claims), args.timeout))
             time.sleep(3)  # let the pool reconciles that follow the last allocation write their status
             durations, body, cpu = measure_scrapes(url, token, process.pid, args.scrapes)
             rows.append(figures_of(target, len(claims), durations, body, cpu))
