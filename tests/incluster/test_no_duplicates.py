@@ -23,15 +23,18 @@ from tests.support.controller import ControllerFactory, controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
 
 
-async def assert_unique_and_complete(kube: KubeClient, namespace: str, expected_claims: int) -> dict[str, list[str]]:
-    """Every claim fulfilled, no address twice per pool, exactly one reservation per claim (no leak)."""
+async def assert_unique_and_complete(
+    kube: KubeClient, namespace: str, expected_claims: int, timeout: float = 120
+) -> dict[str, list[str]]:
+    """Every claim fulfilled (within `timeout` seconds), no address twice per pool, exactly one reservation per
+    claim (no leak)."""
 
     async def all_ready() -> list[dict[str, Any]] | None:
         claims, _ = await kube.list(CLAIMS, namespace)
         ready = [c for c in claims if (c.get("status") or {}).get("addressRef")]
         return claims if len(ready) == expected_claims == len(claims) else None
 
-    await wait_for(all_ready, timeout=120, message=f"{expected_claims} claims fulfilled in {namespace}")
+    await wait_for(all_ready, timeout=timeout, message=f"{expected_claims} claims fulfilled in {namespace}")
     addresses, _ = await kube.list(ADDRESSES, namespace)
     by_pool: dict[str, list[str]] = collections.defaultdict(list)
     for address in addresses:
