@@ -1,8 +1,9 @@
 """The controller: watches → work queue → reconcilers → backends.
 
 Informers feed the caches and hand every change to the event handlers (`watch/handlers.py`), which enqueue the
-claim and pool keys it affects; workers take keys from the queue (one key per pool at a time, pools in parallel)
-and run the reconcilers. `stop()` stops taking new keys, lets in-flight reconciles finish, then stops the watches.
+claim and pool keys it affects; workers take keys from the queue (pools in turn; several claims of one pool at
+once, each claim by one worker at a time) and run the reconcilers. `stop()` stops taking new keys, lets
+in-flight reconciles finish, then stops the watches.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Controller:
         self.registry = registry
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
-        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam")
+        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=None)
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed

@@ -3,10 +3,18 @@
 Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
 name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
 allocations, not the pool's size (see `intervals`).
+
+Claims of one pool are allocated concurrently (`concurrent_claims`). Only the choice of a candidate is
+serialised: it is made and marked pending in memory in one step (`PoolIndex.take_candidate`), so each decision
+takes the lowest address that is neither held nor being tried by another allocation at that moment. The API
+server's create-uniqueness of the reservation stays the arbiter: an allocation that loses an address to another
+process learns who holds it and takes the next candidate. Building or rebuilding a pool's index is done by one
+allocation at a time; the others wait for it and use its result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -75,10 +83,14 @@ def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
 class InClusterBackend:
     """Serves InClusterIPPool and GlobalInClusterIPPool."""
 
+    concurrent_claims = True
+
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
         self.reservations = ReservationClient(context.kube)
         self._indexes: dict[PoolRef, PoolIndex] = {}
+        self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
+        self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
         self._swept: dict[PoolRef, float] = {}
         self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
@@ -96,22 +108,37 @@ class InClusterBackend:
         key = (allocatable.addresses, allocatable.family)
         index = self._indexes.get(ref)
         if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
-            index = await self._rebuild(ref, allocatable, key, scan=True)
+            index = await self._rebuild(ref, allocatable, key, scan=True, replacing=index)
         elif index.spec_key != key:
             index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
-        if spec.reuse_grace_seconds is not None:
-            await self._reclaim_expired(index, spec.reuse_grace_seconds)
-        return index
+        if spec.reuse_grace_seconds is not None and ref not in self._reclaiming:
+            self._reclaiming.add(ref)
+            try:
+                await self._reclaim_expired(index, spec.reuse_grace_seconds)
+            finally:
+                self._reclaiming.discard(ref)
+        return self._indexes.get(ref, index)
 
-    async def _rebuild(self, ref: PoolRef, allocatable: AllocatableSet, key: object, *, scan: bool) -> PoolIndex:
-        """Build the pool's index from a fresh list of its reservations. With `scan` (the first use of the pool in
-        this process, and each resync) IPAddresses naming the pool without a reservation get one first."""
-        reservations = await self.reservations.list_pool(ref)
-        if scan:
-            reservations += await reserve_existing(self.kube, self.reservations, ref, allocatable.family, reservations)
-        index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key)
-        self._indexes[ref] = index
-        return index
+    async def _rebuild(
+        self, ref: PoolRef, allocatable: AllocatableSet, key: object, *, scan: bool, replacing: PoolIndex | None
+    ) -> PoolIndex:
+        """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
+        `replacing` (the index the caller found wanting) while this one waited for its turn. With `scan` (the
+        first use of the pool in this process, and each resync) IPAddresses naming the pool without a
+        reservation get one first. In-flight candidates stay pending in the new index."""
+        async with self._building.setdefault(ref, asyncio.Lock()):
+            current = self._indexes.get(ref)
+            if current is not replacing and current is not None and current.family == allocatable.family:
+                return current
+            reservations = await self.reservations.list_pool(ref)
+            if scan:
+                reservations += await reserve_existing(
+                    self.kube, self.reservations, ref, allocatable.family, reservations
+                )
+            pending = replacing.pending if replacing is not None and replacing.family == allocatable.family else None
+            index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key, pending)
+            self._indexes[ref] = index
+            return index
 
     async def _reclaim_expired(self, index: PoolIndex, grace_seconds: int) -> None:
         for reservation in index.expired_releases(grace_seconds):
@@ -130,10 +157,11 @@ class InClusterBackend:
             return Allocation(held.address, held.prefix, held.gateway)
         rebuilt = False
         while True:
-            candidate = index.allocator.lowest_free()
+            index = self._indexes.get(pool_ref, index)
+            candidate = index.take_candidate(claim.uid)
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
-                    index = await self._rebuild(pool_ref, allocatable, index.spec_key, scan=False)
+                    index = await self._rebuild(pool_ref, allocatable, index.spec_key, scan=False, replacing=index)
                     rebuilt = True
                     held = index.by_claim.get(claim.uid)
                     if held is not None:
@@ -144,20 +172,40 @@ class InClusterBackend:
                     f"{pool_ref} has no free address: all {total} are in use; add addresses to the pool or delete "
                     "claims"
                 )
-            address = int_to_address(candidate, allocatable.family)
+            reservation = await self._try_candidate(pool_ref, spec, allocatable.family, candidate, claim, index)
+            if reservation is not None:
+                return Allocation(reservation.address, reservation.prefix, reservation.gateway)
+
+    async def _try_candidate(
+        self,
+        ref: PoolRef,
+        spec: InClusterPoolSpec,
+        family: int,
+        candidate: int,
+        claim: ClaimContext,
+        index: PoolIndex,
+    ) -> Reservation | None:
+        """Reserve the pending `candidate` for the claim: its reservation, or None when someone else holds the
+        address (now known to the index) or it was released in between (free again)."""
+        address = int_to_address(candidate, family)
+        learned: Reservation | None = None
+        try:
             reservation = await self.reservations.create(
-                pool_ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
+                ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
             )
             if reservation is None:  # reserved by someone this index did not know about
-                reservation = await self.reservations.get(pool_ref, address)
-                if reservation is None:
-                    continue  # released in between: try the same address again
-                index.hold(reservation)
-                if reservation.claim_uid != claim.uid:
-                    log.info("address already reserved elsewhere", pool=str(pool_ref), address=address)
-                    continue
-            index.hold(reservation)
-            return Allocation(reservation.address, reservation.prefix, reservation.gateway)
+                learned = await self.reservations.get(ref, address)
+            else:
+                learned = reservation
+        finally:
+            current = self._indexes.get(ref, index)
+            if learned is not None:
+                current.hold(learned)
+            current.settle(candidate)
+        if learned is not None and learned.claim_uid != claim.uid:
+            log.info("address already reserved elsewhere", pool=str(ref), address=address)
+            return None
+        return learned
 
     async def _hold_existing(
         self, ref: PoolRef, index: PoolIndex, claim: ClaimContext, existing: Allocation

@@ -4,6 +4,11 @@ It is a *hint* that makes allocation cheap; correctness never depends on it. It 
 (consistent) list of the pool's reservations the first time the pool is used by this process, rebuilt when the
 pool looks exhausted or is older than the resync period, and updated by this process's own reservations. A
 reservation made by another process is discovered when creating it fails with AlreadyExists.
+
+Allocations for several claims of the pool run at once. Each takes its candidate with `take_candidate`, which
+marks it pending (used, in memory) in the same step as choosing it, so two allocations of this process never try
+the same address; `settle` ends the pending mark once the reservation's create has answered. Pending marks move
+to every index that replaces this one (rebuild, spec change), because their creates are still in flight.
 """
 
 from __future__ import annotations
@@ -26,21 +31,50 @@ class PoolIndex:
     released: dict[int, Reservation] = field(default_factory=dict)
     # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
     doubly_held: set[str] = field(default_factory=set)
+    # Candidates whose reservation create is in flight → the claim uid it is for.
+    pending: dict[int, str] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
     spec_key: object = None
 
     @classmethod
     def build(
-        cls, allocatable: IntervalSet, family: int, reservations: list[Reservation], spec_key: object
+        cls,
+        allocatable: IntervalSet,
+        family: int,
+        reservations: list[Reservation],
+        spec_key: object,
+        pending: dict[int, str] | None = None,
     ) -> PoolIndex:
+        """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits."""
         index = cls(PoolAllocator(allocatable), family, spec_key=spec_key)
         for reservation in reservations:
             index.hold(reservation)
+        if pending is not None:
+            index.pending = pending
+            for value in pending:
+                index.allocator.mark_used(value)
         return index
 
     def with_allocatable(self, allocatable: IntervalSet, spec_key: object) -> PoolIndex:
-        """The same holdings over a new allocatable set (the pool's spec changed)."""
-        return PoolIndex.build(allocatable, self.family, list(self.by_address.values()), spec_key)
+        """The same holdings and pending candidates over a new allocatable set (the pool's spec changed)."""
+        return PoolIndex.build(allocatable, self.family, list(self.by_address.values()), spec_key, self.pending)
+
+    def take_candidate(self, claim_uid: str) -> int | None:
+        """The lowest address neither held nor pending, now marked pending for `claim_uid`; None if there is none.
+        Choosing and marking happen in one step (no await), so concurrent allocations get distinct candidates."""
+        value = self.allocator.lowest_free()
+        if value is None:
+            return None
+        self.allocator.mark_used(value)
+        self.pending[value] = claim_uid
+        return value
+
+    def settle(self, value: int) -> None:
+        """The create for the pending candidate `value` has answered: unmark it, and free it unless a
+        reservation for it is now known (call `hold` first when the answer named one)."""
+        self.pending.pop(value, None)
+        if value not in self.by_address:
+            self.allocator.mark_free(value)
 
     def hold(self, reservation: Reservation) -> None:
         try:
@@ -64,10 +98,12 @@ class PoolIndex:
             value = address_to_int(reservation.address, self.family)
         except ValueError:
             return
-        if self.by_address.get(value, reservation).name == reservation.name:
+        known = self.by_address.get(value, reservation)
+        if known.name == reservation.name and known.uid == reservation.uid:
             self.by_address.pop(value, None)
             self.released.pop(value, None)
-            self.allocator.mark_free(value)
+            if value not in self.pending:
+                self.allocator.mark_free(value)
         if self.by_claim.get(reservation.claim_uid) == reservation:
             del self.by_claim[reservation.claim_uid]
 

@@ -2,8 +2,11 @@
 
 A backend serves one or more pool kinds. The reconciler calls it with plain data: the pool's identity
 (`PoolRef`), the pool object as the API server returned it (a JSON mapping), and a `ClaimContext` describing the
-claim. It never calls a backend for a paused claim, cluster or pool, and it calls a backend for one pool at a
-time: calls for the same pool are serialised, calls for different pools may run concurrently.
+claim. It never calls a backend for a paused claim, cluster or pool, and never makes two calls for the same claim
+at once. Calls for different pools may run concurrently. Calls for the same pool are serialised, unless the
+backend declares `concurrent_claims = True` (see `serves_claims_concurrently`): then calls for different claims
+of one pool, and the pool's `report`, may run at once, and the backend itself keeps them from handing out one
+address twice.
 
 Every method must be idempotent and safe to repeat after a crash at any point: the reconciler is
 level-triggered and will call again.
@@ -195,6 +198,12 @@ class BackendContext:
 
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"
+
+
+def serves_claims_concurrently(backend: object) -> bool:
+    """Whether the backend accepts concurrent calls for several claims of one pool: its optional class or
+    instance attribute `concurrent_claims` is True. A backend without it gets its calls for a pool one at a time."""
+    return getattr(backend, "concurrent_claims", False) is True
 
 
 @runtime_checkable

@@ -32,5 +32,6 @@ class PoolKey:
 QueueKey = ClaimKey | PoolKey
 
 Shard = PoolRef | None
-"""The queue shard of a key: the pool it concerns. Work on one pool is serialised; None is the shard of claims
-whose pool cannot be known (they are ignored by the reconciler)."""
+"""The queue shard of a key: the pool it concerns. The queue serves shards in turn, so that a pool with a backlog
+cannot starve another; None is the shard of claims whose pool cannot be known (they are ignored by the
+reconciler)."""

@@ -1,9 +1,14 @@
-"""A work queue in the manner of client-go's, with per-shard serialisation.
+"""A work queue in the manner of client-go's, with shards for fairness and two priorities.
 
 Contract:
-- A key waits in the queue at most once (adding it again is a no-op), and is never handed to two workers at once.
-- Every key belongs to a shard (for claims: their pool). At most one key of a shard is processed at a time;
-  different shards are processed in parallel, taken round-robin so that one busy pool cannot starve the others.
+- A key waits in the queue at most once (adding it again is a no-op, except that it may raise the key's
+  priority), and is never handed to two workers at once.
+- Every key belongs to a shard (for claims: their pool). Shards are served round-robin, so that one busy pool
+  cannot starve the others. At most `shard_limit` keys of one shard are processed at a time (None: no limit
+  but the number of workers).
+- Keys have a priority: NORMAL or LOW. A LOW key is handed out only when no NORMAL key is ready (the keys a
+  cache's initial list brings, for objects that need no work, wait behind live changes). Within a priority and
+  a shard, keys are handed out in the order they were added.
 - `add_rate_limited` re-adds a failed key after a per-key exponential backoff; `forget` resets it.
 - `add_after` re-adds a key after a delay; the earliest pending delay wins.
 - After `shutdown`, `get` returns None once no key is ready; keys being processed are finished by their workers.
@@ -15,6 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Generic, TypeVar
 
 from ipam_provider.telemetry.controller import queue_metrics
@@ -22,19 +29,43 @@ from ipam_provider.telemetry.controller import queue_metrics
 K = TypeVar("K", bound=Hashable)
 
 
+class Priority(IntEnum):
+    """Lower values are served first."""
+
+    NORMAL = 0
+    LOW = 1
+
+
+@dataclass(frozen=True)
+class _Entry:
+    shard: Hashable
+    priority: Priority
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 120.0, name: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        base_delay: float = 0.05,
+        max_delay: float = 120.0,
+        name: str | None = None,
+        shard_limit: int | None = 1,
+    ) -> None:
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self._waiting: dict[Hashable, deque[K]] = {}
-        self._queued: set[K] = set()
+        self.shard_limit = shard_limit
+        self._queued: dict[K, _Entry] = {}
+        # Per shard, one deque per priority. A key whose priority was raised also stays in its old deque; that
+        # stale copy is skipped when it comes up (its entry no longer matches).
+        self._waiting: dict[Hashable, tuple[deque[K], deque[K]]] = {}
         self._processing: set[K] = set()
-        self._requeue_when_done: dict[K, Hashable] = {}  # key being processed → its shard when added again
-        self._busy_shards: set[Hashable] = set()
-        self._ready_shards: deque[Hashable] = deque()
+        self._requeue_when_done: dict[K, _Entry] = {}  # key being processed → how to add it again when done
+        self._active: dict[Hashable, int] = {}  # shard → keys of it being processed
+        self._ready: tuple[deque[Hashable], deque[Hashable]] = (deque(), deque())  # shards to serve, per priority
+        self._in_ready: tuple[set[Hashable], set[Hashable]] = (set(), set())
+        self._getters: deque[asyncio.Future[None]] = deque()
         self._failures: dict[K, int] = {}
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
-        self._wakeup = asyncio.Condition()
         self._shutting_down = False
         self._metrics = queue_metrics(name)
 
@@ -45,22 +76,35 @@ class WorkQueue(Generic[K]):
     def processing(self) -> int:
         return len(self._processing)
 
-    def add(self, key: K, shard: Hashable = None) -> None:
+    def add(self, key: K, shard: Hashable = None, priority: Priority = Priority.NORMAL) -> None:
         if self._shutting_down:
             return
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
         if key in self._processing:
-            self._requeue_when_done[key] = shard
+            again = self._requeue_when_done.get(key)
+            if again is None or priority < again.priority:
+                self._requeue_when_done[key] = _Entry(shard, priority)
             self._metrics.added(key)
             return
-        if key in self._queued:
+        queued = self._queued.get(key)
+        if queued is not None:
+            if priority < queued.priority:  # raised: queue it again at the new priority, under its shard
+                self._queued[key] = _Entry(queued.shard, priority)
+                self._waiting_of(queued.shard)[priority].append(key)
+                self._mark_ready(queued.shard)
             return
-        self._queued.add(key)
+        self._queued[key] = _Entry(shard, priority)
         self._metrics.added(key)
-        self._waiting.setdefault(shard, deque()).append(key)
+        self._waiting_of(shard)[priority].append(key)
         self._mark_ready(shard)
+
+    def _waiting_of(self, shard: Hashable) -> tuple[deque[K], deque[K]]:
+        waiting = self._waiting.get(shard)
+        if waiting is None:
+            waiting = self._waiting[shard] = (deque(), deque())
+        return waiting
 
     def add_after(self, key: K, delay: float, shard: Hashable = None) -> None:
         if delay <= 0:
@@ -95,51 +139,105 @@ class WorkQueue(Generic[K]):
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 
-    def _mark_ready(self, shard: Hashable) -> None:
-        if shard not in self._busy_shards and shard not in self._ready_shards and self._waiting.get(shard):
-            self._ready_shards.append(shard)
-            asyncio.get_running_loop().create_task(self._notify())
+    def _has_room(self, shard: Hashable) -> bool:
+        return self.shard_limit is None or self._active.get(shard, 0) < self.shard_limit
 
-    async def _notify(self) -> None:
-        async with self._wakeup:
-            self._wakeup.notify()
+    def _mark_ready(self, shard: Hashable) -> None:
+        """Put the shard in line for each priority it has keys waiting at, if it may take one more now."""
+        waiting = self._waiting.get(shard)
+        if waiting is None or not self._has_room(shard):
+            return
+        for priority in Priority:
+            if waiting[priority] and shard not in self._in_ready[priority]:
+                self._ready[priority].append(shard)
+                self._in_ready[priority].add(shard)
+                self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
 
     async def get(self) -> tuple[K, Hashable] | None:
         """The next key and its shard; None after shutdown when nothing is ready."""
-        async with self._wakeup:
-            while True:
-                while self._ready_shards:
-                    shard = self._ready_shards.popleft()
-                    waiting = self._waiting.get(shard)
-                    if not waiting or shard in self._busy_shards:
-                        continue
-                    key = waiting.popleft()
-                    if not waiting:
-                        del self._waiting[shard]
-                    self._queued.discard(key)
-                    if key in self._processing:
-                        self._requeue_when_done[key] = shard
-                        self._mark_ready(shard)
-                        continue
-                    self._processing.add(key)
-                    self._busy_shards.add(shard)
-                    self._metrics.taken(key)
-                    return key, shard
-                if self._shutting_down:
-                    return None
-                await self._wakeup.wait()
+        while True:
+            item = self._take()
+            if item is not None:
+                return item
+            if self._shutting_down:
+                return None
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except asyncio.CancelledError:
+                if getter.done() and not getter.cancelled():
+                    self._wake_one()  # pass the wake-up this getter got on to another one
+                raise
+
+    def _take(self) -> tuple[K, Hashable] | None:
+        """Hand out the first ready key, NORMAL before LOW, shards round-robin; None if nothing is ready."""
+        for priority in Priority:
+            ready, in_ready = self._ready[priority], self._in_ready[priority]
+            while ready:
+                shard = ready.popleft()
+                in_ready.discard(shard)
+                if not self._has_room(shard):
+                    continue  # back in line when one of its keys is done
+                key = self._pop_waiting(shard, priority)
+                if key is None:
+                    continue
+                if key in self._processing:  # cannot happen by the invariants; never run a key twice at once
+                    self._requeue_when_done[key] = _Entry(shard, priority)
+                    self._mark_ready(shard)
+                    continue
+                self._processing.add(key)
+                self._active[shard] = self._active.get(shard, 0) + 1
+                self._metrics.taken(key)
+                self._mark_ready(shard)  # round-robin: the shard goes to the back of the line
+                return key, shard
+        return None
+
+    def _pop_waiting(self, shard: Hashable, priority: Priority) -> K | None:
+        """The shard's next key of this priority, skipping stale copies; cleans up an empty shard."""
+        waiting = self._waiting.get(shard)
+        if waiting is None:
+            return None
+        found: K | None = None
+        keys = waiting[priority]
+        while keys:
+            key = keys.popleft()
+            entry = self._queued.get(key)
+            if entry is not None and entry.shard == shard and entry.priority == priority:
+                del self._queued[key]
+                found = key
+                break
+        if not waiting[Priority.NORMAL] and not waiting[Priority.LOW]:
+            del self._waiting[shard]
+        return found
 
     def done(self, key: K, shard: Hashable) -> None:
         self._metrics.done(key)
         self._processing.discard(key)
-        self._busy_shards.discard(shard)
-        if key in self._requeue_when_done:
-            shard_again = self._requeue_when_done.pop(key)
-            if not self._shutting_down:
-                self.add(key, shard_again)
+        active = self._active.get(shard, 0) - 1
+        if active > 0:
+            self._active[shard] = active
+        else:
+            self._active.pop(shard, None)
+        again = self._requeue_when_done.pop(key, None)
+        if again is not None and not self._shutting_down:
+            self.add(key, again.shard, again.priority)
         self._mark_ready(shard)
         if self._shutting_down:
-            asyncio.get_running_loop().create_task(self._notify_all())
+            self._wake_all()
 
     def shutdown(self) -> None:
         self._shutting_down = True
@@ -147,11 +245,9 @@ class WorkQueue(Generic[K]):
             timer.cancel()
         self._timers.clear()
         self._waiting.clear()
-        self._ready_shards.clear()
+        for priority in Priority:
+            self._ready[priority].clear()
+            self._in_ready[priority].clear()
         self._queued.clear()
         self._metrics.cleared()
-        asyncio.get_running_loop().create_task(self._notify_all())
-
-    async def _notify_all(self) -> None:
-        async with self._wakeup:
-            self._wakeup.notify_all()
+        self._wake_all()

@@ -201,7 +201,8 @@ class ClaimReconciler:
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
         try:
-            allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
+            async with self.ctx.backend_turn(work.backend, work.pool_ref):
+                allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
         except BackendError as error:
             return await self._failed(work, error)
         if address_raw is None:

@@ -3,13 +3,16 @@ and the guarded patch that keeps the caches read-your-writes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import structlog
 
 from ipam_provider.api.capi import READY, IPAddressClaim
-from ipam_provider.backend.contract import Backend, ClaimContext, PoolKind, PoolRef
+from ipam_provider.backend.contract import Backend, ClaimContext, PoolKind, PoolRef, serves_claims_concurrently
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -32,6 +35,20 @@ class ReconcileContext:
     registry: BackendRegistry
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
+    _pool_locks: weakref.WeakValueDictionary[PoolRef, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
+
+    @contextlib.asynccontextmanager
+    async def backend_turn(self, backend: Backend, ref: PoolRef) -> AsyncIterator[None]:
+        """Around every call of `backend` for the pool `ref`: the pool's turn, when the backend wants its calls for
+        one pool one at a time (`serves_claims_concurrently`); nothing otherwise."""
+        if serves_claims_concurrently(backend):
+            yield
+            return
+        lock = self._pool_locks.get(ref)
+        if lock is None:
+            lock = self._pool_locks[ref] = asyncio.Lock()
+        async with lock:
+            yield
 
     def waiting_claims(self, ref: PoolRef) -> dict[str, int]:
         """The cached live claims of the pool without an address, by Ready reason (`Pending` without one)."""

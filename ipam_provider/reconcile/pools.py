@@ -83,7 +83,8 @@ class PoolReconciler:
         if FINALIZER_PROTECT_POOL not in finalizers:
             patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_PROTECT_POOL]}}
             raw = await self.ctx.patch_cached(store, resource, raw, patch)
-        report = await backend.report(ref, raw, self.addresses_of(ref))
+        async with self.ctx.backend_turn(backend, ref):
+            report = await backend.report(ref, raw, self.addresses_of(ref))
         await self._write_status(raw, store, resource, report, event=not report.ready)
         self._record(ref, report)
         return RESYNC

@@ -33,7 +33,8 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
             work.log.info("IPAddress still held by other finalizers; release waits", finalizers=",".join(holders))
             return RETRY_LINGERING
     try:
-        await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
+        async with ctx.backend_turn(work.backend, work.pool_ref):
+            await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
         await ctx.recorder.record(work.raw, WARNING, error.reason, error.message)
     finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]

@@ -1,13 +1,16 @@
 """Event handlers: which queue keys a watch event enqueues (controller-runtime's predicates and map functions).
 
-- A claim event enqueues the claim.
+- A claim event enqueues the claim; a deleted claim (its address released) also enqueues the claims of its pool
+  still waiting for an address.
 - An IPAddress event enqueues its claim and, a little later, its pool (status counts); a deleted IPAddress also
   enqueues the claims of its pool still waiting for an address.
 - A Cluster event enqueues its claims when the Cluster appears, goes, or changes its pause state.
 - A pool event enqueues the pool and its claims, except for a status-only change, which enqueues only the waiting
   claims and only when the pool became usable (turned Ready, or reports free addresses where it reported none).
 
-Claims are sharded by the pool they reference, so that work on one pool is serialised.
+Claims are sharded by the pool they reference, so that the queue serves pools in turn. A claim enqueued for an
+object of a cache's initial list gets the low priority when it is fulfilled and not being deleted (after a
+restart its reconcile only confirms what exists), so that claims waiting for an address are served first.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef, reported_free
 from ipam_provider.common import Object
 from ipam_provider.queue.keys import ClaimKey, PoolKey, QueueKey, Shard
-from ipam_provider.queue.workqueue import WorkQueue
+from ipam_provider.queue.workqueue import Priority, WorkQueue
 from ipam_provider.watch.caches import CLUSTER, POOL, Caches
+from ipam_provider.watch.informer import in_initial_list
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts after this many seconds
@@ -34,14 +38,12 @@ class EventHandlers:
         self.queue = queue
         self.kind_of = kind_of
 
-    def claim_shard(self, key: ClaimKey) -> Shard:
-        """The shard of a claim: the pool its cached object references (None if unknown)."""
-        claim = self.caches.claims.get(key.namespace, key.name)
-        return referenced_pool(claim, self.kind_of) if claim is not None else None
-
     def enqueue_claim(self, namespace: str, name: str) -> None:
         key = ClaimKey(namespace, name)
-        self.queue.add(key, self.claim_shard(key))
+        claim = self.caches.claims.get(namespace, name)
+        shard: Shard = referenced_pool(claim, self.kind_of) if claim is not None else None
+        low = claim is not None and in_initial_list() and fulfilled(claim)
+        self.queue.add(key, shard, Priority.LOW if low else Priority.NORMAL)
 
     def enqueue_pool(self, ref: PoolRef, delay: float = 0.0) -> None:
         self.queue.add_after(PoolKey(ref), delay, ref)
@@ -58,8 +60,12 @@ class EventHandlers:
 
     def on_claim(self, type: str, old: Object | None, new: Object | None) -> None:
         obj = new or old
-        if obj is not None:
-            self.enqueue_claim(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if obj is None:
+            return
+        self.enqueue_claim(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        ref = referenced_pool(obj, self.kind_of) if type == "DELETED" else None
+        if ref is not None:  # released: its address is free now, for claims waiting on the pool
+            self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=True)
 
     def on_address(self, type: str, old: Object | None, new: Object | None) -> None:
         obj = new or old
@@ -101,6 +107,11 @@ class EventHandlers:
             self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=waiting_only)
 
         return handle
+
+
+def fulfilled(claim: Object) -> bool:
+    """Whether a claim names its IPAddress and is not being deleted."""
+    return bool((claim.get("status") or {}).get("addressRef")) and not claim["metadata"].get("deletionTimestamp")
 
 
 def pause_state(cluster: Object) -> tuple[bool, bool]:

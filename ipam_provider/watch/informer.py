@@ -6,6 +6,10 @@ it lists again and reports the difference; on any other error it backs off (capp
 A handler that raises is logged and skipped: it never interrupts the watch. A resource the API server does not
 serve (its CRD is not installed) counts as synced and empty, so that one missing pool kind does not stop the
 controller; it is looked for again every NOT_SERVED_RETRY seconds.
+
+While the handler is called for the objects of a scope's first list, `in_initial_list()` is True (as
+controller-runtime's `IsInInitialList`), so that handlers can give work for objects that were merely found a
+lower priority than work for live changes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 
 import aiohttp
 import structlog
@@ -26,6 +31,12 @@ from ipam_provider.watch.store import Store, object_key
 EventHandler = Callable[[str, Object | None, Object | None], None]
 log = structlog.get_logger(__name__)
 NOT_SERVED_RETRY = 30.0
+_INITIAL_LIST: ContextVar[bool] = ContextVar("initial_list", default=False)
+
+
+def in_initial_list() -> bool:
+    """Whether the handler now running was called for an object of its informer's first list."""
+    return _INITIAL_LIST.get()
 
 
 class Informer:
@@ -69,7 +80,7 @@ class Informer:
         warned_not_served = False
         while True:
             try:
-                version = await self._relist(namespace)
+                version = await self._relist(namespace, initial=not synced.is_set())
                 synced.set()
                 failures = 0
                 warned_not_served = False
@@ -96,13 +107,17 @@ class Informer:
             delay = min(30.0, 0.2 * 2 ** min(failures, 8)) * (0.5 + random.random() / 2)
             await asyncio.sleep(delay)
 
-    async def _relist(self, namespace: str | None) -> str:
+    async def _relist(self, namespace: str | None, *, initial: bool = False) -> str:
         items, version = await self.kube.list(self.resource, namespace, label_selector=self.label_selector)
         seen = set()
-        for obj in items:
-            key = object_key(obj)
-            seen.add(key)
-            self._apply("ADDED", obj)
+        token = _INITIAL_LIST.set(initial)
+        try:
+            for obj in items:
+                key = object_key(obj)
+                seen.add(key)
+                self._apply("ADDED", obj)
+        finally:
+            _INITIAL_LIST.reset(token)
         for key in list(self.store.keys()):
             if key not in seen and (namespace is None or key[0] == namespace):
                 old = self.store.remove(key)

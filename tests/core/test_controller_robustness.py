@@ -13,7 +13,7 @@ from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS
 from ipam_provider.queue.keys import ClaimKey, QueueKey
-from ipam_provider.watch.informer import Informer
+from ipam_provider.watch.informer import Informer, in_initial_list
 from ipam_provider.watch.store import Store
 
 
@@ -44,9 +44,11 @@ class FakeKube:
 async def test_a_raising_handler_is_skipped_and_never_taken_for_a_connection_failure() -> None:
     kube = FakeKube()
     seen: list[tuple[str, str]] = []
+    initial: list[bool] = []
 
     def handler(kind: str, old: Object | None, new: Object | None) -> None:
         name = (new or old or {})["metadata"]["name"]
+        initial.append(in_initial_list())
         if name == "bad":
             raise ValueError("a pydantic ValidationError is a ValueError too")
         seen.append((kind, name))
@@ -64,6 +66,8 @@ async def test_a_raising_handler_is_skipped_and_never_taken_for_a_connection_fai
     finally:
         task.cancel()
     assert seen == [("ADDED", "good"), ("MODIFIED", "good")]
+    assert initial == [True, True, False], "the first list's objects, then a live change"
+    assert not in_initial_list()
     assert kube.lists == 1, "a handler's exception must not make the informer list again"
     assert store.get("ns", "bad") is not None and store.get("ns", "good") is not None
 

@@ -1,4 +1,5 @@
-"""Which claims a pool event re-queues: the mapping from pool events to claim keys, without an API server.
+"""Which claims an event re-queues, and at which priority: the mapping from events to claim keys, without an API
+server.
 
 The reconciler is not run; the test reads the keys the pool handler put on the work queue.
 """
@@ -16,6 +17,7 @@ from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.watch import informer
 
 GROUP = "ipam.cluster.x-k8s.io"
 
@@ -95,3 +97,49 @@ async def test_pool_appearing_or_going_requeues_every_claim(controller: Controll
     assert await queued_claims(controller) == {"done", "waiting"}
     pool_handler(controller)("DELETED", pool(), None)
     assert await queued_claims(controller) == {"done", "waiting"}
+
+
+async def test_a_deleted_claim_requeues_the_claims_waiting_on_its_pool(controller: Controller) -> None:
+    gone = claim("released", fulfilled=True)
+    controller.handlers.on_claim("DELETED", gone, None)
+    assert await queued_claims(controller) == {"released", "waiting"}
+    controller.handlers.on_claim("MODIFIED", claim("done", fulfilled=True), claim("done", fulfilled=True))
+    assert await queued_claims(controller) == {"done"}, "a live claim's change concerns that claim only"
+
+
+async def taken_in_order(controller: Controller) -> list[str]:
+    order = []
+    while len(controller.queue):
+        item = await asyncio.wait_for(controller.queue.get(), 1)
+        assert item is not None
+        key, shard = item
+        if isinstance(key, ClaimKey):
+            order.append(key.name)
+        controller.queue.done(key, shard)
+    return order
+
+
+async def test_fulfilled_claims_of_an_initial_list_wait_behind_every_other_claim(controller: Controller) -> None:
+    controller.caches.claims.upsert(claim("listed-done", fulfilled=True))
+    controller.caches.claims.upsert(claim("listed-waiting", fulfilled=False))
+    token = informer._INITIAL_LIST.set(True)
+    try:
+        controller.handlers.on_claim("ADDED", None, claim("done", fulfilled=True))
+        controller.handlers.on_claim("ADDED", None, claim("listed-done", fulfilled=True))
+        controller.handlers.on_claim("ADDED", None, claim("listed-waiting", fulfilled=False))
+    finally:
+        informer._INITIAL_LIST.reset(token)
+    controller.handlers.on_claim("ADDED", None, claim("waiting", fulfilled=False))
+    assert await taken_in_order(controller) == ["listed-waiting", "waiting", "done", "listed-done"]
+
+
+async def test_a_live_change_raises_a_listed_claim(controller: Controller) -> None:
+    controller.caches.claims.upsert(claim("listed-done", fulfilled=True))
+    token = informer._INITIAL_LIST.set(True)
+    try:
+        controller.handlers.on_claim("ADDED", None, claim("listed-done", fulfilled=True))
+        controller.handlers.on_claim("ADDED", None, claim("done", fulfilled=True))
+    finally:
+        informer._INITIAL_LIST.reset(token)
+    controller.handlers.on_claim("MODIFIED", claim("done", fulfilled=True), claim("done", fulfilled=True))
+    assert await taken_in_order(controller) == ["done", "listed-done"]

@@ -1,11 +1,11 @@
-"""The work queue's contract: dedup, per-shard serialisation, parallel shards, backoff, delays, shutdown."""
+"""The work queue's contract: dedup, shard limits, parallel shards, priorities, backoff, delays, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
 
-from ipam_provider.queue.workqueue import WorkQueue
+from ipam_provider.queue.workqueue import Priority, WorkQueue
 
 
 async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, Hashable]]:
@@ -97,3 +97,87 @@ async def test_shutdown_releases_waiting_workers() -> None:
     assert await asyncio.wait_for(waiting, 1) is None
     queue.add("late")
     assert len(queue) == 0
+
+
+def take_ready(queue: WorkQueue[str]) -> list[tuple[str, Hashable]]:
+    """Every key `get` hands out without waiting (none of them marked done)."""
+    taken: list[tuple[str, Hashable]] = []
+    while True:
+        item = queue._take()
+        if item is None:
+            return taken
+        taken.append(item)
+
+
+async def test_without_a_shard_limit_keys_of_one_shard_run_at_once_but_each_key_once() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=None)
+    for index in range(5):
+        queue.add(f"a{index}", "A")
+    taken = take_ready(queue)
+    assert [key for key, _ in taken] == ["a0", "a1", "a2", "a3", "a4"], "in the order added, all at once"
+    queue.add("a0", "A")  # being processed: it must wait until its worker is done
+    assert take_ready(queue) == []
+    queue.done("a0", "A")
+    assert take_ready(queue) == [("a0", "A")]
+
+
+async def test_a_shard_limit_caps_the_keys_of_a_shard_in_process() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=2)
+    for index in range(4):
+        queue.add(f"a{index}", "A")
+    queue.add("b0", "B")
+    assert sorted(key for key, _ in take_ready(queue)) == ["a0", "a1", "b0"]
+    queue.done("a1", "A")
+    assert take_ready(queue) == [("a2", "A")]
+
+
+async def test_shards_take_turns_without_a_limit() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=None)
+    for index in range(3):
+        queue.add(f"a{index}", "A")
+    queue.add("b0", "B")
+    order = [key for key, _ in take_ready(queue)]
+    assert order == ["a0", "b0", "a1", "a2"], "one busy shard must not starve another"
+
+
+async def test_low_priority_keys_wait_behind_normal_ones_of_every_shard() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=None)
+    for index in range(3):
+        queue.add(f"listed{index}", "A", Priority.LOW)
+    queue.add("new", "B")
+    queue.add("changed", "A")
+    order = [key for key, _ in take_ready(queue)]
+    assert order == ["new", "changed", "listed0", "listed1", "listed2"]
+
+
+async def test_adding_at_normal_priority_raises_a_waiting_low_key_once() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=None)
+    queue.add("x", "A", Priority.LOW)
+    queue.add("y", "A", Priority.LOW)
+    queue.add("y", "A")  # raised
+    queue.add("y", "A", Priority.LOW)  # a later low add does not lower it again
+    assert len(queue) == 2
+    order = [key for key, _ in take_ready(queue)]
+    assert order == ["y", "x"], "raised first, and the stale low copy is never handed out"
+
+
+async def test_a_key_added_while_processing_keeps_the_most_urgent_priority() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=None)
+    queue.add("k", "A")
+    assert take_ready(queue) == [("k", "A")]
+    queue.add("k", "A", Priority.LOW)
+    queue.add("k", "A")
+    queue.add("other", "A", Priority.LOW)
+    queue.done("k", "A")
+    assert [key for key, _ in take_ready(queue)] == ["k", "other"]
+
+
+async def test_a_cancelled_getter_passes_its_wake_up_on() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    first = asyncio.create_task(queue.get())
+    second = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    queue.add("k", "A")  # wakes `first`
+    first.cancel()
+    item = await asyncio.wait_for(second, 1)
+    assert item == ("k", "A")
