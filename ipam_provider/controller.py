@@ -85,6 +85,7 @@ class Controller:
         403 at start): then no worker starts and `run` returns as soon as the watches are cancelled.
         """
         watches = [asyncio.create_task(informer.run()) for informer in self.informers]
+        self.context.recorder.start()
         try:
             if not await self._synced_or_stopped():
                 log.info("stopped before the caches synced")
@@ -102,6 +103,7 @@ class Controller:
             for task in watches:
                 task.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
+            await self.context.recorder.close()  # the Events of the last reconciles, for a few seconds at most
             log.info("controller stopped")
 
     async def _synced_or_stopped(self) -> bool:

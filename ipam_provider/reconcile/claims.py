@@ -316,7 +316,7 @@ class ClaimReconciler:
             await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
         )
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
-            await self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message)
+            self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message, related=work.pool)
 
 
 def _paused(work: ClaimWork, cluster_raw: Object | None) -> bool:

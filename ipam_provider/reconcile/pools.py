@@ -149,4 +149,4 @@ class PoolReconciler:
         await self.ctx.patch_cached(store, resource, raw, patch, subresource="status")
         previous = next((c for c in current if c.type == READY), None)
         if event and (previous is None or previous.reason != report.reason):
-            await self.ctx.recorder.record(raw, WARNING, report.reason, report.message)
+            self.ctx.recorder.record(raw, WARNING, report.reason, report.message)

@@ -36,7 +36,7 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
         async with ctx.backend_turn(work.backend, work.pool_ref):
             await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
-        await ctx.recorder.record(work.raw, WARNING, error.reason, error.message)
+        ctx.recorder.record(work.raw, WARNING, error.reason, error.message, related=work.pool)
     finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
     try:
         await ctx.patch_cached(ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": finalizers}})

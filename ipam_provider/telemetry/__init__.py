@@ -3,7 +3,8 @@
 - `pools`: the per-pool series (`ipam_provider_*`: counts, readiness, waiting claims, allocations and releases);
 - `controller`: the work queue's `workqueue_*` and the reconcilers' `controller_runtime_*` series;
 - `clients`: the API client's `rest_client_*` series and `leader_election_master_status`;
-- `backends`: `observe_request`, with which a backend counts its requests to an external system.
+- `backends`: `observe_request`, with which a backend counts its requests to an external system;
+- `events`: `ipam_provider_events_total`, the Kubernetes Events recorded and what became of them.
 
 Every series lives in prometheus-client's default registry, served by the metrics endpoint. Counters are exposed
 without prometheus-client's `*_created` companions, as Go's client exposes them.

@@ -186,6 +186,7 @@ async def serve_and_release_as_controller(kube: KubeClient, controller_kubeconfi
                 return bool(counts.get("used") == 1)
 
             await wait_for(pool_status_written, message="the controller to write the pool's status")
+            await controller.context.recorder.flush()
             events, _ = await kube.list(EVENTS, namespace)
             assert any(e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1" for e in events)
 

@@ -84,7 +84,7 @@ async def delete_claim(world: World, name: str = "m1") -> None:
     """The user deletes the claim: its finalizer keeps it, with a deletionTimestamp, and the watch delivers that."""
     assert await world.kube.delete(CLAIMS, name, NS)
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
 
 
 # --- the contract --------------------------------------------------------------------------------------------
@@ -135,7 +135,9 @@ async def test_a_claim_is_fulfilled_as_the_contract_says(world: World) -> None:
     assert (ready["status"], ready["reason"]) == ALLOCATED
     assert ready["message"] == "10.0.0.10/24 allocated from FakeIPPool/ns/net"
     assert ready["observedGeneration"] == 1
-    assert world.events() == [("Normal", "AddressAllocated", "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Normal", "AddressAllocated", "IPAddressClaim", "m1")]
+    related = world.kube.stored_all(EVENTS, NS)[0]["related"]
+    assert (related["kind"], related["name"], related["uid"]) == ("FakeIPPool", "net", created_pool["metadata"]["uid"])
     assert world.pool_changes == [REF]
 
     journal = world.journal
@@ -149,11 +151,11 @@ async def test_a_claim_is_fulfilled_as_the_contract_says(world: World) -> None:
 
 async def test_a_fulfilled_claim_is_left_as_it_is_and_its_address_confirmed(world: World) -> None:
     await fulfilled(world)
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.writes() == [], "nothing changed, nothing written"
     assert world.backend.calls[-1].method == "allocate" and world.backend.calls[-1].allocation == FIRST
-    assert world.events() == [("Normal", "AddressAllocated", "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Normal", "AddressAllocated", "IPAddressClaim", "m1")]
 
 
 async def test_the_cluster_label_names_the_cluster(world: World) -> None:
@@ -203,17 +205,17 @@ async def test_an_allocation_failure_is_shown_on_the_claim(world: World, error: 
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", error.reason, error.message)
     assert "addressRef" not in stored["status"]
     assert world.address("m1") is None
-    assert world.events() == [("Warning", error.reason, "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Warning", error.reason, "IPAddressClaim", "m1")]
 
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") == delay
     assert world.kube.writes() == [], "the same failure again: no status write"
-    assert len(world.events()) == 1, "an Event on transitions only"
+    assert len(await world.events()) == 1, "an Event on transitions only"
 
     world.backend.fail("allocate", None)
     assert await world.claims.reconcile(NS, "m1") is None
     assert ready_state(world.claim("m1")) == ALLOCATED
-    assert world.events()[-1] == ("Normal", "AddressAllocated", "IPAddressClaim", "m1")
+    assert (await world.events())[-1] == ("Normal", "AddressAllocated", "IPAddressClaim", "m1")
 
 
 async def test_an_unexpected_allocation_error_propagates_and_writes_no_status(world: World) -> None:
@@ -224,7 +226,7 @@ async def test_an_unexpected_allocation_error_propagates_and_writes_no_status(wo
         await world.claims.reconcile(NS, "m1")
     stored = world.claim("m1")
     assert stored["metadata"]["finalizers"] == [FINALIZER_RELEASE_ADDRESS]
-    assert "status" not in stored and world.address("m1") is None and world.events() == []
+    assert "status" not in stored and world.address("m1") is None and (await world.events()) == []
 
 
 # --- pauses --------------------------------------------------------------------------------------------------
@@ -258,7 +260,7 @@ async def test_a_paused_claim_gets_nothing(world: World, pause: Callable[[World]
     await pause(world)
     world.sync()
     before = world.claim("m1")
-    world.forget_requests()
+    await world.forget_requests()
 
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.requests == [] and world.backend.calls == []
@@ -288,7 +290,7 @@ async def test_a_claim_waits_for_its_cluster_to_exist(world: World) -> None:
     assert "Cluster ns/ghost was not found" in ready["message"]
     assert "finalizers" not in stored["metadata"], "no finalizer before it is known whether the Cluster is paused"
     assert world.backend.calls == []
-    assert world.events() == [("Warning", "AllocationFailed", "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Warning", "AllocationFailed", "IPAddressClaim", "m1")]
 
     world.add(CLUSTERS, cluster("ghost"))
     assert await world.claims.reconcile(NS, "m1") is None
@@ -380,7 +382,7 @@ async def test_a_release_that_can_never_succeed_lets_the_claim_go_with_a_warning
 
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.stored(CLAIMS, "m1", NS) is None and world.address("m1") is None
-    assert world.events()[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
+    assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
     event = world.kube.stored_all(EVENTS, NS)[-1]
     assert event["message"] == "the pool and its credentials are gone"
 
@@ -398,7 +400,7 @@ async def test_a_failed_release_keeps_the_finalizer_and_is_retried(world: World,
     stored = world.claim("m1")
     assert stored["metadata"]["finalizers"] == [FINALIZER_RELEASE_ADDRESS] and stored["metadata"]["deletionTimestamp"]
     assert world.address("m1") is None, "the IPAddress went first"
-    assert [e for e in world.events() if e[0] == "Warning"] == []
+    assert [e for e in (await world.events()) if e[0] == "Warning"] == []
 
     world.backend.fail("release", None)
     assert await world.claims.reconcile(NS, "m1") is None
@@ -420,7 +422,7 @@ async def clusterctl_deletes(world: World, resource: Any, name: str = "m1") -> N
     await world.kube.patch(resource, name, {"metadata": {"annotations": MOVING}}, NS)
     assert await world.kube.delete(resource, name, NS)
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
 
 
 @pytest.mark.parametrize("paused", [False, True], ids=["no-cluster", "cluster-paused"])
@@ -451,7 +453,7 @@ async def test_a_claim_deleted_for_a_move_is_not_released(world: World, paused: 
 async def test_a_claim_annotated_for_a_move_gets_nothing(world: World) -> None:
     world.add(POOLS, pool())
     world.add(CLAIMS, claim(annotations=MOVING))
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.requests == [] and world.backend.calls == []
 
@@ -466,7 +468,7 @@ async def test_an_ipaddress_deleted_for_a_move_is_let_go_and_not_recreated(world
     assert world.address("m1") is None, "our finalizer is removed, so the IPAddress goes"
     assert world.backend.calls[calls_before:] == []
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.address("m1") is None, "not re-created: clusterctl deletes the claim next"
     assert world.kube.requests == [] and world.backend.calls[calls_before:] == []
@@ -494,7 +496,7 @@ async def test_an_ipaddress_deleted_while_its_claim_lives_is_recreated_identical
     assert before is not None
     assert await world.kube.delete(ADDRESSES, "m1", NS)  # kept by ProtectAddress, now deleting
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
 
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.address("m1") is None, "our finalizer is removed, so the deleted IPAddress goes"
@@ -509,7 +511,7 @@ async def test_an_ipaddress_deleted_while_its_claim_lives_is_recreated_identical
         assert again["metadata"].get(field) == before["metadata"].get(field), field
     assert world.backend.calls[-1].allocation is None, "the backend holds the address for the claim's uid"
     assert ready_state(world.claim("m1")) == ALLOCATED
-    assert len(world.events()) == 1, "the claim never stopped being Ready"
+    assert len(await world.events()) == 1, "the claim never stopped being Ready"
 
 
 async def test_an_existing_ipaddress_of_the_claim_is_adopted_with_its_spec_untouched(world: World) -> None:
@@ -563,7 +565,7 @@ async def test_an_ipaddress_of_the_same_name_for_another_claim_fails_the_claim(w
     assert "already exists for claim other-claim" in ready["message"]
     assert world.backend.calls == []
     assert world.address("m1") == other
-    assert world.events() == [("Warning", "AllocationFailed", "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Warning", "AllocationFailed", "IPAddressClaim", "m1")]
 
 
 # --- the pool ------------------------------------------------------------------------------------------------
@@ -578,7 +580,7 @@ async def test_a_claim_without_its_pool_waits_with_pool_not_ready(world: World) 
     assert ready is not None and (ready["status"], ready["reason"]) == ("False", "PoolNotReady")
     assert ready["message"] == "FakeIPPool/ns/net was not found; create it or point the claim at another pool"
     assert world.backend.calls == []
-    assert world.events() == [("Warning", "PoolNotReady", "IPAddressClaim", "m1")]
+    assert (await world.events()) == [("Warning", "PoolNotReady", "IPAddressClaim", "m1")]
 
 
 async def test_a_claim_of_a_pool_being_deleted_waits_with_pool_not_ready(world: World) -> None:
@@ -600,7 +602,7 @@ async def test_a_fulfilled_claim_stays_ready_while_its_pool_goes(world: World, g
         await world.kube.patch(POOLS, "net", {"metadata": {"finalizers": [FINALIZER_PROTECT_POOL]}}, NS)
         await world.kube.delete(POOLS, "net", NS)
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
 
     assert await world.claims.reconcile(NS, "m1") is None
     assert ready_state(world.claim("m1")) == ALLOCATED
@@ -615,7 +617,7 @@ async def test_claims_of_pool_kinds_no_backend_serves_are_ignored(world: World) 
     other["spec"]["poolRef"] = {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "net"}
     world.add(CLAIMS, other)
     before = world.claim("m1")
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.requests == [] and world.backend.calls == [] and world.claim("m1") == before
 
@@ -625,7 +627,7 @@ async def test_a_claim_missing_from_the_cache_or_malformed_is_ignored(world: Wor
     broken = claim()
     del broken["spec"]["poolRef"]
     world.add(CLAIMS, broken)
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.kube.requests == [] and world.backend.calls == []
 
@@ -638,7 +640,7 @@ async def test_a_lagging_cache_never_allocates_for_a_claim_that_is_gone(world: W
     assert await world.kube.delete(CLAIMS, "m1", NS)
     if server == "replaced":
         await world.kube.create(CLAIMS, claim(), NS)  # same name, another uid
-    world.forget_requests()  # the cache still holds the old claim
+    await world.forget_requests()  # the cache still holds the old claim
 
     assert await world.claims.reconcile(NS, "m1") is None
     assert world.journal == ["get IPAddressClaim m1"], "the claim is confirmed from the API server first"

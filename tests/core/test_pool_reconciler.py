@@ -54,13 +54,13 @@ async def test_a_live_pool_gets_the_finalizer_and_its_status_from_the_report(wor
     assert (ready["status"], ready["reason"], ready["message"]) == ("True", "PoolReady", "1 of 254 used")
     assert ready["observedGeneration"] == 1
     assert set(stored["status"]) == {"networkView", "ipAddresses", "conditions"}
-    assert world.events() == [], "a Ready pool records no Event"
+    assert (await world.events()) == [], "a Ready pool records no Event"
     journal = world.journal
     finalizer, reported = journal.index("patch FakeIPPool net"), journal.index("backend report net")
     assert finalizer < reported < journal.index("patch FakeIPPool/status net"), journal
     assert world.ctx.caches.pool(REF) == stored
 
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
     assert world.kube.writes() == [], "an unchanged report writes nothing"
 
@@ -86,17 +86,17 @@ async def test_a_pool_that_is_not_ready_says_why_with_a_warning_on_each_new_reas
         "PoolInvalid",
         "addresses must not be empty",
     )
-    assert world.events() == [("Warning", "PoolInvalid", "FakeIPPool", "net")]
+    assert (await world.events()) == [("Warning", "PoolInvalid", "FakeIPPool", "net")]
     assert world.kube.stored_all(EVENTS, NS)[0]["message"] == "addresses must not be empty"
 
     await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
-    assert len(world.events()) == 1, "the same reason again: no new Event"
+    assert len(await world.events()) == 1, "the same reason again: no new Event"
     world.backend.report_with = PoolReport(True, "PoolReady")
     await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
-    assert ready_state(stored_pool(world)) == ("True", "PoolReady") and len(world.events()) == 1
+    assert ready_state(stored_pool(world)) == ("True", "PoolReady") and len(await world.events()) == 1
     world.backend.report_with = PoolReport(False, "Unreachable", "no route")
     await world.pools.reconcile(FAKE_POOL.ref(NS, "net"))
-    assert world.events()[-1] == ("Warning", "Unreachable", "FakeIPPool", "net")
+    assert (await world.events())[-1] == ("Warning", "Unreachable", "FakeIPPool", "net")
 
 
 async def test_a_failing_report_propagates_after_the_finalizer(world: World) -> None:
@@ -119,11 +119,11 @@ async def test_a_deleted_pool_is_held_while_ipaddresses_name_it(world: World) ->
     ready = ready_of(stored)
     assert ready is not None
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "Deleting", f"{IN_USE} (1 remain)")
-    assert world.events() == [("Warning", "Deleting", "FakeIPPool", "net")]
+    assert (await world.events()) == [("Warning", "Deleting", "FakeIPPool", "net")]
     assert world.backend.calls == [], "a deleted pool is not reported"
 
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 15.0
-    assert len(world.events()) == 1
+    assert len(await world.events()) == 1
 
     assert await world.kube.delete(ADDRESSES, "a1", NS)
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
@@ -166,7 +166,7 @@ async def test_clusterctls_delete_for_move_lets_a_deleted_pool_go_at_once(world:
 
 async def test_a_pool_being_moved_is_not_reported(world: World) -> None:
     before = world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], annotations={ANNOTATION_DELETE_FOR_MOVE: ""}))
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
     assert world.kube.requests == [] and world.backend.calls == []
     assert stored_pool(world) == before
@@ -177,7 +177,7 @@ async def test_a_deleted_pool_keeps_finalizers_that_are_not_ours(world: World) -
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
     assert stored_pool(world)["metadata"]["finalizers"] == ["example.com/keep"]
     world.sync()
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
     assert world.kube.requests == [], "without our finalizer a deleted pool is none of our business"
 
@@ -189,7 +189,7 @@ async def test_a_paused_pool_is_left_alone(world: World, deleting: bool) -> None
         meta.update(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING)
         world.add(ADDRESSES, address("a1", "c1"))
     before = world.add(POOLS, pool(**meta))
-    world.forget_requests()
+    await world.forget_requests()
     assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) is None
     assert world.kube.requests == [] and world.backend.calls == []
     assert stored_pool(world) == before

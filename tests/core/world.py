@@ -13,10 +13,10 @@ from typing import Any
 from ipam_provider.api.capi import ANNOTATION_PAUSED, READY
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.events import EventRecorder
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS, Resource
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
-from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.watch.caches import Caches
 from ipam_provider.watch.store import Store, object_key
@@ -68,14 +68,17 @@ class World:
     def address(self, name: str, namespace: str = NS) -> Object | None:
         return self.kube.stored(ADDRESSES, name, namespace)
 
-    def events(self, namespace: str = NS) -> list[tuple[str, str, str, str]]:
-        """(type, reason, involved object's kind, its name) of every Event, oldest first."""
+    async def events(self, namespace: str = NS) -> list[tuple[str, str, str, str]]:
+        """(type, reason, involved object's kind, its name) of every Event recorded so far, oldest first."""
+        await self.ctx.recorder.flush()
         return [
             (e["type"], e["reason"], e["involvedObject"]["kind"], e["involvedObject"]["name"])
             for e in self.kube.stored_all(EVENTS, namespace)
         ]
 
-    def forget_requests(self) -> None:
+    async def forget_requests(self) -> None:
+        """Write the Events recorded so far, then forget every request and backend call made until now."""
+        await self.ctx.recorder.flush()
         self.kube.requests.clear()
         self.journal.clear()
 

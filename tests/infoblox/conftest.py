@@ -162,6 +162,8 @@ async def wait_gone(kube: KubeClient, namespace: str, name: str, timeout: float 
     await wait_for(gone, timeout=timeout, message=f"claim {namespace}/{name} and its IPAddress to be gone")
 
 
-async def events_text(kube: KubeClient, namespace: str) -> str:
+async def events_text(kube: KubeClient, namespace: str, controller: Controller) -> str:
+    """Reason and message of every Event in `namespace`, once `controller` has written all it recorded."""
+    await controller.context.recorder.flush()
     items, _ = await kube.list(EVENTS, namespace)
     return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in items)

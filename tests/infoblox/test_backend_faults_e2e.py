@@ -102,7 +102,7 @@ async def test_503_bursts_are_retried_then_succeed(
     kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
 ) -> None:
     await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
-    async with infoblox_controller():
+    async with infoblox_controller() as controller:
         await wait_pool_reason(kube, namespace, "net", "PoolReady")
         grid.sim.request_log.reset()
         grid.sim.faults.fail_next(3, methods="POST")
@@ -110,7 +110,7 @@ async def test_503_bursts_are_retried_then_succeed(
         await wait_address(kube, namespace, "busy")
         statuses = [e.status for e in grid.sim.request_log.entries if e.method == "POST"]
         assert statuses == [503, 503, 503, 201]
-        assert "AllocationFailed" not in await events_text(kube, namespace), "retried within one allocation"
+        assert "AllocationFailed" not in await events_text(kube, namespace, controller), "retried within one allocation"
         assert len(grid.objects_of(created["metadata"]["uid"])) == 1
         # A burst on release too: the search and the DELETE are retried within the one release.
         grid.sim.request_log.reset()
@@ -139,7 +139,7 @@ async def test_bad_credentials_give_conditions_never_the_password(
     grid.sim.auth.add_user(grid.sim.username, correct)
     grid.sim.state.add_network("10.10.0.0/24")
     await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
-    async with infoblox_controller():
+    async with infoblox_controller() as controller:
         await grid.create_claim("c", "net")
         instance = await wait_instance_reason(kube, grid.instance, "AuthenticationFailed")
         pool = await wait_pool_reason(kube, namespace, "net", "AuthenticationFailed")
@@ -148,7 +148,7 @@ async def test_bad_credentials_give_conditions_never_the_password(
             text = str(obj["status"]["conditions"])
             assert "refused the credentials" in text and f"{namespace}/{grid.secret}" in text, text
             assert "Hunter2" not in text and grid.sim.password not in text
-        assert "Hunter2" not in await events_text(kube, namespace)
+        assert "Hunter2" not in await events_text(kube, namespace, controller)
         # The refused credentials are re-checked later and later, but a fixed Secret is tried at once.
         fixed_at = time.monotonic()
         await grid.set_password(correct)

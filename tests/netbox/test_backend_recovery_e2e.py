@@ -78,10 +78,11 @@ async def test_bad_token_then_fixed(
     bad = netbox.token[:-6] + "abcdef"
     await create_secret(kube, namespace, netbox, token=bad)
     await kube.create(NB_POOLS, netbox_pool("auth", [prefix("10.61.0.0/29")]), namespace)
-    async with netbox_controller():
+    async with netbox_controller() as controller:
         await kube.create(CLAIMS, nb_claim("waits", "auth"), namespace)
         pool = await wait_pool_reason(kube, namespace, "auth", "AuthenticationFailed")
         claim = await wait_claim_reason(kube, namespace, "waits", "PoolNotReady")
+        await controller.context.recorder.flush()
         events, _ = await kube.list(EVENTS, namespace)
         texts = [str(pool["status"]), str(claim["status"]), *(str(e.get("message")) for e in events)]
         assert any("token" in t for t in texts)

@@ -66,6 +66,7 @@ async def contract_flow(kube: KubeClient, namespace: str, controller: Controller
     ready = ready_condition(claim_obj)
     assert ready is not None and ready["status"] == "True" and ready["reason"] == "AddressAllocated"
     assert "10.10.0.2/24" in ready["message"]
+    await controller.context.recorder.flush()
     events, _ = await kube.list(EVENTS, namespace)
     assert any(e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1" for e in events)
 
