@@ -200,16 +200,17 @@ class ClaimReconciler:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
-        try:
-            async with self.ctx.backend_turn(work.backend, work.pool_ref):
-                allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
-        except BackendError as error:
-            return await self._failed(work, error)
-        if address_raw is None:
-            if not await self._create_address(work, pool, allocation):
-                return 0.0  # look again with the IPAddress that exists
-        else:
-            await self._adopt(work, pool, address_raw, allocation)
+        with self.ctx.allocating(work.pool_ref):  # the pool keeps its finalizer until the IPAddress is written
+            try:
+                async with self.ctx.backend_turn(work.backend, work.pool_ref):
+                    allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
+            except BackendError as error:
+                return await self._failed(work, error)
+            if address_raw is None:
+                if not await self._create_address(work, pool, allocation):
+                    return 0.0  # look again with the IPAddress that exists
+            else:
+                await self._adopt(work, pool, address_raw, allocation)
         message = f"{allocation.address}/{allocation.prefix} allocated from {work.pool_ref}"
         await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
         self._first_seen.forget((work.namespace, work.name))

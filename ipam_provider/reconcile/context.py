@@ -4,9 +4,10 @@ and the guarded patch that keeps the caches read-your-writes."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -36,6 +37,23 @@ class ReconcileContext:
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
     _pool_locks: weakref.WeakValueDictionary[PoolRef, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
+    _allocating: collections.Counter[PoolRef] = field(default_factory=collections.Counter)
+
+    @contextlib.contextmanager
+    def allocating(self, ref: PoolRef) -> Iterator[None]:
+        """Around a claim's allocation, from the backend call until its IPAddress is written."""
+        self._allocating[ref] += 1
+        try:
+            yield
+        finally:
+            self._allocating[ref] -= 1
+            if not self._allocating[ref]:
+                del self._allocating[ref]
+
+    def allocations_under_way(self, ref: PoolRef) -> int:
+        """How many claims of the pool this process is allocating now: their IPAddresses are not written yet, so a
+        pool being deleted must not be let go before they are."""
+        return self._allocating[ref]
 
     @contextlib.asynccontextmanager
     async def backend_turn(self, backend: Backend, ref: PoolRef) -> AsyncIterator[None]:

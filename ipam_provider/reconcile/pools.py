@@ -43,6 +43,7 @@ from ipam_provider.watch.store import Store
 log = structlog.get_logger(__name__)
 IN_USE_MESSAGE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
 RETRY_DELETING = 15.0
+RETRY_ALLOCATING = 0.5  # a deleted pool whose claims this process is allocating now: look again soon
 RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
 
 
@@ -108,6 +109,8 @@ class PoolReconciler:
             return None
         annotations = meta.get("annotations") or {}
         if ANNOTATION_SKIP_DELETE_VALIDATION not in annotations and ANNOTATION_DELETE_FOR_MOVE not in annotations:
+            if self.ctx.allocations_under_way(ref):
+                return RETRY_ALLOCATING  # an IPAddress for the pool is about to be written
             in_use = await self._addresses_in_use(ref)
             if in_use:
                 report = PoolReport(False, "Deleting", f"{IN_USE_MESSAGE} ({in_use} remain)")

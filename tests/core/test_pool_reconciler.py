@@ -13,6 +13,7 @@ from ipam_provider.api.capi import (
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport
 from ipam_provider.kube.resources import ADDRESSES, EVENTS
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.reconcile.pools import RETRY_ALLOCATING
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
 from tests.core.world import NS, PAUSED, POOLS, Object, World, address, pool, ready_of, ready_state
 
@@ -200,3 +201,15 @@ async def test_pools_not_cached_or_of_kinds_no_backend_serves_are_ignored(world:
     other = PoolKind("ipam.other.example", "v1", "OtherPool", "otherpools", namespaced=True)
     assert await world.pools.reconcile(other.ref(NS, "net")) is None
     assert world.kube.requests == [] and world.backend.calls == []
+
+
+async def test_a_deleted_pool_waits_for_the_allocations_under_way_in_this_process(world: World) -> None:
+    """A claim's allocation started before the pool's deletion was seen: its IPAddress is not written yet, so the
+    API server's count cannot see it; the pool keeps its finalizer until the allocation is done."""
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL], deletionTimestamp=DELETING))
+    with world.ctx.allocating(REF):
+        assert await world.pools.reconcile(REF) == RETRY_ALLOCATING
+        assert stored_pool(world)["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL]
+        world.kube.put(ADDRESSES, address("a1", "c1"))  # the allocation writes its IPAddress, then ends
+    assert world.ctx.allocations_under_way(REF) == 0
+    assert await world.pools.reconcile(REF) == 15.0, "now held by the IPAddress, as any pool in use"
