@@ -22,8 +22,8 @@ reconcile. The stores are filled two ways:
 - `events`: each object is decoded on its own, as a watch event or the answer to a write is (a controller that
   saw the objects being created and fulfilled them), then stored.
 
-Run from the repository root: `.venv/bin/python benchmarks/cache_memory.py [--objects 10000]` (~4 min on 2
-cores). Exit status 0 on success.
+Run from the repository root: `.venv/bin/python benchmarks/cache_memory.py [--objects 10000]` (~6 min on 2
+cores, most of it writing the objects). Exit status 0 on success.
 """
 
 from __future__ import annotations

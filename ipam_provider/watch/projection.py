@@ -9,14 +9,14 @@ projected before a store keeps it (`Store.upsert`):
   spec and status whole;
 - Clusters (`project_cluster`): apiVersion, kind, the metadata in `KEPT_METADATA` and `spec.paused` (a Cluster's
   spec and status, a topology above all, can be large, and only its pause state matters here);
-- pools and anything else (`strip_bookkeeping`): the whole object less managedFields and the last-applied
-  annotation, because backends read their pools' spec, status and metadata as they please.
+- pools and anything else (`strip_bookkeeping`, a `Store`'s default): the whole object less managedFields and the
+  last-applied annotation, because backends read their pools' spec, status and metadata as they please.
 
 The projections of claims, IPAddresses and Clusters also share their strings: every key and every short string
 value is interned (`sys.intern`), so that the names every object repeats ("metadata", "poolRef", the namespace, the
 pool's name, "AddressAllocated", ...) exist once rather than once per object. A claim decoded from a watch event has
-its own copy of each; shared, they are about half of what a projected claim would otherwise hold. Interned strings
-are freed with the last object that uses them.
+its own copy of each: sharing them halves what its projection holds (docs/performance.md). Interned strings are
+freed with the last object that uses them.
 
 Projections never change the object they are given: they build a new one (sharing the pool's spec and status), so
 the full answer a write returned can still be used by its caller.
