@@ -36,11 +36,23 @@ def host_label(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port else host
 
 
+# The labelled series of each (code, host, method) and (host, verb), looked up once: `labels()` validates and
+# locks on every call, and every API request passes here. These series are never removed.
+_COUNTERS: dict[tuple[str, str, str], Counter] = {}
+_DURATIONS: dict[tuple[str, str], Histogram] = {}
+
+
 def observe_rest_request(host: str, method: str, status: int | None, seconds: float) -> None:
     """Count one API request; `status` None when no answer came."""
     code = str(status) if status is not None else NO_ANSWER
-    REST_REQUESTS.labels(code, host, method).inc()
-    REST_REQUEST_SECONDS.labels(host, method).observe(seconds)
+    counter = _COUNTERS.get((code, host, method))
+    if counter is None:
+        counter = _COUNTERS[(code, host, method)] = REST_REQUESTS.labels(code, host, method)
+    duration = _DURATIONS.get((host, method))
+    if duration is None:
+        duration = _DURATIONS[(host, method)] = REST_REQUEST_SECONDS.labels(host, method)
+    counter.inc()
+    duration.observe(seconds)
 
 
 def set_leader(name: str, held: bool) -> None:

@@ -1,7 +1,8 @@
 """The informers' stores, with the indexes the event handlers and reconcilers look objects up by.
 
 Indexes: claims by the pool they reference (`POOL`) and by their Cluster (`CLUSTER`, (namespace, name)); IPAddresses
-by the pool they reference (`POOL`).
+by the pool they reference (`POOL`). Each store keeps its kind's projection (`ipam_provider/watch/projection.py`):
+claims, IPAddresses and Clusters only the fields the controller reads, pools all but the API server's bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ipam_provider.api.capi import LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
+from ipam_provider.watch.projection import project_address, project_claim, project_cluster
 from ipam_provider.watch.store import Store
 
 POOL = "pool"
@@ -23,24 +25,28 @@ CLUSTER = "cluster"
 class Caches:
     """The stores of claims, IPAddresses, Clusters, and pools per (group, kind)."""
 
-    claims: Store = field(default_factory=Store)
-    addresses: Store = field(default_factory=Store)
-    clusters: Store = field(default_factory=Store)
+    claims: Store = field(default_factory=lambda: Store(project_claim))
+    addresses: Store = field(default_factory=lambda: Store(project_address))
+    clusters: Store = field(default_factory=lambda: Store(project_cluster))
     pools: dict[tuple[str, str], Store] = field(default_factory=dict)
 
     @classmethod
     def indexed(cls, kinds: Sequence[PoolKind], kind_of: KindLookup) -> Caches:
         """Empty stores for `kinds`, with the claim and IPAddress indexes."""
         caches = cls(pools={(kind.group, kind.kind): Store() for kind in kinds})
+        caches.add_indexes(kind_of)
+        return caches
+
+    def add_indexes(self, kind_of: KindLookup) -> None:
+        """Index claims by pool and by Cluster, IPAddresses by pool."""
 
         def by_pool(obj: Object) -> Iterable[Hashable]:
             ref = referenced_pool(obj, kind_of)
             return [ref] if ref is not None else []
 
-        caches.claims.add_index(POOL, by_pool)
-        caches.claims.add_index(CLUSTER, _claim_cluster)
-        caches.addresses.add_index(POOL, by_pool)
-        return caches
+        self.claims.add_index(POOL, by_pool)
+        self.claims.add_index(CLUSTER, _claim_cluster)
+        self.addresses.add_index(POOL, by_pool)
 
     def pool(self, ref: PoolRef) -> Object | None:
         store = self.pools.get((ref.group, ref.kind))

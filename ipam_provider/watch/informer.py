@@ -108,16 +108,21 @@ class Informer:
             await asyncio.sleep(delay)
 
     async def _relist(self, namespace: str | None, *, initial: bool = False) -> str:
-        items, version = await self.kube.list(self.resource, namespace, label_selector=self.label_selector)
+        """List into the store page by page (a page's objects are projected before the next page is read, so the
+        whole list is never held as the API server sent it), then forget what the list no longer has. With
+        `initial`, handlers see `in_initial_list()` while the list's objects are applied."""
         seen = set()
-        token = _INITIAL_LIST.set(initial)
-        try:
-            for obj in items:
-                key = object_key(obj)
-                seen.add(key)
-                self._apply("ADDED", obj)
-        finally:
-            _INITIAL_LIST.reset(token)
+        version = ""
+        pages = self.kube.list_pages(self.resource, namespace, label_selector=self.label_selector)
+        async for items, page_version in pages:
+            version = page_version
+            token = _INITIAL_LIST.set(initial)
+            try:
+                for obj in items:
+                    seen.add(object_key(obj))
+                    self._apply("ADDED", obj)
+            finally:
+                _INITIAL_LIST.reset(token)
         for key in list(self.store.keys()):
             if key not in seen and (namespace is None or key[0] == namespace):
                 old = self.store.remove(key)
@@ -145,9 +150,12 @@ class Informer:
         return version
 
     def _apply(self, kind: str, obj: Object) -> None:
-        previous = self.store.get(*object_key(obj))
+        """Store `obj` and report the change with the objects as the store keeps them (projected)."""
+        key = object_key(obj)
+        previous = self.store.get(*key)
         if not self.store.upsert(obj):
             return
+        obj = self.store.get(*key) or obj
         if previous is None:
             self._notify("ADDED", None, obj)
         elif previous.get("metadata", {}).get("resourceVersion") != obj["metadata"].get("resourceVersion"):

@@ -3,6 +3,9 @@
 The cache is fed by its informer and by the controller's own writes (read-your-writes). An object is never
 replaced by an older resourceVersion of itself, so a lagging watch cannot undo what the controller just wrote;
 and a deleted object leaves a tombstone, so a late answer to one of our own writes cannot bring it back.
+
+Whatever enters the store, from the informer or from a write's answer, is first reduced by the store's projection
+(`ipam_provider/watch/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 
 from ipam_provider.common import Object
+from ipam_provider.watch.projection import Projection, strip_bookkeeping
 
 Key = tuple[str | None, str]
 IndexFunc = Callable[[Object], Iterable[Hashable]]
@@ -28,9 +32,11 @@ def resource_version(obj: Object) -> int | None:
 
 
 class Store:
-    """Objects by (namespace, name), plus named indexes from a computed value to keys."""
+    """Objects by (namespace, name), plus named indexes from a computed value to keys. Each object is stored as
+    `projection` makes it (by default: without managedFields and the last-applied annotation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, projection: Projection = strip_bookkeeping) -> None:
+        self._project = projection
         self._objects: dict[Key, Object] = {}
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[Hashable, set[Key]]] = {}
@@ -58,8 +64,12 @@ class Store:
         return [self._objects[key] for key in self._indexes[index].get(value, ())]
 
     def upsert(self, obj: Object) -> bool:
-        """Store `obj` unless the cache holds a newer version of it, or a tombstone at least as new. Returns
-        whether `obj` was stored."""
+        """Store the projection of `obj` unless the cache holds this version of it already or a newer one, or a
+        tombstone at least as new. Returns whether it was stored (then `get` answers the projection). `obj` itself
+        is left unchanged.
+
+        The same version is not stored again: the watch echoes each of the controller's own writes, whose answer
+        is cached already, and a re-list repeats every unchanged object."""
         key = object_key(obj)
         previous = self._objects.get(key)
         new_version = resource_version(obj)
@@ -70,9 +80,10 @@ class Store:
             del self._tombstones[key]
         if previous is not None:
             old_version = resource_version(previous)
-            if new_version is not None and old_version is not None and new_version < old_version:
+            if new_version is not None and old_version is not None and new_version <= old_version:
                 return False
             self._unindex(key, previous)
+        obj = self._project(obj)
         self._objects[key] = obj
         for name in self._index_funcs:
             self._index(name, key, obj)

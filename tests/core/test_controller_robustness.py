@@ -32,9 +32,9 @@ class FakeKube:
     def __init__(self) -> None:
         self.lists = 0
 
-    async def list(self, resource: Any, namespace: Any = None, **kwargs: Any) -> tuple[list[Object], str]:
+    async def list_pages(self, resource: Any, namespace: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
         self.lists += 1
-        return [claim_object("bad", "1"), claim_object("good", "2")], "2"
+        yield [claim_object("bad", "1"), claim_object("good", "2")], "2"
 
     async def watch(self, resource: Any, namespace: Any = None, **kwargs: Any) -> AsyncIterator[tuple[str, Any]]:
         yield "MODIFIED", claim_object("good", "3")

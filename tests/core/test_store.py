@@ -50,3 +50,13 @@ def test_a_malformed_object_is_kept_but_not_indexed() -> None:
     store.upsert({"metadata": {"name": "odd", "namespace": "ns", "resourceVersion": "1"}})
     assert store.get("ns", "odd") is not None
     assert store.by_index("pool", "p") == []
+
+
+def test_the_same_version_is_not_stored_again() -> None:
+    """The watch's echo of a write whose answer is cached already, or a re-list's unchanged object."""
+    store = Store()
+    store.add_index("pool", lambda o: [o["spec"]["pool"]])
+    assert store.upsert(obj("a", 5, pool="p")) is True
+    assert store.upsert(obj("a", 5, pool="echo")) is False
+    assert store.get("ns", "a") == obj("a", 5, pool="p")
+    assert store.by_index("pool", "echo") == []

@@ -1,0 +1,119 @@
+"""What the caches keep of each object: the fields the controller reads, nothing of the API server's bookkeeping.
+
+An object as the API server sends it carries `metadata.managedFields` (server-side apply's record of who set each
+field), often more than half of its size, and, when it was written with `kubectl apply`, a copy of itself in the
+`kubectl.kubernetes.io/last-applied-configuration` annotation. The controller reads neither, so every object is
+projected before a store keeps it (`Store.upsert`):
+
+- claims and IPAddresses (`project_claim`, `project_address`): apiVersion, kind, the metadata in `KEPT_METADATA`,
+  spec and status whole;
+- Clusters (`project_cluster`): apiVersion, kind, the metadata in `KEPT_METADATA` and `spec.paused` (a Cluster's
+  spec and status, a topology above all, can be large, and only its pause state matters here);
+- pools and anything else (`strip_bookkeeping`, a `Store`'s default): the whole object less managedFields and the
+  last-applied annotation, because backends read their pools' spec, status and metadata as they please.
+
+The projections of claims, IPAddresses and Clusters also share their strings: every key and every short string
+value is interned (`sys.intern`), so that the names every object repeats ("metadata", "poolRef", the namespace, the
+pool's name, "AddressAllocated", ...) exist once rather than once per object. A claim decoded from a watch event has
+its own copy of each: sharing them halves what its projection holds (docs/performance.md). Interned strings are
+freed with the last object that uses them.
+
+Projections never change the object they are given: they build a new one (sharing the pool's spec and status), so
+the full answer a write returned can still be used by its caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from sys import intern
+from typing import Any
+
+from ipam_provider.common import Object
+
+Projection = Callable[[Object], Object]
+"""A function from an object as the API server sent it to what a cache keeps of it."""
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+DROPPED_METADATA = frozenset({"managedFields", "selfLink"})
+KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "labels",
+    "annotations",
+    "finalizers",
+    "ownerReferences",
+    "deletionTimestamp",
+    "creationTimestamp",
+)
+SHARED_LENGTH = 64  # longer strings (messages, JSON in annotations) are seldom repeated: not interned
+
+
+def shared(value: Any) -> Any:
+    """A copy of the JSON value with every key and every string of at most SHARED_LENGTH characters interned."""
+    kind = type(value)
+    if kind is dict:  # strings are interned inline: this runs for every object the caches take in
+        return {
+            intern(key): intern(item) if type(item) is str and len(item) <= SHARED_LENGTH else shared(item)
+            for key, item in value.items()
+        }
+    if kind is list:
+        return [intern(item) if type(item) is str and len(item) <= SHARED_LENGTH else shared(item) for item in value]
+    if kind is str and len(value) <= SHARED_LENGTH:
+        return intern(value)
+    return value
+
+
+def _annotations(meta: Object, kept: Object) -> None:
+    """Drop the last-applied annotation from `kept`'s annotations (a copy; `meta`'s are left alone)."""
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+
+
+def kept_metadata(meta: Object) -> Object:
+    """The metadata fields in KEPT_METADATA, without the last-applied annotation, their strings shared."""
+    kept = {key: meta[key] for key in KEPT_METADATA if key in meta}
+    _annotations(meta, kept)
+    return {key: shared(value) for key, value in kept.items()}
+
+
+def _typed(obj: Object, metadata: Object) -> Object:
+    projected: Object = {}
+    for key in ("apiVersion", "kind"):
+        if key in obj:
+            projected[key] = shared(obj[key])
+    projected["metadata"] = metadata
+    return projected
+
+
+def project_claim(obj: Object) -> Object:
+    """An IPAddressClaim or IPAddress as the caches keep it: KEPT_METADATA, spec and status, strings shared."""
+    projected = _typed(obj, kept_metadata(obj.get("metadata") or {}))
+    for key in ("spec", "status"):
+        if key in obj:
+            projected[key] = shared(obj[key])
+    return projected
+
+
+project_address = project_claim
+
+
+def project_cluster(obj: Object) -> Object:
+    """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`."""
+    projected = _typed(obj, kept_metadata(obj.get("metadata") or {}))
+    spec = obj.get("spec") or {}
+    projected["spec"] = {"paused": spec["paused"]} if "paused" in spec else {}  # a bool: nothing to share
+    return projected
+
+
+def strip_bookkeeping(obj: Object) -> Object:
+    """The whole object less `metadata.managedFields`, `selfLink` and the last-applied annotation."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    kept = {key: value for key, value in meta.items() if key not in DROPPED_METADATA}
+    _annotations(meta, kept)
+    return {**obj, "metadata": kept}
