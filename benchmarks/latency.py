@@ -145,7 +145,7 @@ async def _steady(session: Session, rate: float, timeout: float, result: SteadyR
 
         pid = session.process.pid if session.process is not None else None
         before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)
-        cpu_before = proc_figures(pid)[1] if pid else None
+        cpu_before, lists_before = (proc_figures(pid)[1] if pid else None), watch.lists
         result.create_seconds = await _paced(result.claims, rate, send)
         alive = session.alive if limit is None else (lambda: True)
         try:
@@ -159,7 +159,9 @@ async def _steady(session: Session, rate: float, timeout: float, result: SteadyR
             if cpu_before is not None and cpu_after is not None:
                 result.window_cpu_seconds = cpu_after - cpu_before
         key = f"{IPAM_GROUP}/{target.claims.plural}"
-        driver: RequestCounts = collections.Counter({("POST", key): result.claims, ("LIST", key): watch.lists})
+        driver: RequestCounts = collections.Counter(
+            {("POST", key): result.claims, ("LIST", key): watch.lists - lists_before}
+        )
         result.requests = request_delta(before, after, driver)
         await check_addresses(kube, target.addresses, result.claims, result)
     finally:
