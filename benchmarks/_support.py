@@ -1,5 +1,5 @@
-"""Helpers of `benchmarks/incluster_throughput.py`: processes, /proc figures, API-server request counts, the Go
-peer's build, and the result table. Nothing here talks to a controller's internals; everything is observed from
+"""Helpers of `benchmarks/incluster_throughput.py`: processes, /proc figures, API-server request counts and the
+Go peer's build. Nothing here talks to a controller's internals; everything is observed from
 outside (the API server's /metrics, /proc), so our controller and the Go peer are measured the same way."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,44 +32,7 @@ NOISE_CORE = frozenset({"endpoints", "services", "namespaces", "resourcequotas"}
 RequestCounts = collections.Counter[tuple[str, str]]
 
 
-@dataclass
-class RunResult:
-    """What one controller did with N claims; figures are None when they could not be had."""
-
-    name: str
-    claims: int
-    pools: int
-    seconds: float | None = None
-    requests: RequestCounts = field(default_factory=collections.Counter)
-    peak_rss_kib: int | None = None
-    cpu_seconds: float | None = None
-    duplicates: dict[str, list[str]] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def claims_per_second(self) -> float | None:
-        return self.claims / self.seconds if self.seconds else None
-
-    def per_claim(self, verbs: frozenset[str]) -> float | None:
-        if not self.requests:
-            return None
-        return sum(n for (verb, _), n in self.requests.items() if verb in verbs) / self.claims
-
-
 # -- processes --------------------------------------------------------------------------------------------------
-
-
-def our_controller_argv(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
-    """`ipam-provider run` of this checkout as a subprocess, serving `namespace` through `kubeconfig`."""
-    return [
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
-        *flags,
-    ]
 
 
 def _die_with_parent() -> None:
@@ -211,66 +173,3 @@ def build_go_peer(version: str, capi: str) -> GoPeer:
     if missing:
         raise GoPeerUnavailable(f"missing after the build: {', '.join(missing)}")
     return peer
-
-
-# -- output -----------------------------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def _ratio(ours: float | None, theirs: float | None) -> str:
-    if ours is None or theirs is None:
-        return "-"
-    return f"{ours / theirs:.2f}x" if theirs else f"{ours:.2f} vs 0"
-
-
-def print_report(results: list[RunResult]) -> None:
-    rows: list[tuple[str, ...]] = [
-        ("", "seconds", "claims/s", "mut. req/claim", "reads/claim", "peak RSS MiB", "CPU s", "duplicates")
-    ]
-    for r in results:
-        rss = r.peak_rss_kib / 1024 if r.peak_rss_kib is not None else None
-        dups = "-" if r.seconds is None else str(sum(len(v) for v in r.duplicates.values()))
-        rows.append(
-            (
-                r.name,
-                _fmt(r.seconds, "{:.1f}"),
-                _fmt(r.claims_per_second, "{:.1f}"),
-                _fmt(r.per_claim(MUTATING_VERBS), "{:.2f}"),
-                _fmt(r.per_claim(READ_VERBS), "{:.2f}"),
-                _fmt(rss, "{:.0f}"),
-                _fmt(r.cpu_seconds, "{:.1f}"),
-                dups,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print()
-    for row in rows:
-        print(
-            "  ".join(
-                value.rjust(width) if i else value.ljust(width)
-                for i, (value, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    for r in results:
-        if r.error:
-            print(f"\n{r.name}: FAILED: {r.error}")
-        for pool, values in r.duplicates.items():
-            print(f"{r.name}: pool {pool} handed out {len(values)} address(es) twice: {', '.join(values[:10])}")
-        if r.requests:
-            top = ", ".join(f"{verb} {res} {n / r.claims:.2f}" for (verb, res), n in r.requests.most_common(8))
-            print(f"{r.name} requests per claim: {top}")
-    ours = results[0] if results else None
-    for other in results[1:]:
-        if ours is None or not (ours.seconds and other.seconds):
-            continue
-        print(
-            f"\nours ÷ {other.name}: throughput {_ratio(ours.claims_per_second, other.claims_per_second)}, "
-            f"mutating requests per allocation "
-            f"{_ratio(ours.per_claim(MUTATING_VERBS), other.per_claim(MUTATING_VERBS))}, "
-            f"reads per allocation {_ratio(ours.per_claim(READ_VERBS), other.per_claim(READ_VERBS))}, "
-            f"peak RSS {_ratio(ours.peak_rss_kib, other.peak_rss_kib)}, "
-            f"CPU {_ratio(ours.cpu_seconds, other.cpu_seconds)}"
-        )

@@ -38,10 +38,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
-from benchmarks._support import log_tail, our_controller_argv, start_process, stop_process
+from benchmarks._support import log_tail, start_process, stop_process
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, SECRETS, Resource
 from ipam_provider.reconcile.context import pool_resource
+from tools.controller_command import controller_command
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds
@@ -100,7 +101,7 @@ def start_grid() -> WapiSimulator:
 
 
 def controller_argv(kubeconfig: Path, metrics_port: int) -> list[str]:
-    return our_controller_argv(
+    return controller_command(
         kubeconfig,
         NAMESPACE,
         f"--metrics-bind-address=127.0.0.1:{metrics_port}",

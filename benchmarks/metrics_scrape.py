@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._support import log_tail, our_controller_argv, proc_figures, start_process, stop_process
+from benchmarks._support import log_tail, proc_figures, start_process, stop_process
 from benchmarks.fulfilment import wait_fulfilled
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, Resource
+from tools.controller_command import controller_command
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace, work: Path) -> list[ScrapeFigures]:
         asyncio.run(_with_kube(kubeconfig, install))
         token = request_token(state.server, state.admin_token, state.ca_path)
         port = free_port()
-        argv = our_controller_argv(
+        argv = controller_command(
             kubeconfig,
             NAMESPACE,
             serving_flag(args.plain, port),

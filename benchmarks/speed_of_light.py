@@ -1,14 +1,14 @@
 """The speed-of-light baseline of `benchmarks/incluster_throughput.py`: our controller's writes with nothing else.
 
-For each claim, in this order, the same requests with the same body shapes as our controller's allocation of a
-new claim on an InClusterIPPool: the ReleaseAddress finalizer (merge PATCH of the claim, guarded by its
-resourceVersion), the InClusterIPReservation POST (through our ReservationClient), the IPAddress POST (claim as
-controller owner, pool as owner, ProtectAddress finalizer), the claim's status PATCH (Ready=True/AddressAllocated
-and addressRef, guarded by the resourceVersion the finalizer PATCH returned) and one Normal Event, recorded through
-our EventRecorder, which writes in the background and combines bursts as the controller's does (`write_all` ends
-once every Event is written). `workers` claims are in flight at once, like our controller's --workers. Addresses
-are taken in order from each pool's CIDR; nothing is read: the claims' and pools' uids and resourceVersions are
-those the caller passes in. No watch, no cache, no scheduling: what is left is the API server's cost of the writes.
+For each claim, in this order, the same requests with the same bodies as our controller's allocation of a new
+claim on an InClusterIPPool: the ReleaseAddress finalizer (merge PATCH of the claim, guarded by its
+resourceVersion), the InClusterIPReservation POST (through the in-cluster backend's ReservationClient), the
+IPAddress POST (the body from `ipam_provider.reconcile.addresses.desired_address`), the claim's status PATCH
+(Ready=True/AddressAllocated and addressRef, guarded by the resourceVersion the finalizer PATCH returned) and one
+Normal Event, recorded through our EventRecorder, which writes in the background and combines bursts as the
+controller's does (`write_all` ends once every Event is written). Addresses are taken in order from each pool's
+CIDR; nothing is read: the claims' and pools' uids and resourceVersions are those the caller passes in. No watch,
+no cache, no scheduling: what is left is the API server's cost of the writes.
 """
 
 from __future__ import annotations
@@ -18,24 +18,29 @@ import ipaddress
 from collections.abc import Iterator
 from typing import Any
 
-from backends.incluster.reservations import ReservationClient
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, READY, REASON_ALLOCATED
+import structlog
+
+from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
+from ipam_provider.api.capi import FINALIZER_RELEASE_ADDRESS, READY, REASON_ALLOCATED, IPAddressClaim
 from ipam_provider.api.meta import set_condition
-from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.contract import Allocation, BackendContext
 from ipam_provider.controller import ControllerSettings
 from ipam_provider.events import NORMAL, EventRecorder
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.reconcile.addresses import desired_address
+from ipam_provider.reconcile.context import ClaimWork
 
 Object = dict[str, Any]
+log = structlog.get_logger(__name__)
 
 
 class PoolCursor:
     """The next free addresses of one InClusterIPPool whose spec.addresses is one CIDR, lowest first."""
 
     def __init__(self, pool: Object) -> None:
-        self.pool = {"apiVersion": f"{IPAM_GROUP}/v1alpha2", "kind": "InClusterIPPool", **pool}  # LIST items lack them
-        self.ref = PoolRef(IPAM_GROUP, self.pool["kind"], pool["metadata"]["namespace"], pool["metadata"]["name"])
+        self.pool = {"apiVersion": IN_CLUSTER_POOL.api_version, "kind": IN_CLUSTER_POOL.kind, **pool}
+        self.ref = IN_CLUSTER_POOL.ref(pool["metadata"]["namespace"], pool["metadata"]["name"])
         self.prefix = int(pool["spec"]["prefix"])
         self._hosts: Iterator[ipaddress.IPv4Address | ipaddress.IPv6Address] = ipaddress.ip_network(
             pool["spec"]["addresses"][0]
@@ -45,94 +50,70 @@ class PoolCursor:
         return str(next(self._hosts))
 
 
-def address_body(claim: Object, cursor: PoolCursor, address: str) -> Object:
-    """The IPAddress our controller writes for `claim` (no cluster label: the benchmark's claims have none)."""
-    name, pool = claim["metadata"]["name"], cursor.pool
-    owners = [
-        {
-            "apiVersion": claim["apiVersion"],
-            "kind": claim["kind"],
-            "name": name,
-            "uid": claim["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        },
-        {
-            "apiVersion": pool["apiVersion"],
-            "kind": pool["kind"],
-            "name": pool["metadata"]["name"],
-            "uid": pool["metadata"]["uid"],
-            "controller": False,
-            "blockOwnerDeletion": True,
-        },
-    ]
-    return {
-        "apiVersion": ADDRESSES.api_version,
-        "kind": ADDRESSES.kind,
-        "metadata": {
-            "name": name,
-            "namespace": claim["metadata"]["namespace"],
-            "labels": {},
-            "annotations": {},
-            "finalizers": [FINALIZER_PROTECT_ADDRESS],
-            "ownerReferences": owners,
-        },
-        "spec": {
-            "claimRef": {"name": name},
-            "poolRef": {"apiGroup": IPAM_GROUP, "kind": pool["kind"], "name": pool["metadata"]["name"]},
-            "address": address,
-            "prefix": cursor.prefix,
-        },
-    }
+class LimitWriter:
+    """Makes our controller's five writes for one claim at a time (`allocate`), from the pools it was given."""
 
+    def __init__(self, kube: KubeClient, pools: dict[str, Object]) -> None:
+        self.kube = kube
+        self.backend = InClusterBackend(BackendContext(kube))
+        self.events = EventRecorder(kube, ControllerSettings().component)
+        self.cursors = {name: PoolCursor(pool) for name, pool in pools.items()}
 
-async def allocate_one(
-    kube: KubeClient, reservations: ReservationClient, events: EventRecorder, claim: Object, cursor: PoolCursor
-) -> None:
-    """The five writes of one allocation, in our controller's order."""
-    meta = claim["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
-    finalizer = {"metadata": {"finalizers": [FINALIZER_RELEASE_ADDRESS], "resourceVersion": meta["resourceVersion"]}}
-    patched = await kube.patch(CLAIMS, name, finalizer, namespace)
-    patched.setdefault("apiVersion", CLAIMS.api_version)
-    patched.setdefault("kind", CLAIMS.kind)
-    address = cursor.next_address()
-    held = await reservations.create(cursor.ref, address, cursor.prefix, None, namespace, name, meta["uid"])
-    if held is None:
-        raise RuntimeError(f"{address} of {cursor.ref} is already reserved")
-    await kube.create(ADDRESSES, address_body(claim, cursor, address), namespace)
-    message = f"{address}/{cursor.prefix} allocated from {cursor.ref}"
-    generation = patched["metadata"].get("generation")
-    conditions, _ = set_condition(
-        [], type=READY, status=True, reason=REASON_ALLOCATED, message=message, generation=generation
-    )
-    status = {
-        "status": {"conditions": [c.wire() for c in conditions], "addressRef": {"name": name}},
-        "metadata": {"resourceVersion": patched["metadata"]["resourceVersion"]},
-    }
-    await kube.patch(CLAIMS, name, status, namespace, subresource="status")
-    events.record(patched, NORMAL, REASON_ALLOCATED, message, related=cursor.pool)
+    def work(self, claim: Object, cursor: PoolCursor) -> ClaimWork:
+        """The controller's work object for a claim as the API server returned it."""
+        parsed = IPAddressClaim.model_validate(claim)
+        return ClaimWork(claim, parsed, self.backend, IN_CLUSTER_POOL, cursor.ref, cursor.pool, log)
+
+    async def allocate(self, claim: Object) -> None:
+        """The five writes of one allocation, in our controller's order; `claim` as created (uid and
+        resourceVersion set)."""
+        meta = claim["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        cursor = self.cursors[claim["spec"]["poolRef"]["name"]]
+        work = self.work(claim, cursor)
+        finalizer = {
+            "metadata": {"finalizers": [FINALIZER_RELEASE_ADDRESS], "resourceVersion": meta["resourceVersion"]}
+        }
+        patched = await self.kube.patch(CLAIMS, name, finalizer, namespace)
+        patched.setdefault("apiVersion", CLAIMS.api_version)
+        patched.setdefault("kind", CLAIMS.kind)
+        address = cursor.next_address()
+        held = await self.backend.reservations.create(
+            cursor.ref, address, cursor.prefix, None, namespace, name, meta["uid"]
+        )
+        if held is None:
+            raise RuntimeError(f"{address} of {cursor.ref} is already reserved")
+        allocation = Allocation(held.address, held.prefix, held.gateway)
+        await self.kube.create(ADDRESSES, desired_address(work, cursor.pool, allocation), namespace)
+        message = f"{allocation.address}/{allocation.prefix} allocated from {cursor.ref}"
+        generation = patched["metadata"].get("generation")
+        conditions, _ = set_condition(
+            [], type=READY, status=True, reason=REASON_ALLOCATED, message=message, generation=generation
+        )
+        status = {
+            "status": {"conditions": [c.wire() for c in conditions], "addressRef": {"name": name}},
+            "metadata": {"resourceVersion": patched["metadata"]["resourceVersion"]},
+        }
+        await self.kube.patch(CLAIMS, name, status, namespace, subresource="status")
+        self.events.record(patched, NORMAL, REASON_ALLOCATED, message, related=cursor.pool)
 
 
 async def write_all(kube: KubeClient, claims: list[Object], pools: dict[str, Object], workers: int) -> None:
     """Allocate every claim (as created: uid and resourceVersion set) from its pool, `workers` at a time."""
-    cursors = {name: PoolCursor(pool) for name, pool in pools.items()}
-    reservations = ReservationClient(kube)
-    events = EventRecorder(kube, ControllerSettings().component)
+    writer = LimitWriter(kube, pools)
     queue: asyncio.Queue[Object] = asyncio.Queue()
     for claim in claims:
         queue.put_nowait(claim)
 
     async def worker() -> None:
         while not queue.empty():
-            claim = queue.get_nowait()
-            await allocate_one(kube, reservations, events, claim, cursors[claim["spec"]["poolRef"]["name"]])
+            await writer.allocate(queue.get_nowait())
 
-    events.start()
+    writer.events.start()
     try:
         async with asyncio.TaskGroup() as group:
             for _ in range(workers):
                 group.create_task(worker())
-        await events.flush()
+        await writer.events.flush()
     finally:
-        await events.close()
+        await writer.events.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,21 +20,9 @@ from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
+from tools.controller_command import controller_command as controller_command  # re-exported for the tests
 
 ControllerFactory = Callable[..., contextlib.AbstractAsyncContextManager[Controller]]
-
-
-def controller_command(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
-    """The command line of `ipam-provider run` as a separate process, serving `namespace` through `kubeconfig`."""
-    return [
-        sys.executable,
-        "-m",
-        "ipam_provider",
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={namespace}",
-        *flags,
-    ]
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,19 @@
+"""The command line that runs this checkout's controller as a separate process (tests and benchmarks use it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def controller_command(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
+    """`ipam-provider run` with this interpreter, serving `namespace` through `kubeconfig`, plus `flags`."""
+    return [
+        sys.executable,
+        "-m",
+        "ipam_provider",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        *flags,
+    ]
