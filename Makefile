@@ -56,7 +56,7 @@ test: venv binaries clusterctl prometheus netbox
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check ipam_provider backends
-	$(BIN)/mypy --strict ipam_provider backends tools tests
+	$(BIN)/mypy --strict ipam_provider backends tools tests benchmarks
 
 # The Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env), whose CRDs tests/compat runs
 # the contract flow against, and the cert-manager module of CERT_MANAGER_VERSION, whose CRDs the tests install before

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import incluster_throughput
-from benchmarks._support import our_controller_argv
+from benchmarks import incluster_throughput, targets
+from tools.controller_command import controller_command
 
 # Runs `python -m ipam_provider ARGS` under cProfile with a CPU clock (process time: waiting for the network is
 # not counted), and writes the profile to the first argument once the module exits.
@@ -41,8 +41,8 @@ finally:
 
 
 def profiled_argv(out: Path) -> Callable[..., list[str]]:
-    """`our_controller_argv`, its `-m ipam_provider` run under cProfile (PROFILED_MAIN) writing to `out`."""
-    plain = our_controller_argv
+    """`controller_command`, its `-m ipam_provider` run under cProfile (PROFILED_MAIN) writing to `out`."""
+    plain = controller_command
 
     def argv(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
         python, module_flag, module, *rest = plain(kubeconfig, namespace, *flags)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.unlink(missing_ok=True)
-    vars(incluster_throughput)["our_controller_argv"] = profiled_argv(out)  # what its `ours()` target runs
+    vars(targets)["controller_command"] = profiled_argv(out)  # what its `ours()` target runs
     code = incluster_throughput.main([*args.benchmark, "--skip-go", "--skip-limit"])
     if not out.exists():
         print(f"error: no profile written to {out} (did the controller stop gracefully?)", file=sys.stderr)

@@ -98,16 +98,16 @@ class LimitWriter:
         self.events.record(patched, NORMAL, REASON_ALLOCATED, message, related=cursor.pool)
 
 
-async def write_all(kube: KubeClient, claims: list[Object], pools: dict[str, Object], workers: int) -> None:
-    """Allocate every claim (as created: uid and resourceVersion set) from its pool, `workers` at a time."""
+async def write_all(
+    kube: KubeClient, claims: asyncio.Queue[Object | None], pools: dict[str, Object], workers: int
+) -> None:
+    """Allocate every claim put on `claims` (as created: uid and resourceVersion set) from its pool, `workers` at a
+    time, each as soon as it arrives; a None per worker ends the run, once every Event is written."""
     writer = LimitWriter(kube, pools)
-    queue: asyncio.Queue[Object] = asyncio.Queue()
-    for claim in claims:
-        queue.put_nowait(claim)
 
     async def worker() -> None:
-        while not queue.empty():
-            await writer.allocate(queue.get_nowait())
+        while (claim := await claims.get()) is not None:
+            await writer.allocate(claim)
 
     writer.events.start()
     try:

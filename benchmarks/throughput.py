@@ -3,7 +3,9 @@ pools, timed from the first create until a watch has seen every one fulfilled.
 
 For a controller: one warm-up claim first (caches synced, workers running); its CPU over the measurement window
 is read from /proc just before the creates and once the API server's request counts have settled. For the limit
-client: the claims are created first, then its writes are timed; its CPU is this process's during the writes."""
+client: the same creates, and each created claim goes at once to the limit's writers, so its clock covers the
+same API work as a controller's (N creates and the writes of N allocations); its CPU is this process's over the
+same window, the creating client's included."""
 
 from __future__ import annotations
 
@@ -94,27 +96,38 @@ async def _measure_limit(session: Session, workers: int, result: ThroughputResul
     kube = await KubeClient.from_kubeconfig(str(session.kubeconfig))
     try:
         semaphore = asyncio.Semaphore(IN_FLIGHT)
+        created: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
-        async def create(name: str, pool: str) -> dict[str, Any]:
+        async def create(name: str, pool: str) -> None:
             async with semaphore:
-                return await kube.create(target.claims, claim_body(target, name, pool), NAMESPACE)
+                created.put_nowait(await kube.create(target.claims, claim_body(target, name, pool), NAMESPACE))
 
-        claims = await asyncio.gather(*(create(n, p) for n, p in claim_plan(result.claims, result.pools)))
+        async def create_all() -> None:
+            async with asyncio.TaskGroup() as group:
+                for name, pool in claim_plan(result.claims, result.pools):
+                    group.create_task(create(name, pool))
+            for _ in range(workers):
+                created.put_nowait(None)
+
         pools, _ = await kube.list(POOLS, NAMESPACE)
         before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)
         started, cpu = time.monotonic(), time.process_time()
-        await write_all(kube, list(claims), {p["metadata"]["name"]: p for p in pools}, workers)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(create_all())
+            group.create_task(write_all(kube, created, {p["metadata"]["name"]: p for p in pools}, workers))
         result.seconds, result.cpu_seconds = time.monotonic() - started, time.process_time() - cpu
         result.window_cpu_seconds = result.cpu_seconds
         after = await settled_counts(state.server, state.admin_token, state.ca_path)
-        result.requests = request_delta(before, after, collections.Counter())
+        claims_key = f"{IPAM_GROUP}/{target.claims.plural}"
+        result.requests = request_delta(before, after, collections.Counter({("POST", claims_key): result.claims}))
         await check_addresses(kube, target.addresses, result.claims, result)
     finally:
         await kube.close()
 
 
 def measure_limit(session: Session, claims: int, pools: int, workers: int) -> ThroughputResult:
-    """The speed-of-light client's writes for `claims` pre-created claims; never raises except on interruption."""
+    """The speed-of-light client: `claims` created and allocated by its writes; never raises except on
+    interruption."""
     result = ThroughputResult(session.target.name, session.target.slug, claims, pools=pools)
     try:
         asyncio.run(_measure_limit(session, workers, result))
