@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
-from ipam_provider.controller import Controller, ControllerSettings
+from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
@@ -142,11 +142,12 @@ async def run(options: RunOptions) -> int:
 async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     kube = await KubeClient.from_kubeconfig(options.kubeconfig)
     endpoints.use_api(kube)
-    registry = load_registry(BackendContext(kube=kube), options.backends)
+    view = CacheView()
+    registry = load_registry(BackendContext(kube=kube, cached_addresses=view.addresses), options.backends)
     settings = ControllerSettings(
         namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
     )
-    controller = Controller(kube, registry, settings)
+    controller = view.controller = Controller(kube, registry, settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)

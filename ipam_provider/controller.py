@@ -16,7 +16,9 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
+from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
@@ -27,7 +29,7 @@ from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.telemetry import controller as telemetry
-from ipam_provider.watch.caches import Caches
+from ipam_provider.watch.caches import POOL, Caches
 from ipam_provider.watch.handlers import EventHandlers
 from ipam_provider.watch.informer import Informer
 
@@ -130,6 +132,14 @@ class Controller:
     def synced(self) -> bool:
         return all(informer.synced for informer in self.informers)
 
+    def cached_addresses(self, ref: PoolRef) -> list[Object] | None:
+        """The cached IPAddresses naming the pool; None unless the caches have synced and watch every namespace the
+        pool's IPAddresses may be in (see `BackendContext.cached_addresses`)."""
+        namespaces = self.settings.namespaces
+        if not self.synced or (namespaces and (ref.namespace is None or ref.namespace not in namespaces)):
+            return None
+        return self.caches.addresses.by_index(POOL, ref)
+
     async def _worker(self) -> None:
         """Take keys until the queue shuts down. A failing reconcile (any exception, or a CancelledError that is
         not this task's own cancellation) is logged and retried with backoff; the worker never dies of it."""
@@ -158,6 +168,9 @@ class Controller:
             finally:
                 self.queue.done(key, shard)
                 telemetry.reconcile_finished(controller, started, result)
+            # A reconcile that needed no request never suspended: let the loop serve other workers' answers before
+            # this one takes the next key (after a restart thousands of fulfilled claims are only confirmed).
+            await asyncio.sleep(0)
 
     def _succeeded(self, key: QueueKey) -> None:
         """A reconcile of `key` succeeded: its backoff and its failure streak end."""
@@ -189,6 +202,17 @@ class Controller:
         if isinstance(key, ClaimKey):
             return await self.claims.reconcile(key.namespace, key.name)
         return await self.pools.reconcile(key.ref)
+
+
+class CacheView:
+    """The backends' view of a controller's caches, bound once the controller exists (its backends are made
+    before it): `addresses` is what `BackendContext.cached_addresses` calls."""
+
+    def __init__(self) -> None:
+        self.controller: Controller | None = None
+
+    def addresses(self, ref: PoolRef) -> list[Object] | None:
+        return self.controller.cached_addresses(ref) if self.controller is not None else None
 
 
 CLAIM_CONTROLLER = "ipaddressclaim"

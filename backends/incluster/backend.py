@@ -87,6 +87,7 @@ class InClusterBackend:
 
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
+        self.cached_addresses = context.cached_addresses
         self.reservations = ReservationClient(context.kube)
         self._indexes: dict[PoolRef, PoolIndex] = {}
         self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
@@ -130,14 +131,26 @@ class InClusterBackend:
             current = self._indexes.get(ref)
             if current is not replacing and current is not None and current.family == allocatable.family:
                 return current
+            started = time.monotonic()
             reservations = await self.reservations.list_pool(ref)
+            listed = time.monotonic()
+            found = 0
             if scan:
-                reservations += await reserve_existing(
-                    self.kube, self.reservations, ref, allocatable.family, reservations
+                existing = await reserve_existing(
+                    self.kube, self.reservations, ref, allocatable.family, reservations, self.cached_addresses(ref)
                 )
+                found, reservations = len(existing), reservations + existing
             pending = replacing.pending if replacing is not None and replacing.family == allocatable.family else None
             index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key, pending)
             self._indexes[ref] = index
+            log.info(
+                "pool index built",
+                pool=str(ref),
+                reservations=len(reservations),
+                reserved_for_existing=found,
+                list_seconds=round(listed - started, 3),
+                scan_seconds=round(time.monotonic() - listed, 3),
+            )
             return index
 
     async def _reclaim_expired(self, index: PoolIndex, grace_seconds: int) -> None:

@@ -16,6 +16,8 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import structlog
 
 from backends.incluster.intervals import address_to_int, int_to_address
@@ -46,12 +48,18 @@ def _in_family(value: str, family: int) -> str | None:
 
 
 async def reserve_existing(
-    kube: KubeClient, reservations: ReservationClient, ref: PoolRef, family: int, held: list[Reservation]
+    kube: KubeClient,
+    reservations: ReservationClient,
+    ref: PoolRef,
+    family: int,
+    held: list[Reservation],
+    cached: Sequence[Object] | None = None,
 ) -> list[Reservation]:
     """Make sure every IPAddress naming the pool is held by a reservation; return the reservations created or
-    found for them (those in `held`, a fresh list of the pool's reservations, are not repeated)."""
+    found for them (those in `held`, a fresh list of the pool's reservations, are not repeated). `cached`: the
+    pool's IPAddresses from the controller's synced watch cache; without it they are listed from the API server."""
     held_addresses = {_in_family(r.address, family) for r in held}
-    items, _ = await kube.list(ADDRESSES, ref.namespace)
+    items = cached if cached is not None else (await kube.list(ADDRESSES, ref.namespace))[0]
     found: list[Reservation] = []
     for address in items:
         if not names_pool(address, ref):

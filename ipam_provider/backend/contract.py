@@ -14,7 +14,7 @@ level-triggered and will call again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -194,10 +194,17 @@ class ReleaseImpossibleError(BackendError):
 
 @dataclass(frozen=True)
 class BackendContext:
-    """What the controller hands to a backend factory."""
+    """What the controller hands to a backend factory.
+
+    `cached_addresses(pool_ref)` gives the IPAddresses that name the pool, from the controller's watch cache, or
+    None when that cache cannot answer for the pool (not synced yet, or the pool's IPAddresses may lie in
+    namespaces this controller does not watch); a backend then reads the API server. The objects are the cache's
+    projections (metadata, spec, status) and must not be changed.
+    """
 
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"
+    cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None
 
 
 def serves_claims_concurrently(backend: object) -> bool:

@@ -18,7 +18,7 @@ import pytest_asyncio
 from backends.incluster import create_backend
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.controller import Controller, ControllerSettings
+from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.kube.client import KubeClient
 from tools.controller_command import controller_command as controller_command  # re-exported for the tests
 
@@ -35,10 +35,12 @@ async def run_controller(
     **settings: Any,
 ) -> AsyncIterator[Controller]:
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
-    context = BackendContext(kube=kube)
+    view = CacheView()
+    context = BackendContext(kube=kube, cached_addresses=view.addresses)
     factories = ([create_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
     controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))
+    view.controller = controller
     ready = asyncio.Event()
     task = asyncio.create_task(controller.run(ready))
     waiter = asyncio.create_task(ready.wait())
