@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
-from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.contract import PoolRef, serves_claims_concurrently
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -50,7 +50,7 @@ class Controller:
         self.registry = registry
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
-        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=None)
+        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit)
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
@@ -60,6 +60,15 @@ class Controller:
         self.informers = self._informers()
         self._stopping = asyncio.Event()
         self._traced: dict[QueueKey, str] = {}  # keys failing now → the error type whose traceback was logged
+
+    def _shard_limit(self, shard: Hashable) -> int | None:
+        """How many keys of one pool run at once: any number when its backend serves claims concurrently, else one
+        (so that a slow external system holds one worker, not all of them)."""
+        if isinstance(shard, PoolRef):
+            found = self.registry.lookup(shard.group, shard.kind)
+            if found is not None and not serves_claims_concurrently(found[0]):
+                return 1
+        return None
 
     def _informers(self) -> list[Informer]:
         namespaces = self.settings.namespaces or None

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.existing import reserve_existing
-from backends.incluster.intervals import address_to_int, int_to_address
+from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
@@ -105,31 +105,53 @@ class InClusterBackend:
         except (PoolSpecError, ValidationError, ValueError) as error:
             raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
 
-    async def _index(self, ref: PoolRef, spec: InClusterPoolSpec, allocatable: AllocatableSet) -> PoolIndex:
+    async def _index(
+        self, ref: PoolRef, spec: InClusterPoolSpec, allocatable: AllocatableSet, generation: int
+    ) -> PoolIndex:
+        """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
+        the index's gets the index as it is: it never replaces one built from a newer spec."""
         key = (allocatable.addresses, allocatable.family)
         index = self._indexes.get(ref)
+        if index is not None and generation < index.generation:
+            return index
         if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
-            index = await self._rebuild(ref, allocatable, key, scan=True, replacing=index)
+            index = await self._rebuild(
+                ref, allocatable.addresses, allocatable.family, key, generation, scan=True, replacing=index
+            )
         elif index.spec_key != key:
             index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+            index.generation = generation
         if spec.reuse_grace_seconds is not None and ref not in self._reclaiming:
             self._reclaiming.add(ref)
             try:
-                await self._reclaim_expired(index, spec.reuse_grace_seconds)
+                await self._reclaim_expired(ref, index, spec.reuse_grace_seconds)
             finally:
                 self._reclaiming.discard(ref)
-        return self._indexes.get(ref, index)
+        return self._current(ref, index)
+
+    def _current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
+        """The pool's index now, if it was built from the same or a newer spec than `index`; else `index`."""
+        current = self._indexes.get(ref)
+        return current if current is not None and current.generation >= index.generation else index
 
     async def _rebuild(
-        self, ref: PoolRef, allocatable: AllocatableSet, key: object, *, scan: bool, replacing: PoolIndex | None
+        self,
+        ref: PoolRef,
+        addresses: IntervalSet,
+        family: int,
+        key: object,
+        generation: int,
+        *,
+        scan: bool,
+        replacing: PoolIndex | None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
-        `replacing` (the index the caller found wanting) while this one waited for its turn. With `scan` (the
-        first use of the pool in this process, and each resync) IPAddresses naming the pool without a
-        reservation get one first. In-flight candidates stay pending in the new index."""
+        `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
+        for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
+        the pool without a reservation get one first. In-flight candidates stay pending in the new index."""
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
-            if current is not replacing and current is not None and current.family == allocatable.family:
+            if current is not None and current is not replacing and current.generation >= generation:
                 return current
             started = time.monotonic()
             reservations = await self.reservations.list_pool(ref)
@@ -137,11 +159,12 @@ class InClusterBackend:
             found = 0
             if scan:
                 existing = await reserve_existing(
-                    self.kube, self.reservations, ref, allocatable.family, reservations, self.cached_addresses(ref)
+                    self.kube, self.reservations, ref, family, reservations, self.cached_addresses(ref)
                 )
                 found, reservations = len(existing), reservations + existing
-            pending = replacing.pending if replacing is not None and replacing.family == allocatable.family else None
-            index = PoolIndex.build(allocatable.addresses, allocatable.family, reservations, key, pending)
+            pending = replacing.pending if replacing is not None and replacing.family == family else None
+            index = PoolIndex.build(addresses, family, reservations, key, pending)
+            index.generation = generation
             self._indexes[ref] = index
             log.info(
                 "pool index built",
@@ -153,16 +176,17 @@ class InClusterBackend:
             )
             return index
 
-    async def _reclaim_expired(self, index: PoolIndex, grace_seconds: int) -> None:
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
         for reservation in index.expired_releases(grace_seconds):
             await self.reservations.delete(reservation)
-            index.drop(reservation)
+            self._current(ref, index).drop(reservation)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         spec, allocatable = self._parse(pool_ref, pool)
-        index = await self._index(pool_ref, spec, allocatable)
+        generation = int((pool.get("metadata") or {}).get("generation") or 0)
+        index = await self._index(pool_ref, spec, allocatable, generation)
         if existing is not None:
             return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
@@ -170,11 +194,19 @@ class InClusterBackend:
             return Allocation(held.address, held.prefix, held.gateway)
         rebuilt = False
         while True:
-            index = self._indexes.get(pool_ref, index)
+            index = self._current(pool_ref, index)  # never one built from an older spec
             candidate = index.take_candidate(claim.uid)
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
-                    index = await self._rebuild(pool_ref, allocatable, index.spec_key, scan=False, replacing=index)
+                    index = await self._rebuild(
+                        pool_ref,
+                        index.allocator.allocatable,
+                        index.family,
+                        index.spec_key,
+                        index.generation,
+                        scan=False,
+                        replacing=index,
+                    )
                     rebuilt = True
                     held = index.by_claim.get(claim.uid)
                     if held is not None:
@@ -185,7 +217,7 @@ class InClusterBackend:
                     f"{pool_ref} has no free address: all {total} are in use; add addresses to the pool or delete "
                     "claims"
                 )
-            reservation = await self._try_candidate(pool_ref, spec, allocatable.family, candidate, claim, index)
+            reservation = await self._try_candidate(pool_ref, spec, index.family, candidate, claim, index)
             if reservation is not None:
                 return Allocation(reservation.address, reservation.prefix, reservation.gateway)
 
@@ -211,7 +243,7 @@ class InClusterBackend:
             else:
                 learned = reservation
         finally:
-            current = self._indexes.get(ref, index)
+            current = self._current(ref, index)
             if learned is not None:
                 current.hold(learned)
             current.settle(candidate)
@@ -276,15 +308,16 @@ class InClusterBackend:
                 grace = InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds
             except ValidationError:
                 grace = None
-        index = self._indexes.get(pool_ref)
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
             if grace:
                 released = await self.reservations.mark_released(reservation, now_rfc3339())
+                index = self._indexes.get(pool_ref)  # as it is after the write
                 if index is not None:
                     index.drop(reservation)
                     index.hold(released)
             else:
                 await self.reservations.delete(reservation)
+                index = self._indexes.get(pool_ref)
                 if index is not None:
                     index.drop(reservation)
 
@@ -325,7 +358,6 @@ class InClusterBackend:
             return
         self._swept[ref] = now
         backed = {normalized_address(allocation.address) for allocation in addresses}
-        index = self._indexes.get(ref)
         for reservation in await self.reservations.list_pool(ref):
             if reservation.released_at or normalized_address(reservation.address) in backed:
                 continue
@@ -335,6 +367,7 @@ class InClusterBackend:
                 continue
             log.info("stray reservation deleted", pool=str(ref), address=reservation.address, claim=reservation.claim)
             await self.reservations.delete(reservation)
+            index = self._indexes.get(ref)  # as it is after the delete
             if index is not None:
                 index.drop(reservation)
 

@@ -35,6 +35,7 @@ class PoolIndex:
     pending: dict[int, str] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
     spec_key: object = None
+    generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
 
     @classmethod
     def build(

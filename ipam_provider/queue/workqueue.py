@@ -4,8 +4,8 @@ Contract:
 - A key waits in the queue at most once (adding it again is a no-op, except that it may raise the key's
   priority), and is never handed to two workers at once.
 - Every key belongs to a shard (for claims: their pool). Shards are served round-robin, so that one busy pool
-  cannot starve the others. At most `shard_limit` keys of one shard are processed at a time (None: no limit
-  but the number of workers).
+  cannot starve the others. At most `shard_limit(shard)` keys of one shard are processed at a time (None: no
+  limit but the number of workers); `shard_limit` may also be one number for every shard.
 - Keys have a priority: NORMAL or LOW. A LOW key is handed out only when no NORMAL key is ready (the keys a
   cache's initial list brings, for objects that need no work, wait behind live changes). Within a priority and
   a shard, keys are handed out in the order they were added.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Generic, TypeVar
@@ -49,11 +49,11 @@ class WorkQueue(Generic[K]):
         base_delay: float = 0.05,
         max_delay: float = 120.0,
         name: str | None = None,
-        shard_limit: int | None = 1,
+        shard_limit: int | Callable[[Hashable], int | None] | None = 1,
     ) -> None:
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self.shard_limit = shard_limit
+        self._shard_limit = shard_limit if callable(shard_limit) else (lambda shard: shard_limit)
         self._queued: dict[K, _Entry] = {}
         # Per shard, one deque per priority. A key whose priority was raised also stays in its old deque; that
         # stale copy is skipped when it comes up (its entry no longer matches).
@@ -140,7 +140,8 @@ class WorkQueue(Generic[K]):
         return self._failures.get(key, 0)
 
     def _has_room(self, shard: Hashable) -> bool:
-        return self.shard_limit is None or self._active.get(shard, 0) < self.shard_limit
+        limit = self._shard_limit(shard)
+        return limit is None or self._active.get(shard, 0) < limit
 
     def _mark_ready(self, shard: Hashable) -> None:
         """Put the shard in line for each priority it has keys waiting at, if it may take one more now."""

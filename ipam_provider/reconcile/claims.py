@@ -200,7 +200,12 @@ class ClaimReconciler:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
-        with self.ctx.allocating(work.pool_ref):  # the pool keeps its finalizer until the IPAddress is written
+        pool_now = self.ctx.caches.pool(work.pool_ref)  # as of now: a deletion seen meanwhile stops the allocation
+        if pool_now is None or pool_now.get("metadata", {}).get("deletionTimestamp"):
+            return 0.0  # again at once, on the path of a claim whose pool is gone or going
+        pool = pool_now
+        # From here on (no await before it) the pool keeps its finalizer until the IPAddress is written.
+        with self.ctx.allocating(work.pool_ref):
             try:
                 async with self.ctx.backend_turn(work.backend, work.pool_ref):
                     allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)

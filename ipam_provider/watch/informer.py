@@ -26,7 +26,7 @@ from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
-from ipam_provider.watch.store import Store, object_key
+from ipam_provider.watch.store import Store, object_key, resource_version
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 log = structlog.get_logger(__name__)
@@ -123,8 +123,12 @@ class Informer:
                     self._apply("ADDED", obj)
             finally:
                 _INITIAL_LIST.reset(token)
+        listed_at = int(version) if version.isdigit() else None
         for key in list(self.store.keys()):
             if key not in seen and (namespace is None or key[0] == namespace):
+                cached = resource_version(self.store.get(*key) or {})
+                if listed_at is not None and cached is not None and cached > listed_at:
+                    continue  # written by this controller after the list's snapshot: not gone
                 old = self.store.remove(key)
                 self._notify("DELETED", old, None)
         return version

@@ -1,14 +1,20 @@
 """Backend calls for one pool: serialised for a backend that does not declare `concurrent_claims`, concurrent for
-one that does; calls for different pools always run at once."""
+one that does; calls for different pools always run at once. The work queue gives such a pool one worker at a
+time."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef, serves_claims_concurrently
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolKind, PoolRef, serves_claims_concurrently
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
+from ipam_provider.controller import Controller, ControllerSettings
+from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS
 from tests.core.fake_backend import FakeBackend
 from tests.core.world import NS, POOLS, claim, make_world, pool
@@ -41,6 +47,11 @@ class OverlapBackend(FakeBackend):
 @dataclass
 class ConcurrentOverlapBackend(OverlapBackend):
     concurrent_claims: bool = True
+    kinds_served: Sequence[PoolKind] = ()
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return self.kinds_served or super().kinds
 
 
 async def reconcile_all(backend: OverlapBackend, pools: Sequence[str], per_pool: int) -> dict[str, int]:
@@ -73,3 +84,14 @@ async def test_only_a_true_attribute_declares_the_capability() -> None:
     backend = FakeBackend()
     backend.concurrent_claims = "yes"  # type: ignore[attr-defined]
     assert not serves_claims_concurrently(backend)
+
+
+async def test_the_queue_runs_one_key_at_a_time_for_a_pool_whose_backend_is_not_concurrent() -> None:
+    serial, concurrent = OverlapBackend(), ConcurrentOverlapBackend()
+    serial_kind = serial.kinds[0]
+    concurrent_kind = dataclasses.replace(serial_kind, group="concurrent.example.com")
+    concurrent.kinds_served = [concurrent_kind]
+    controller = Controller(cast(KubeClient, object()), BackendRegistry([serial, concurrent]), ControllerSettings())
+    assert controller._shard_limit(serial_kind.ref(NS, "p")) == 1
+    assert controller._shard_limit(concurrent_kind.ref(NS, "p")) is None
+    assert controller._shard_limit(None) is None

@@ -118,3 +118,26 @@ async def test_a_worker_still_stops_when_it_is_cancelled_itself() -> None:
     worker.cancel()
     done, _ = await asyncio.wait({worker}, timeout=2)
     assert worker in done and worker.cancelled()
+
+
+async def test_a_relist_keeps_what_this_controller_wrote_after_the_lists_snapshot() -> None:
+    """A list at resourceVersion 5 cannot show an object written at 9 (our own write, cached): it is not gone.
+    One cached at 4 that the list lacks was deleted."""
+    kube = FakeKube()
+    store = Store()
+    store.upsert(claim_object("ours", "9"))
+    store.upsert(claim_object("deleted", "4"))
+    deleted: list[str] = []
+
+    def handler(kind: str, old: Object | None, new: Object | None) -> None:
+        if kind == "DELETED":
+            deleted.append((old or {})["metadata"]["name"])
+
+    async def list_at_5(resource: Any, namespace: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        yield [claim_object("good", "2")], "5"
+
+    kube.list_pages = list_at_5  # type: ignore[method-assign]
+    informer = Informer(cast(KubeClient, kube), CLAIMS, store, handler)
+    await informer._relist("ns")
+    assert deleted == ["deleted"]
+    assert store.get("ns", "ours") is not None and store.get("ns", "deleted") is None

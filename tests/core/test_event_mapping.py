@@ -63,15 +63,20 @@ def pool_handler(controller: Controller) -> Any:
 
 
 async def queued_claims(controller: Controller) -> set[str]:
-    names: set[str] = set()
+    return set(await taken_in_order(controller))
+
+
+async def taken_in_order(controller: Controller) -> list[str]:
+    """The claims the queue hands out until it is empty, in order (each marked done at once)."""
+    order = []
     while len(controller.queue):
         item = await asyncio.wait_for(controller.queue.get(), 1)
         assert item is not None
         key, shard = item
         if isinstance(key, ClaimKey):
-            names.add(key.name)
+            order.append(key.name)
         controller.queue.done(key, shard)
-    return names
+    return order
 
 
 @pytest.mark.parametrize(
@@ -105,18 +110,6 @@ async def test_a_deleted_claim_requeues_the_claims_waiting_on_its_pool(controlle
     assert await queued_claims(controller) == {"released", "waiting"}
     controller.handlers.on_claim("MODIFIED", claim("done", fulfilled=True), claim("done", fulfilled=True))
     assert await queued_claims(controller) == {"done"}, "a live claim's change concerns that claim only"
-
-
-async def taken_in_order(controller: Controller) -> list[str]:
-    order = []
-    while len(controller.queue):
-        item = await asyncio.wait_for(controller.queue.get(), 1)
-        assert item is not None
-        key, shard = item
-        if isinstance(key, ClaimKey):
-            order.append(key.name)
-        controller.queue.done(key, shard)
-    return order
 
 
 async def test_fulfilled_claims_of_an_initial_list_wait_behind_every_other_claim(controller: Controller) -> None:

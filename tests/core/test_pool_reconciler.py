@@ -3,6 +3,8 @@ backend's report, deletion held while IPAddresses name the pool, and pauses."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ipam_provider.api.capi import (
@@ -11,11 +13,11 @@ from ipam_provider.api.capi import (
     FINALIZER_PROTECT_POOL,
 )
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport
-from ipam_provider.kube.resources import ADDRESSES, EVENTS
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
-from tests.core.world import NS, PAUSED, POOLS, Object, World, address, pool, ready_of, ready_state
+from tests.core.world import NS, PAUSED, POOLS, Object, World, address, claim, pool, ready_of, ready_state
 
 REF = PoolRef(GROUP, "FakeIPPool", NS, "net")
 DELETING = "2026-01-01T00:00:00Z"
@@ -213,3 +215,26 @@ async def test_a_deleted_pool_waits_for_the_allocations_under_way_in_this_proces
         world.kube.put(ADDRESSES, address("a1", "c1"))  # the allocation writes its IPAddress, then ends
     assert world.ctx.allocations_under_way(REF) == 0
     assert await world.pools.reconcile(REF) == 15.0, "now held by the IPAddress, as any pool in use"
+
+
+async def test_a_claim_that_sees_its_pool_deleted_mid_reconcile_does_not_allocate(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's deletion reaches the cache while the claim's finalizer is being written (after the claim's
+    reconcile read the pool): the claim must not start an allocation the pool's reconcile cannot see."""
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL]))
+    world.add(CLAIMS, claim("m1"))
+    patch = world.kube.patch
+
+    async def patch_then_delete_pool(*args: Any, **kwargs: Any) -> Object:
+        answer = await patch(*args, **kwargs)
+        now = stored_pool(world)
+        meta = {**now["metadata"], "deletionTimestamp": DELETING}
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1000)
+        world.ctx.caches.pools[(REF.group, REF.kind)].upsert({**now, "metadata": meta})
+        return answer
+
+    monkeypatch.setattr(world.kube, "patch", patch_then_delete_pool)
+    assert await world.claims.reconcile(NS, "m1") == 0.0
+    assert world.backend.calls_of("allocate") == [], "no allocation once the deletion is seen"
+    assert world.address("m1") is None

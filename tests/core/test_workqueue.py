@@ -181,3 +181,13 @@ async def test_a_cancelled_getter_passes_its_wake_up_on() -> None:
     first.cancel()
     item = await asyncio.wait_for(second, 1)
     assert item == ("k", "A")
+
+
+async def test_a_shard_limit_per_shard() -> None:
+    queue: WorkQueue[str] = WorkQueue(shard_limit=lambda shard: 1 if shard == "serial" else None)
+    for index in range(3):
+        queue.add(f"s{index}", "serial")
+        queue.add(f"c{index}", "concurrent")
+    assert sorted(key for key, _ in take_ready(queue)) == ["c0", "c1", "c2", "s0"]
+    queue.done("s0", "serial")
+    assert take_ready(queue) == [("s1", "serial")]
