@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
-from ipam_provider.backend.contract import PoolRef, serves_claims_concurrently
+from ipam_provider.backend.contract import PoolRef, preparer_of, serves_claims_concurrently
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -96,6 +96,7 @@ class Controller:
         403 at start): then no worker starts and `run` returns as soon as the watches are cancelled.
         """
         watches = [asyncio.create_task(informer.run()) for informer in self.informers]
+        watches.append(asyncio.create_task(self._prepare_pools()))
         self.context.recorder.start()
         try:
             if not await self._synced_or_stopped():
@@ -116,6 +117,24 @@ class Controller:
             await asyncio.gather(*watches, return_exceptions=True)
             await self.context.recorder.close()  # the Events of the last reconciles, for a few seconds at most
             log.info("controller stopped")
+
+    async def _prepare_pools(self) -> None:
+        """Once the pool caches have synced (the others may still be syncing), let each backend that can prepare
+        every pool it serves (`preparer_of`), one pool at a time. A failure is logged; nothing waits for this."""
+        pool_stores = [id(store) for store in self.caches.pools.values()]
+        pool_informers = [informer for informer in self.informers if id(informer.store) in pool_stores]
+        await asyncio.gather(*(informer.wait_synced() for informer in pool_informers))
+        for kind in self.registry.kinds:
+            found = self.registry.lookup(kind.group, kind.kind)
+            prepare = preparer_of(found[0]) if found is not None else None
+            if prepare is None:
+                continue
+            for pool in self.caches.pools[(kind.group, kind.kind)].items():
+                ref = kind.ref(pool["metadata"].get("namespace"), pool["metadata"]["name"])
+                try:
+                    await prepare(ref, pool)
+                except Exception as error:  # only a head start is lost: the first allocation does the work
+                    log.warning("pool not prepared", pool=str(ref), error=str(error), error_type=type(error).__name__)
 
     async def _synced_or_stopped(self) -> bool:
         """Wait until every cache has synced (True) or `stop()` was called (False), whichever comes first."""

@@ -9,12 +9,11 @@ serialised: it is made and marked pending in memory in one step (`PoolIndex.take
 takes the lowest address that is neither held nor being tried by another allocation at that moment. The API
 server's create-uniqueness of the reservation stays the arbiter: an allocation that loses an address to another
 process learns who holds it and takes the next candidate. Building or rebuilding a pool's index is done by one
-allocation at a time; the others wait for it and use its result.
+allocation at a time; the others wait for it and use its result (see `indexes`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
@@ -22,8 +21,8 @@ import structlog
 from pydantic import Field, ValidationError, field_validator
 
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
-from backends.incluster.existing import reserve_existing
-from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
+from backends.incluster.indexes import PoolIndexes
+from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
@@ -50,7 +49,6 @@ IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "incluster
 GLOBAL_IN_CLUSTER_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
 )
-RESYNC_SECONDS = 600.0
 SWEEP_INTERVAL = 60.0  # at most one sweep for stray reservations per pool and interval
 STRAY_GRACE = 60.0  # a reservation younger than this may belong to an allocation in progress
 ORPHAN_SWEEP_INTERVAL = 600.0  # at most one sweep for reservations of deleted pools per process and interval
@@ -87,11 +85,8 @@ class InClusterBackend:
 
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
-        self.cached_addresses = context.cached_addresses
         self.reservations = ReservationClient(context.kube)
-        self._indexes: dict[PoolRef, PoolIndex] = {}
-        self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
-        self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
+        self.indexes = PoolIndexes(context.kube, self.reservations, context.cached_addresses)
         self._swept: dict[PoolRef, float] = {}
         self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
@@ -105,88 +100,21 @@ class InClusterBackend:
         except (PoolSpecError, ValidationError, ValueError) as error:
             raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
 
-    async def _index(
-        self, ref: PoolRef, spec: InClusterPoolSpec, allocatable: AllocatableSet, generation: int
-    ) -> PoolIndex:
-        """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
-        the index's gets the index as it is: it never replaces one built from a newer spec."""
-        key = (allocatable.addresses, allocatable.family)
-        index = self._indexes.get(ref)
-        if index is not None and generation < index.generation:
-            return index
-        if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
-            index = await self._rebuild(
-                ref, allocatable.addresses, allocatable.family, key, generation, scan=True, replacing=index
-            )
-        elif index.spec_key != key:
-            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
-            index.generation = generation
-        if spec.reuse_grace_seconds is not None and ref not in self._reclaiming:
-            self._reclaiming.add(ref)
-            try:
-                await self._reclaim_expired(ref, index, spec.reuse_grace_seconds)
-            finally:
-                self._reclaiming.discard(ref)
-        return self._current(ref, index)
-
-    def _current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
-        """The pool's index now, if it was built from the same or a newer spec than `index`; else `index`."""
-        current = self._indexes.get(ref)
-        return current if current is not None and current.generation >= index.generation else index
-
-    async def _rebuild(
-        self,
-        ref: PoolRef,
-        addresses: IntervalSet,
-        family: int,
-        key: object,
-        generation: int,
-        *,
-        scan: bool,
-        replacing: PoolIndex | None,
-    ) -> PoolIndex:
-        """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
-        `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
-        for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
-        the pool without a reservation get one first. In-flight candidates stay pending in the new index."""
-        async with self._building.setdefault(ref, asyncio.Lock()):
-            current = self._indexes.get(ref)
-            if current is not None and current is not replacing and current.generation >= generation:
-                return current
-            started = time.monotonic()
-            reservations = await self.reservations.list_pool(ref)
-            listed = time.monotonic()
-            found = 0
-            if scan:
-                existing = await reserve_existing(
-                    self.kube, self.reservations, ref, family, reservations, self.cached_addresses(ref)
-                )
-                found, reservations = len(existing), reservations + existing
-            pending = replacing.pending if replacing is not None and replacing.family == family else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending)
-            index.generation = generation
-            self._indexes[ref] = index
-            log.info(
-                "pool index built",
-                pool=str(ref),
-                reservations=len(reservations),
-                reserved_for_existing=found,
-                list_seconds=round(listed - started, 3),
-                scan_seconds=round(time.monotonic() - listed, 3),
-            )
-            return index
-
-    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
-        for reservation in index.expired_releases(grace_seconds):
-            await self.reservations.delete(reservation)
-            self._current(ref, index).drop(reservation)
+    async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
+        """Build the pool's index from its reservations ahead of its first allocation (the controller calls this
+        while its caches sync, so that the LIST does not wait for them); the scan for IPAddresses without a
+        reservation is left to that allocation. An invalid pool is left alone: its first allocation says why."""
+        try:
+            _, allocatable = parse_pool(pool)
+        except (PoolSpecError, ValidationError, ValueError):
+            return
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         spec, allocatable = self._parse(pool_ref, pool)
-        generation = int((pool.get("metadata") or {}).get("generation") or 0)
-        index = await self._index(pool_ref, spec, allocatable, generation)
+        index = await self.indexes.index(pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds)
         if existing is not None:
             return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
@@ -194,11 +122,11 @@ class InClusterBackend:
             return Allocation(held.address, held.prefix, held.gateway)
         rebuilt = False
         while True:
-            index = self._current(pool_ref, index)  # never one built from an older spec
+            index = self.indexes.current(pool_ref, index)  # never one built from an older spec
             candidate = index.take_candidate(claim.uid)
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
-                    index = await self._rebuild(
+                    index = await self.indexes.rebuild(
                         pool_ref,
                         index.allocator.allocatable,
                         index.family,
@@ -243,7 +171,7 @@ class InClusterBackend:
             else:
                 learned = reservation
         finally:
-            current = self._current(ref, index)
+            current = self.indexes.current(ref, index)
             if learned is not None:
                 current.hold(learned)
             current.settle(candidate)
@@ -311,13 +239,13 @@ class InClusterBackend:
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
             if grace:
                 released = await self.reservations.mark_released(reservation, now_rfc3339())
-                index = self._indexes.get(pool_ref)  # as it is after the write
+                index = self.indexes.get(pool_ref)  # as it is after the write
                 if index is not None:
                     index.drop(reservation)
                     index.hold(released)
             else:
                 await self.reservations.delete(reservation)
-                index = self._indexes.get(pool_ref)
+                index = self.indexes.get(pool_ref)
                 if index is not None:
                     index.drop(reservation)
 
@@ -367,7 +295,7 @@ class InClusterBackend:
                 continue
             log.info("stray reservation deleted", pool=str(ref), address=reservation.address, claim=reservation.claim)
             await self.reservations.delete(reservation)
-            index = self._indexes.get(ref)  # as it is after the delete
+            index = self.indexes.get(ref)  # as it is after the delete
             if index is not None:
                 index.drop(reservation)
 
@@ -392,7 +320,7 @@ class InClusterBackend:
         )
 
     async def close(self) -> None:
-        self._indexes.clear()
+        self.indexes.clear()
 
 
 def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
@@ -403,6 +331,10 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
         and not reservation.released_at
         and reservation.claim == f"{claim.namespace}/{claim.name}"
     )
+
+
+def _generation(pool: Object) -> int:
+    return int((pool.get("metadata") or {}).get("generation") or 0)
 
 
 def _first_line(error: Exception) -> str:

@@ -36,6 +36,9 @@ class PoolIndex:
     built_at: float = field(default_factory=time.monotonic)
     spec_key: object = None
     generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
+    # Whether IPAddresses naming the pool without a reservation have been given one (see `existing`); an index
+    # prepared at start, before the IPAddress cache synced, is not, until its first allocation.
+    scanned: bool = False
 
     @classmethod
     def build(

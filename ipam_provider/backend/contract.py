@@ -14,7 +14,7 @@ level-triggered and will call again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -205,6 +205,14 @@ class BackendContext:
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"
     cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None
+
+
+def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]] | None:
+    """The backend's optional `async prepare(pool_ref, pool)`, or None. The controller calls it once for each pool
+    known when it starts, while its claim and IPAddress caches are still syncing (they must not be relied on), so
+    that a backend can warm what a pool's first allocation needs. A failure is logged and otherwise ignored."""
+    prepare = getattr(backend, "prepare", None)
+    return prepare if callable(prepare) else None
 
 
 def serves_claims_concurrently(backend: object) -> bool:

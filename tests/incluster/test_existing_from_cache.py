@@ -19,6 +19,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES
 from tests.incluster.test_migration import go_provider_address
+from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool
 
@@ -100,3 +101,41 @@ def test_an_unsynced_controller_does_not_answer() -> None:
     registry = BackendRegistry([InClusterBackend(BackendContext(kube=kube))])
     controller = Controller(kube, registry, ControllerSettings())
     assert controller.cached_addresses(IN_CLUSTER_POOL.ref("ns", "p")) is None
+
+
+async def test_a_prepared_index_is_scanned_before_its_first_allocation(kube: KubeClient, namespace: str) -> None:
+    created = await kube.create(POOLS, pool("prepared", ["10.51.0.10-10.51.0.20"], 24), namespace)
+    ref = IN_CLUSTER_POOL.ref(namespace, "prepared")
+    only_cached = namespaced(go_provider_address("old", "uid-old", "prepared", "10.51.0.10"), namespace, "prepared")
+    synced = False  # the cache answers only once it has synced, after `prepare`
+
+    def cached(asked_ref: PoolRef) -> Sequence[Object] | None:
+        return [only_cached] if synced else None
+
+    backend = InClusterBackend(BackendContext(kube=kube, cached_addresses=cached))
+    try:
+        await backend.prepare(ref, created)
+        prepared = backend.indexes.get(ref)
+        assert prepared is not None and not prepared.scanned, "built from the reservations alone"
+        synced = True
+        allocation = await allocate(backend, ref, created, ClaimContext(namespace, "new", "uid-new"))
+        assert allocation.address == "10.51.0.11", "the scan ran first, from the synced cache"
+        assert backend.indexes.get(ref) is prepared and prepared.scanned
+    finally:
+        await backend.close()
+
+
+async def test_the_controller_prepares_the_pools_it_finds_at_start(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    await kube.create(POOLS, pool("early", ["10.52.0.0/28"], 24), namespace)
+    async with controller_factory(namespaces=[namespace]) as controller:
+        found = controller.registry.lookup(IN_CLUSTER_POOL.group, IN_CLUSTER_POOL.kind)
+        assert found is not None and isinstance(found[0], InClusterBackend)
+        backend = found[0]
+        ref = IN_CLUSTER_POOL.ref(namespace, "early")
+        await wait_for(lambda: _prepared(backend, ref), timeout=30, message="pool prepared")
+
+
+async def _prepared(backend: InClusterBackend, ref: PoolRef) -> bool:
+    return backend.indexes.get(ref) is not None

@@ -1,0 +1,151 @@
+"""The in-memory indexes of the in-cluster pools this process allocates from (see `pool_index`): when each is built,
+rebuilt, scanned for IPAddresses without a reservation, and which one a caller may use.
+
+- A pool's index is built from a fresh list of its reservations on its first use (or ahead of it, by `prepare`,
+  while the controller's caches sync), again on each resync, and when the pool looks exhausted; one build per pool
+  at a time, the others wait for it and use its result. Pending candidates move to the new index.
+- Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
+  scan, from the controller's synced cache when it can answer, else from a LIST).
+- An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
+  before a spec change uses the newer index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.existing import reserve_existing
+from backends.incluster.intervals import IntervalSet
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.reservations import ReservationClient
+from ipam_provider.backend.contract import PoolRef
+from ipam_provider.common import Object
+from ipam_provider.kube.client import KubeClient
+
+log = structlog.get_logger(__name__)
+RESYNC_SECONDS = 600.0
+
+
+class PoolIndexes:
+    def __init__(
+        self,
+        kube: KubeClient,
+        reservations: ReservationClient,
+        cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
+    ) -> None:
+        self.kube = kube
+        self.reservations = reservations
+        self.cached_addresses = cached_addresses
+        self._indexes: dict[PoolRef, PoolIndex] = {}
+        self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
+        self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
+
+    async def index(
+        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, reuse_grace_seconds: int | None
+    ) -> PoolIndex:
+        """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
+        the index's gets the index as it is: it never replaces one built from a newer spec."""
+        key = (allocatable.addresses, allocatable.family)
+        index = self._indexes.get(ref)
+        if index is not None and generation < index.generation:
+            return index
+        if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
+            index = await self.rebuild(
+                ref, allocatable.addresses, allocatable.family, key, generation, scan=True, replacing=index
+            )
+        elif index.spec_key != key:
+            scanned = index.scanned
+            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+            index.generation, index.scanned = generation, scanned
+        if not index.scanned:
+            await self._scan(ref, index)
+        if reuse_grace_seconds is not None and ref not in self._reclaiming:
+            self._reclaiming.add(ref)
+            try:
+                await self._reclaim_expired(ref, index, reuse_grace_seconds)
+            finally:
+                self._reclaiming.discard(ref)
+        return self.current(ref, index)
+
+    async def prepare(self, ref: PoolRef, allocatable: AllocatableSet, generation: int) -> None:
+        """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
+        if ref in self._indexes:
+            return
+        key = (allocatable.addresses, allocatable.family)
+        await self.rebuild(ref, allocatable.addresses, allocatable.family, key, generation, scan=False, replacing=None)
+
+    async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
+        """Give IPAddresses naming the pool without a reservation one, into `index` (once, one caller at a time)."""
+        async with self._building.setdefault(ref, asyncio.Lock()):
+            if index.scanned:
+                return
+            held = list(index.by_address.values())
+            for reservation in await reserve_existing(
+                self.kube, self.reservations, ref, index.family, held, self.cached_addresses(ref)
+            ):
+                index.hold(reservation)
+            index.scanned = True
+
+    def get(self, ref: PoolRef) -> PoolIndex | None:
+        return self._indexes.get(ref)
+
+    def clear(self) -> None:
+        self._indexes.clear()
+
+    def current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
+        """The pool's index now, if it was built from the same or a newer spec than `index`; else `index`."""
+        current = self._indexes.get(ref)
+        return current if current is not None and current.generation >= index.generation else index
+
+    async def rebuild(
+        self,
+        ref: PoolRef,
+        addresses: IntervalSet,
+        family: int,
+        key: object,
+        generation: int,
+        *,
+        scan: bool,
+        replacing: PoolIndex | None,
+    ) -> PoolIndex:
+        """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
+        `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
+        for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
+        the pool without a reservation get one first. In-flight candidates stay pending in the new index."""
+        async with self._building.setdefault(ref, asyncio.Lock()):
+            current = self._indexes.get(ref)
+            if current is not None and current is not replacing and current.generation >= generation:
+                return current
+            started = time.monotonic()
+            reservations = await self.reservations.list_pool(ref)
+            listed = time.monotonic()
+            found = 0
+            if scan:
+                existing = await reserve_existing(
+                    self.kube, self.reservations, ref, family, reservations, self.cached_addresses(ref)
+                )
+                found, reservations = len(existing), reservations + existing
+            pending = replacing.pending if replacing is not None and replacing.family == family else None
+            index = PoolIndex.build(addresses, family, reservations, key, pending)
+            index.generation = generation
+            index.scanned = scan or (replacing is not None and replacing.scanned)
+            self._indexes[ref] = index
+            log.info(
+                "pool index built",
+                pool=str(ref),
+                reservations=len(reservations),
+                reserved_for_existing=found,
+                list_seconds=round(listed - started, 3),
+                scan_seconds=round(time.monotonic() - listed, 3),
+            )
+            return index
+
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
+        for reservation in index.expired_releases(grace_seconds):
+            await self.reservations.delete(reservation)
+            self.current(ref, index).drop(reservation)
