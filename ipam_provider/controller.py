@@ -82,12 +82,17 @@ class Controller:
             Informer(self.kube, ADDRESSES, caches.addresses, handlers.on_address, namespaces=namespaces),
             Informer(self.kube, CLUSTERS, caches.clusters, handlers.on_cluster, namespaces=namespaces),
         ]
-        for kind in self.registry.kinds:
-            store = caches.pools[(kind.group, kind.kind)]
-            informers.append(
-                Informer(self.kube, pool_resource(kind), store, handlers.on_pool(kind), namespaces=namespaces)
+        self.pool_informers = [
+            Informer(
+                self.kube,
+                pool_resource(kind),
+                caches.pools[(kind.group, kind.kind)],
+                handlers.on_pool(kind),
+                namespaces=namespaces,
             )
-        return informers
+            for kind in self.registry.kinds
+        ]
+        return informers + self.pool_informers
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run until `stop()`; `ready` is set once every cache has synced and workers run.
@@ -121,9 +126,7 @@ class Controller:
     async def _prepare_pools(self) -> None:
         """Once the pool caches have synced (the others may still be syncing), let each backend that can prepare
         every pool it serves (`preparer_of`), one pool at a time. A failure is logged; nothing waits for this."""
-        pool_stores = [id(store) for store in self.caches.pools.values()]
-        pool_informers = [informer for informer in self.informers if id(informer.store) in pool_stores]
-        await asyncio.gather(*(informer.wait_synced() for informer in pool_informers))
+        await asyncio.gather(*(informer.wait_synced() for informer in self.pool_informers))
         for kind in self.registry.kinds:
             found = self.registry.lookup(kind.group, kind.kind)
             prepare = preparer_of(found[0]) if found is not None else None
