@@ -18,10 +18,10 @@ Validation messages start with the exact text of the Go in-cluster provider's we
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from backends.incluster.intervals import IntervalSet
+from backends.incluster.intervals import IntervalSet, int_to_address
 
 ADDRESSES_REQUIRED = "addresses is required"
 INVALID_ADDRESS = "provided address is not a valid IP, range, nor CIDR"
@@ -217,3 +217,28 @@ def build_allocatable_set(
         removed.append((gateway_value, gateway_value))
     allocatable = IntervalSet((entry.first, entry.last) for entry in entries).subtract(IntervalSet(removed))
     return AllocatableSet(allocatable, family, subnet_first, subnet_last)
+
+
+def pre_allocation_problems(pre_allocations: Mapping[str, str], allocatable: AllocatableSet) -> list[str]:
+    """What is wrong with a pool's `preAllocations` (claim name → address) on their own: an address that does not
+    parse, is of another family, or is not an allocatable address of the pool; and an address named for two claims.
+    Collisions with addresses already held need the pool's reservations and are checked by the caller."""
+    problems: list[str] = []
+    claims_of: dict[int, list[str]] = {}
+    for claim_name, text in sorted(pre_allocations.items()):
+        try:
+            family, value = _parse_ip(str(text))
+        except ValueError:
+            problems.append(f"preAllocations[{claim_name}]: {text!r} is not an IP address")
+            continue
+        if family != allocatable.family:
+            problems.append(f"preAllocations[{claim_name}]: {text} is not an IPv{allocatable.family} address")
+        elif value not in allocatable.addresses:
+            problems.append(f"preAllocations[{claim_name}]: {text} is not an allocatable address of the pool")
+        else:
+            claims_of.setdefault(value, []).append(claim_name)
+    for value, names in sorted(claims_of.items()):
+        if len(names) > 1:
+            address = int_to_address(value, allocatable.family)
+            problems.append(f"preAllocations: {address} is pre-allocated to more than one claim: {', '.join(names)}")
+    return problems

@@ -14,6 +14,7 @@ level-triggered and will call again.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -22,6 +23,8 @@ from ipam_provider.common import Object, cap_int64
 
 if TYPE_CHECKING:
     from ipam_provider.kube.client import KubeClient
+
+REQUESTED_ADDRESS_ANNOTATION = "ipam.cluster.x-k8s.io/requested-address"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,37 @@ class ClaimContext:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def requested_address(self) -> str | None:
+        """The canonical text of the address the claim asks for with REQUESTED_ADDRESS_ANNOTATION, or None when it
+        asks for none (absent or blank). Raises AllocationFailedError when the annotation is not a plain IP address.
+        """
+        text = (self.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
+        if not text:
+            return None
+        try:
+            parsed = ipaddress.ip_address(text)
+        except ValueError:
+            parsed = None
+        if parsed is None or (isinstance(parsed, ipaddress.IPv6Address) and parsed.scope_id is not None):
+            raise AllocationFailedError(
+                f"annotation {REQUESTED_ADDRESS_ANNOTATION} of claim {self} is {text!r}, which is not an IP address; "
+                "fix or remove it"
+            )
+        return str(parsed)
+
+
+def requested_address_held(address: str, pool: PoolRef | str, holder: str) -> str:
+    """The claim's Ready message when its requested address is held by another claim (`holder`: namespace/name, or
+    a description such as "an object outside Kubernetes")."""
+    return f"requested address {address} is already held by {holder} in {pool}; request another address"
+
+
+def requested_address_outside(address: str, pool: PoolRef | str, why: str = "") -> str:
+    """The claim's Ready message when its requested address is not an allocatable address of the pool (`why`, if
+    given, says which rule excludes it: excluded, the gateway, a reserved address, pre-allocated to another claim)."""
+    detail = f" ({why})" if why else ""
+    return f"requested address {address} is outside {pool}{detail}; request an address of the pool"
 
 
 @dataclass(frozen=True)
