@@ -10,6 +10,10 @@ takes the lowest address that is neither held nor being tried by another allocat
 server's create-uniqueness of the reservation stays the arbiter: an allocation that loses an address to another
 process learns who holds it and takes the next candidate. Building or rebuilding a pool's index is done by one
 allocation at a time; the others wait for it and use its result (see `indexes`).
+
+A claim that requests an address (annotation), or that `spec.preAllocations` names, gets exactly that address or
+AllocationFailed (see `requested`); pre-allocated addresses are never candidates for other claims (see
+`preallocations`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_index import PoolIndex
+from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message, take_dynamic
+from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
 from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
@@ -61,6 +67,7 @@ class InClusterPoolSpec(Model):
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    pre_allocations: dict[str, str] = Field(default_factory=dict, alias="preAllocations")
 
     @field_validator("gateway")
     @classmethod
@@ -120,10 +127,15 @@ class InClusterBackend:
         held = index.by_claim.get(claim.uid)
         if held is not None:
             return Allocation(held.address, held.prefix, held.gateway)
+        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
+        wanted = wanted_address(claim, pre)
+        if wanted is not None:
+            specific = SpecificAllocation(self.reservations, self.indexes, pool_ref, spec.prefix, spec.gateway)
+            return await specific.allocate(index, claim, wanted, why_not_allocatable(spec, allocatable, wanted), pre)
         rebuilt = False
         while True:
             index = self.indexes.current(pool_ref, index)  # never one built from an older spec
-            candidate = index.take_candidate(claim.uid)
+            candidate = take_dynamic(index, claim.uid, pre.pinned)
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
                     index = await self.indexes.rebuild(
@@ -140,11 +152,7 @@ class InClusterBackend:
                     if held is not None:
                         return Allocation(held.address, held.prefix, held.gateway)
                     continue
-                total = cap_int64(index.allocator.total)
-                raise PoolExhaustedError(
-                    f"{pool_ref} has no free address: all {total} are in use; add addresses to the pool or delete "
-                    "claims"
-                )
+                raise PoolExhaustedError(exhausted_message(pool_ref, cap_int64(index.allocator.total), pre))
             reservation = await self._try_candidate(pool_ref, spec, index.family, candidate, claim, index)
             if reservation is not None:
                 return Allocation(reservation.address, reservation.prefix, reservation.gateway)
@@ -251,7 +259,7 @@ class InClusterBackend:
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            _, allocatable = self._parse(pool_ref, pool)
+            spec, allocatable = self._parse(pool_ref, pool)
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
@@ -264,14 +272,23 @@ class InClusterBackend:
             out_of_range += 0 if inside else 1
         await self._sweep(pool_ref, addresses)
         await self._sweep_orphans()
+        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
+        held_elsewhere, waiting = await collisions(
+            pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations
+        )
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
-        counts = AddressCounts(
-            total=total, used=len(addresses), free=max(total - used_inside, 0), out_of_range=out_of_range
-        )
+        free = max(total - used_inside - waiting, 0)  # a pinned address is free for its claim only
+        counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
+        if waiting:
+            message += f"; {waiting} more pre-allocated to claims that do not hold them yet"
         if out_of_range:
             message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
+        problems = [*pre.problems, *held_elsewhere]
+        if problems:
+            message = f"{pool_ref} has invalid preAllocations: {'; '.join(problems)}; fix spec.preAllocations"
+            return PoolReport(False, "InvalidConfiguration", message, counts=counts)
         return PoolReport(True, "PoolReady", message, counts=counts)
 
     async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:

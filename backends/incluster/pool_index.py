@@ -114,3 +114,13 @@ class PoolIndex:
     def expired_releases(self, grace_seconds: int) -> list[Reservation]:
         """Released reservations whose reuse grace period is over."""
         return [r for r in self.released.values() if age_seconds(r.released_at or "") >= grace_seconds]
+
+    def take_specific(self, value: int, claim_uid: str) -> bool:
+        """Mark the address `value` pending for `claim_uid` and return True when it is allocatable and neither held
+        (by any reservation, released ones in their grace period included) nor pending; else change nothing and
+        return False. For requested and pre-allocated addresses: the allocation policy does not apply."""
+        if value in self.by_address or value in self.pending or not self.allocator.is_allocatable(value):
+            return False
+        self.allocator.mark_used(value)
+        self.pending[value] = claim_uid
+        return True

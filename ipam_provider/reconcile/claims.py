@@ -13,6 +13,10 @@ Contract (level-triggered; every step is idempotent and the reconcile may be rep
   finalizer is removed. The address is therefore never free in the backend while an IPAddress still names it.
 - An IPAddress deleted while its claim lives is re-created with identical values (the backend holds the
   address for the claim's uid); a pre-existing IPAddress for the claim is adopted, its spec untouched.
+- The annotation `ipam.cluster.x-k8s.io/requested-address` is the backend's to honour; a value that is not an IP
+  address gives a claim without an IPAddress `Ready=False/AllocationFailed` whatever the backend. On a fulfilled
+  claim a value other than its IPAddress's changes nothing (IPAddresses are immutable): a Warning Event
+  `RequestedAddressIgnored` says so, once per change of the annotation (see `requested`).
 - `clusterctl move` (annotation `clusterctl.cluster.x-k8s.io/delete-for-move`, set on each source object just
   before clusterctl deletes it, the copy already being at the target): a claim or IPAddress so marked is never
   released, allocated or re-created. A deleted claim so marked only loses the ReleaseAddress finalizer (before
@@ -51,6 +55,7 @@ from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, bel
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
+from ipam_provider.reconcile.requested import RequestedAddressNotices
 from ipam_provider.telemetry import pools as pool_metrics
 
 log = structlog.get_logger(__name__)
@@ -68,6 +73,7 @@ class ClaimReconciler:
         # no new IPAddress; the entry goes when the claim is gone (or replaced by another of its name).
         self._moved_away: dict[tuple[str, str], str] = {}
         self._first_seen = pool_metrics.FirstSeen()  # live claims without an address, for the allocation time
+        self._requested = RequestedAddressNotices(context.recorder)
 
     def _labels(self, work: ClaimWork) -> pool_metrics.PoolLabels:
         return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(work.kind.group, work.kind.kind), work.pool_ref)
@@ -96,6 +102,7 @@ class ClaimReconciler:
         if work is None:
             self._moved_away.pop((namespace, name), None)
             self._first_seen.forget((namespace, name))
+            self._requested.forget(namespace, name)
             return None
         if ANNOTATION_DELETE_FOR_MOVE in work.claim.metadata.annotations:
             await self._moving(work)
@@ -113,6 +120,7 @@ class ClaimReconciler:
             return None
         if work.claim.metadata.deleting:
             self._first_seen.forget((namespace, name))
+            self._requested.forget(namespace, name)
             if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
                 return None
             retry = await release_claim(self.ctx, work)
@@ -200,6 +208,12 @@ class ClaimReconciler:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
+            self._requested.check(work, existing)
+        else:
+            try:  # for every backend: a requested address that is no IP address fails the claim
+                work.context().requested_address()
+            except BackendError as error:
+                return await self._failed(work, error)
         pool_now = self.ctx.caches.pool(work.pool_ref)  # as of now: a deletion seen meanwhile stops the allocation
         if pool_now is None or pool_now.get("metadata", {}).get("deletionTimestamp"):
             return 0.0  # again at once, on the path of a claim whose pool is gone or going

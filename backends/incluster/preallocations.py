@@ -1,0 +1,164 @@
+"""`spec.preAllocations` of an in-cluster pool: a map from claim to the address that claim gets.
+
+Keys: an `InClusterIPPool` names claims of its own namespace by name (`node-a-eth0`); a `GlobalInClusterIPPool`,
+whose claims live in any namespace, names them as `namespace/name` (`cluster-a/node-a-eth0`).
+
+Every entry whose address is an allocatable address of the pool *pins* it: no dynamic allocation takes it, even
+before the named claim exists, and a claim that requests it by annotation is refused unless it is the named
+claim. The named claim gets exactly that address, through the same path as a requested address. The entries that
+are wrong (see `problems`) make the pool `Ready=False`; the valid ones stay pinned and serve their claims, and
+dynamic allocation goes on for every other claim. A claim whose own entry is wrong, or whose address is named for
+two claims, gets `AllocationFailed` until the pool is fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from backends.incluster.allocatable import AllocatableSet, pre_allocation_problems
+from backends.incluster.intervals import address_to_int, int_to_address
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.reservations import ReservationClient
+from ipam_provider.api.pools import names_pool
+from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
+from ipam_provider.common import Object, normalized_address
+
+NAMESPACED_KEY = "an InClusterIPPool names claims of its own namespace by name alone"
+GLOBAL_KEY = "a GlobalInClusterIPPool names claims as namespace/name"
+
+
+def claim_key(ref: PoolRef, namespace: str, name: str) -> str:
+    """The preAllocations key that names the claim `namespace/name` in the pool `ref`."""
+    return name if ref.namespace is not None else f"{namespace}/{name}"
+
+
+def _key_problem(ref: PoolRef, key: str) -> str | None:
+    if ref.namespace is not None:
+        return None if "/" not in key else f"preAllocations[{key}]: {NAMESPACED_KEY}"
+    namespace, slash, name = key.partition("/")
+    return None if slash and namespace and name and "/" not in name else f"preAllocations[{key}]: {GLOBAL_KEY}"
+
+
+@dataclass(frozen=True)
+class PreAllocations:
+    """A pool's preAllocations as allocation sees them.
+
+    `entries`: key → address as written; `pinned`: each allocatable address named by an entry → the keys naming
+    it; `problems`: what is wrong with the entries on their own (addresses, family, duplicates, key form)."""
+
+    ref: PoolRef
+    family: int
+    entries: Mapping[str, str]
+    pinned: Mapping[int, tuple[str, ...]]
+    problems: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ref: PoolRef, entries: Mapping[str, str], allocatable: AllocatableSet) -> PreAllocations:
+        pinned: dict[int, tuple[str, ...]] = {}
+        for key, text in sorted(entries.items()):
+            value = _value(str(text), allocatable.family)
+            if value is not None and value in allocatable.addresses:
+                pinned[value] = (*pinned.get(value, ()), key)
+        problems = pre_allocation_problems(entries, allocatable)
+        problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
+        return cls(ref, allocatable.family, dict(entries), pinned, tuple(problems))
+
+    def address_of(self, claim: ClaimContext) -> str | None:
+        """The canonical address pre-allocated to the claim, or None when no entry names it. Raises
+        AllocationFailedError when its entry is wrong or its address is pre-allocated to another claim too."""
+        key = claim_key(self.ref, claim.namespace, claim.name)
+        text = self.entries.get(key)
+        if text is None:
+            return None
+        value = _value(str(text), self.family)
+        if value is None or value not in self.pinned:
+            own = [p for p in self.problems if p.startswith(f"preAllocations[{key}]")]
+            detail = "; ".join(own) or f"preAllocations[{key}]: {text!r} is not usable"
+            raise AllocationFailedError(
+                f"{self.ref} pre-allocates an address to this claim, but {detail}; fix the pool"
+            )
+        address = int_to_address(value, self.family)
+        if len(self.pinned[value]) > 1:
+            keys = ", ".join(self.pinned[value])
+            raise AllocationFailedError(
+                f"{self.ref} pre-allocates {address} to more than one claim ({keys}); fix spec.preAllocations"
+            )
+        return address
+
+    def pinned_for_others(self, value: int, claim: ClaimContext) -> tuple[str, ...]:
+        """The keys `value` is pre-allocated to, when none of them is the claim; else ()."""
+        keys = self.pinned.get(value, ())
+        return () if claim_key(self.ref, claim.namespace, claim.name) in keys else keys
+
+    def held_by_named(self, value: int, holder: str) -> bool:
+        """Whether `holder` (namespace/name) is a claim that `value` is pre-allocated to."""
+        namespace, _, name = holder.partition("/")
+        return claim_key(self.ref, namespace, name) in self.pinned.get(value, ())
+
+
+def take_dynamic(index: PoolIndex, claim_uid: str, pinned: Collection[int]) -> int | None:
+    """The next candidate of a dynamic allocation, as `PoolIndex.take_candidate`, never a pinned address. A pinned
+    address the index offers is parked: its pending mark is dropped but it stays used in the index's allocator, so
+    that no later candidate is that address (an index rebuilt from the reservations offers it once more)."""
+    while True:
+        value = index.take_candidate(claim_uid)
+        if value is None or value not in pinned:
+            return value
+        index.pending.pop(value, None)
+
+
+def exhausted_message(ref: PoolRef, total: int, pre: PreAllocations) -> str:
+    """The claim's PoolExhausted message."""
+    if not pre.pinned:
+        return f"{ref} has no free address: all {total} are in use; add addresses to the pool or delete claims"
+    return (
+        f"{ref} has no free address for this claim: of its {total} addresses, those not pre-allocated are all in use "
+        f"and {len(pre.pinned)} are pre-allocated to named claims (spec.preAllocations); add addresses to the pool "
+        "or delete claims"
+    )
+
+
+async def collisions(
+    pre: PreAllocations,
+    addresses: Sequence[Allocation],
+    cached: Sequence[Object] | None,
+    reservations: ReservationClient,
+) -> tuple[list[str], int]:
+    """The pre-allocated addresses already held by a claim they are not pre-allocated to (as problems), and how
+    many pinned addresses no IPAddress names yet. Holders come from the pool's cached IPAddresses, else (the cache
+    cannot answer for the pool) from the address's reservation."""
+    used = {normalized_address(allocation.address) for allocation in addresses}
+    taken = {value: int_to_address(value, pre.family) for value in pre.pinned}
+    taken = {value: text for value, text in taken.items() if text in used}
+    holders: dict[str, str] | None = None
+    problems: list[str] = []
+    for value, text in sorted(taken.items()):
+        if holders is None and cached is not None:
+            holders = _holders(pre.ref, cached)
+        holder = holders.get(text) if holders is not None else None
+        if holders is None:
+            reservation = await reservations.get(pre.ref, text)
+            holder = reservation.claim if reservation is not None and not reservation.released_at else None
+        if holder is not None and not pre.held_by_named(value, holder):
+            keys = ", ".join(pre.pinned[value])
+            problems.append(f"preAllocations[{keys}]: {text} is already held by claim {holder}")
+    return problems, len(pre.pinned) - len(taken)
+
+
+def _holders(ref: PoolRef, cached: Sequence[Object]) -> dict[str, str]:
+    """Address → namespace/name of the claim of each cached IPAddress naming the pool."""
+    holders: dict[str, str] = {}
+    for address in cached:
+        if names_pool(address, ref):
+            spec, meta = address.get("spec") or {}, address["metadata"]
+            claim_name = (spec.get("claimRef") or {}).get("name") or meta["name"]
+            holders[normalized_address(str(spec.get("address", "")))] = f"{meta.get('namespace', '')}/{claim_name}"
+    return holders
+
+
+def _value(text: str, family: int) -> int | None:
+    try:
+        return address_to_int(text, family)
+    except ValueError:
+        return None
