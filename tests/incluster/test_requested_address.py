@@ -26,8 +26,8 @@ from tests.support.objects import (
 )
 
 
-def requesting(name: str, pool_name: str, address: str, **kwargs: str) -> Object:
-    return claim(name, pool_name, annotations={REQUESTED_ADDRESS_ANNOTATION: address}, **kwargs)
+def requesting(name: str, pool_name: str, address: str, kind: str = "InClusterIPPool") -> Object:
+    return claim(name, pool_name, kind=kind, annotations={REQUESTED_ADDRESS_ANNOTATION: address})
 
 
 async def failure_message(kube: KubeClient, namespace: str, name: str) -> str:
