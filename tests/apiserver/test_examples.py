@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.cli import build_parser
 from ipam_provider.flags import parse_args
 from ipam_provider.kube.client import KubeClient
@@ -253,6 +254,15 @@ def allocatable(spec: Object, count: int) -> list[str]:
     return [str(ipaddress.ip_address(value)) for value in sorted(free)[:count]]
 
 
+def fixed_address(claim: Object, pool: Object) -> str | None:
+    """The address an example claim must get: the one its pool pre-allocates to it, else the one it requests."""
+    meta = claim["metadata"]
+    key = meta["name"] if pool["kind"] == "InClusterIPPool" else f"{meta['namespace']}/{meta['name']}"
+    pre_allocated = (pool["spec"].get("preAllocations") or {}).get(key)
+    requested = (meta.get("annotations") or {}).get(REQUESTED_ADDRESS_ANNOTATION)
+    return str(pre_allocated or requested) if pre_allocated or requested else None
+
+
 def is_subset(expected: Any, actual: Any) -> bool:
     """Whether every field of `expected` is in `actual` with the same value (the server may add defaults)."""
     if isinstance(expected, dict):
@@ -274,6 +284,9 @@ def test_examples_are_consistent() -> None:
     for claim in claims:
         ref = claim["spec"]["poolRef"]
         assert ref["apiGroup"] == "ipam.cluster.x-k8s.io" and (ref["kind"], ref["name"]) in pools, ref
+    # Fixed addresses are shown both ways: a pool's preAllocations and a claim's requested-address annotation.
+    assert any(d["spec"].get("preAllocations") for d in documents if d["kind"].endswith("InClusterIPPool"))
+    assert any(REQUESTED_ADDRESS_ANNOTATION in (c["metadata"].get("annotations") or {}) for c in claims)
 
 
 async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient, kubeconfig: Path) -> None:
@@ -297,6 +310,7 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                 assert is_subset(doc.get("spec", {}), stored.get("spec")), (doc.get("spec"), stored.get("spec"))
 
             served: dict[tuple[str, str], list[str]] = {}
+            fixed: dict[tuple[str, str], set[str]] = {}  # by pool: addresses pre-allocated or requested
             for claim in claims:
                 name, ref = claim["metadata"]["name"], claim["spec"]["poolRef"]
                 address = await wait_address(kube, DEMO_NAMESPACE, name, timeout=60)
@@ -307,11 +321,19 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                 assert address["spec"]["gateway"] == pool_spec["gateway"]
                 cluster = (claim["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name")
                 assert (address["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name") == cluster
-                served.setdefault((ref["kind"], ref["name"]), []).append(address["spec"]["address"])
+                key = (ref["kind"], ref["name"])
+                served.setdefault(key, []).append(address["spec"]["address"])
+                wanted = fixed_address(claim, pools[key])
+                if wanted is not None:
+                    assert address["spec"]["address"] == wanted, (name, address["spec"]["address"], wanted)
+                    fixed.setdefault(key, set()).add(wanted)
             for key, addresses in served.items():
                 assert len(set(addresses)) == len(addresses), f"{key} handed out an address twice: {addresses}"
-                expected = allocatable(pools[key]["spec"], len(addresses))
-                assert sorted(addresses, key=ipaddress.ip_address) == expected, (key, addresses)
+                pinned = fixed.get(key, set()) | set((pools[key]["spec"].get("preAllocations") or {}).values())
+                dynamic = [a for a in addresses if a not in pinned]
+                lowest = allocatable(pools[key]["spec"], len(dynamic) + len(pinned))
+                expected = [a for a in lowest if a not in pinned][: len(dynamic)]
+                assert sorted(dynamic, key=ipaddress.ip_address) == expected, (key, addresses)
 
             v4 = pools[("InClusterIPPool", "demo-v4")]
 
