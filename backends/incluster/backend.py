@@ -130,7 +130,9 @@ class InClusterBackend:
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         wanted = wanted_address(claim, pre)
         if wanted is not None:
-            specific = SpecificAllocation(self.reservations, self.indexes, pool_ref, spec.prefix, spec.gateway)
+            specific = SpecificAllocation(
+                self.reservations, self.indexes, pool_ref, spec.prefix, spec.gateway, spec.reuse_grace_seconds
+            )
             return await specific.allocate(index, claim, wanted, why_not_allocatable(spec, allocatable, wanted), pre)
         rebuilt = False
         while True:

@@ -26,7 +26,7 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations
-from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -92,6 +92,7 @@ class SpecificAllocation:
     ref: PoolRef
     prefix: int
     gateway: str | None
+    reuse_grace_seconds: int | None = None
 
     async def allocate(
         self, index: PoolIndex, claim: ClaimContext, address: str, why_not: str | None, pre: PreAllocations
@@ -123,11 +124,19 @@ class SpecificAllocation:
                 continue  # the index knew of a reservation that is gone now
             if held.claim_uid == claim.uid and not held.released_at:
                 return Allocation(held.address, held.prefix, held.gateway)
-            raise AllocationFailedError(requested_address_held(address, self.ref, _holder(held)))
+            raise AllocationFailedError(
+                requested_address_held(address, self.ref, _holder(held)), retry_after=self._grace_left(held)
+            )
         raise AllocationFailedError(
             f"requested address {address} of {self.ref} changed hands repeatedly while being reserved; retrying",
             retry_after=1.0,
         )
+
+    def _grace_left(self, held: Reservation) -> float | None:
+        """For a released reservation: seconds until its reuse grace period is over (the claim is retried then)."""
+        if not held.released_at or not self.reuse_grace_seconds:
+            return None
+        return max(1.0, self.reuse_grace_seconds - age_seconds(held.released_at) + 1.0)
 
     async def _reserve(self, index: PoolIndex, value: int, address: str, claim: ClaimContext) -> Reservation | None:
         """Create the reservation of the pending `value`: it, the one found in its place, or None (none now)."""

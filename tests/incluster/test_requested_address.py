@@ -176,3 +176,18 @@ async def test_two_claims_requesting_one_address_at_once_exactly_one_gets_it(
     for loser in set(names) - {winner}:
         message = await failure_message(kube, namespace, loser)
         assert f"is already held by claim {namespace}/{winner}" in message, message
+
+
+async def test_a_requested_address_in_its_reuse_grace_period_is_held_by_its_former_claim(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    spec = {"addressReuseGracePeriodSeconds": 3600}
+    await kube.create(POOLS, pool("net", ["10.68.0.0/24"], 24, **spec), namespace)
+    await kube.create(CLAIMS, requesting("first", "net", "10.68.0.5"), namespace)
+    assert (await wait_address(kube, namespace, "first"))["spec"]["address"] == "10.68.0.5"
+    await kube.delete(CLAIMS, "first", namespace)
+    await wait_for(lambda: _gone(kube, "first", namespace), message="claim first to be released")
+    await kube.create(CLAIMS, requesting("second", "net", "10.68.0.5"), namespace)
+    message = await failure_message(kube, namespace, "second")
+    assert message.startswith(f"requested address 10.68.0.5 is already held by claim {namespace}/first (released;")
+    assert "addressReuseGracePeriodSeconds" in message

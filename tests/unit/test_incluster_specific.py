@@ -1,0 +1,117 @@
+"""Specific addresses in the in-cluster pool index and spec, without a control plane: `take_specific`, the parking
+of pre-allocated addresses in dynamic allocation, `PreAllocations` and why an address is not allocatable."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.incluster.backend import InClusterPoolSpec, parse_pool
+from backends.incluster.intervals import address_to_int
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.preallocations import PreAllocations, take_dynamic
+from backends.incluster.requested import wanted_address, why_not_allocatable
+from backends.incluster.reservations import Reservation
+from ipam_provider.backend.contract import (
+    REQUESTED_ADDRESS_ANNOTATION,
+    AllocationFailedError,
+    ClaimContext,
+    PoolRef,
+)
+
+REF = PoolRef("ipam.cluster.x-k8s.io", "InClusterIPPool", "ns", "net")
+GLOBAL_REF = PoolRef("ipam.cluster.x-k8s.io", "GlobalInClusterIPPool", None, "net")
+
+
+def ip(text: str) -> int:
+    return address_to_int(text, 4)
+
+
+def parsed(**spec: object) -> tuple[InClusterPoolSpec, PoolIndex, PreAllocations]:
+    pool_spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/28"], "prefix": 28, **spec}})
+    index = PoolIndex.build(allocatable.addresses, 4, [], spec_key=None)
+    return pool_spec, index, PreAllocations.of(REF, pool_spec.pre_allocations, allocatable)
+
+
+def held(address: str, uid: str) -> Reservation:
+    return Reservation(f"h.{address}", address, 28, None, uid, f"ns/{uid}", None, "1", f"uid-{address}")
+
+
+def test_take_specific_takes_an_allocatable_address_that_is_neither_held_nor_pending() -> None:
+    _, index, _ = parsed()
+    index.hold(held("10.0.0.5", "a"))
+    assert not index.take_specific(ip("10.0.0.5"), "b"), "held"
+    assert not index.take_specific(ip("10.0.0.0"), "b"), "not allocatable: the network address"
+    assert not index.take_specific(ip("10.0.1.1"), "b"), "not allocatable: outside"
+    assert index.take_specific(ip("10.0.0.9"), "b")
+    assert index.pending == {ip("10.0.0.9"): "b"}
+    assert not index.take_specific(ip("10.0.0.9"), "c"), "pending for b"
+    index.settle(ip("10.0.0.9"))  # its create failed: free again
+    assert index.take_specific(ip("10.0.0.9"), "c")
+    # Dynamic allocation never takes a specific address in flight.
+    taken = {index.take_candidate(f"d{n}") for n in range(13)}
+    assert ip("10.0.0.9") not in taken and ip("10.0.0.5") not in taken and None in taken
+
+
+def test_dynamic_allocation_parks_pinned_addresses_and_never_returns_them() -> None:
+    _, index, pre = parsed(preAllocations={"vip": "10.0.0.1", "db": "10.0.0.3"})
+    assert set(pre.pinned) == {ip("10.0.0.1"), ip("10.0.0.3")} and pre.problems == ()
+    taken: list[int] = []
+    while (value := take_dynamic(index, f"c{len(taken)}", pre.pinned)) is not None:
+        taken.append(value)
+    assert len(taken) == 14 - 2 and not set(taken) & set(pre.pinned)
+    assert all(value not in index.pending for value in pre.pinned), "parked, not pending"
+    assert index.take_specific(ip("10.0.0.1"), "vip-uid"), "the named claim still takes its address"
+
+
+def test_pre_allocations_resolve_to_the_named_claim_only() -> None:
+    entries = {"vip": "10.0.0.1", "a": "10.0.0.7", "b": "10.0.0.7", "far": "10.9.9.9", "x/y": "10.0.0.8"}
+    spec, _, pre = parsed(preAllocations=entries)
+    assert set(pre.pinned) == {ip("10.0.0.1"), ip("10.0.0.7"), ip("10.0.0.8")}
+    assert any("x/y" in problem and "by name alone" in problem for problem in pre.problems)
+    vip = ClaimContext("ns", "vip", "u1")
+    assert wanted_address(vip, pre) == "10.0.0.1"
+    assert pre.pinned_for_others(ip("10.0.0.1"), vip) == ()
+    other = ClaimContext("ns", "other", "u2")
+    assert wanted_address(other, pre) is None
+    assert pre.pinned_for_others(ip("10.0.0.1"), other) == ("vip",)
+    with pytest.raises(AllocationFailedError, match=r"more than one claim \(a, b\)"):
+        wanted_address(ClaimContext("ns", "a", "u3"), pre)
+    with pytest.raises(AllocationFailedError, match=r"preAllocations\[far\]: 10.9.9.9 is not an allocatable"):
+        wanted_address(ClaimContext("ns", "far", "u4"), pre)
+    asks_other = ClaimContext("ns", "vip", "u5", annotations={REQUESTED_ADDRESS_ANNOTATION: "10.0.0.2"})
+    with pytest.raises(AllocationFailedError, match=r"pre-allocates 10\.0\.0\.1 to it"):
+        wanted_address(asks_other, pre)
+    same = ClaimContext("ns", "vip", "u6", annotations={REQUESTED_ADDRESS_ANNOTATION: "10.0.0.1"})
+    assert wanted_address(same, pre) == "10.0.0.1"
+    assert spec.pre_allocations == entries
+
+
+def test_global_pools_name_claims_as_namespace_slash_name() -> None:
+    pool_spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/28"], "prefix": 28}})
+    pre = PreAllocations.of(GLOBAL_REF, {"team-a/vip": "10.0.0.1", "vip": "10.0.0.2"}, allocatable)
+    assert wanted_address(ClaimContext("team-a", "vip", "u1"), pre) == "10.0.0.1"
+    assert wanted_address(ClaimContext("team-b", "vip", "u2"), pre) is None
+    assert pre.pinned_for_others(ip("10.0.0.1"), ClaimContext("team-b", "vip", "u2")) == ("team-a/vip",)
+    assert pre.problems == ("preAllocations[vip]: a GlobalInClusterIPPool names claims as namespace/name",)
+    assert pool_spec.pre_allocations == {}
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("10.0.0.5", None),
+        ("10.0.1.5", "it is not in spec.addresses"),
+        ("fd00::5", "it is not an IPv4 address"),
+        ("10.0.0.1", "it is the pool's gateway"),
+        ("10.0.0.0", "it is the subnet's network address, reserved unless allocateReservedIPAddresses is true"),
+        ("10.0.0.15", "it is the subnet's broadcast address, reserved unless allocateReservedIPAddresses is true"),
+        ("10.0.0.12", "it is in spec.excludedAddresses"),
+    ],
+)
+def test_why_an_address_is_not_allocatable(address: str, why: str | None) -> None:
+    spec = {"addresses": ["10.0.0.0/28"], "prefix": 28, "gateway": "10.0.0.1", "excludedAddresses": ["10.0.0.12"]}
+    pool_spec, allocatable = parse_pool({"spec": spec})
+    assert why_not_allocatable(pool_spec, allocatable, address) == why
+    reserved_ok, allocatable = parse_pool({"spec": {**spec, "allocateReservedIPAddresses": True}})
+    if why is not None and "reserved" in why:
+        assert why_not_allocatable(reserved_ok, allocatable, address) is None
