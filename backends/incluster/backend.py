@@ -24,6 +24,7 @@ from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
+from backends.incluster.overlap import PoolSurvey, assess
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
 from backends.validation import spec_error
@@ -61,6 +62,7 @@ class InClusterPoolSpec(Model):
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
 
     @field_validator("gateway")
     @classmethod
@@ -78,15 +80,26 @@ def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
     return spec, allocatable
 
 
+def _survey_parse(pool: Object) -> tuple[AllocatableSet, str | None] | None:
+    try:
+        spec, allocatable = parse_pool(pool)
+    except (PoolSpecError, ValidationError, ValueError):
+        return None
+    return allocatable, spec.uniqueness_domain or None
+
+
 class InClusterBackend:
     """Serves InClusterIPPool and GlobalInClusterIPPool."""
 
     concurrent_claims = True
+    cross_pool_reports = True  # a pool's report names the pools overlapping it (see `overlap`)
 
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
         self.reservations = ReservationClient(context.kube)
         self.indexes = PoolIndexes(context.kube, self.reservations, context.cached_addresses)
+        self.cached_addresses = context.cached_addresses
+        self.survey = PoolSurvey(self.kinds, context.cached_pools, _survey_parse)
         self._swept: dict[PoolRef, float] = {}
         self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
@@ -96,7 +109,9 @@ class InClusterBackend:
 
     def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         try:
-            return parse_pool(pool)
+            spec, allocatable = parse_pool(pool)
+            self.reservations.note_domain(ref, spec.uniqueness_domain)
+            return spec, allocatable
         except (PoolSpecError, ValidationError, ValueError) as error:
             raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
 
@@ -105,9 +120,10 @@ class InClusterBackend:
         while its caches sync, so that the LIST does not wait for them); the scan for IPAddresses without a
         reservation is left to that allocation. An invalid pool is left alone: its first allocation says why."""
         try:
-            _, allocatable = parse_pool(pool)
+            spec, allocatable = parse_pool(pool)
         except (PoolSpecError, ValidationError, ValueError):
             return
+        self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
         await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
 
     async def allocate(
@@ -238,7 +254,7 @@ class InClusterBackend:
                 grace = None
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
             if grace:
-                released = await self.reservations.mark_released(reservation, now_rfc3339())
+                released = await self.reservations.mark_released(reservation, now_rfc3339(), grace)
                 index = self.indexes.get(pool_ref)  # as it is after the write
                 if index is not None:
                     index.drop(reservation)
@@ -251,7 +267,7 @@ class InClusterBackend:
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            _, allocatable = self._parse(pool_ref, pool)
+            spec, allocatable = self._parse(pool_ref, pool)
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
@@ -266,13 +282,16 @@ class InClusterBackend:
         await self._sweep_orphans()
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
-        counts = AddressCounts(
-            total=total, used=len(addresses), free=max(total - used_inside, 0), out_of_range=out_of_range
-        )
+        own = [allocation.address for allocation in addresses]
+        cross = assess(self.survey, self.cached_addresses, pool_ref, allocatable, spec.uniqueness_domain, own)
+        free = max(total - used_inside - cross.held_elsewhere, 0)
+        counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
+        if cross.held_elsewhere:
+            message += f" ({cross.held_elsewhere} held by other pools of uniqueness domain {spec.uniqueness_domain})"
         if out_of_range:
             message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
-        return PoolReport(True, "PoolReady", message, counts=counts)
+        return PoolReport(True, "PoolReady", message, counts=counts, conditions=cross.conditions, related=cross.related)
 
     async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
         """Delete stray reservations: those whose claim is gone, and a claim's extra ones.

@@ -1,9 +1,11 @@
 """The in-memory indexes of the in-cluster pools this process allocates from (see `pool_index`): when each is built,
 rebuilt, scanned for IPAddresses without a reservation, and which one a caller may use.
 
-- A pool's index is built from a fresh list of its reservations on its first use (or ahead of it, by `prepare`,
-  while the controller's caches sync), again on each resync, and when the pool looks exhausted; one build per pool
-  at a time, the others wait for it and use its result. Pending candidates move to the new index.
+- A pool's index is built from a fresh list of its reservations (a domain pool's: its domain's, see `domains`) on
+  its first use (or ahead of it, by `prepare`, while the controller's caches sync), again on each resync, and when
+  the pool looks exhausted; one build per pool at a time, the others wait for it and use its result. Pending
+  candidates move to the new index.
+- Released reservations whose reuse grace period is over are deleted as the index is used (see `domains`).
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST).
 - An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
@@ -64,7 +67,7 @@ class PoolIndexes:
             index.generation, index.scanned = generation, scanned
         if not index.scanned:
             await self._scan(ref, index)
-        if reuse_grace_seconds is not None and ref not in self._reclaiming:
+        if (reuse_grace_seconds is not None or index.released) and ref not in self._reclaiming:
             self._reclaiming.add(ref)
             try:
                 await self._reclaim_expired(ref, index, reuse_grace_seconds)
@@ -122,7 +125,7 @@ class PoolIndexes:
             if current is not None and current is not replacing and current.generation >= generation:
                 return current
             started = time.monotonic()
-            reservations = await self.reservations.list_pool(ref)
+            reservations = await self.reservations.list_index(ref)  # a domain pool's: the whole domain's
             listed = time.monotonic()
             found = 0
             if scan:
@@ -145,7 +148,7 @@ class PoolIndexes:
             )
             return index
 
-    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
-        for reservation in index.expired_releases(grace_seconds):
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int | None) -> None:
+        for reservation in expired_releases(index.released.values(), ref, grace_seconds):
             await self.reservations.delete(reservation)
             self.current(ref, index).drop(reservation)
