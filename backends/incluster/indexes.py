@@ -6,6 +6,8 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
   the pool looks exhausted; one build per pool at a time, the others wait for it and use its result. Pending
   candidates move to the new index.
 - Released reservations whose reuse grace period is over are deleted as the index is used (see `domains`).
+- A reservation this process makes for a pool of a uniqueness domain is held at once in the indexes of the domain's
+  other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST).
 - An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
@@ -25,7 +27,7 @@ from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -47,6 +49,15 @@ class PoolIndexes:
         self._indexes: dict[PoolRef, PoolIndex] = {}
         self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
         self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
+        reservations.on_domain_create = self._share
+
+    def _share(self, ref: PoolRef, reservation: Reservation) -> None:
+        """A reservation this process made for a pool of a uniqueness domain is used for the domain's other pools
+        whose indexes it keeps, at once (a hint: without it they would learn it when their own create collides)."""
+        domain = self.reservations.domain_of(ref)
+        for other, index in list(self._indexes.items()):
+            if other != ref and self.reservations.domain_of(other) == domain:
+                index.hold(reservation)
 
     async def index(
         self, ref: PoolRef, allocatable: AllocatableSet, generation: int, reuse_grace_seconds: int | None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ipam_provider.backend.contract import PoolRef
@@ -101,6 +102,8 @@ class ReservationClient:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._domains: dict[PoolRef, str] = {}
+        # Told of each reservation this client creates for a pool of a uniqueness domain (see `indexes`).
+        self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
 
     def note_domain(self, ref: PoolRef, domain: str | None) -> None:
         """Record the uniqueness domain the pool names now (None: none)."""
@@ -144,11 +147,14 @@ class ReservationClient:
             "spec": spec,
         }
         try:
-            return Reservation.parse(await self.kube.create(RESERVATIONS, body))
+            created = Reservation.parse(await self.kube.create(RESERVATIONS, body))
         except ApiError as error:
             if error.already_exists:
                 return None
             raise
+        if domain:
+            self.on_domain_create(ref, created)
+        return created
 
     async def get(self, ref: PoolRef, address: str) -> Reservation | None:
         """The reservation of `address` for the pool (of any pool of its domain, for a domain pool)."""
