@@ -166,6 +166,5 @@ def write(documents: Mapping[str, Schema], generator: str) -> None:
         "# crds/ as a kustomization, so that config/crd (and with it config/default) can build it: a\n"
         "# kustomization may name another kustomization's directory anywhere, but files only under its own.\n"
         "# Named `Kustomization` so that `kubectl apply -f crds/` (which reads .yaml, .yml and .json files only)\n"
-        "# does not take it for an object.\n"
-        + yaml.dump({"resources": files}, sort_keys=False)
+        "# does not take it for an object.\n" + yaml.dump({"resources": files}, sort_keys=False)
     )

@@ -27,6 +27,13 @@ ENTRY_ITEMS = {
         {"rule": ENTRY_RULE, "message": "provided address is not a valid IP, range, nor CIDR"}
     ],
 }
+# A DNS label: the domain is also the value of a label on the domain's reservations.
+DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The pool's reservations are named by its domain (backends/incluster/domains.py): a change would strand them.
+DOMAIN_IMMUTABLE = (
+    "has(self.uniquenessDomain) == has(oldSelf.uniquenessDomain) && "
+    "(!has(self.uniquenessDomain) || self.uniquenessDomain == oldSelf.uniquenessDomain)"
+)
 
 
 def pool_schema(scope_note: str) -> dict[str, Any]:
@@ -92,6 +99,20 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                     ],
                 },
             },
+            "uniquenessDomain": {
+                "description": (
+                    "uniquenessDomain names a cluster-wide set of in-cluster pools (namespaced and global, of any "
+                    "namespace) that never hand out the same address, even where their addresses overlap: an "
+                    "address held by one pool of the domain is used for every other. Without it, addresses are "
+                    "unique within the pool only, and pools whose addresses overlap report AddressesOverlap. "
+                    "It cannot be set, changed or removed after the pool is created. Not part of the Go "
+                    "provider's API."
+                ),
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 63,
+                "pattern": DOMAIN_PATTERN,
+            },
         },
         "x-kubernetes-validations": [
             {"rule": "self.addresses.size() > 0", "message": "addresses is required"},
@@ -117,6 +138,7 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                 "rule": f"self.addresses.size() == 0 || {family_v6} || self.prefix <= 32",
                 "message": "provided prefix is not valid",
             },
+            {"rule": DOMAIN_IMMUTABLE, "message": "uniquenessDomain cannot change: create a new pool instead"},
         ],
     }
     count = {"type": "integer", "format": "int64"}

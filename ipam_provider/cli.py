@@ -143,7 +143,8 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     kube = await KubeClient.from_kubeconfig(options.kubeconfig)
     endpoints.use_api(kube)
     view = CacheView()
-    registry = load_registry(BackendContext(kube=kube, cached_addresses=view.addresses), options.backends)
+    context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
+    registry = load_registry(context, options.backends)
     settings = ControllerSettings(
         namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
     )

@@ -16,7 +16,13 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
-from ipam_provider.backend.contract import PoolRef, preparer_of, serves_claims_concurrently
+from ipam_provider.backend.contract import (
+    PoolKind,
+    PoolRef,
+    preparer_of,
+    reports_across_pools,
+    serves_claims_concurrently,
+)
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -51,7 +57,7 @@ class Controller:
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
         self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit)
-        self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of)
+        self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._linked_kinds)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
         )
@@ -69,6 +75,14 @@ class Controller:
             if found is not None and not serves_claims_concurrently(found[0]):
                 return 1
         return None
+
+    def _linked_kinds(self, kind: PoolKind) -> list[PoolKind]:
+        """The kinds whose pools are reported again when a pool of `kind` comes, goes or changes its spec: those of
+        its backend, when its reports depend on each other's pools (`reports_across_pools`)."""
+        found = self.registry.lookup(kind.group, kind.kind)
+        if found is None or not reports_across_pools(found[0]):
+            return []
+        return list(found[0].kinds)
 
     def _informers(self) -> list[Informer]:
         namespaces = self.settings.namespaces or None
@@ -171,6 +185,13 @@ class Controller:
             return None
         return self.caches.addresses.by_index(POOL, ref)
 
+    def cached_pools(self, kind: PoolKind) -> list[Object] | None:
+        """The cached pools of `kind`; None until the pool caches have synced (see `BackendContext.cached_pools`)."""
+        store = self.caches.pools.get((kind.group, kind.kind))
+        if store is None or not all(informer.synced for informer in self.pool_informers):
+            return None
+        return store.items()
+
     async def _worker(self) -> None:
         """Take keys until the queue shuts down. A failing reconcile (any exception, or a CancelledError that is
         not this task's own cancellation) is logged and retried with backoff; the worker never dies of it."""
@@ -237,13 +258,16 @@ class Controller:
 
 class CacheView:
     """The backends' view of a controller's caches, bound once the controller exists (its backends are made
-    before it): `addresses` is what `BackendContext.cached_addresses` calls."""
+    before it): `addresses` and `pools` are what `BackendContext.cached_addresses` and `cached_pools` call."""
 
     def __init__(self) -> None:
         self.controller: Controller | None = None
 
     def addresses(self, ref: PoolRef) -> list[Object] | None:
         return self.controller.cached_addresses(ref) if self.controller is not None else None
+
+    def pools(self, kind: PoolKind) -> list[Object] | None:
+        return self.controller.cached_pools(kind) if self.controller is not None else None
 
 
 CLAIM_CONTROLLER = "ipaddressclaim"

@@ -28,6 +28,7 @@ from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
+from backends.incluster.overlap import PoolSurvey, assess
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message, take_dynamic
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
@@ -68,6 +69,7 @@ class InClusterPoolSpec(Model):
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
     pre_allocations: dict[str, str] = Field(default_factory=dict, alias="preAllocations")
+    uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
 
     @field_validator("gateway")
     @classmethod
@@ -85,15 +87,26 @@ def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
     return spec, allocatable
 
 
+def _survey_parse(pool: Object) -> tuple[AllocatableSet, str | None] | None:
+    try:
+        spec, allocatable = parse_pool(pool)
+    except (PoolSpecError, ValidationError, ValueError):
+        return None
+    return allocatable, spec.uniqueness_domain or None
+
+
 class InClusterBackend:
     """Serves InClusterIPPool and GlobalInClusterIPPool."""
 
     concurrent_claims = True
+    cross_pool_reports = True  # a pool's report names the pools overlapping it (see `overlap`)
 
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
         self.reservations = ReservationClient(context.kube)
         self.indexes = PoolIndexes(context.kube, self.reservations, context.cached_addresses)
+        self.cached_addresses = context.cached_addresses
+        self.survey = PoolSurvey(self.kinds, context.cached_pools, _survey_parse)
         self._swept: dict[PoolRef, float] = {}
         self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
@@ -103,7 +116,9 @@ class InClusterBackend:
 
     def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         try:
-            return parse_pool(pool)
+            spec, allocatable = parse_pool(pool)
+            self.reservations.note_domain(ref, spec.uniqueness_domain)
+            return spec, allocatable
         except (PoolSpecError, ValidationError, ValueError) as error:
             raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
 
@@ -112,9 +127,10 @@ class InClusterBackend:
         while its caches sync, so that the LIST does not wait for them); the scan for IPAddresses without a
         reservation is left to that allocation. An invalid pool is left alone: its first allocation says why."""
         try:
-            _, allocatable = parse_pool(pool)
+            spec, allocatable = parse_pool(pool)
         except (PoolSpecError, ValidationError, ValueError):
             return
+        self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
         await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
 
     async def allocate(
@@ -248,7 +264,7 @@ class InClusterBackend:
                 grace = None
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
             if grace:
-                released = await self.reservations.mark_released(reservation, now_rfc3339())
+                released = await self.reservations.mark_released(reservation, now_rfc3339(), grace)
                 index = self.indexes.get(pool_ref)  # as it is after the write
                 if index is not None:
                     index.drop(reservation)
@@ -275,23 +291,27 @@ class InClusterBackend:
         await self._sweep(pool_ref, addresses)
         await self._sweep_orphans()
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
-        held_elsewhere, waiting = await collisions(
-            pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations
-        )
+        collided, waiting = await collisions(pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations)
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
-        free = max(total - used_inside - waiting, 0)  # a pinned address is free for its claim only
+        own = [allocation.address for allocation in addresses]
+        cross = assess(self.survey, self.cached_addresses, pool_ref, allocatable, spec.uniqueness_domain, own)
+        # a pinned address is free for its claim only; an address held by another pool of the domain for none
+        free = max(total - used_inside - waiting - cross.held_elsewhere, 0)
         counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
+        if cross.held_elsewhere:
+            message += f" ({cross.held_elsewhere} held by other pools of uniqueness domain {spec.uniqueness_domain})"
         if waiting:
             message += f"; {waiting} more pre-allocated to claims that do not hold them yet"
         if out_of_range:
             message += f"; {out_of_range} allocated addresses lie outside the pool's addresses"
-        problems = [*pre.problems, *held_elsewhere]
+        problems = [*pre.problems, *collided]
+        ready, reason = not problems, "PoolReady"
         if problems:
             message = f"{pool_ref} has invalid preAllocations: {'; '.join(problems)}; fix spec.preAllocations"
-            return PoolReport(False, "InvalidConfiguration", message, counts=counts)
-        return PoolReport(True, "PoolReady", message, counts=counts)
+            reason = "InvalidConfiguration"
+        return PoolReport(ready, reason, message, counts=counts, conditions=cross.conditions, related=cross.related)
 
     async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
         """Delete stray reservations: those whose claim is gone, and a claim's extra ones.

@@ -1,9 +1,13 @@
 """The in-memory indexes of the in-cluster pools this process allocates from (see `pool_index`): when each is built,
 rebuilt, scanned for IPAddresses without a reservation, and which one a caller may use.
 
-- A pool's index is built from a fresh list of its reservations on its first use (or ahead of it, by `prepare`,
-  while the controller's caches sync), again on each resync, and when the pool looks exhausted; one build per pool
-  at a time, the others wait for it and use its result. Pending candidates move to the new index.
+- A pool's index is built from a fresh list of its reservations (a domain pool's: its domain's, see `domains`) on
+  its first use (or ahead of it, by `prepare`, while the controller's caches sync), again on each resync, and when
+  the pool looks exhausted; one build per pool at a time, the others wait for it and use its result. Pending
+  candidates move to the new index.
+- Released reservations whose reuse grace period is over are deleted as the index is used (see `domains`).
+- A reservation this process makes for a pool of a uniqueness domain is held at once in the indexes of the domain's
+  other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST).
 - An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
@@ -19,10 +23,11 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -44,6 +49,15 @@ class PoolIndexes:
         self._indexes: dict[PoolRef, PoolIndex] = {}
         self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
         self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
+        reservations.on_domain_create = self._share
+
+    def _share(self, ref: PoolRef, reservation: Reservation) -> None:
+        """A reservation this process made for a pool of a uniqueness domain is used for the domain's other pools
+        whose indexes it keeps, at once (a hint: without it they would learn it when their own create collides)."""
+        domain = self.reservations.domain_of(ref)
+        for other, index in list(self._indexes.items()):
+            if other != ref and self.reservations.domain_of(other) == domain:
+                index.hold(reservation)
 
     async def index(
         self, ref: PoolRef, allocatable: AllocatableSet, generation: int, reuse_grace_seconds: int | None
@@ -64,7 +78,7 @@ class PoolIndexes:
             index.generation, index.scanned = generation, scanned
         if not index.scanned:
             await self._scan(ref, index)
-        if reuse_grace_seconds is not None and ref not in self._reclaiming:
+        if (reuse_grace_seconds is not None or index.released) and ref not in self._reclaiming:
             self._reclaiming.add(ref)
             try:
                 await self._reclaim_expired(ref, index, reuse_grace_seconds)
@@ -122,7 +136,7 @@ class PoolIndexes:
             if current is not None and current is not replacing and current.generation >= generation:
                 return current
             started = time.monotonic()
-            reservations = await self.reservations.list_pool(ref)
+            reservations = await self.reservations.list_index(ref)  # a domain pool's: the whole domain's
             listed = time.monotonic()
             found = 0
             if scan:
@@ -145,7 +159,7 @@ class PoolIndexes:
             )
             return index
 
-    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
-        for reservation in index.expired_releases(grace_seconds):
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int | None) -> None:
+        for reservation in expired_releases(index.released.values(), ref, grace_seconds):
             await self.reservations.delete(reservation)
             self.current(ref, index).drop(reservation)

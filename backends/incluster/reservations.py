@@ -3,6 +3,12 @@
 A reservation is a cluster-scoped `InClusterIPReservation` whose *name* encodes (pool, address). The API
 server refuses to create a second object of the same name, so two controller processes, or one with a stale
 cache, can never both hold an address: etcd's create-uniqueness decides, as for Service ClusterIPs (KEP-1880).
+
+A pool of a uniqueness domain (see `domains`) names its reservations by (domain, address) instead, so that no two
+pools of the domain hold one address. Every reservation carries its pool's label (`list_pool`, `list_claim`); those
+of a domain also carry the domain's label, by which `list_index` lists what a domain pool must treat as used.
+The client learns each pool's domain from `note_domain`, which the backend calls whenever it reads a pool, before
+it makes or reads any of the pool's reservations.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ipam_provider.backend.contract import PoolRef
@@ -21,6 +28,10 @@ from ipam_provider.kube.resources import IPAM_GROUP, Resource
 RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
 LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"
 LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
+LABEL_DOMAIN = "ipam.cluster.x-k8s.io/uniqueness-domain"
+# On a released reservation: the reuse grace period of its pool when it was released, so that the other pools of
+# its uniqueness domain know when it may be deleted.
+ANNOTATION_GRACE = "ipam.cluster.x-k8s.io/reuse-grace-period-seconds"
 
 
 def pool_hash(ref: PoolRef) -> str:
@@ -37,10 +48,18 @@ def age_seconds(timestamp: str) -> float:
     return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
 
 
-def reservation_name(ref: PoolRef, address: str) -> str:
+def domain_hash(domain: str) -> str:
+    return hashlib.sha256(f"uniqueness-domain/{domain}".encode()).hexdigest()[:20]
+
+
+def _encoded(address: str) -> str:
     ip = ipaddress.ip_address(address)
-    encoded = str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
-    return f"{pool_hash(ref)}.{encoded}"
+    return str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
+
+
+def reservation_name(ref: PoolRef, address: str, domain: str | None = None) -> str:
+    """The name of the reservation of `address` for the pool `ref`, or for every pool of `domain` when given."""
+    return f"{domain_hash(domain) if domain else pool_hash(ref)}.{_encoded(address)}"
 
 
 @dataclass(frozen=True)
@@ -55,11 +74,14 @@ class Reservation:
     resource_version: str
     uid: str
     created_at: str = ""
+    pool_label: str = ""  # the pool hash of the pool holding it (see `pool_hash`)
+    grace_seconds: int | None = None  # a released reservation's recorded reuse grace period (ANNOTATION_GRACE)
 
     @classmethod
     def parse(cls, obj: Object) -> Reservation:
         spec, meta = obj.get("spec", {}), obj["metadata"]
         claim = spec.get("claim", {})
+        grace = (meta.get("annotations") or {}).get(ANNOTATION_GRACE, "")
         return cls(
             name=meta["name"],
             address=spec["address"],
@@ -71,12 +93,27 @@ class Reservation:
             resource_version=meta.get("resourceVersion", ""),
             uid=meta.get("uid", ""),
             created_at=meta.get("creationTimestamp", ""),
+            pool_label=(meta.get("labels") or {}).get(LABEL_POOL, ""),
+            grace_seconds=int(grace) if grace.isdigit() else None,
         )
 
 
 class ReservationClient:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
+        self._domains: dict[PoolRef, str] = {}
+        # Told of each reservation this client creates for a pool of a uniqueness domain (see `indexes`).
+        self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
+
+    def note_domain(self, ref: PoolRef, domain: str | None) -> None:
+        """Record the uniqueness domain the pool names now (None: none)."""
+        if domain:
+            self._domains[ref] = domain
+        else:
+            self._domains.pop(ref, None)
+
+    def domain_of(self, ref: PoolRef) -> str | None:
+        return self._domains.get(ref)
 
     async def create(
         self,
@@ -99,28 +136,43 @@ class ReservationClient:
             spec["pool"]["namespace"] = ref.namespace
         if gateway:
             spec["gateway"] = gateway
+        domain = self.domain_of(ref)
+        labels = {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim_uid}
+        if domain:
+            labels[LABEL_DOMAIN] = domain
         body = {
             "apiVersion": RESERVATIONS.api_version,
             "kind": RESERVATIONS.kind,
-            "metadata": {
-                "name": reservation_name(ref, address),
-                "labels": {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim_uid},
-            },
+            "metadata": {"name": reservation_name(ref, address, domain), "labels": labels},
             "spec": spec,
         }
         try:
-            return Reservation.parse(await self.kube.create(RESERVATIONS, body))
+            created = Reservation.parse(await self.kube.create(RESERVATIONS, body))
         except ApiError as error:
             if error.already_exists:
                 return None
             raise
+        if domain:
+            self.on_domain_create(ref, created)
+        return created
 
     async def get(self, ref: PoolRef, address: str) -> Reservation | None:
-        obj = await self.kube.get(RESERVATIONS, reservation_name(ref, address))
+        """The reservation of `address` for the pool (of any pool of its domain, for a domain pool)."""
+        obj = await self.kube.get(RESERVATIONS, reservation_name(ref, address, self.domain_of(ref)))
         return Reservation.parse(obj) if obj is not None else None
 
     async def list_pool(self, ref: PoolRef) -> list[Reservation]:
+        """The pool's own reservations."""
         items, _ = await self.kube.list(RESERVATIONS, label_selector=f"{LABEL_POOL}={pool_hash(ref)}")
+        return [Reservation.parse(item) for item in items]
+
+    async def list_index(self, ref: PoolRef) -> list[Reservation]:
+        """The reservations that hold addresses the pool must not hand out: its own, or, for a domain pool, those
+        of every pool of the domain."""
+        domain = self.domain_of(ref)
+        if not domain:
+            return await self.list_pool(ref)
+        items, _ = await self.kube.list(RESERVATIONS, label_selector=f"{LABEL_DOMAIN}={domain}")
         return [Reservation.parse(item) for item in items]
 
     async def list_claim(self, ref: PoolRef, claim_uid: str) -> list[Reservation]:
@@ -142,9 +194,11 @@ class ReservationClient:
                 raise
             # It changed since we read it (or was re-created for someone else): leave it alone.
 
-    async def mark_released(self, reservation: Reservation, at: str) -> Reservation:
-        """Keep the address held, without an owner, until the pool's reuse grace period has passed."""
-        return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}})
+    async def mark_released(self, reservation: Reservation, at: str, grace_seconds: int | None = None) -> Reservation:
+        """Keep the address held, without an owner, until the pool's reuse grace period (`grace_seconds`, recorded
+        on the reservation) has passed."""
+        annotations = {ANNOTATION_GRACE: str(grace_seconds)} if grace_seconds is not None else None
+        return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}}, annotations)
 
     async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
         """Give a live reservation to the claim of the same namespace/name with another uid (one made from an
@@ -152,8 +206,13 @@ class ReservationClient:
         throughout; the resourceVersion precondition makes a concurrent change fail with a conflict."""
         return await self._patch_claim(reservation, claim_uid, {"claim": {"uid": claim_uid}})
 
-    async def _patch_claim(self, reservation: Reservation, uid_label: str | None, spec: Object) -> Reservation:
-        """Patch the reservation's spec and its claim-uid label (None removes it), guarded by its resourceVersion."""
-        meta = {"resourceVersion": reservation.resource_version, "labels": {LABEL_CLAIM_UID: uid_label}}
+    async def _patch_claim(
+        self, reservation: Reservation, uid_label: str | None, spec: Object, annotations: Object | None = None
+    ) -> Reservation:
+        """Patch the reservation's spec and its claim-uid label (None removes it), and add `annotations`, guarded by
+        its resourceVersion."""
+        meta: Object = {"resourceVersion": reservation.resource_version, "labels": {LABEL_CLAIM_UID: uid_label}}
+        if annotations:
+            meta["annotations"] = annotations
         updated = await self.kube.patch(RESERVATIONS, reservation.name, {"metadata": meta, "spec": spec})
         return Reservation.parse(updated)

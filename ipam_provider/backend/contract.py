@@ -161,12 +161,26 @@ def reported_free(pool: Mapping[str, Any]) -> int:
 
 
 @dataclass(frozen=True)
+class ReportCondition:
+    """A pool condition besides `Ready` (see `PoolReport.conditions`). With `warning`, the reconciler records a
+    Warning Event with the condition's reason and message each time the condition enters this status and reason."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+    warning: bool = False
+
+
+@dataclass(frozen=True)
 class PoolReport:
     """The state of a pool as the backend sees it.
 
     The reconciler writes the pool's status from it: the `Ready` condition from `ready`, `reason` and `message`;
+    each of `conditions` (other condition types; those the report leaves out are left as they are);
     `status.ipAddresses` from `counts` (left as it is when None); and `status`, the pool kind's other status fields
-    (for example `networkView`), merged in as they are.
+    (for example `networkView`), merged in as they are. `related` names other pools whose report depends on this
+    pool's addresses: the reconciler looks at them again soon when this pool's status changed.
     """
 
     ready: bool
@@ -174,6 +188,8 @@ class PoolReport:
     message: str = ""
     status: Mapping[str, Any] = field(default_factory=dict)
     counts: AddressCounts | None = None
+    conditions: Sequence[ReportCondition] = ()
+    related: Sequence[PoolRef] = ()
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields to write besides the conditions."""
@@ -232,13 +248,15 @@ class BackendContext:
 
     `cached_addresses(pool_ref)` gives the IPAddresses that name the pool, from the controller's watch cache, or
     None when that cache cannot answer for the pool (not synced yet, or the pool's IPAddresses may lie in
-    namespaces this controller does not watch); a backend then reads the API server. The objects are the cache's
-    projections (metadata, spec, status) and must not be changed.
+    namespaces this controller does not watch); a backend then reads the API server. `cached_pools(kind)` gives
+    the pools of a kind the controller serves, from its watch cache (those of the watched namespaces), or None
+    before the pool caches have synced. The objects are the cache's projections and must not be changed.
     """
 
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"
     cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None
+    cached_pools: Callable[[PoolKind], Sequence[Object] | None] = lambda kind: None
 
 
 def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]] | None:
@@ -253,6 +271,13 @@ def serves_claims_concurrently(backend: object) -> bool:
     """Whether the backend accepts concurrent calls for several claims of one pool: its optional class or
     instance attribute `concurrent_claims` is True. A backend without it gets its calls for a pool one at a time."""
     return getattr(backend, "concurrent_claims", False) is True
+
+
+def reports_across_pools(backend: object) -> bool:
+    """Whether a pool's report depends on the other pools of the backend's kinds (for example to find pools whose
+    addresses overlap): its optional class or instance attribute `cross_pool_reports` is True. The controller then
+    reports every pool of those kinds again when one of them is created, changes its spec, or is deleted."""
+    return getattr(backend, "cross_pool_reports", False) is True
 
 
 @runtime_checkable

@@ -1,8 +1,10 @@
 """The pool reconciler: the ProtectPool finalizer, status counts and the pool's Ready condition.
 
 Contract:
-- A live pool carries the ProtectPool finalizer, a `Ready` condition from its backend's report, and the status
-  fields of the report: `ipAddresses{total,free,used[,outOfRange]}` from its counts, and the kind's own fields.
+- A live pool carries the ProtectPool finalizer, a `Ready` condition from its backend's report, the report's other
+  conditions (a Warning Event when one marked `warning` enters its status and reason), and the status fields of the
+  report: `ipAddresses{total,free,used[,outOfRange]}` from its counts, and the kind's own fields. When they change,
+  the pools the report names as `related` are looked at again soon.
 - A deleted pool keeps the finalizer while any IPAddress references it (read fresh from the API server), with
   `Ready=False/Deleting` saying why; the annotation `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` lets
   it go at once, and so does clusterctl move's `clusterctl.cluster.x-k8s.io/delete-for-move` (clusterctl's patch
@@ -28,9 +30,9 @@ from ipam_provider.api.capi import (
     READY,
     IPAddress,
 )
-from ipam_provider.api.meta import Condition, set_condition
+from ipam_provider.api.meta import Condition, find_condition, set_condition
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport
+from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition
 from ipam_provider.common import Object
 from ipam_provider.kube.resources import ADDRESSES, Resource
 from ipam_provider.reconcile.addresses import allocation_of
@@ -86,7 +88,9 @@ class PoolReconciler:
             raw = await self.ctx.patch_cached(store, resource, raw, patch)
         async with self.ctx.backend_turn(backend, ref):
             report = await backend.report(ref, raw, self.addresses_of(ref))
-        await self._write_status(raw, store, resource, report, event=not report.ready)
+        if await self._write_status(raw, store, resource, report, event=not report.ready):
+            for other in report.related:
+                self.ctx.pool_changed(other)
         self._record(ref, report)
         return RESYNC
 
@@ -129,27 +133,41 @@ class PoolReconciler:
 
     async def _write_status(
         self, raw: Object, store: Store, resource: Resource, report: PoolReport, *, event: bool
-    ) -> None:
-        """Write the report's Ready condition and status fields when they change; a Warning Event when the
-        reason changes and `event` is set."""
+    ) -> bool:
+        """Write the report's conditions and status fields when they change (answer whether they did); a Warning
+        Event when the Ready reason changes and `event` is set, and when a `warning` condition enters its status
+        and reason."""
         status = raw.get("status") or {}
         try:
             current = [Condition.model_validate(c) for c in status.get("conditions") or []]
         except ValidationError:
             current = []
-        conditions, changed = set_condition(
-            current,
-            type=READY,
-            status=report.ready,
-            reason=report.reason,
-            message=report.message,
-            generation=raw["metadata"].get("generation"),
-        )
+        wanted = [ReportCondition(READY, report.ready, report.reason, report.message, warning=event)]
+        wanted += [c for c in report.conditions if c.type != READY]
+        conditions, changed = current, False
+        for condition in wanted:
+            conditions, one_changed = set_condition(
+                conditions,
+                type=condition.type,
+                status=condition.status,
+                reason=condition.reason,
+                message=condition.message,
+                generation=raw["metadata"].get("generation"),
+            )
+            changed = changed or one_changed
         fields = report.status_fields()
         if not changed and all(status.get(k) == v for k, v in fields.items()):
-            return
+            return False
         patch = {"status": {**fields, "conditions": [c.wire() for c in conditions]}}
         await self.ctx.patch_cached(store, resource, raw, patch, subresource="status")
-        previous = next((c for c in current if c.type == READY), None)
-        if event and (previous is None or previous.reason != report.reason):
-            self.ctx.recorder.record(raw, WARNING, report.reason, report.message)
+        for condition in wanted:
+            if condition.warning and _entered(find_condition(current, condition.type), condition):
+                self.ctx.recorder.record(raw, WARNING, condition.reason, condition.message)
+        return True
+
+
+def _entered(previous: Condition | None, condition: ReportCondition) -> bool:
+    """Whether `condition` enters its reason (and, but for Ready, where the reason alone counts, its status)."""
+    if previous is None or previous.reason != condition.reason:
+        return True
+    return condition.type != READY and previous.status != ("True" if condition.status else "False")

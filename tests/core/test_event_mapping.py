@@ -16,8 +16,8 @@ from backends.incluster.backend import InClusterBackend
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.queue.keys import ClaimKey
-from ipam_provider.watch import informer
+from ipam_provider.queue.keys import ClaimKey, PoolKey
+from ipam_provider.watch import handlers, informer
 
 GROUP = "ipam.cluster.x-k8s.io"
 
@@ -136,3 +136,64 @@ async def test_a_live_change_raises_a_listed_claim(controller: Controller) -> No
         informer._INITIAL_LIST.reset(token)
     controller.handlers.on_claim("MODIFIED", claim("done", fulfilled=True), claim("done", fulfilled=True))
     assert await taken_in_order(controller) == ["done", "listed-done"]
+
+
+def other_pools(controller: Controller) -> None:
+    """Another pool of each in-cluster kind in the caches (the in-cluster backend's reports span pools)."""
+    for kind in controller.registry.kinds:
+        other = pool()
+        other["kind"] = kind.kind
+        other["metadata"] = {"name": "other", "uid": f"u-{kind.kind}", "generation": 1}
+        if kind.namespaced:
+            other["metadata"]["namespace"] = "ns"
+        controller.caches.pools[(kind.group, kind.kind)].upsert(other)
+
+
+async def queued_pools(controller: Controller) -> set[str]:
+    found = set()
+    while len(controller.queue):
+        item = await asyncio.wait_for(controller.queue.get(), 1)
+        assert item is not None
+        key, shard = item
+        if isinstance(key, PoolKey):
+            found.add(str(key.ref))
+        controller.queue.done(key, shard)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("type", "old", "new", "others"),
+    [
+        ("ADDED", None, pool(), True),
+        ("DELETED", pool(), None, True),
+        ("MODIFIED", pool(generation=1), pool(generation=2), True),
+        ("MODIFIED", pool(free=3), pool(free=2), False),
+    ],
+    ids=["created", "deleted", "spec-changed", "status-only"],
+)
+async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_of_its_backend(
+    controller: Controller,
+    monkeypatch: pytest.MonkeyPatch,
+    type: str,
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    others: bool,
+) -> None:
+    monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
+    other_pools(controller)
+    pool_handler(controller)(type, old, new)
+    linked = {"InClusterIPPool/ns/other", "GlobalInClusterIPPool/other"} if others else set()
+    assert await queued_pools(controller) == {"InClusterIPPool/ns/pool", *linked}
+
+
+async def test_pools_of_the_initial_list_do_not_requeue_each_other(
+    controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
+    other_pools(controller)
+    token = informer._INITIAL_LIST.set(True)
+    try:
+        pool_handler(controller)("ADDED", None, pool())
+    finally:
+        informer._INITIAL_LIST.reset(token)
+    assert await queued_pools(controller) == {"InClusterIPPool/ns/pool"}

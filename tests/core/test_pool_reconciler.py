@@ -12,7 +12,7 @@ from ipam_provider.api.capi import (
     ANNOTATION_SKIP_DELETE_VALIDATION,
     FINALIZER_PROTECT_POOL,
 )
-from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport
+from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport, ReportCondition
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
@@ -238,3 +238,42 @@ async def test_a_claim_that_sees_its_pool_deleted_mid_reconcile_does_not_allocat
     assert await world.claims.reconcile(NS, "m1") == 0.0
     assert world.backend.calls_of("allocate") == [], "no allocation once the deletion is seen"
     assert world.address("m1") is None
+
+
+def condition_of(obj: Object, type: str) -> Object | None:
+    return next((c for c in obj["status"]["conditions"] if c["type"] == type), None)
+
+
+async def test_a_report_writes_its_other_conditions_with_a_warning_event_as_one_enters(world: World) -> None:
+    world.add(POOLS, pool())
+    other = PoolRef(GROUP, "FakeIPPool", NS, "other")
+    overlapping = ReportCondition("Overlap", True, "Overlapping", "shares addresses with other", warning=True)
+    world.backend.report_with = PoolReport(True, "PoolReady", "ok", conditions=[overlapping], related=[other])
+
+    await world.pools.reconcile(REF)
+    stored = stored_pool(world)
+    written = condition_of(stored, "Overlap")
+    assert written is not None
+    assert (written["status"], written["reason"], written["message"]) == ("True", "Overlapping", overlapping.message)
+    assert condition_of(stored, "Ready") is not None
+    assert await world.events() == [("Warning", "Overlapping", "FakeIPPool", "net")]
+    assert world.pool_changes == [other], "the related pool is looked at again: this pool's status changed"
+
+    await world.pools.reconcile(REF)
+    assert await world.events() == [("Warning", "Overlapping", "FakeIPPool", "net")], "no second Event"
+    assert world.pool_changes == [other], "nothing changed: the related pool is left alone"
+
+    cleared = ReportCondition("Overlap", False, "Clear", "", warning=False)
+    world.backend.report_with = PoolReport(True, "PoolReady", "ok", conditions=[cleared])
+    await world.pools.reconcile(REF)
+    written = condition_of(stored_pool(world), "Overlap")
+    assert written is not None and (written["status"], written["reason"]) == ("False", "Clear")
+    world.backend.report_with = PoolReport(True, "PoolReady", "ok", conditions=[overlapping])
+    await world.pools.reconcile(REF)
+    await world.ctx.recorder.flush()
+    (event,) = world.kube.stored_all(EVENTS, NS)
+    assert (event["reason"], event["count"]) == ("Overlapping", 2), "entered again: the Event once more"
+
+    world.backend.report_with = PoolReport(True, "PoolReady", "ok")
+    await world.pools.reconcile(REF)
+    assert condition_of(stored_pool(world), "Overlap") is not None, "a condition the report leaves out stays"

@@ -36,7 +36,7 @@ async def run_controller(
 ) -> AsyncIterator[Controller]:
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     view = CacheView()
-    context = BackendContext(kube=kube, cached_addresses=view.addresses)
+    context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
     factories = ([create_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
     controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))

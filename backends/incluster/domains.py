@@ -1,0 +1,64 @@
+"""Uniqueness domains: in-cluster pools that never hand out one address twice between them, although their
+addresses overlap.
+
+A pool joins a domain with `spec.uniquenessDomain: <name>`. Domain names are cluster-wide: namespaced and global
+pools of any namespace that name the same domain share it. The field cannot change once set, nor be set later
+(a CEL rule of the CRDs): a pool's reservations are named by its domain, so a change would strand them.
+
+Contract:
+- A domain pool's reservations are named `<domain hash>.<address>` (see `reservations`), so the API server's
+  create-uniqueness decides between every pool of the domain, across processes and restarts.
+- A domain pool's index is built from every reservation of the domain (listed by the domain's label): addresses
+  held by the domain's other pools are used for it too. Each reservation keeps its own pool's label, so a pool's
+  own accounting (its claims, their release, the sweeps of stray reservations and of deleted pools) sees only its
+  own reservations.
+- A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
+  over (`expired_releases`), so that a pool which no longer allocates does not keep its released addresses from
+  the others. A pool's own releases expire by its current grace period (none: at once).
+- `held_elsewhere` counts the addresses of a pool held by the other pools of its domain, for its free count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from backends.incluster.intervals import IntervalSet, address_to_int
+from backends.incluster.reservations import Reservation, age_seconds, pool_hash
+from ipam_provider.backend.contract import PoolRef
+from ipam_provider.common import Object
+
+
+def expired_releases(released: Iterable[Reservation], ref: PoolRef, grace_seconds: int | None) -> list[Reservation]:
+    """The released reservations among `released` (those of a pool's index) whose reuse grace period is over: the
+    pool's own by `grace_seconds` (its current grace period; None: none), another pool's by the grace period
+    recorded on it (never, when none is recorded: its own pool deletes it)."""
+    own = pool_hash(ref)
+    expired = []
+    for reservation in released:
+        grace = (grace_seconds or 0) if reservation.pool_label == own else reservation.grace_seconds
+        if grace is not None and age_seconds(reservation.released_at or "") >= grace:
+            expired.append(reservation)
+    return expired
+
+
+def held_elsewhere(
+    allocatable: IntervalSet, family: int, own: Sequence[str], others: Iterable[Sequence[Object] | None]
+) -> int:
+    """How many of the pool's allocatable addresses the IPAddresses of the domain's other pools (`others`, one
+    sequence per pool; None where it is not known) hold, not counting those the pool's own IPAddresses (`own`,
+    their addresses) hold too."""
+    mine = {_value(address, family) for address in own}
+    elsewhere: set[int] = set()
+    for items in others:
+        for item in items or ():
+            value = _value(str((item.get("spec") or {}).get("address", "")), family)
+            if value is not None and value in allocatable and value not in mine:
+                elsewhere.add(value)
+    return len(elsewhere)
+
+
+def _value(address: str, family: int) -> int | None:
+    try:
+        return address_to_int(address, family)
+    except ValueError:
+        return None

@@ -1,0 +1,116 @@
+"""Which in-cluster pools overlap (the survey of the cached pools and the AddressesOverlap condition), and the
+bookkeeping of uniqueness domains (expired releases, addresses held by the domain's other pools)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
+from backends.incluster.domains import expired_releases, held_elsewhere
+from backends.incluster.intervals import IntervalSet, address_to_int
+from backends.incluster.overlap import NAMED_IN_MESSAGE, Overlap, PoolSurvey, overlap_condition
+from backends.incluster.reservations import Reservation, pool_hash
+from ipam_provider.backend.contract import BackendContext, PoolKind
+from ipam_provider.common import Object
+
+A = IN_CLUSTER_POOL.ref("ns", "a")
+
+
+def pool(name: str, addresses: list[str], prefix: int = 24, namespace: str | None = "ns", **spec: Any) -> Object:
+    meta: Object = {"name": name, "uid": f"uid-{name}", "generation": 1}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"metadata": meta, "spec": {"addresses": addresses, "prefix": prefix, **spec}}
+
+
+def survey(namespaced: list[Object], global_: list[Object] | None) -> tuple[PoolSurvey, list[int]]:
+    """A survey of the given cached pools (None: the global pool cache has not synced), and its parse count."""
+    backend = InClusterBackend(BackendContext(kube=object()))  # type: ignore[arg-type]  # no request is made
+    parses: list[int] = []
+
+    def cached(kind: PoolKind) -> list[Object] | None:
+        return namespaced if kind == IN_CLUSTER_POOL else global_
+
+    def parse(obj: Object) -> Any:
+        parses.append(1)
+        return backend.survey.parse(obj)
+
+    return PoolSurvey([IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL], cached, parse), parses
+
+
+def allocatable_of(obj: Object) -> Any:
+    backend = InClusterBackend(BackendContext(kube=object()))  # type: ignore[arg-type]
+    parsed = backend.survey.parse(obj)
+    assert parsed is not None
+    return parsed[0]
+
+
+def test_overlaps_across_kinds_and_namespaces_with_count_and_first_address() -> None:
+    mine = pool("a", ["10.0.0.0/24"])
+    others = [
+        mine,
+        pool("b", ["10.0.0.100-10.0.0.109"], namespace="elsewhere"),
+        pool("disjoint", ["10.0.1.0/24"]),
+        pool("v6", ["fd00::/120"], 120),
+        pool("invalid", ["10.0.0.0/24", "10.9.0.1"]),  # two subnets: invalid, hands out nothing
+    ]
+    found, parses = survey(others, [pool("g", ["10.0.0.250-10.0.0.255"], namespace=None, uniquenessDomain="d")])
+    overlaps = found.overlaps(A, allocatable_of(mine), "d")
+    assert overlaps == [
+        Overlap(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), 5, "10.0.0.250", same_domain=True),
+        Overlap(IN_CLUSTER_POOL.ref("elsewhere", "b"), 10, "10.0.0.100", same_domain=False),
+    ], "the broadcast address .255 is not allocatable; a pool never overlaps itself"
+    count = len(parses)
+    found.overlaps(A, allocatable_of(mine), "d")
+    assert len(parses) == count, "each pool is parsed once per uid and generation"
+
+
+def test_no_answer_before_the_pool_caches_synced() -> None:
+    found, _ = survey([pool("a", ["10.0.0.0/24"])], None)
+    assert found.overlaps(A, allocatable_of(pool("a", ["10.0.0.0/24"])), None) is None
+
+
+def test_the_condition_warns_of_pools_outside_the_domain_only() -> None:
+    g = GLOBAL_IN_CLUSTER_POOL.ref(None, "g")
+    b = IN_CLUSTER_POOL.ref("ns", "b")
+    none = overlap_condition([], None)
+    assert (none.type, none.status, none.reason, none.warning) == ("AddressesOverlap", False, "NoOverlap", False)
+    safe = overlap_condition([Overlap(g, 1, "10.0.0.1", True)], "d")
+    assert (safe.status, safe.reason, safe.warning) == (True, "OverlapWithinUniquenessDomain", False)
+    assert "GlobalInClusterIPPool/g (1 address, first 10.0.0.1)" in safe.message and "domain d" in safe.message
+    both = overlap_condition([Overlap(b, 3, "10.0.0.7", False), Overlap(g, 1, "10.0.0.1", True)], "d")
+    assert (both.status, both.reason, both.warning) == (True, "PoolsOverlap", True)
+    assert both.message.startswith("shares addresses with InClusterIPPool/ns/b (3 addresses, first 10.0.0.7): two")
+    many = [Overlap(IN_CLUSTER_POOL.ref("ns", f"p{i}"), 1, "10.0.0.1", False) for i in range(NAMED_IN_MESSAGE + 2)]
+    assert "and 2 more pools" in overlap_condition(many, None).message
+
+
+def released(name: str, pool: str, ago: float, grace: int | None) -> Reservation:
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=ago)
+    ref = IN_CLUSTER_POOL.ref("ns", pool)
+    return Reservation(
+        name, "10.0.0.1", 24, None, "", "ns/c", at.strftime("%Y-%m-%dT%H:%M:%SZ"), "1", name, "", pool_hash(ref), grace
+    )
+
+
+def test_releases_expire_by_their_own_pools_grace_period() -> None:
+    reservations = [
+        released("own-old", "a", 100, None),
+        released("own-new", "a", 5, None),
+        released("other-old", "b", 100, 60),
+        released("other-new", "b", 5, 60),
+        released("other-unknown", "b", 10_000, None),
+    ]
+    assert [r.name for r in expired_releases(reservations, A, 30)] == ["own-old", "other-old"]
+    assert [r.name for r in expired_releases(reservations, A, None)] == ["own-old", "own-new", "other-old"]
+
+
+def test_held_elsewhere_counts_distinct_addresses_of_the_pool_held_by_others() -> None:
+    allocatable = IntervalSet([(address_to_int("10.0.0.1"), address_to_int("10.0.0.10"))])
+
+    def ip(address: str) -> Object:
+        return {"spec": {"address": address}}
+
+    others = [[ip("10.0.0.2"), ip("10.0.0.3"), ip("10.0.0.50")], None, [ip("10.0.0.3"), ip("10.0.0.4"), ip("fd00::1")]]
+    assert held_elsewhere(allocatable, 4, ["10.0.0.4"], others) == 2, ".2 and .3: .4 is the pool's own, .50 outside"
