@@ -76,6 +76,22 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                 "format": "int64",
                 "minimum": 0,
             },
+            "preAllocations": {
+                "description": (
+                    "preAllocations maps a claim to the address it gets. The address is never handed to another "
+                    "claim, even before the named claim exists. An InClusterIPPool names claims of its own "
+                    "namespace by name; a GlobalInClusterIPPool names them as namespace/name."
+                ),
+                "type": "object",
+                "maxProperties": 1024,
+                "additionalProperties": {
+                    "type": "string",
+                    "maxLength": 39,
+                    "x-kubernetes-validations": [
+                        {"rule": "isIP(self)", "message": "preAllocations: the address is not a valid IP address"}
+                    ],
+                },
+            },
         },
         "x-kubernetes-validations": [
             {"rule": "self.addresses.size() > 0", "message": "addresses is required"},

@@ -70,7 +70,7 @@ def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: 
         holders.setdefault(normalized_address(address.address), []).append(address)
     for claim_name, text in sorted(entries.items()):
         for holder in holders.get(normalized_address(text), []):
-            if holder.claim.rpartition("/")[2] != claim_name:
+            if claim_name not in (holder.claim, holder.claim.partition("/")[2]):  # "name", or "namespace/name"
                 problems.append(
                     f"preAllocations[{claim_name}]: {normalized_address(text)} is already held by claim "
                     f"{holder.claim} (IPAddress {holder}); pre-allocate another address or release that one first"
