@@ -1,13 +1,15 @@
 """The validating admission webhook server: HTTPS, in the controller's event loop, on every replica.
 
 One POST path per served pool kind (`admission.webhook_path`, kubebuilder's form); each takes an
-`admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review is answered 400 and logged; an
-unknown path 404. Every review is answered before the API server gives up: within the `timeout` it sends with the
-call (`?timeout=5s`, from the configuration's `timeoutSeconds`) less a margin, else DEFAULT_TIMEOUT; a check that
-cannot finish in time, or fails, is answered as a refusal with code 500 saying why (with `failurePolicy: Fail`
-the API server would refuse the change anyway, without the reason). At most CONCURRENT_REVIEWS reviews run at once.
-Until the controller has its API client (`use`), reviews are answered 503. The certificate files are looked at
-every few seconds and reloaded when they change (cert-manager's renewals).
+`admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review is answered 400 and logged; a
+review at another `/validate-...` path (a kind whose backend is not loaded, `--backends`) is allowed.
+
+Every review is answered before the API server gives up: within the `timeout` it sends with the call (`?timeout=5s`,
+the configuration's `timeoutSeconds`) less a margin, else DEFAULT_TIMEOUT. A check that cannot finish in time, or
+fails, is answered as a refusal with code 500 saying why (with `failurePolicy: Fail` the API server would refuse the
+change anyway, without the reason). At most CONCURRENT_REVIEWS reviews run at once. Until the controller has its API
+client (`use`), reviews are answered 503. The certificate files are looked at every few seconds and reloaded when
+they change (cert-manager's renewals).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ipam_provider.backend.contract import PoolKind
 from ipam_provider.flagforms import go_duration
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.serving.admission import (
+    ALLOWED,
     MalformedReview,
     PoolAdmission,
     ReviewRequest,
@@ -57,6 +60,7 @@ class WebhookServer:
         self._watcher: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(CONCURRENT_REVIEWS)
         self.address = ""
+        self.port = 0
 
     @property
     def serving(self) -> bool:
@@ -81,7 +85,8 @@ class WebhookServer:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.address = f"{host}:{port}"
+        self.port = int(runner.addresses[0][1]) if runner.addresses else port  # the one bound, for port 0
+        self.address = f"{host}:{self.port}"
         if self.certificate.files.directory:
             self._watcher = asyncio.create_task(_watch(self.certificate))
         report = log.warning if self.certificate.source == "self-signed" else log.info
@@ -103,13 +108,14 @@ class WebhookServer:
         admission = self.admission
         if admission is None:
             return web.Response(status=503, text="starting: not connected to the API server yet\n")
-        if kind is None:
-            return web.Response(status=404, text=f"no webhook at {request.path}\n")
         try:
             review = parse_review(json.loads(await request.read()))
         except (MalformedReview, ValueError, UnicodeDecodeError) as error:
             log.warning("malformed admission review", path=request.path, error=str(error))
             return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
+        if kind is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
+            log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)
+            return web.json_response(review_response(review.uid, ALLOWED))
         budget = max(_timeout(request.query.get("timeout")) - MARGIN, MIN_BUDGET)
         verdict = await self._decide(admission, review, kind, budget)
         log.log(
