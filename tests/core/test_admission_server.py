@@ -193,7 +193,7 @@ async def test_a_failing_check_is_a_refusal_with_code_500(served: Served) -> Non
 
 async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -> None:
     pool = pool_object(FAKE_POOL)
-    address = {
+    address: Object = {
         "metadata": {"name": "m1", "namespace": "team-a"},
         "spec": {
             "address": "10.0.0.10",
@@ -224,3 +224,35 @@ async def test_timeouts_the_api_server_sends(served: Served, timeout: str) -> No
     body = encoded(review(FAKE_POOL, "CREATE", pool_object(FAKE_POOL)))
     status, answer = await served.post(FAKE_PATH, body, timeout)
     assert status == 200 and answer["response"]["allowed"] is True
+
+
+async def test_readyz_waits_for_the_webhook() -> None:
+    from ipam_provider.cli import Endpoints
+    from ipam_provider.flags import parse_args
+    from tests.core.test_cli import free_port
+
+    health = free_port()
+    argv = ["run", "--metrics-bind-address=0", f"--health-addr=127.0.0.1:{health}"]
+    endpoints = await Endpoints.bind(parse_args([*argv, "--webhook-host=127.0.0.1", "--webhook-port=0"]).options)
+    try:
+        endpoints.ready = lambda: True
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{health}/readyz") as reply:
+            assert reply.status == 200  # no webhook: the caches decide
+    finally:
+        await endpoints.close()
+    webhook = free_port()
+    endpoints = await Endpoints.bind(
+        parse_args([*argv, "--webhook-host=127.0.0.1", f"--webhook-port={webhook}"]).options
+    )
+    try:
+        assert endpoints.webhook is not None and endpoints.webhook.port == webhook
+        endpoints.ready = lambda: True
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
+                assert (reply.status, await reply.text()) == (503, "webhook not serving")
+            kube = cast(KubeClient, object())
+            endpoints.use_admission(PoolAdmission(kube, BackendRegistry([FakeBackend()])))
+            async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
+                assert reply.status == 200
+    finally:
+        await endpoints.close()

@@ -128,7 +128,7 @@ async def test_without_the_webhook_the_pool_status_reports_what_it_would_have_re
 
         async def out_of_range() -> bool:
             found = await kube.get(POOLS, "net", namespace)
-            return ((found or {}).get("status") or {}).get("ipAddresses", {}).get("outOfRange") == 1
+            return bool(((found or {}).get("status") or {}).get("ipAddresses", {}).get("outOfRange") == 1)
 
         await wait_for(out_of_range, timeout=60, message="the pool's status to count the stranded address")
         assert await kube.delete(POOLS, "net", namespace)  # accepted: the ProtectPool finalizer holds it while in use
