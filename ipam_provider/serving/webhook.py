@@ -118,8 +118,7 @@ class WebhookServer:
             return web.json_response(review_response(review.uid, ALLOWED))
         budget = max(_timeout(request.query.get("timeout")) - MARGIN, MIN_BUDGET)
         verdict = await self._decide(admission, review, kind, budget)
-        log.log(
-            20 if verdict.allowed else 30,
+        (log.debug if verdict.allowed else log.info)(  # a refusal is the requester's to fix, not the controller's
             "admission review",
             kind=kind.kind,
             namespace=review.namespace,

@@ -38,12 +38,11 @@ import yaml
 
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, LEASES
-from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
-from tests.apiserver.test_rbac import remove_bindings, status_of
+from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
+from tests.apiserver.test_rbac import remove_bindings, remove_webhook_configuration, status_of
 from tests.support.cluster import wait_for
 from tests.support.metrics import install_cert_manager_crds, scrape
 from tests.support.objects import POOLS, claim, pool, wait_address
-from tests.webhook.test_admission import WEBHOOK_CONFIGURATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "hack" / "image" / "build.sh"
@@ -251,13 +250,6 @@ async def install_config_default(kube: KubeClient, kubeconfig: Path, as_controll
         return await status_of(as_controller.list(CLAIMS, namespace)) == 200
 
     await wait_for(granted, message="config/rbac to let the controller's ServiceAccount list claims")
-
-
-async def remove_webhook_configuration(kube: KubeClient) -> None:
-    """config/default's ValidatingWebhookConfiguration sends pool changes to the webhook Service, which no Pod backs
-    on this API server (shared with the other tests): with its failurePolicy Fail every pool change would be refused.
-    The webhook itself is proved with the real API server in tests/webhook."""
-    await kube.delete(WEBHOOK_CONFIGURATIONS, WEBHOOK_CONFIGURATION)
 
 
 async def a_claim_is_served_scraped_and_released(
