@@ -38,7 +38,7 @@ mkdir -p .local
 log=.local/controller.log
 DEMO_NS=ipam-demo  # the examples' namespace: the demo serves, counts and shows only its claims
 .venv/bin/ipam-provider run --kubeconfig "$KUBECONFIG" --namespace "$DEMO_NS" --metrics-bind-address=127.0.0.1:0 \
-  --health-probe-bind-address=0 --log-format=console >"$log" 2>&1 &
+  --health-probe-bind-address=0 --webhook-port=0 --log-format=console >"$log" 2>&1 &
 controller=$!
 trap 'kill -TERM $controller 2>/dev/null; wait $controller 2>/dev/null || true' EXIT
 echo "controller running (pid $controller, log $log); waiting for the example claims..."

@@ -21,9 +21,11 @@ from ipam_provider.flags import build_parser as build_parser  # re-exported: tes
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
+from ipam_provider.serving.admission import PoolAdmission
 from ipam_provider.serving.certificates import CertificateError, ServingCertificate
 from ipam_provider.serving.endpoint import MetricsEndpoint
 from ipam_provider.serving.reviews import Reviewer
+from ipam_provider.serving.webhook import WebhookServer
 from ipam_provider.statusview import status
 from ipam_provider.version import __version__
 
@@ -39,12 +41,13 @@ class BindError(Exception):
 
 
 class Endpoints:
-    """The metrics and probe endpoints. They are bound before anything talks to the API server, so that an address
-    already in use (two controllers on one machine) fails at once, with one line saying which."""
+    """The metrics, probe and webhook endpoints. They are bound before anything talks to the API server, so that an
+    address already in use (two controllers on one machine) fails at once, with one line saying which."""
 
     def __init__(self) -> None:
         self.metrics: MetricsEndpoint | None = None
         self.probes: web.AppRunner | None = None
+        self.webhook: WebhookServer | None = None
         self.ready: Callable[[], bool] = lambda: False  # /readyz; the controller replaces it
 
     @classmethod
@@ -64,6 +67,14 @@ class Endpoints:
                 except OSError as error:
                     raise _bind_error(options.metrics_address, options.metrics_flag, error) from None
                 endpoints.metrics = endpoint
+            webhook = options.webhook.bind
+            if webhook is not None:
+                server = WebhookServer(ServingCertificate.load(options.webhook.cert, options.metrics_tls))
+                try:
+                    await server.start(*webhook)
+                except OSError as error:
+                    raise _bind_error(options.webhook.address, "--webhook-port", error) from None
+                endpoints.webhook = server
             probes = options.probes_bind
             if probes is not None:
                 endpoints.probes = await endpoints._serve_probes(probes, options.probes_address)
@@ -79,6 +90,8 @@ class Endpoints:
             return web.Response(text="ok")
 
         async def readyz(_: web.Request) -> web.Response:
+            if self.webhook is not None and not self.webhook.serving:
+                return web.Response(status=503, text="webhook not serving")
             if self.ready():
                 return web.Response(text="ok")
             return web.Response(status=503, text="caches not synced")
@@ -99,7 +112,15 @@ class Endpoints:
         if self.metrics is not None and self.metrics.secure:
             self.metrics.reviewer = Reviewer(kube)
 
+    def use_admission(self, admission: PoolAdmission) -> None:
+        """Let the webhook review pool changes through `admission` (it answers 503 until then)."""
+        if self.webhook is not None:
+            self.webhook.use(admission)
+
     async def close(self) -> None:
+        if self.webhook is not None:
+            webhook, self.webhook = self.webhook, None
+            await webhook.close()
         if self.probes is not None:
             await self.probes.cleanup()
             self.probes = None
@@ -149,6 +170,7 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
         namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
     )
     controller = view.controller = Controller(kube, registry, settings)
+    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses))  # every replica, leader or not
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)

@@ -27,7 +27,13 @@ from ipam_provider.flagforms import (
 from ipam_provider.leader import JITTER_FACTOR
 from ipam_provider.logconfig import library_level
 from ipam_provider.serving.certificates import CertificateFiles
-from ipam_provider.serving.options import add_serving_flags, metrics_serving
+from ipam_provider.serving.options import (
+    WebhookServing,
+    add_serving_flags,
+    add_webhook_flags,
+    metrics_serving,
+    webhook_serving,
+)
 from ipam_provider.serving.tlsoptions import TlsOptions
 from ipam_provider.version import __version__
 
@@ -81,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_leader_election_flags(run)
     add_serving_flags(run)
+    add_webhook_flags(run)
     _add_logging_flags(run)
     _add_ignored_flags(run)
     status = commands.add_parser("status", help="show claims with their addresses, or pools with their counts")
@@ -168,14 +175,8 @@ def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
     )
     ignored.add_argument("--profiler-address", metavar="ADDRESS", help="no pprof endpoint")
     ignored.add_argument("--feature-gates", metavar="NAME=BOOL,...", help="there are no feature gates")
-    for name in (
-        "--webhook-port",
-        "--webhook-host",
-        "--webhook-cert-dir",
-        "--webhook-cert-secret-name",
-        "--webhook-cert-secret-namespace",
-    ):
-        ignored.add_argument(name, metavar="VALUE", help="the provider serves no webhooks")
+    for name in ("--webhook-cert-secret-name", "--webhook-cert-secret-namespace"):
+        ignored.add_argument(name, metavar="VALUE", help="the webhook's certificate is read from --webhook-cert-dir")
     ignored.add_argument(
         "--tls-curve-preferences",
         metavar="ID,...",
@@ -195,9 +196,6 @@ _IGNORED = [
     ("sync_period", "--sync-period"),
     ("profiler_address", "--profiler-address"),
     ("feature_gates", "--feature-gates"),
-    ("webhook_port", "--webhook-port"),
-    ("webhook_host", "--webhook-host"),
-    ("webhook_cert_dir", "--webhook-cert-dir"),
     ("webhook_cert_secret_name", "--webhook-cert-secret-name"),
     ("webhook_cert_secret_namespace", "--webhook-cert-secret-namespace"),
     ("tls_curve_preferences", "--tls-curve-preferences"),
@@ -231,8 +229,9 @@ class RunOptions:
     metrics_flag: str  # the flag metrics_address came from, for error messages
     metrics_secure: bool  # HTTPS, authenticated and authorised by the API server; else plain HTTP
     metrics_cert: CertificateFiles
-    metrics_tls: TlsOptions  # the HTTPS endpoint's minimum TLS version and cipher suites
+    metrics_tls: TlsOptions  # the HTTPS endpoints' (metrics and webhook) minimum TLS version and cipher suites
     probes_address: str
+    webhook: WebhookServing  # the admission webhook (port 0: off); its TLS options are metrics_tls
     log_format: str
     log_level: str
     not_acted_on: tuple[str, ...]
@@ -253,7 +252,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
     ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
     workers = _workers(args, ignored)
-    metrics = metrics_serving(args, ignored)
+    webhook = webhook_serving(args)
+    metrics = metrics_serving(args, ignored, webhook=webhook.bind is not None)
     log_format, log_level = _logging(args, ignored)
     library_log_level = library_level(None if args.log_level else args.v)  # --log-level wins over --v
     return RunOptions(
@@ -269,6 +269,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         metrics_cert=metrics.cert,
         metrics_tls=metrics.tls,
         probes_address=args.health_probe_bind_address,
+        webhook=webhook,
         log_format=log_format,
         log_level=log_level,
         not_acted_on=tuple(ignored),

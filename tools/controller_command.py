@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def controller_command(kubeconfig: Path, namespace: str, *flags: str) -> list[str]:
-    """`ipam-provider run` with this interpreter, serving `namespace` through `kubeconfig`, plus `flags`."""
+    """`ipam-provider run` with this interpreter, serving `namespace` through `kubeconfig`, without the admission
+    webhook (several controllers run at once: `--webhook-port=<port>` among `flags` turns it on), plus `flags`."""
     return [
         sys.executable,
         "-m",
@@ -15,5 +16,6 @@ def controller_command(kubeconfig: Path, namespace: str, *flags: str) -> list[st
         "run",
         f"--kubeconfig={kubeconfig}",
         f"--namespace={namespace}",
+        "--webhook-port=0",
         *flags,
     ]

@@ -37,6 +37,7 @@ from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
     AddressCounts,
+    AddressInUse,
     Allocation,
     AllocationFailedError,
     BackendContext,
@@ -132,6 +133,14 @@ class InClusterBackend:
             return
         self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
         await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+
+    async def review_pool_change(
+        self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
+    ) -> list[str]:
+        """The admission webhook's checks for the pool's kinds (see `admission`)."""
+        from backends.incluster.admission import pool_change_problems  # that module builds on parse_pool here
+
+        return pool_change_problems(old, new, in_use)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None

@@ -267,6 +267,35 @@ def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]]
     return prepare if callable(prepare) else None
 
 
+@dataclass(frozen=True)
+class AddressInUse:
+    """A live IPAddress (not being deleted) that names a pool: its `namespace`/`name`, the `address` of its spec
+    and the claim of its `claimRef` (namespace/name), for admission checks and their messages."""
+
+    namespace: str
+    name: str
+    address: str
+    claim: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+AdmissionReviewer = Callable[[PoolRef, Object | None, Object | None, Sequence[AddressInUse]], Awaitable[list[str]]]
+
+
+def admission_reviewer_of(backend: object) -> AdmissionReviewer | None:
+    """The backend's optional `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`, or None.
+
+    The controller's admission webhook calls it for a pool of the backend's kinds being created (`old` None),
+    updated, or deleted (`new` None; only once the core's own delete check has passed), with `in_use`, the live
+    IPAddresses naming the pool. It answers the reasons to refuse the change, each a sentence a person can act on
+    (empty: allowed). It must be quick (the API server waits for it: seconds, not more), must not write, and must
+    not raise for a spec it cannot parse: that is a reason to refuse."""
+    review = getattr(backend, "review_pool_change", None)
+    return review if callable(review) else None
+
+
 def serves_claims_concurrently(backend: object) -> bool:
     """Whether the backend accepts concurrent calls for several claims of one pool: its optional class or
     instance attribute `concurrent_claims` is True. A backend without it gets its calls for a pool one at a time."""

@@ -3,7 +3,8 @@
 The metrics are served as Cluster API's managers serve them: by default over HTTPS on `--diagnostics-address`
 (`:8443`) with authentication and authorisation; `--insecure-diagnostics` makes that plain HTTP; the older
 `--metrics-bind-address` serves plain HTTP on its address and wins over both (`0` turns the metrics off).
-`--tls-min-version` and `--tls-cipher-suites` apply to the HTTPS endpoint (see tlsoptions.py).
+`--tls-min-version` and `--tls-cipher-suites` apply to the HTTPS endpoints: the metrics and the admission webhook
+(`--webhook-port`, default 9443, 0 turns it off; certificate in `--webhook-cert-dir`), see tlsoptions.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ DEFAULT_PROBES_ADDRESS = ":8081"
 DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # Cluster API's util/flags default
 DEFAULT_CERT_NAME = "tls.crt"
 DEFAULT_CERT_KEY = "tls.key"
+DEFAULT_WEBHOOK_PORT = 9443  # controller-runtime's
+DEFAULT_WEBHOOK_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # controller-runtime's
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,54 @@ class MetricsServing:
     secure: bool
     cert: CertificateFiles
     tls: TlsOptions  # for HTTPS only
+
+
+@dataclass(frozen=True)
+class WebhookServing:
+    """Where the admission webhook listens (`port` 0: it is off) and with which certificate."""
+
+    host: str
+    port: int
+    cert: CertificateFiles
+
+    @property
+    def bind(self) -> tuple[str, int] | None:
+        return (self.host or "0.0.0.0", self.port) if self.port else None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def add_webhook_flags(run: argparse.ArgumentParser) -> None:
+    webhook = run.add_argument_group("admission webhook")
+    webhook.add_argument(
+        "--webhook-port",
+        type=_port,
+        default=DEFAULT_WEBHOOK_PORT,
+        metavar="PORT",
+        help="the validating admission webhook's HTTPS port (default: %(default)s); 0 turns it off",
+    )
+    webhook.add_argument(
+        "--webhook-host", default="", metavar="HOST", help="the webhook's address (default: every interface)"
+    )
+    webhook.add_argument(
+        "--webhook-cert-dir",
+        default=DEFAULT_WEBHOOK_CERT_DIR,
+        metavar="DIRECTORY",
+        help="the directory holding the webhook's tls.crt and tls.key (default: %(default)s), re-read when they "
+        "change; while both are absent a self-signed certificate is served, which the API server does not trust",
+    )
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return int(text)
+
+
+def webhook_serving(args: argparse.Namespace) -> WebhookServing:
+    return WebhookServing(args.webhook_host, args.webhook_port, CertificateFiles(args.webhook_cert_dir))
 
 
 def add_serving_flags(run: argparse.ArgumentParser) -> None:
@@ -99,20 +150,21 @@ def _add_tls_flags(serving: argparse._ArgumentGroup) -> None:
     serving.add_argument(
         "--tls-min-version",
         metavar="VERSION",
-        help=f"the HTTPS metrics endpoint's minimum TLS version: VersionTLS12 or VersionTLS13 (default: "
+        help=f"the HTTPS endpoints' (metrics, webhook) minimum TLS version: VersionTLS12 or VersionTLS13 (default: "
         f"{DEFAULT_MIN_VERSION}; VersionTLS10 and VersionTLS11 are refused)",
     )
     serving.add_argument(
         "--tls-cipher-suites",
         metavar="NAME,...",
-        help="the HTTPS metrics endpoint's TLS 1.2 cipher suites, by Go's crypto/tls names (default: Python's "
-        f"list). Preferred: {', '.join(secure)}. Insecure: {', '.join(INSECURE_SUITES)}. "
+        help="the HTTPS endpoints' (metrics, webhook) TLS 1.2 cipher suites, by Go's crypto/tls names (default: "
+        f"Python's list). Preferred: {', '.join(secure)}. Insecure: {', '.join(INSECURE_SUITES)}. "
         f"{', '.join(tls13)} are accepted but, as in Go, not configurable: with TLS 1.3 all three are always on",
     )
 
 
-def metrics_serving(args: argparse.Namespace, ignored: list[str]) -> MetricsServing:
-    """Resolve the metrics flags; the ones that change nothing are appended to `ignored`, with the reason."""
+def metrics_serving(args: argparse.Namespace, ignored: list[str], webhook: bool = False) -> MetricsServing:
+    """Resolve the metrics flags; the ones that change nothing are appended to `ignored`, with the reason. With
+    `webhook` (the HTTPS webhook is on) the TLS flags act whatever the metrics endpoint does."""
     cert_flags = [
         f"{flag}={value}"
         for flag, value in (
@@ -130,8 +182,11 @@ def metrics_serving(args: argparse.Namespace, ignored: list[str]) -> MetricsServ
         )
         if value is not None
     ]
-    unused_suites: list[str] = []  # named only when the endpoint is HTTPS; plain HTTP names the flags themselves
+    unused_suites: list[str] = []  # named only when an endpoint is HTTPS; plain HTTP names the flags themselves
     tls = tls_options(args.tls_min_version, args.tls_cipher_suites, unused_suites)  # checked in every mode, as CAPI
+    if webhook:
+        ignored += unused_suites
+        unused_suites, tls_flags = [], []
     cert = CertificateFiles(
         args.metrics_cert_path, args.metrics_cert_name or DEFAULT_CERT_NAME, args.metrics_cert_key or DEFAULT_CERT_KEY
     )

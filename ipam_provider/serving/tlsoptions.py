@@ -1,9 +1,9 @@
-"""The metrics endpoint's TLS options: `--tls-min-version` and `--tls-cipher-suites`, in Go's forms.
+"""The HTTPS endpoints' TLS options (metrics, admission webhook): `--tls-min-version`, `--tls-cipher-suites`.
 
-A Cluster API manager reads them with Kubernetes component-base: versions as `VersionTLS12`, cipher suites as the
-IANA names Go's crypto/tls gives them (`TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`). Here each suite name maps to
-its OpenSSL name for `SSLContext.set_ciphers`. The TLS 1.3 suites are accepted, but, as in Go, they cannot be
-chosen: all three are always on when TLS 1.3 is negotiated. TLS 1.0 and 1.1 are known names that are refused:
+In Go's forms: a Cluster API manager reads them with Kubernetes component-base: versions as `VersionTLS12`, cipher
+suites as the IANA names Go's crypto/tls gives them (`TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`). Here each suite
+name maps to its OpenSSL name for `SSLContext.set_ciphers`. The TLS 1.3 suites are accepted, but, as in Go, they
+cannot be chosen: all three are always on when TLS 1.3 is negotiated. TLS 1.0 and 1.1 are known names that are refused:
 OpenSSL 3 negotiates them only at security level 0, and Python deprecates them.
 """
 
@@ -76,7 +76,7 @@ class TlsOptions:
         if self.ciphers is not None:
             context.set_ciphers(self.ciphers)
         if self.insecure:
-            log.warning("the metrics endpoint offers insecure cipher suites", suites=list(self.insecure))
+            log.warning("an HTTPS endpoint offers insecure cipher suites", suites=list(self.insecure))
 
 
 def tls_options(min_version: str | None, cipher_suites: str | None, ignored: list[str]) -> TlsOptions:

@@ -13,11 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
+from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
+from backends.infoblox.spec import INFOBLOX_POOL
+from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.cli import build_parser
-from ipam_provider.flags import parse_args
+from ipam_provider.flags import RunOptions, parse_args
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
+from ipam_provider.serving.admission import webhook_path
 from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
@@ -33,6 +37,17 @@ EXAMPLES = REPO / "examples" / "incluster"
 DEMO_NAMESPACE = "ipam-demo"
 SYSTEM_NAMESPACE = "capi-ipam-system"
 METRICS_SERVICE = "capi-ipam-controller-manager-metrics-service"
+WEBHOOK_SERVICE = "capi-ipam-webhook-service"
+WEBHOOK_CERTIFICATE = "capi-ipam-serving-cert"
+WEBHOOK_CONFIGURATION = "capi-ipam-validating-webhook-configuration"
+POOL_KINDS = (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL, NETBOX_POOL, GLOBAL_NETBOX_POOL, INFOBLOX_POOL)
+CLUSTER_SCOPED = (
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "ValidatingWebhookConfiguration",
+)
 PROVIDER_LABEL = ("cluster.x-k8s.io/provider", "ipam-py")
 RESOURCES = {r.kind: r for r in (NAMESPACES, POOLS, GLOBAL_POOLS, CLUSTERS, CLAIMS)}
 Object = dict[str, Any]
@@ -127,11 +142,14 @@ def test_config_default_builds_into_the_provider_components() -> None:
         ("ClusterRole", "capi-ipam-metrics-reader"),
         ("Issuer", "capi-ipam-selfsigned-issuer"),
         ("Certificate", "capi-ipam-metrics-certs"),
+        ("Certificate", WEBHOOK_CERTIFICATE),
+        ("Service", WEBHOOK_SERVICE),
+        ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
     }
     for obj in objects:
         labels = obj["metadata"].get("labels") or {}
         assert labels.get(PROVIDER_LABEL[0]) == PROVIDER_LABEL[1], f"{obj['kind']} lacks the provider label"
-        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == SYSTEM_NAMESPACE, obj["metadata"]
     for crd in generated_crds():  # exactly as generated: they carry the provider label already
         assert by_kind[("CustomResourceDefinition", crd["metadata"]["name"])] == crd
@@ -155,7 +173,7 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8443, "healthz": 8081}
+    assert ports == {"metrics": 8443, "healthz": 8081, "webhook-server": 9443}
     assert {container["livenessProbe"]["httpGet"]["port"], container["readinessProbe"]["httpGet"]["port"]} == {
         "healthz"
     }
@@ -169,6 +187,56 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert options.metrics_secure and args.metrics_bind_address is None
     assert args.leader_election_namespace == SYSTEM_NAMESPACE
     assert_metrics_are_served_securely(by_kind, pod, options.metrics_cert)
+    assert_the_webhook_is_wired(by_kind, pod, options)
+
+
+def assert_the_webhook_is_wired(by_kind: dict[tuple[str, str], Object], pod: Object, options: RunOptions) -> None:
+    """The configuration calls the webhook Service at the controller's paths for our pool kinds only, with the CA
+    of the Certificate whose Secret is mounted at --webhook-cert-dir; the Service reaches the webhook port."""
+    (container,) = pod["containers"]
+    assert options.webhook.bind == ("0.0.0.0", 9443)
+    service = by_kind[("Service", WEBHOOK_SERVICE)]["spec"]
+    assert service["selector"] == pod_labels(by_kind)
+    (port,) = service["ports"]
+    assert (port["port"], port["targetPort"]) == (443, "webhook-server")
+    certificate = by_kind[("Certificate", WEBHOOK_CERTIFICATE)]
+    assert certificate["spec"]["dnsNames"] == [
+        f"{WEBHOOK_SERVICE}.{SYSTEM_NAMESPACE}.svc",
+        f"{WEBHOOK_SERVICE}.{SYSTEM_NAMESPACE}.svc.cluster.local",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == options.webhook.cert.directory]
+    assert volumes[mount["name"]]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    configuration = by_kind[("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION)]
+    assert configuration["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{SYSTEM_NAMESPACE}/{WEBHOOK_CERTIFICATE}"
+    }
+    served = {kind.plural: kind for kind in POOL_KINDS}
+    for webhook in configuration["webhooks"]:
+        assert (webhook["failurePolicy"], webhook["sideEffects"], webhook["matchPolicy"]) == (
+            "Fail",
+            "None",
+            "Equivalent",
+        )
+        assert webhook["admissionReviewVersions"] == ["v1"] and webhook["timeoutSeconds"] == 5
+        (rule,) = webhook["rules"]
+        (resource,) = rule["resources"]
+        kind = served[resource]  # only pool kinds of this provider, no subresource, no wildcard
+        assert rule["apiGroups"] == [kind.group] and rule["apiVersions"] == [kind.version]
+        assert rule["scope"] == ("Namespaced" if kind.namespaced else "Cluster")
+        assert webhook["clientConfig"] == {
+            "service": {"name": WEBHOOK_SERVICE, "namespace": SYSTEM_NAMESPACE, "path": webhook_path(kind)}
+        }
+    operations = {
+        webhook["rules"][0]["resources"][0]: webhook["rules"][0]["operations"] for webhook in configuration["webhooks"]
+    }
+    assert operations == {
+        "inclusterippools": ["CREATE", "UPDATE", "DELETE"],
+        "globalinclusterippools": ["CREATE", "UPDATE", "DELETE"],
+        "netboxippools": ["DELETE"],
+        "globalnetboxippools": ["DELETE"],
+        "infobloxippools": ["DELETE"],
+    }
 
 
 def assert_metrics_are_served_securely(

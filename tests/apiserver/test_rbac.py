@@ -24,11 +24,12 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, Resource
 from ipam_provider.leader import LeaderElector
-from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
+from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, wait_address
+from tests.webhook.test_admission import WEBHOOK_CONFIGURATIONS
 
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True)
@@ -131,6 +132,13 @@ async def remove_bindings(kube: KubeClient) -> None:
         await kube.delete(resource, name, namespace)
 
 
+async def remove_webhook_configuration(kube: KubeClient) -> None:
+    """config/default's ValidatingWebhookConfiguration sends pool changes to the webhook Service, which no Pod backs
+    on this API server (shared with the other tests): with its failurePolicy Fail every pool change would be refused.
+    The webhook itself is proved with the real API server calling the controller in tests/webhook."""
+    await kube.delete(WEBHOOK_CONFIGURATIONS, WEBHOOK_CONFIGURATION)
+
+
 async def test_the_controller_needs_and_is_served_by_config_rbac(
     kube: KubeClient, kubeconfig: Path, controller_kubeconfig: Path, as_controller: KubeClient, namespace: str
 ) -> None:
@@ -149,6 +157,7 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
         apply = ("apply", "--server-side", "--validate=strict", "-k", str(CONFIG / "default"))
         await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
         code, _, err = await kubectl_against(kubeconfig, *apply)
+        await remove_webhook_configuration(kube)
         assert code == 0, f"kubectl apply --server-side -k config/default failed:\n{err}"
         assert "PodSecurity" not in err, f"the Deployment breaks its namespace's Pod Security level:\n{err}"
 
@@ -165,6 +174,7 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
         await serve_and_release_as_controller(kube, controller_kubeconfig, namespace)
         await hold_the_lease_as_controller(kube, as_controller, namespace)
     finally:
+        await remove_webhook_configuration(kube)
         await remove_bindings(kube)  # leave the identity as powerless as the other tests expect it
 
 

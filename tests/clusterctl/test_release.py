@@ -221,11 +221,19 @@ def test_generate_provider_substitutes_variables_and_overrides(
     assert container["image"] == "registry.example.com/mirror/capi-ipam-provider-py:v0.2.0-custom"
     assert container["imagePullPolicy"] == "Always"
 
-    # Everything namespaced follows the target namespace, and so do the bindings' subjects and the names the
-    # metrics endpoint's certificate is issued for.
+    # Everything namespaced follows the target namespace, and so do the bindings' subjects, the names the
+    # metrics endpoint's and the webhook's certificates are issued for, the Service the API server calls for the
+    # webhook and the Certificate whose CA cert-manager injects there.
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] == [target]
-    (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
-    assert [name.split(".")[1] for name in certificate["spec"]["dnsNames"]] == [target, target]
+    certificates = [o for o in objects if o["kind"] == "Certificate"]
+    assert len(certificates) == 2
+    for certificate in certificates:
+        assert [name.split(".")[1] for name in certificate["spec"]["dnsNames"]] == [target, target]
+    (configuration,) = [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
+    assert (
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{target}/capi-ipam-serving-cert"
+    )
+    assert {webhook["clientConfig"]["service"]["namespace"] for webhook in configuration["webhooks"]} == {target}
     for obj in objects:
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "Issuer", "Certificate"):
             assert obj["metadata"]["namespace"] == target, key(obj)

@@ -23,8 +23,10 @@ def busy_port() -> Iterator[int]:
 
 
 def run_provider(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`ipam-provider run` without the webhook (its default port may be taken on this machine), plus `flags`."""
+    command = [sys.executable, "-m", "ipam_provider", "run", f"--kubeconfig={tmp_path / 'absent'}", "--webhook-port=0"]
     return subprocess.run(
-        [sys.executable, "-m", "ipam_provider", "run", f"--kubeconfig={tmp_path / 'absent'}", *flags],
+        [*command, *flags],
         capture_output=True,
         text=True,
         timeout=60,
@@ -42,6 +44,10 @@ def run_provider(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str
             "--diagnostics-address",
         ),
         (["--diagnostics-address=127.0.0.1:{port}", "--health-addr=0"], "--diagnostics-address"),  # HTTPS
+        (
+            ["--metrics-bind-address=0", "--health-addr=0", "--webhook-host=127.0.0.1", "--webhook-port={port}"],
+            "--webhook-port",
+        ),
     ],
 )
 def test_an_address_in_use_is_one_line_and_exit_1(tmp_path: Path, busy_port: int, flags: list[str], named: str) -> None:

@@ -13,6 +13,7 @@ from ipam_provider.flagforms import go_bool, go_duration, take_kind_concurrency
 from ipam_provider.flags import RunOptions, parse_args
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.serving.certificates import CertificateFiles
+from ipam_provider.serving.options import WebhookServing
 from ipam_provider.serving.tlsoptions import TlsOptions
 
 # The command line cluster-api-operator writes for a provider whose manager spec sets leader election, the
@@ -72,7 +73,19 @@ def test_no_flags_serve_cluster_apis_defaults() -> None:
     assert not got.leader_election.enabled
     assert (got.leader_election.namespace, got.leader_election.name) == ("capi-ipam-system", "capi-ipam-provider-py")
     assert (got.log_format, got.log_level) == ("console", "info")
+    assert got.webhook == WebhookServing("", 9443, CertificateFiles("/tmp/k8s-webhook-server/serving-certs"))
+    assert got.webhook.bind == ("0.0.0.0", 9443)
     assert got.not_acted_on == ()
+
+
+def test_webhook_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    got = options("--webhook-port=10443", "--webhook-host=127.0.0.1", "--webhook-cert-dir=/certs")
+    assert got.webhook.bind == ("127.0.0.1", 10443) and got.webhook.address == "127.0.0.1:10443"
+    assert str(got.webhook.cert.cert) == "/certs/tls.crt" and str(got.webhook.cert.key) == "/certs/tls.key"
+    assert got.not_acted_on == ()
+    assert options("--webhook-port=0").webhook.bind is None
+    assert "is not a port" in usage_error(["run", "--webhook-port=http"], capsys)
+    assert "is not a port" in usage_error(["run", "--webhook-port=70000"], capsys)
 
 
 def test_the_existing_flags_in_both_forms() -> None:
@@ -302,19 +315,27 @@ def test_tls_flags_set_the_https_endpoints_options(capsys: pytest.CaptureFixture
         ["run", "--tls-min-version=VersionTLS10"], capsys
     )
     assert "unknown cipher suite TLS_NOPE" in usage_error(["run", "--tls-cipher-suites=TLS_NOPE"], capsys)
-    # Plain HTTP: the flags are still checked, and named as not acted on.
+    # Plain HTTP metrics and no webhook: the flags are still checked, and named as not acted on.
     assert "unknown TLS version" in usage_error(["run", "--insecure-diagnostics", "--tls-min-version=1.3"], capsys)
     got = options(
-        "--insecure-diagnostics", "--tls-min-version=VersionTLS13", "--tls-cipher-suites=TLS_AES_128_GCM_SHA256"
+        "--insecure-diagnostics",
+        "--webhook-port=0",
+        "--tls-min-version=VersionTLS13",
+        "--tls-cipher-suites=TLS_AES_128_GCM_SHA256",
     )
     assert got.not_acted_on == (
         "--tls-min-version=VersionTLS13 (--insecure-diagnostics: plain HTTP)",
         "--tls-cipher-suites=TLS_AES_128_GCM_SHA256 (--insecure-diagnostics: plain HTTP)",
     )
-    got = options("--metrics-bind-address=:8080", "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256")
+    got = options(
+        "--metrics-bind-address=:8080", "--webhook-port=0", "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"
+    )
     assert got.not_acted_on == (
         "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 (--metrics-bind-address wins)",
     )
+    # The webhook (on by default) is HTTPS: there the flags act, whatever the metrics endpoint does.
+    got = options("--metrics-bind-address=:8080", "--tls-min-version=VersionTLS13")
+    assert got.metrics_tls == TlsOptions(ssl.TLSVersion.TLSv1_3) and got.not_acted_on == ()
 
 
 def test_aliases_of_the_bind_addresses(capsys: pytest.CaptureFixture[str]) -> None:
@@ -330,9 +351,6 @@ def test_every_other_manager_flag_is_accepted_and_named() -> None:
         "--sync-period=10m",
         "--profiler-address=localhost:6060",
         "--feature-gates=ClusterTopology=true",
-        "--webhook-port=0",
-        "--webhook-host=0.0.0.0",
-        "--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs",
         "--webhook-cert-secret-name=capi-webhook",
         "--webhook-cert-secret-namespace=capi-system",
         "--tls-curve-preferences=29,23",
@@ -341,9 +359,6 @@ def test_every_other_manager_flag_is_accepted_and_named() -> None:
         "--sync-period",
         "--profiler-address",
         "--feature-gates",
-        "--webhook-port",
-        "--webhook-host",
-        "--webhook-cert-dir",
         "--webhook-cert-secret-name",
         "--webhook-cert-secret-namespace",
         "--tls-curve-preferences",
@@ -355,8 +370,9 @@ def test_help_names_the_flags_that_are_not_acted_on(capsys: pytest.CaptureFixtur
         parse_args(["run", "--help"])
     text = capsys.readouterr().out
     _, ignored = text.split("Cluster API manager flags that are accepted, not acted on:")
-    for flag in ("--sync-period", "--profiler-address", "--feature-gates", "--webhook-port", "--tls-curve-preferences"):
+    for flag in ("--sync-period", "--profiler-address", "--feature-gates", "--tls-curve-preferences"):
         assert flag in ignored
+    assert "--webhook-cert-secret-name" in ignored and "--webhook-port" not in ignored
     assert "--tls-min-version" not in ignored and "--tls-cipher-suites" not in ignored
     flat = " ".join(text.split())
     assert "--inclusterippool-concurrency) is accepted, not acted on" in flat

@@ -8,7 +8,7 @@ the image's root filesystem (`buildah from` + `buildah mount`), read-only as the
 /dev nodes a process needs and a tmpfs on /tmp, and runs the image's own entrypoint, command, environment and user
 there with chroot: uid 65532, with the Deployment's flags, against the session's kube-apiserver, authenticated as
 the controller's ServiceAccount with only the grants of config/rbac. It must fulfil an IPAddressClaim, answer
-/readyz and /metrics (over HTTPS, to a metrics reader's token), and exit 0 on SIGTERM.
+/readyz, /metrics (over HTTPS, to a metrics reader's token) and its admission webhook, and exit 0 on SIGTERM.
 
 Nothing is skipped: if buildah or debootstrap is missing or fails, the fixture fails with its output. Both tests
 carry the `apiserver` mark by hand, so the fast lane leaves them out: a cold build takes minutes.
@@ -39,7 +39,7 @@ import yaml
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, LEASES
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
-from tests.apiserver.test_rbac import remove_bindings, status_of
+from tests.apiserver.test_rbac import remove_bindings, remove_webhook_configuration, status_of
 from tests.support.cluster import wait_for
 from tests.support.metrics import install_cert_manager_crds, scrape
 from tests.support.objects import POOLS, claim, pool, wait_address
@@ -218,7 +218,7 @@ async def http_get(url: str) -> tuple[int, str]:
         return 0, str(error)
 
 
-def deployment_flags(kubeconfig: str, namespace: str, lease: str, metrics: int, health: int) -> list[str]:
+def deployment_flags(kubeconfig: str, namespace: str, lease: str, metrics: int, health: int, webhook: int) -> list[str]:
     """The Deployment's flags (config/manager/manager.yaml), with this test's namespace, lease and free ports."""
     return [
         f"--kubeconfig={kubeconfig}",
@@ -229,6 +229,9 @@ def deployment_flags(kubeconfig: str, namespace: str, lease: str, metrics: int, 
         f"--diagnostics-address=127.0.0.1:{metrics}",
         "--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs",  # absent here: the self-signed certificate
         f"--health-probe-bind-address=127.0.0.1:{health}",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={webhook}",
+        "--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs",  # absent here: the self-signed certificate
         "--log-format=json",
     ]
 
@@ -238,7 +241,10 @@ async def install_config_default(kube: KubeClient, kubeconfig: Path, as_controll
     await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
     await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
     code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
-    assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
+    try:
+        assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
+    finally:
+        await remove_webhook_configuration(kube)
 
     async def granted() -> bool:
         return await status_of(as_controller.list(CLAIMS, namespace)) == 200
@@ -291,9 +297,9 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
     host_kubeconfig = tmp_path / "controller.kubeconfig"
     inside_kubeconfig = install_service_account_kubeconfig(kubeconfig, rootfs, host_kubeconfig)
     as_controller = await KubeClient.from_kubeconfig(str(host_kubeconfig))
-    metrics, health = free_port(), free_port()
+    metrics, health, webhook = free_port(), free_port(), free_port()
     lease = f"image-test-{secrets.token_hex(4)}"
-    args = deployment_flags(inside_kubeconfig, namespace, lease, metrics, health)
+    args = deployment_flags(inside_kubeconfig, namespace, lease, metrics, health, webhook)
     log_path = tmp_path / "controller.log"
     process: asyncio.subprocess.Process | None = None
 
@@ -320,6 +326,12 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         assert proc_ids(process.pid, "Uid") == {"65532"}, proc_ids(process.pid, "Uid")
         assert proc_ids(process.pid, "Gid") == {"65532"}, proc_ids(process.pid, "Gid")
         assert os.readlink(f"/proc/{process.pid}/root") == str(rootfs), "not in the image's root filesystem"
+
+        # The admission webhook serves in the image too (its certificate self-signed here): a body that is no
+        # review is answered 400.
+        webhook_url = f"https://127.0.0.1:{webhook}/validate-ipam-cluster-x-k8s-io-v1alpha2-inclusterippool"
+        async with aiohttp.ClientSession() as session, session.post(webhook_url, data=b"{}", ssl=False) as reply:
+            assert reply.status == 400 and "malformed AdmissionReview" in await reply.text()
 
         url = f"https://127.0.0.1:{metrics}/metrics"
         await a_claim_is_served_scraped_and_released(kube, namespace, url, metrics_reader_token, output)

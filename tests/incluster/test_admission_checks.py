@@ -1,0 +1,78 @@
+"""The in-cluster backend's admission checks on their own (the webhook with the real API server: tests/webhook)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.incluster.admission import pool_change_problems
+from ipam_provider.backend.contract import AddressInUse
+from ipam_provider.common import Object
+
+
+def pool(addresses: list[str], prefix: int = 24, **spec: Any) -> Object:
+    return {"metadata": {"name": "net", "namespace": "ns"}, "spec": {"addresses": addresses, "prefix": prefix, **spec}}
+
+
+def used(*addresses: str) -> list[AddressInUse]:
+    return [AddressInUse("ns", f"m{i}", address, f"ns/m{i}") for i, address in enumerate(addresses)]
+
+
+def test_only_the_addresses_a_change_strands_are_named() -> None:
+    old = pool(["10.0.0.10-10.0.0.20"])
+    in_use = used("10.0.0.10", "10.0.0.11", "10.0.0.13", "10.0.0.99")  # .99: outside the pool already
+    (problem,) = pool_change_problems(old, pool(["10.0.0.12-10.0.0.20"], excludedAddresses=["10.0.0.13"]), in_use)
+    assert problem.startswith(
+        "pool addresses do not contain allocated addresses: [10.0.0.10-10.0.0.11 10.0.0.13-10.0.0.13] "
+        "(held by IPAddresses ns/m0, ns/m1, ns/m2)"
+    )
+    assert pool_change_problems(old, pool(["10.0.0.10-10.0.0.30"]), in_use) == []
+    # A gateway or, without allocateReservedIPAddresses, the network address are not allocatable either.
+    (problem,) = pool_change_problems(old, pool(["10.0.0.10-10.0.0.20"], gateway="10.0.0.11"), in_use)
+    assert "[10.0.0.11-10.0.0.11]" in problem
+
+
+def test_changes_to_anything_but_the_spec_are_never_refused() -> None:
+    stranding = pool(["10.0.0.50"])
+    annotated = {**stranding, "metadata": {**stranding["metadata"], "annotations": {"a": "b"}}}
+    assert pool_change_problems(stranding, annotated, used("10.0.0.10")) == []
+    # An old spec the backend cannot parse: every address outside the new one counts.
+    (problem,) = pool_change_problems(pool(["10.0.0.5", "10.1.0.5"]), stranding, used("10.0.0.10"))
+    assert "[10.0.0.10-10.0.0.10]" in problem
+
+
+def test_ipv6_and_many_holders() -> None:
+    old = pool(["fd00::10-fd00::ff"], 64)
+    in_use = used(*(f"fd00::{value:x}" for value in range(0x10, 0x20)))
+    (problem,) = pool_change_problems(old, pool(["fd00::20-fd00::ff"], 64), in_use)
+    assert "[fd00::10-fd00::1f]" in problem and "ns/m2, ns/m3 and 6 more)" in problem
+
+
+def test_pre_allocations() -> None:
+    in_use = used("10.0.0.10")
+    base = pool(["10.0.0.10-10.0.0.20"])
+    assert pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations=["x"]), in_use) == [
+        "preAllocations must map claim names to addresses"
+    ]
+    (held,) = pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"other": "10.0.0.10"}), in_use)
+    assert held.startswith("preAllocations[other]: 10.0.0.10 is already held by claim ns/m0 (IPAddress ns/m0)")
+    assert pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"m0": "10.0.0.10"}), in_use) == []
+    # A problem the old spec had already is not a reason to refuse another change.
+    broken = pool(["10.0.0.10-10.0.0.20"], preAllocations={"other": "10.0.0.10"})
+    widened = pool(["10.0.0.10-10.0.0.30"], preAllocations={"other": "10.0.0.10"})
+    assert pool_change_problems(broken, widened, in_use) == []
+    assert pool_change_problems(None, widened, in_use) == [held]
+    # A GlobalInClusterIPPool names its claims as namespace/name.
+    assert (
+        pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations={"ns/m0": "10.0.0.10"}), in_use) == []
+    )
+
+
+def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
+    (problem,) = pool_change_problems(None, pool(["10.0.0.20-10.0.0.10"]), [])
+    assert (
+        problem
+        == "the pool's spec is invalid: provided address is not a valid IP, range, nor CIDR: 10.0.0.20-10.0.0.10"
+    )
+    (problem,) = pool_change_problems(None, pool(["10.0.0.1"], prefix="x"), [])  # type: ignore[arg-type]
+    assert problem.startswith("the pool's spec is invalid: ")
+    assert pool_change_problems(pool(["10.0.0.1"]), None, used("10.0.0.1")) == []  # DELETE: the core's
