@@ -50,9 +50,8 @@ def test_ipv6_and_many_holders() -> None:
 def test_pre_allocations() -> None:
     in_use = used("10.0.0.10")
     base = pool(["10.0.0.10-10.0.0.20"])
-    assert pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations=["x"]), in_use) == [
-        "preAllocations must map claim names to addresses"
-    ]
+    (not_a_map,) = pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations=["x"]), in_use)
+    assert not_a_map.startswith("the pool's spec is invalid: ") and "preAllocations" in not_a_map
     (held,) = pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"other": "10.0.0.10"}), in_use)
     assert held.startswith("preAllocations[other]: 10.0.0.10 is already held by claim ns/m0 (IPAddress ns/m0)")
     assert pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"m0": "10.0.0.10"}), in_use) == []
@@ -61,10 +60,13 @@ def test_pre_allocations() -> None:
     widened = pool(["10.0.0.10-10.0.0.30"], preAllocations={"other": "10.0.0.10"})
     assert pool_change_problems(broken, widened, in_use) == []
     assert pool_change_problems(None, widened, in_use) == [held]
-    # A GlobalInClusterIPPool names its claims as namespace/name.
-    assert (
-        pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations={"ns/m0": "10.0.0.10"}), in_use) == []
-    )
+    # A GlobalInClusterIPPool names its claims as namespace/name; the claim's bare name is another claim's key.
+    global_pool = pool(["10.0.0.10-10.0.0.20"], preAllocations={"ns/m0": "10.0.0.10"})
+    global_pool["metadata"] = {"name": "net"}
+    assert pool_change_problems(None, global_pool, in_use) == []
+    global_pool["spec"]["preAllocations"] = {"other/m0": "10.0.0.10"}
+    (held_elsewhere,) = pool_change_problems(None, global_pool, in_use)
+    assert held_elsewhere.startswith("preAllocations[other/m0]: 10.0.0.10 is already held by claim ns/m0")
 
 
 def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
