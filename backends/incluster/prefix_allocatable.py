@@ -39,6 +39,7 @@ ALLOCATION_LENGTH = "allocationPrefixLength must be between 1 and 128"
 ALLOCATION_LENGTH_V4 = "allocationPrefixLength must be between 1 and 32 for IPv4 prefixes"
 INVALID_GATEWAY = "provided gateway is not a valid IP address"
 GATEWAY_FAMILY = "provided gateway must be IPv{family}"
+INVALID_EXCLUDED = "provided entry is not a valid IP, range, nor CIDR"
 EXCLUDED_FAMILY = "only IPv{family} excluded prefixes are supported"
 
 
@@ -117,7 +118,11 @@ def build_prefix_set(
     errors.extend(_gateway_problems(gateway, family))
     exclusions = []
     for text in excluded:
-        entry = parse_address_entry(text)  # raises PoolSpecError with the address pools' message
+        try:
+            entry = parse_address_entry(text)
+        except PoolSpecError:
+            errors.append(f"{INVALID_EXCLUDED}: {str(text).strip()}")
+            continue
         if entry.family != family:
             errors.append(f"{EXCLUDED_FAMILY.format(family=family)}: {entry.text}")
         exclusions.append(entry)
