@@ -71,6 +71,7 @@ def shape(schema: Object) -> dict[str, tuple[Any, ...]]:
 
 def served_version(crd: Object) -> Object:
     (version,) = [v for v in crd["spec"]["versions"] if v["served"]]
+    assert isinstance(version, dict)
     return version
 
 
@@ -110,7 +111,7 @@ def prefix_pool(name: str, spec: Object, kind: str = "InClusterPrefixPool") -> O
 
 
 # The Go webhook's test scenarios (internal/webhooks/inclusterprefixpool_test.go), as manifests.
-VALID = {
+VALID: dict[str, Object] = {
     "disjoint": {"prefixes": ["fd00::/64", "fd01::/64"]},
     "custom-length": {"prefixes": ["fd00::/48"], "allocationPrefixLength": 56},
     "length-96": {"prefixes": ["fd00::/48"], "allocationPrefixLength": 96},
@@ -121,7 +122,7 @@ VALID = {
     # Ours only: IPv4 prefix pools.
     "ipv4": {"prefixes": ["10.0.0.0/16"], "allocationPrefixLength": 24, "gateway": "10.0.0.1"},
 }
-INVALID = {
+INVALID: dict[str, tuple[Object, str]] = {
     "empty": ({"prefixes": []}, "prefixes is required"),
     "cidr-only": ({"prefixes": ["fd00::1"]}, "provided entry is not a valid IPv6 CIDR"),
     "aligned": ({"prefixes": ["fd00::1/64"]}, "CIDR must be network-aligned"),
