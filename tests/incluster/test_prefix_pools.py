@@ -10,20 +10,23 @@ from typing import Any
 
 import pytest
 
-from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
-from ipam_provider.reconcile.context import pool_resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
-from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason
+from tests.support.objects import (
+    GLOBAL_PREFIX_POOLS,
+    PREFIX_POOLS,
+    claim,
+    ready_condition,
+    wait_address,
+    wait_claim_reason,
+)
 
-PREFIX_POOLS = pool_resource(IN_CLUSTER_PREFIX_POOL)
-GLOBAL_PREFIX_POOLS = pool_resource(GLOBAL_IN_CLUSTER_PREFIX_POOL)
 Object = dict[str, Any]
 
 
