@@ -203,3 +203,25 @@ async def test_invalid_prefixes_are_refused_with_the_go_message(
     with pytest.raises(ApiError) as refused:
         await kube.create(PREFIX_POOLS, prefix_pool("bad", prefixes), namespace)
     assert refused.value.status == 422 and message in refused.value.message, refused.value.message
+
+
+async def test_a_pool_cel_cannot_fault_is_not_ready_and_says_why(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    """A reversed range passes the CRD's entry rule (two IPs around a dash); the backend refuses the pool."""
+    spec = {"excludedPrefixes": ["fd00:40::9-fd00:40::1"]}
+    await kube.create(PREFIX_POOLS, prefix_pool("reversed", ["fd00:40::/48"], **spec), namespace)
+    seen: dict[str, Any] = {}
+
+    async def not_ready() -> bool:
+        seen["ready"] = ready_condition(await kube.get(PREFIX_POOLS, "reversed", namespace))
+        return (seen["ready"] or {}).get("reason") == "InvalidConfiguration"
+
+    await wait_for(not_ready, message=lambda: f"the pool to be Ready=False/InvalidConfiguration; have {seen}")
+    assert seen["ready"]["status"] == "False"
+    assert "provided entry is not a valid IP, range, nor CIDR: fd00:40::9-fd00:40::1" in seen["ready"]["message"]
+    await kube.create(CLAIMS, claim("waits", "reversed", kind="InClusterPrefixPool"), namespace)
+    await wait_claim_reason(kube, namespace, "waits", "PoolNotReady")
+    await kube.patch(PREFIX_POOLS, "reversed", {"spec": {"excludedPrefixes": ["fd00:40::1-fd00:40::9"]}}, namespace)
+    served = await wait_address(kube, namespace, "waits")
+    assert (served["spec"]["address"], served["spec"]["prefix"]) == ("fd00:40:0:1::", 64)
