@@ -209,7 +209,7 @@ async def test_a_pool_cel_cannot_fault_is_not_ready_and_says_why(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
     """A reversed range passes the CRD's entry rule (two IPs around a dash); the backend refuses the pool."""
-    spec = {"excludedPrefixes": ["fd00:40::9-fd00:40::1"]}
+    spec: Object = {"excludedPrefixes": ["fd00:40::9-fd00:40::1"]}
     await kube.create(PREFIX_POOLS, prefix_pool("reversed", ["fd00:40::/48"], **spec), namespace)
     seen: dict[str, Any] = {}
 
