@@ -55,6 +55,7 @@ echo
 echo
 "$KUBECTL" get inclusterippools -n "$DEMO_NS"
 "$KUBECTL" get globalinclusterippools
+"$KUBECTL" get inclusterprefixpools -n "$DEMO_NS"
 if [[ "$ready" -lt "$claims" ]]; then
   echo "only $ready of $claims claims were fulfilled; see $log" >&2
   exit 1

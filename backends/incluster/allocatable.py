@@ -62,12 +62,16 @@ class AddressEntry:
 
 @dataclass(frozen=True)
 class AllocatableSet:
-    """The addresses a pool may hand out, and the pool's IP family and subnet (as integers)."""
+    """The addresses a pool may hand out, and the pool's IP family and subnet (as integers).
+
+    For a prefix pool (see `prefix_allocatable`) the integers are child prefix numbers, each the child's first
+    address shifted right by `host_bits`; for an address pool `host_bits` is 0 and they are the addresses."""
 
     addresses: IntervalSet
     family: int
     subnet_first: int
     subnet_last: int
+    host_bits: int = 0
 
 
 def _parse_ip(text: str) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
 from backends.incluster.indexes import PoolIndexes
-from backends.incluster.intervals import address_to_int, int_to_address
+from backends.incluster.intervals import address_to_int
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.overlap import PoolSurvey, assess
 from backends.incluster.pool_index import PoolIndex
@@ -195,7 +195,7 @@ class InClusterBackend:
     ) -> Reservation | None:
         """Reserve the pending `candidate` for the claim: its reservation, or None when someone else holds the
         address (now known to the index) or it was released in between (free again)."""
-        address = int_to_address(candidate, family)
+        address = index.address_of(candidate)
         learned: Reservation | None = None
         try:
             reservation = await self.reservations.create(
@@ -220,7 +220,7 @@ class InClusterBackend:
     ) -> Allocation:
         """Make the claim hold exactly the address its IPAddress names (adoption, or a lost race)."""
         try:
-            value = address_to_int(existing.address, index.family)
+            value = index.value_of(existing.address)
         except ValueError as error:
             raise AllocationFailedError(
                 f"IPAddress {claim} names {existing.address!r}, which is not an address of {ref}'s family"

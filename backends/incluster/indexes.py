@@ -64,13 +64,24 @@ class PoolIndexes:
     ) -> PoolIndex:
         """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
         the index's gets the index as it is: it never replaces one built from a newer spec."""
-        key = (allocatable.addresses, allocatable.family)
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits)
         index = self._indexes.get(ref)
         if index is not None and generation < index.generation:
             return index
-        if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
+        if (
+            index is None
+            or (index.family, index.host_bits) != (allocatable.family, allocatable.host_bits)
+            or time.monotonic() - index.built_at > RESYNC_SECONDS
+        ):
             index = await self.rebuild(
-                ref, allocatable.addresses, allocatable.family, key, generation, scan=True, replacing=index
+                ref,
+                allocatable.addresses,
+                allocatable.family,
+                key,
+                generation,
+                scan=True,
+                replacing=index,
+                host_bits=allocatable.host_bits,
             )
         elif index.spec_key != key:
             scanned = index.scanned
@@ -90,8 +101,17 @@ class PoolIndexes:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
         if ref in self._indexes:
             return
-        key = (allocatable.addresses, allocatable.family)
-        await self.rebuild(ref, allocatable.addresses, allocatable.family, key, generation, scan=False, replacing=None)
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits)
+        await self.rebuild(
+            ref,
+            allocatable.addresses,
+            allocatable.family,
+            key,
+            generation,
+            scan=False,
+            replacing=None,
+            host_bits=allocatable.host_bits,
+        )
 
     async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
         """Give IPAddresses naming the pool without a reservation one, into `index` (once, one caller at a time)."""
@@ -126,11 +146,15 @@ class PoolIndexes:
         *,
         scan: bool,
         replacing: PoolIndex | None,
+        host_bits: int | None = None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
         for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
-        the pool without a reservation get one first. In-flight candidates stay pending in the new index."""
+        the pool without a reservation get one first. In-flight candidates stay pending in the new index.
+        `host_bits` (prefix pools, see `PoolIndex.host_bits`) defaults to that of `replacing`, else 0."""
+        if host_bits is None:
+            host_bits = replacing.host_bits if replacing is not None else 0
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
             if current is not None and current is not replacing and current.generation >= generation:
@@ -144,8 +168,9 @@ class PoolIndexes:
                     self.kube, self.reservations, ref, family, reservations, self.cached_addresses(ref)
                 )
                 found, reservations = len(existing), reservations + existing
-            pending = replacing.pending if replacing is not None and replacing.family == family else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending)
+            same_values = replacing is not None and (replacing.family, replacing.host_bits) == (family, host_bits)
+            pending = replacing.pending if replacing is not None and same_values else None
+            index = PoolIndex.build(addresses, family, reservations, key, pending, host_bits)
             index.generation = generation
             index.scanned = scan or (replacing is not None and replacing.scanned)
             self._indexes[ref] = index

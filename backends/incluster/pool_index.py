@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
 from backends.incluster.reservations import Reservation, age_seconds
 
 
@@ -39,6 +39,8 @@ class PoolIndex:
     # Whether IPAddresses naming the pool without a reservation have been given one (see `existing`); an index
     # prepared at start, before the IPAddress cache synced, is not, until its first allocation.
     scanned: bool = False
+    # Prefix pools: the index's values are child prefix numbers, a reservation's address shifted right by this.
+    host_bits: int = 0
 
     @classmethod
     def build(
@@ -48,9 +50,10 @@ class PoolIndex:
         reservations: list[Reservation],
         spec_key: object,
         pending: dict[int, str] | None = None,
+        host_bits: int = 0,
     ) -> PoolIndex:
         """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits."""
-        index = cls(PoolAllocator(allocatable), family, spec_key=spec_key)
+        index = cls(PoolAllocator(allocatable), family, spec_key=spec_key, host_bits=host_bits)
         for reservation in reservations:
             index.hold(reservation)
         if pending is not None:
@@ -61,7 +64,17 @@ class PoolIndex:
 
     def with_allocatable(self, allocatable: IntervalSet, spec_key: object) -> PoolIndex:
         """The same holdings and pending candidates over a new allocatable set (the pool's spec changed)."""
-        return PoolIndex.build(allocatable, self.family, list(self.by_address.values()), spec_key, self.pending)
+        return PoolIndex.build(
+            allocatable, self.family, list(self.by_address.values()), spec_key, self.pending, self.host_bits
+        )
+
+    def value_of(self, address: str) -> int:
+        """The index's integer for an address of the pool's family (ValueError for another family or no IP)."""
+        return address_to_int(address, self.family) >> self.host_bits
+
+    def address_of(self, value: int) -> str:
+        """The address an integer of the index stands for (for a prefix pool, its child prefix's first address)."""
+        return int_to_address(value << self.host_bits, self.family)
 
     def take_candidate(self, claim_uid: str) -> int | None:
         """The lowest address neither held nor pending, now marked pending for `claim_uid`; None if there is none.
@@ -82,7 +95,7 @@ class PoolIndex:
 
     def hold(self, reservation: Reservation) -> None:
         try:
-            value = address_to_int(reservation.address, self.family)
+            value = self.value_of(reservation.address)
         except ValueError:
             return  # another family: cannot collide with this pool's addresses
         self.by_address[value] = reservation
@@ -99,7 +112,7 @@ class PoolIndex:
 
     def drop(self, reservation: Reservation) -> None:
         try:
-            value = address_to_int(reservation.address, self.family)
+            value = self.value_of(reservation.address)
         except ValueError:
             return
         known = self.by_address.get(value, reservation)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
+from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
 from backends.infoblox.spec import INFOBLOX_POOL
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
@@ -26,7 +27,7 @@ from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
-from tests.support.objects import GLOBAL_POOLS, POOLS, wait_address
+from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, wait_address
 from tools.controlplane.assets import AssetError, binaries_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,15 @@ METRICS_SERVICE = "capi-ipam-controller-manager-metrics-service"
 WEBHOOK_SERVICE = "capi-ipam-webhook-service"
 WEBHOOK_CERTIFICATE = "capi-ipam-serving-cert"
 WEBHOOK_CONFIGURATION = "capi-ipam-validating-webhook-configuration"
-POOL_KINDS = (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL, NETBOX_POOL, GLOBAL_NETBOX_POOL, INFOBLOX_POOL)
+WEBHOOK_POOL_KINDS = (
+    IN_CLUSTER_POOL,
+    GLOBAL_IN_CLUSTER_POOL,
+    IN_CLUSTER_PREFIX_POOL,
+    GLOBAL_IN_CLUSTER_PREFIX_POOL,
+    NETBOX_POOL,
+    GLOBAL_NETBOX_POOL,
+    INFOBLOX_POOL,
+)
 CLUSTER_SCOPED = (
     "Namespace",
     "ClusterRole",
@@ -49,7 +58,8 @@ CLUSTER_SCOPED = (
     "ValidatingWebhookConfiguration",
 )
 PROVIDER_LABEL = ("cluster.x-k8s.io/provider", "ipam-py")
-RESOURCES = {r.kind: r for r in (NAMESPACES, POOLS, GLOBAL_POOLS, CLUSTERS, CLAIMS)}
+RESOURCES = {r.kind: r for r in (NAMESPACES, POOLS, GLOBAL_POOLS, PREFIX_POOLS, CLUSTERS, CLAIMS)}
+POOL_KINDS = ("InClusterIPPool", "GlobalInClusterIPPool", "InClusterPrefixPool")
 Object = dict[str, Any]
 
 
@@ -129,7 +139,7 @@ def test_config_default_builds_into_the_provider_components() -> None:
     objects = built(CONFIG / "default")
     by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     crds = {("CustomResourceDefinition", doc["metadata"]["name"]) for doc in generated_crds()}
-    assert len(crds) == 7
+    assert len(crds) == 9
     assert set(by_kind) == crds | {
         ("Namespace", SYSTEM_NAMESPACE),
         ("ServiceAccount", "capi-ipam-controller-manager"),
@@ -211,7 +221,7 @@ def assert_the_webhook_is_wired(by_kind: dict[tuple[str, str], Object], pod: Obj
     assert configuration["metadata"]["annotations"] == {
         "cert-manager.io/inject-ca-from": f"{SYSTEM_NAMESPACE}/{WEBHOOK_CERTIFICATE}"
     }
-    served = {kind.plural: kind for kind in POOL_KINDS}
+    served = {kind.plural: kind for kind in WEBHOOK_POOL_KINDS}
     for webhook in configuration["webhooks"]:
         assert (webhook["failurePolicy"], webhook["sideEffects"], webhook["matchPolicy"]) == (
             "Fail",
@@ -233,6 +243,8 @@ def assert_the_webhook_is_wired(by_kind: dict[tuple[str, str], Object], pod: Obj
     assert operations == {
         "inclusterippools": ["CREATE", "UPDATE", "DELETE"],
         "globalinclusterippools": ["CREATE", "UPDATE", "DELETE"],
+        "inclusterprefixpools": ["DELETE"],
+        "globalinclusterprefixpools": ["DELETE"],
         "netboxippools": ["DELETE"],
         "globalnetboxippools": ["DELETE"],
         "infobloxippools": ["DELETE"],
@@ -331,6 +343,20 @@ def fixed_address(claim: Object, pool: Object) -> str | None:
     return str(pre_allocated or requested) if pre_allocated or requested else None
 
 
+def children(spec: Object, count: int) -> list[str]:
+    """The first addresses of the `count` lowest child prefixes a prefix pool may hand out, by enumeration."""
+    length = spec["allocationPrefixLength"]
+    excluded = [ipaddress.ip_network(entry) for entry in spec.get("excludedPrefixes", [])]
+    found = []
+    for prefix in spec["prefixes"]:
+        for child in ipaddress.ip_network(prefix).subnets(new_prefix=length):
+            if not any(child.overlaps(e) for e in excluded):
+                found.append(str(child.network_address))
+            if len(found) == count:
+                return found
+    return found
+
+
 def is_subset(expected: Any, actual: Any) -> bool:
     """Whether every field of `expected` is in `actual` with the same value (the server may add defaults)."""
     if isinstance(expected, dict):
@@ -342,9 +368,9 @@ def test_examples_are_consistent() -> None:
     documents = example_documents()
     files = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert files[0] == "00-namespace.yaml" and files == sorted(files), files
-    pools = {(d["kind"], d["metadata"]["name"]) for d in documents if d["kind"].endswith("InClusterIPPool")}
+    pools = {(d["kind"], d["metadata"]["name"]) for d in documents if d["kind"] in POOL_KINDS}
     claims = [d for d in documents if d["kind"] == "IPAddressClaim"]
-    assert {kind for kind, _ in pools} == {"InClusterIPPool", "GlobalInClusterIPPool"}
+    assert {kind for kind, _ in pools} == set(POOL_KINDS)
     assert len(claims) >= 3 and any("clusterName" in c["spec"] for c in claims)
     for doc in documents:
         if doc["kind"] not in ("Namespace", "GlobalInClusterIPPool"):
@@ -360,7 +386,7 @@ def test_examples_are_consistent() -> None:
 async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient, kubeconfig: Path) -> None:
     documents = example_documents()
     claims = [d for d in documents if d["kind"] == "IPAddressClaim"]
-    pools = {(d["kind"], d["metadata"]["name"]): d for d in documents if d["kind"].endswith("InClusterIPPool")}
+    pools = {(d["kind"], d["metadata"]["name"]): d for d in documents if d["kind"] in POOL_KINDS}
     leftovers, _ = await kube.list(CLAIMS, DEMO_NAMESPACE)
     assert not leftovers, f"namespace {DEMO_NAMESPACE} already holds claims (from `make run`?); remove them first"
 
@@ -385,7 +411,7 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                 pool_spec = pools[(ref["kind"], ref["name"])]["spec"]
                 assert address["spec"]["poolRef"] == ref
                 assert address["spec"]["claimRef"] == {"name": name}
-                assert address["spec"]["prefix"] == pool_spec["prefix"]
+                assert address["spec"]["prefix"] == pool_spec.get("prefix", pool_spec.get("allocationPrefixLength"))
                 assert address["spec"]["gateway"] == pool_spec["gateway"]
                 cluster = (claim["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name")
                 assert (address["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name") == cluster
@@ -397,9 +423,13 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                     fixed.setdefault(key, set()).add(wanted)
             for key, addresses in served.items():
                 assert len(set(addresses)) == len(addresses), f"{key} handed out an address twice: {addresses}"
-                pinned = fixed.get(key, set()) | set((pools[key]["spec"].get("preAllocations") or {}).values())
+                spec = pools[key]["spec"]
+                if "addresses" not in spec:  # a prefix pool: the lowest children, first fit
+                    assert sorted(addresses, key=ipaddress.ip_address) == children(spec, len(addresses)), (key, addresses)
+                    continue
+                pinned = fixed.get(key, set()) | set((spec.get("preAllocations") or {}).values())
                 dynamic = [a for a in addresses if a not in pinned]
-                lowest = allocatable(pools[key]["spec"], len(dynamic) + len(pinned))
+                lowest = allocatable(spec, len(dynamic) + len(pinned))
                 expected = [a for a in lowest if a not in pinned][: len(dynamic)]
                 assert sorted(dynamic, key=ipaddress.ip_address) == expected, (key, addresses)
 
@@ -420,7 +450,7 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
 async def remove_examples(kube: KubeClient, documents: list[Object]) -> None:
     """Delete claims first (the running controller releases them), then pools, then the Cluster. The namespace
     stays: the test control plane runs no namespace controller, so a deleted namespace would stay Terminating."""
-    order = ["IPAddressClaim", "InClusterIPPool", "GlobalInClusterIPPool", "Cluster"]
+    order = ["IPAddressClaim", *POOL_KINDS, "Cluster"]
     for kind in order:
         batch = [d for d in documents if d["kind"] == kind]
         for doc in batch:

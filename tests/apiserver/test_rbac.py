@@ -44,6 +44,8 @@ IPAM, CAPI = "ipam.cluster.x-k8s.io", "cluster.x-k8s.io"
 POOL_KINDS = [
     "inclusterippools",
     "globalinclusterippools",
+    "inclusterprefixpools",
+    "globalinclusterprefixpools",
     "netboxippools",
     "globalnetboxippools",
     "infobloxippools",

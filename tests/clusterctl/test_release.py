@@ -47,6 +47,8 @@ EXPECTED_MOVE = {
     "InfobloxInstance": MOVE_HIERARCHY,
     "GlobalInClusterIPPool": MOVE,
     "GlobalNetboxIPPool": MOVE,
+    "InClusterPrefixPool": MOVE_HIERARCHY,
+    "GlobalInClusterPrefixPool": MOVE,
     "InClusterIPReservation": None,
 }
 # The variables and their defaults; " " stands for the empty string (see config/release/manager_variables.yaml).

@@ -38,7 +38,16 @@ from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, IPAM_GROUP, NAMESPACES, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
-from tests.support.objects import GLOBAL_POOLS, POOLS, claim, cluster, pool, ready_condition
+from tests.support.objects import (
+    GLOBAL_POOLS,
+    GLOBAL_PREFIX_POOLS,
+    POOLS,
+    PREFIX_POOLS,
+    claim,
+    cluster,
+    pool,
+    ready_condition,
+)
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths
 from tools.controlplane.cluster import ControlPlaneError, LocalControlPlane
 from tools.controlplane.crds import install_crds
@@ -59,7 +68,6 @@ STEPS = (
     "wait-go-pods-gone",
     "remove-leftovers",
     "take-over-crds",
-    "delete-prefix-pool-crds",
     "deploy",
     "verify-pools",
     "verify-addresses",
@@ -74,6 +82,10 @@ MUTATING = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfig
 VALIDATING = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "", False)
 GLOBAL_POOLS_V1ALPHA1 = Resource(IPAM_GROUP, "v1alpha1", "globalinclusterippools", "GlobalInClusterIPPool", False)
 POOL_CRDS = ("inclusterippools.ipam.cluster.x-k8s.io", "globalinclusterippools.ipam.cluster.x-k8s.io")
+PREFIX_POOL_CRDS = (
+    "inclusterprefixpools.ipam.cluster.x-k8s.io",
+    "globalinclusterprefixpools.ipam.cluster.x-k8s.io",
+)
 
 Object = dict[str, Any]
 
@@ -196,7 +208,7 @@ def go_address(name: str, claim_obj: Object, pool_obj: Object, address: str, pre
             "poolRef": {"apiGroup": IPAM_GROUP, "kind": pool_obj["kind"], "name": pool_obj["metadata"]["name"]},
             "address": address,
             "prefix": prefix,
-            "gateway": gateway,
+            **({"gateway": gateway} if gateway else {}),  # Go leaves an empty gateway out
         },
     }
 
@@ -316,6 +328,7 @@ async def follow_the_runbook(
     nodes = await kube.create(POOLS, body, ns)
     status = {"status": {"ipAddresses": {"total": 11, "used": 3, "free": 8, "outOfRange": 0}}}
     await kube.patch(POOLS, "nodes", status, ns, subresource="status")
+    pods, shared_prefixes = await create_go_prefix_pools(kube, ns)
     old = {
         (ns, "old-0"): (nodes, "10.60.0.10", 24, "10.60.0.1"),
         (ns, "old-1"): (nodes, "10.60.0.11", 24, "10.60.0.1"),
@@ -323,6 +336,9 @@ async def follow_the_runbook(
         (ns, "old-g0"): (shared, "10.61.0.2", 28, "10.61.0.1"),
         (ns, "old-g1"): (shared, "10.61.0.3", 28, "10.61.0.1"),
         (ns_b, "old-g2"): (shared, "10.61.0.5", 28, "10.61.0.1"),
+        (ns, "old-p0"): (pods, "fd00:60::", 64, "fd00:60::1"),
+        (ns, "old-p1"): (pods, "fd00:60:0:2::", 64, "fd00:60::1"),
+        (ns_b, "old-gp0"): (shared_prefixes, "fd00:61::", 60, ""),
     }
     old_addresses: dict[tuple[str, str], Object] = {}
     for (namespace, name), (pool_obj, address, prefix, gateway) in old.items():
@@ -352,7 +368,7 @@ async def follow_the_runbook(
 
     # --- 1. Pre-flight.
     output = await shell.run("preflight-prefix-pools", steps["preflight-prefix-pools"])
-    assert "No resources found" in output
+    assert output.splitlines() == [f'{name}: ["v1alpha2"]' for name in sorted(PREFIX_POOL_CRDS, reverse=True)], output
     output = await shell.run("preflight-stored-versions", steps["preflight-stored-versions"])
     assert output.count("v1alpha1") == 2, output
     # Stand-in for the Go provider's webhooks, which cannot be served here. Its conversion webhook: for the legacy
@@ -394,6 +410,7 @@ async def follow_the_runbook(
         ("new-2", nodes),
         ("new-g0", shared),
         ("new-g1", shared),
+        ("new-p0", pods),
     ]:
         await kube.create(CLAIMS, claim(name, pool_obj["metadata"]["name"], kind=pool_obj["kind"]), ns)
     await shell.run("wait-go-pods-gone", steps["wait-go-pods-gone"])
@@ -426,27 +443,34 @@ async def follow_the_runbook(
         assert versions == {"v1alpha2": (True, True), "v1alpha1": (False, False)}, versions
         assert crd["status"]["storedVersions"] == ["v1alpha2"]
         assert crd["metadata"]["labels"].get("clusterctl.cluster.x-k8s.io/move-hierarchy") == ""
-    await wait_established(kube, (*POOL_CRDS, f"{RESERVATIONS.plural}.{IPAM_GROUP}"))
-    await shell.run("delete-prefix-pool-crds", steps["delete-prefix-pool-crds"])
-    for name in ("inclusterprefixpools.ipam.cluster.x-k8s.io", "globalinclusterprefixpools.ipam.cluster.x-k8s.io"):
-        assert await kube.get(CRDS, name) is None
+    for name in PREFIX_POOL_CRDS:
+        crd = await kube.get(CRDS, name)
+        assert crd is not None
+        assert crd["spec"]["conversion"] == {"strategy": "None"}, crd["spec"]["conversion"]
+        assert "cert-manager.io/inject-ca-from" not in crd["metadata"].get("annotations", {})
+        assert [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]] == [("v1alpha2", True, True)]
+        assert "x-kubernetes-validations" in json.dumps(crd["spec"]["versions"][0]["schema"]), "not our CRD"
+    await wait_established(kube, (*POOL_CRDS, *PREFIX_POOL_CRDS, f"{RESERVATIONS.plural}.{IPAM_GROUP}"))
 
     # --- 5. Our controller, in this process instead of `deploy`.
     async with run_controller(kubeconfig):
         for name in ("new-3", "new-4"):
             await kube.create(CLAIMS, claim(name, "nodes"), ns)
-        await wait_all_fulfilled(kube, 13)
+        await kube.create(CLAIMS, claim("new-p1", "pods", kind="InClusterPrefixPool"), ns)
+        await wait_all_fulfilled(kube, 18)
 
         # --- 6. Verify.
         output = await shell.run("verify-pools", steps["verify-pools"])
-        assert output.count("condition met") == 2, output
+        assert output.count("condition met") == 4, output
         await assert_pool(kube, POOLS, "nodes", ns, total=11, used=8, free=3)
         await assert_pool(kube, GLOBAL_POOLS, "shared", None, total=13, used=5, free=8)
+        await assert_pool(kube, PREFIX_POOLS, "pods", ns, total=65536, used=4, free=65532)
+        await assert_pool(kube, GLOBAL_PREFIX_POOLS, "shared-prefixes", None, total=16, used=1, free=15)
         output = await shell.run("verify-addresses", steps["verify-addresses"])
         assert "every IPAddress kept its address" in output
-        assert "IPAddresses: 13, reservations: 13" in output
+        assert "IPAddresses: 18, reservations: 18" in output
         output = await shell.run("verify-status", steps["verify-status"])
-        assert output.count("AddressAllocated") == 13, output
+        assert output.count("AddressAllocated") == 18, output
         for (namespace, name), (pool_obj, address, prefix, _) in old.items():
             row = rf"^{namespace}\s+{name}\s+{pool_obj['kind']}/{pool_obj['metadata']['name']}\s+{address}/{prefix}\s+"
             assert re.search(row + r"AddressAllocated\s*$", output, re.MULTILINE), f"no row for {name}:\n{output}"
@@ -467,6 +491,38 @@ async def follow_the_runbook(
         assert new_nodes == {"10.60.0.12", "10.60.0.14", "10.60.0.15", "10.60.0.16", "10.60.0.17"}, new_nodes
         new_shared = {await address_of(kube, ns, f"new-g{i}") for i in range(2)}
         assert new_shared == {"10.61.0.4", "10.61.0.6"}, new_shared
+        # New prefix claims took the lowest free /64s: the hole first.
+        new_prefixes = {await address_of(kube, ns, f"new-p{i}") for i in range(2)}
+        assert new_prefixes == {"fd00:60:0:1::", "fd00:60:0:3::"}, new_prefixes
+        output = await shell.run(
+            "verify-canary", steps["verify-canary"], NS=ns, POOL="pods", POOL_KIND="InClusterPrefixPool"
+        )
+        assert "the canary got fd00:60:0:4::, which is new" in output
+
+
+async def create_go_prefix_pools(kube: KubeClient, namespace: str) -> tuple[Object, Object]:
+    """A namespaced and a global IPv6 prefix pool, as the Go provider v1.1.0 leaves them: defaulted
+    allocationPrefixLength, the ProtectPool finalizer, its status counts."""
+    body = {
+        "apiVersion": PREFIX_POOLS.api_version,
+        "kind": "InClusterPrefixPool",
+        "metadata": {"name": "pods", "finalizers": [PROTECT_POOL]},
+        "spec": {"prefixes": ["fd00:60::/48"], "gateway": "fd00:60::1"},
+    }
+    pods = await kube.create(PREFIX_POOLS, body, namespace)
+    assert pods["spec"]["allocationPrefixLength"] == 64, "the Go CRD's default"
+    counts = {"total": 65536, "used": 2, "free": 65534, "outOfRange": 0}
+    await kube.patch(PREFIX_POOLS, "pods", {"status": {"ipAddresses": counts}}, namespace, subresource="status")
+    body = {
+        **body,
+        "kind": "GlobalInClusterPrefixPool",
+        "metadata": {"name": "shared-prefixes", "finalizers": [PROTECT_POOL]},
+        "spec": {"prefixes": ["fd00:61::/56"], "allocationPrefixLength": 60},
+    }
+    shared = await kube.create(GLOBAL_PREFIX_POOLS, body)
+    counts = {"total": 16, "used": 1, "free": 15, "outOfRange": 0}
+    await kube.patch(GLOBAL_PREFIX_POOLS, "shared-prefixes", {"status": {"ipAddresses": counts}}, subresource="status")
+    return pods, shared
 
 
 async def wait_all_fulfilled(kube: KubeClient, count: int) -> None:

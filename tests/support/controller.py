@@ -1,8 +1,9 @@
 """pytest plugin: the controller, run in-process against the session's real API server.
 
 `run_controller(**settings)` (an async context manager, from the `controller_factory` fixture) starts a
-controller with the in-cluster backend (plus any extra backends), waits until its caches are synced, and stops
-it cleanly afterwards. `in_process_controller` is the common case: one controller for one test's namespace.
+controller with the in-cluster backends (address and prefix pools) plus any extra backends, waits until its caches
+are synced, and stops it cleanly afterwards. `in_process_controller` is the common case: one controller for one
+test's namespace.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest_asyncio
 
 from backends.incluster import create_backend
+from backends.incluster.prefix_backend import create_backend as create_prefix_backend
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
@@ -37,7 +39,7 @@ async def run_controller(
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     view = CacheView()
     context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
-    factories = ([create_backend] if include_in_cluster else []) + list(extra_backends)
+    factories = ([create_backend, create_prefix_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
     controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))
     view.controller = controller

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
+from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
 from ipam_provider.reconcile.context import pool_resource
@@ -12,6 +13,8 @@ from tests.support.cluster import wait_for
 
 POOLS = pool_resource(IN_CLUSTER_POOL)
 GLOBAL_POOLS = pool_resource(GLOBAL_IN_CLUSTER_POOL)
+PREFIX_POOLS = pool_resource(IN_CLUSTER_PREFIX_POOL)
+GLOBAL_PREFIX_POOLS = pool_resource(GLOBAL_IN_CLUSTER_PREFIX_POOL)
 Object = dict[str, Any]
 
 

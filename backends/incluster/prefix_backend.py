@@ -1,0 +1,127 @@
+"""The in-cluster prefix backend: InClusterPrefixPool and GlobalInClusterPrefixPool (v1alpha2).
+
+A claim gets a child prefix of the pool's `allocationPrefixLength`, the lowest one free (first fit); its IPAddress
+carries the child's first address as `address`, the allocation length as `prefix`, and the pool's `gateway` when
+it has one. IPv6 as in the Go in-cluster provider, IPv4 as well.
+
+Allocation is the address pools' (`backend.InClusterBackend`), over child numbers instead of addresses (see
+`prefix_allocatable`): a child is held by an InClusterIPReservation named by (pool, the child's first address), so
+etcd's create-uniqueness decides who holds it, exactly as for an address; the pool's index, its concurrency, the
+adoption of IPAddresses without a reservation, release, the stray and orphan sweeps are shared. Prefix pools have no
+reuse grace period. The backend is registered under its own name, `inclusterprefix`, the `backend` label of its
+metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field, ValidationError
+
+from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
+from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation
+from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENGTH, build_prefix_set, child_of
+from ipam_provider.api.meta import Model
+from ipam_provider.backend.contract import (
+    AddressCounts,
+    Allocation,
+    BackendContext,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolKind,
+    PoolNotReadyError,
+    PoolRef,
+    PoolReport,
+)
+from ipam_provider.common import Object, cap_int64
+from ipam_provider.kube.resources import IPAM_GROUP
+
+IN_CLUSTER_PREFIX_POOL = PoolKind(
+    IPAM_GROUP, "v1alpha2", "InClusterPrefixPool", "inclusterprefixpools", namespaced=True
+)
+GLOBAL_IN_CLUSTER_PREFIX_POOL = PoolKind(
+    IPAM_GROUP, "v1alpha2", "GlobalInClusterPrefixPool", "globalinclusterprefixpools", namespaced=False
+)
+
+
+class PrefixPoolSpec(Model):
+    prefixes: list[str] = Field(default_factory=list)
+    allocation_prefix_length: int = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
+    gateway: str | None = None
+    excluded_prefixes: list[str] = Field(default_factory=list, alias="excludedPrefixes")
+
+    def allocation_fields(self) -> InClusterPoolSpec:
+        """What the shared allocation path reads from an address pool's spec: the `prefix` and `gateway` of each
+        IPAddress it writes (no reuse grace period)."""
+        return InClusterPoolSpec.model_validate({"prefix": self.allocation_prefix_length, "gateway": self.gateway})
+
+
+def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:
+    """The pool's spec and allocatable child numbers; PoolSpecError or ValidationError when invalid."""
+    spec = PrefixPoolSpec.model_validate(pool.get("spec") or {})
+    gateway = spec.gateway if spec.gateway and spec.gateway.strip() else None
+    allocatable = build_prefix_set(spec.prefixes, spec.allocation_prefix_length, gateway, spec.excluded_prefixes)
+    return spec, allocatable
+
+
+class InClusterPrefixBackend(InClusterBackend):
+    """Serves InClusterPrefixPool and GlobalInClusterPrefixPool."""
+
+    name = "inclusterprefix"
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return (IN_CLUSTER_PREFIX_POOL, GLOBAL_IN_CLUSTER_PREFIX_POOL)
+
+    def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
+        try:
+            spec, allocatable = parse_prefix_pool(pool)
+        except (PoolSpecError, ValidationError, ValueError) as error:
+            raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
+        return spec.allocation_fields(), allocatable
+
+    async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
+        try:
+            _, allocatable = parse_prefix_pool(pool)
+        except (PoolSpecError, ValidationError, ValueError):
+            return
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        try:
+            return await super().allocate(pool_ref, pool, claim, existing)
+        except PoolExhaustedError as error:
+            spec, allocatable = self._parse(pool_ref, pool)
+            total = cap_int64(allocatable.addresses.size)
+            raise PoolExhaustedError(
+                f"{pool_ref} has no free /{spec.prefix} prefix: all {total} are in use; add prefixes to the pool or "
+                "delete claims"
+            ) from error
+
+    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        try:
+            _, allocatable = self._parse(pool_ref, pool)
+        except PoolNotReadyError as error:
+            invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
+            return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
+        out_of_range = sum(1 for a in addresses if child_of(a.address, a.prefix, allocatable) is None)
+        await self._sweep(pool_ref, addresses)
+        await self._sweep_orphans()
+        total = allocatable.addresses.size
+        counts = AddressCounts(
+            total=total,
+            used=len(addresses),
+            free=max(total - (len(addresses) - out_of_range), 0),
+            out_of_range=out_of_range,
+        )
+        length = ADDRESS_BITS[allocatable.family] - allocatable.host_bits
+        message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} /{length} prefixes free"
+        if out_of_range:
+            message += f"; {out_of_range} allocated prefixes are not ones the pool would hand out now"
+        return PoolReport(True, "PoolReady", message, counts=counts)
+
+
+def create_backend(context: BackendContext) -> InClusterPrefixBackend:
+    return InClusterPrefixBackend(context)
