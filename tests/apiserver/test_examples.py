@@ -425,7 +425,8 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                 assert len(set(addresses)) == len(addresses), f"{key} handed out an address twice: {addresses}"
                 spec = pools[key]["spec"]
                 if "addresses" not in spec:  # a prefix pool: the lowest children, first fit
-                    assert sorted(addresses, key=ipaddress.ip_address) == children(spec, len(addresses)), (key, addresses)
+                    first_fit = children(spec, len(addresses))
+                    assert sorted(addresses, key=ipaddress.ip_address) == first_fit, (key, addresses)
                     continue
                 pinned = fixed.get(key, set()) | set((spec.get("preAllocations") or {}).values())
                 dynamic = [a for a in addresses if a not in pinned]
