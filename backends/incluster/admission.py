@@ -7,7 +7,8 @@
 - `spec.preAllocations` entries that do not parse, lie outside the pool's allocatable addresses or name one address
   for two claims (`pre_allocation_problems`), or name an address that a live IPAddress of another claim holds;
 - on UPDATE, addresses in use that the new spec no longer contains: the Go provider's "pool addresses do not
-  contain allocated addresses", followed by the IPAddresses that hold them.
+  contain allocated addresses", followed by the IPAddresses that hold them. An address of the other IP family
+  than the new spec's is not contained: switching a pool between IPv4 and IPv6 strands every address it held.
 
 An UPDATE that leaves the spec as it is (finalizers, annotations, labels: the controller's own patches and
 clusterctl move's) is never refused, and an UPDATE is refused only for problems the old spec did not have already,
@@ -17,6 +18,7 @@ Cost: O(k log k) for k spec entries plus O(n log k) for n addresses in use; no r
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,22 +87,23 @@ def _stranded(
     previous: AllocatableSet | None, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]
 ) -> list[str]:
     """The Go provider's refusal for addresses in use that the new spec leaves out (and the old one held, when it
-    could be parsed), as ranges, then the IPAddresses holding them."""
-    values: set[int] = set()
+    could be parsed), as ranges per family, then the IPAddresses holding them. An address of the other family than
+    the new spec's is left out by it: a pool switched between IPv4 and IPv6 strands every address it held."""
+    values: set[tuple[int, int]] = set()
     holders: list[AddressInUse] = []
     for address in in_use:
-        value = _value(address.address, allocatable.family)
-        if value is None or value in allocatable.addresses:
+        held = _family_value(address.address)
+        if held is None or _contains(allocatable, held):
             continue
-        if previous is not None and (previous.family != allocatable.family or value not in previous.addresses):
+        if previous is not None and not _contains(previous, held):
             continue  # outside the pool already: this change does not strand it
-        values.add(value)
+        values.add(held)
         holders.append(address)
     if not values:
         return []
     ranges = " ".join(
-        f"{int_to_address(first, allocatable.family)}-{int_to_address(last, allocatable.family)}"
-        for first, last in _runs(sorted(values))
+        f"{int_to_address(first, family)}-{int_to_address(last, family)}"
+        for family, first, last in _runs(sorted(values))
     )
     names = sorted(str(holder) for holder in holders)
     listed = ", ".join(names[:LISTED_HOLDERS])
@@ -109,20 +112,28 @@ def _stranded(
     return [f"{STRANDED}: [{ranges}] (held by IPAddresses {listed}); keep them in the pool or release them first"]
 
 
-def _runs(values: list[int]) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    for value in values:
-        if runs and runs[-1][1] + 1 == value:
-            runs[-1] = (runs[-1][0], value)
+def _contains(allocatable: AllocatableSet, held: tuple[int, int]) -> bool:
+    family, value = held
+    return family == allocatable.family and value in allocatable.addresses
+
+
+def _runs(values: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Consecutive (family, value) pairs as (family, first, last)."""
+    runs: list[tuple[int, int, int]] = []
+    for family, value in values:
+        if runs and runs[-1][0] == family and runs[-1][2] + 1 == value:
+            runs[-1] = (family, runs[-1][1], value)
         else:
-            runs.append((value, value))
+            runs.append((family, value, value))
     return runs
 
 
-def _value(text: str, family: int) -> int | None:
+def _family_value(text: str) -> tuple[int, int] | None:
+    """The IP family and integer of an IPAddress's `spec.address`, or None if it is not an address."""
     try:
-        return address_to_int(text.split("/")[0], family)
-    except ValueError:
+        version = ipaddress.ip_address(text.split("/")[0].strip()).version
+        return version, address_to_int(text.split("/")[0], version)
+    except ValueError:  # not an address, or a scoped IPv6 one: no pool holds it
         return None
 
 

@@ -78,3 +78,21 @@ def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
     (problem,) = pool_change_problems(None, pool(["10.0.0.1"], prefix="x"), [])  # type: ignore[arg-type]
     assert problem.startswith("the pool's spec is invalid: ")
     assert pool_change_problems(pool(["10.0.0.1"]), None, used("10.0.0.1")) == []  # DELETE: the core's
+
+
+def test_a_family_switch_strands_every_address_the_old_pool_held() -> None:
+    in_use = used("10.0.0.10", "10.0.0.11", "10.0.0.13", "10.9.9.9", "fd00::99")  # 10.9.9.9, fd00::99: outside
+    (problem,) = pool_change_problems(pool(["10.0.0.10-10.0.0.20"]), pool(["fd00::/120"], 120), in_use)
+    assert problem.startswith(
+        "pool addresses do not contain allocated addresses: [10.0.0.10-10.0.0.11 10.0.0.13-10.0.0.13] "
+        "(held by IPAddresses ns/m0, ns/m1, ns/m2)"
+    )
+    # And back: the IPv6 addresses held go, the IPv4 ones the IPv6 pool never held are not this change's doing.
+    in_use = used("fd00::10", "fd00::11", "10.0.0.10")
+    (problem,) = pool_change_problems(pool(["fd00::10-fd00::20"], 64), pool(["10.0.0.0/24"]), in_use)
+    assert "[fd00::10-fd00::11]" in problem and "ns/m2" not in problem
+    # An old spec the backend cannot parse: every address outside the new one counts, of either family.
+    (problem,) = pool_change_problems(pool(["10.0.0.5", "10.1.0.5"]), pool(["fd00::/120"], 120), used("10.0.0.5"))
+    assert "[10.0.0.5-10.0.0.5]" in problem
+    # Addresses that are not addresses (or carry an IPv6 zone) are no pool's.
+    assert pool_change_problems(pool(["10.0.0.0/24"]), pool(["fd00::/120"], 120), used("x", "fe80::1%eth0")) == []
