@@ -48,7 +48,7 @@ class Endpoints:
         self.metrics: MetricsEndpoint | None = None
         self.probes: web.AppRunner | None = None
         self.webhook: WebhookServer | None = None
-        self.ready: Callable[[], bool] = lambda: False  # /readyz; the controller replaces it
+        self.ready: Callable[[], bool] = lambda: False  # /readyz without the webhook; the controller replaces it
 
     @classmethod
     async def bind(cls, options: RunOptions) -> Endpoints:
@@ -90,7 +90,11 @@ class Endpoints:
             return web.Response(text="ok")
 
         async def readyz(_: web.Request) -> web.Response:
-            if self.webhook is not None and not self.webhook.serving:
+            # With the webhook, readiness is the webhook's alone: it needs no synced cache (it lists instead), and
+            # a standby that wins the lease must stay in the webhook Service while its caches sync.
+            if self.webhook is not None:
+                if self.webhook.serving:
+                    return web.Response(text="ok")
                 return web.Response(status=503, text="webhook not serving")
             if self.ready():
                 return web.Response(text="ok")
@@ -170,7 +174,7 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
         namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
     )
     controller = view.controller = Controller(kube, registry, settings)
-    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses))  # every replica, leader or not
+    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools))  # every replica
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)

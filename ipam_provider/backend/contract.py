@@ -288,7 +288,8 @@ def admission_reviewer_of(backend: object) -> AdmissionReviewer | None:
     """The backend's optional `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`, or None.
 
     The controller's admission webhook calls it for a pool of the backend's kinds being created (`old` None),
-    updated, or deleted (`new` None; only once the core's own delete check has passed), with `in_use`, the live
+    updated (not when `spec` is unchanged: such an UPDATE is allowed without asking), or deleted (`new` None;
+    only once the core's own delete check has passed, and not under a skip annotation), with `in_use`, the live
     IPAddresses naming the pool. It answers the reasons to refuse the change, each a sentence a person can act on
     (empty: allowed). It must be quick (the API server waits for it: seconds, not more), must not write, and must
     not raise for a spec it cannot parse: that is a reason to refuse."""

@@ -1,13 +1,18 @@
 """Admission of pool changes: `admission.k8s.io/v1` AdmissionReviews in, a verdict out.
 
 `parse_review` reads a review (raising MalformedReview for anything that is not one); `PoolAdmission.decide`
-answers it for any served pool kind:
+answers it for any served pool kind, reading no more than the answer needs:
 
-- DELETE (every kind, here in the core): refused while live IPAddresses (not being deleted) name the pool, unless
-  the pool carries `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` (the Go provider's annotation) or
-  `clusterctl.cluster.x-k8s.io/delete-for-move` (set by `clusterctl move` before it deletes its source copy);
+- UPDATE that leaves `spec` as it is (finalizers, labels, annotations: the controller's own patches, clusterctl
+  move's): allowed at once, with no request made;
+- DELETE (every kind, here in the core): allowed at once when the pool carries
+  `clusterctl.cluster.x-k8s.io/delete-for-move` (set by `clusterctl move` before it deletes its source copy), and
+  when it carries `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` (the Go provider's annotation), then with a
+  warning if IPAddresses still name it (as far as a short, best-effort read tells); otherwise refused while live
+  IPAddresses (not being deleted) name the pool. A review without `oldObject` reads the pool's annotations from the
+  cache or the API server; when neither answers, the pool is refused only if it is in use;
 - CREATE and UPDATE, and a DELETE that passed: whatever the kind's backend refuses through its optional
-  `review_pool_change` (`admission_reviewer_of`); a kind whose backend has none is allowed.
+  `review_pool_change` (`admission_reviewer_of`); a kind whose backend has none is allowed without a read.
 
 The IPAddresses in use come from the controller's synced cache when it can answer for the pool, else from a fresh
 LIST. Refusals of CREATE and UPDATE are 422 (Invalid), of DELETE 403 (Forbidden); a check that cannot be made (the
@@ -16,22 +21,38 @@ API server did not answer the LIST) is 500, so that the API server refuses the c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+import structlog
+
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_SKIP_DELETE_VALIDATION
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import AddressInUse, PoolKind, PoolRef, admission_reviewer_of
+from ipam_provider.backend.contract import (
+    AddressInUse,
+    AdmissionReviewer,
+    PoolKind,
+    PoolRef,
+    admission_reviewer_of,
+)
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import ADDRESSES, Resource
+
+log = structlog.get_logger(__name__)
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."  # Go's text
-LISTED_ADDRESSES = 10
+LISTED_ADDRESSES = 10  # IPAddresses named in a DELETE's refusal; the rest are counted
+LISTED_REASONS = 20  # a backend's reasons joined into one refusal; the rest are counted
+OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the verdict stands without it)
+READ_ERRORS = (ApiError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class MalformedReview(ValueError):
@@ -58,6 +79,7 @@ class Verdict:
     code: int = 200
     reason: str = ""
     message: str = ""
+    warnings: tuple[str, ...] = ()  # shown by kubectl as `Warning: ...`, allowed or not
 
 
 ALLOWED = Verdict(True)
@@ -111,22 +133,27 @@ def review_response(uid: str, verdict: Verdict) -> Object:
             "reason": verdict.reason,
             "message": verdict.message,
         }
+    if verdict.warnings:
+        response["warnings"] = list(verdict.warnings)
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
 class PoolAdmission:
     """Decides reviews of pools of the registry's kinds. `cached_addresses(ref)` answers the IPAddresses naming a
-    pool from the controller's cache, or None when the cache cannot answer (then they are listed)."""
+    pool from the controller's cache, or None when the cache cannot answer (then they are listed);
+    `cached_pools(kind)` the pools of a kind from the controller's cache, or None before it has synced."""
 
     def __init__(
         self,
         kube: KubeClient,
         registry: BackendRegistry,
         cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None,
+        cached_pools: Callable[[PoolKind], Sequence[Object] | None] = lambda kind: None,
     ) -> None:
         self.kube = kube
         self.registry = registry
         self.cached_addresses = cached_addresses
+        self.cached_pools = cached_pools
 
     async def decide(self, request: ReviewRequest, path_kind: PoolKind) -> Verdict:
         """The verdict on `request`, which came in at `path_kind`'s path. Raises what the API server raised when
@@ -137,24 +164,81 @@ class PoolAdmission:
             )
         if request.operation == "CONNECT":
             return ALLOWED
-        pool = request.new if request.new is not None else request.old
+        if request.operation == "DELETE":
+            return await self._decide_delete(request, path_kind)
+        pool = request.new
         if pool is None:
             return Verdict(False, 400, "BadRequest", f"the {request.operation} request carries no object")
-        ref = path_kind.ref(request.namespace, request.name or str((pool.get("metadata") or {}).get("name", "")))
-        in_use = await self.addresses_in_use(ref)
-        if request.operation == "DELETE":
-            refused = _delete_refusal(pool, in_use)
-            if refused is not None:
-                return Verdict(False, 403, "Forbidden", refused)
-        found = self.registry.lookup(path_kind.group, path_kind.kind)
-        review = admission_reviewer_of(found[0]) if found is not None else None
+        if request.old is not None and _spec(request.old) == _spec(pool):
+            return ALLOWED  # metadata only: never refused, so nothing is read
+        review = self._reviewer(path_kind)
         if review is None:
             return ALLOWED
-        reasons = await review(ref, request.old, request.new, in_use)
-        if not reasons:
+        ref = _ref(request, path_kind, pool)
+        reasons = await review(ref, request.old, pool, await self.addresses_in_use(ref))
+        return _verdict(request.operation, path_kind, ref, reasons)
+
+    async def _decide_delete(self, request: ReviewRequest, kind: PoolKind) -> Verdict:
+        ref = _ref(request, kind, request.old)
+        if not ref.name:
+            return Verdict(False, 400, "BadRequest", "the DELETE request names no pool")
+        pool = request.old if request.old is not None else await self._stored_pool(kind, ref)
+        annotations = ((pool or {}).get("metadata") or {}).get("annotations") or {}
+        if ANNOTATION_DELETE_FOR_MOVE in annotations:
             return ALLOWED
-        code, reason = (403, "Forbidden") if request.operation == "DELETE" else (422, "Invalid")
-        return Verdict(False, code, reason, f"{path_kind.kind} {request.name}: {'; '.join(reasons)}")
+        if ANNOTATION_SKIP_DELETE_VALIDATION in annotations:
+            return await self._skipped_delete(ref)
+        in_use = await self.addresses_in_use(ref)
+        if in_use:
+            return Verdict(False, 403, "Forbidden", _in_use_refusal(in_use))
+        review = self._reviewer(kind)
+        if pool is None or review is None:
+            return ALLOWED
+        return _verdict(request.operation, kind, ref, await review(ref, pool, None, in_use))
+
+    async def _skipped_delete(self, ref: PoolRef) -> Verdict:
+        """A DELETE under the skip annotation: allowed, with a warning if IPAddresses are known to name the pool.
+        The cache answers, else a LIST of at most OPTIONAL_READ_SECONDS whose failure only drops the warning."""
+        try:
+            async with asyncio.timeout(OPTIONAL_READ_SECONDS):
+                in_use = await self.addresses_in_use(ref)
+        except READ_ERRORS as error:
+            log.info(
+                "deleting a pool under the skip annotation; its IPAddresses not listed",
+                pool=str(ref),
+                error=str(error) or type(error).__name__,
+            )
+            return ALLOWED
+        if not in_use:
+            return ALLOWED
+        return Verdict(
+            True,
+            warnings=(
+                f"{len(in_use)} IPAddresses still name {ref} (such as {min(str(address) for address in in_use)}); "
+                f"{ANNOTATION_SKIP_DELETE_VALIDATION} lets the pool go anyway, and they are no longer served by it",
+            ),
+        )
+
+    async def _stored_pool(self, kind: PoolKind, ref: PoolRef) -> Object | None:
+        """The pool as the cache holds it, else as the API server answers within OPTIONAL_READ_SECONDS, else
+        None (not found, or no answer)."""
+        for item in self.cached_pools(kind) or ():
+            meta = item.get("metadata") or {}
+            if meta.get("name") == ref.name and meta.get("namespace") == ref.namespace:
+                return item
+        resource = Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
+        try:
+            async with asyncio.timeout(OPTIONAL_READ_SECONDS):
+                return await self.kube.get(resource, ref.name, ref.namespace)
+        except READ_ERRORS as error:
+            log.info(
+                "a DELETE review without the pool; read failed", pool=str(ref), error=str(error) or type(error).__name__
+            )
+            return None
+
+    def _reviewer(self, kind: PoolKind) -> AdmissionReviewer | None:
+        found = self.registry.lookup(kind.group, kind.kind)
+        return admission_reviewer_of(found[0]) if found is not None else None
 
     async def addresses_in_use(self, ref: PoolRef) -> list[AddressInUse]:
         """The live IPAddresses naming the pool: from the cache if it can answer, else listed."""
@@ -174,12 +258,29 @@ class PoolAdmission:
         return in_use
 
 
-def _delete_refusal(pool: Object, in_use: Sequence[AddressInUse]) -> str | None:
-    annotations = (pool.get("metadata") or {}).get("annotations") or {}
-    if ANNOTATION_SKIP_DELETE_VALIDATION in annotations or ANNOTATION_DELETE_FOR_MOVE in annotations:
-        return None
-    if not in_use:
-        return None
+def _spec(pool: Object) -> Any:
+    return pool.get("spec") or {}
+
+
+def _ref(request: ReviewRequest, kind: PoolKind, pool: Object | None) -> PoolRef:
+    """The pool a review is about: the request's name and namespace, else those of its object."""
+    meta = (pool or {}).get("metadata") or {}
+    namespace = request.namespace or meta.get("namespace")
+    return kind.ref(str(namespace) if namespace else None, request.name or str(meta.get("name") or ""))
+
+
+def _verdict(operation: str, kind: PoolKind, ref: PoolRef, reasons: Sequence[str]) -> Verdict:
+    """Allowed without `reasons`; else refused with the first LISTED_REASONS of them, the rest counted."""
+    if not reasons:
+        return ALLOWED
+    code, reason = (403, "Forbidden") if operation == "DELETE" else (422, "Invalid")
+    listed = "; ".join(reasons[:LISTED_REASONS])
+    if len(reasons) > LISTED_REASONS:
+        listed += f"; and {len(reasons) - LISTED_REASONS} more"
+    return Verdict(False, code, reason, f"{kind.kind} {ref.name}: {listed}")
+
+
+def _in_use_refusal(in_use: Sequence[AddressInUse]) -> str:
     names = sorted(str(address) for address in in_use)
     listed = ", ".join(names[:LISTED_ADDRESSES]) + (
         f" and {len(names) - LISTED_ADDRESSES} more" if len(names) > LISTED_ADDRESSES else ""

@@ -1,8 +1,9 @@
 """The validating admission webhook server: HTTPS, in the controller's event loop, on every replica.
 
 One POST path per served pool kind (`admission.webhook_path`, kubebuilder's form); each takes an
-`admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review is answered 400 and logged; a
-review at another `/validate-...` path (a kind whose backend is not loaded, `--backends`) is allowed.
+`admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review (or is JSON nested too deeply to
+read) is answered 400 and logged; a review at another `/validate-...` path (a kind whose backend is not loaded,
+`--backends`) is allowed.
 
 Every review is answered before the API server gives up: within the `timeout` it sends with the call (`?timeout=5s`,
 the configuration's `timeoutSeconds`) less a margin, else DEFAULT_TIMEOUT. A check that cannot finish in time, or
@@ -110,8 +111,8 @@ class WebhookServer:
             return web.Response(status=503, text="starting: not connected to the API server yet\n")
         try:
             review = parse_review(json.loads(await request.read()))
-        except (MalformedReview, ValueError, UnicodeDecodeError) as error:
-            log.warning("malformed admission review", path=request.path, error=str(error))
+        except (MalformedReview, ValueError, UnicodeDecodeError, RecursionError) as error:  # nested too deep: JSON
+            log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
             return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
         if kind is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
             log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)

@@ -12,6 +12,7 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -19,12 +20,12 @@ import pytest
 import pytest_asyncio
 import structlog
 
-from backends.incluster.backend import IN_CLUSTER_POOL
-from ipam_provider.backend.contract import AddressInUse, PoolKind, PoolRef
+from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
+from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
-from ipam_provider.serving.admission import PoolAdmission, webhook_path
+from ipam_provider.serving.admission import ALLOWED, PoolAdmission, Verdict, parse_review, webhook_path
 from ipam_provider.serving.certificates import CertificateFiles, ServingCertificate
 from ipam_provider.serving.webhook import WebhookServer
 from tests.core.fake_backend import FAKE_POOL, FakeBackend
@@ -93,9 +94,6 @@ class Served:
 
 @pytest_asyncio.fixture
 async def served() -> AsyncIterator[Served]:
-    from backends.incluster.backend import InClusterBackend
-    from ipam_provider.backend.contract import BackendContext
-
     kube = cast(KubeClient, object())  # never used: the cache stand-in answers every pool
     backend = ReviewingBackend()
     registry = BackendRegistry([InClusterBackend(BackendContext(kube=kube)), backend])
@@ -133,6 +131,7 @@ MALFORMED: list[tuple[bytes, str]] = [
     (encoded({**review(IN_CLUSTER_POOL, "CREATE", {}), "request": {"uid": "u", "operation": "PATCH"}}), "PATCH"),
     (encoded({**review(IN_CLUSTER_POOL, "CREATE", {}), "request": {"uid": "u", "operation": "CREATE"}}), "no kind"),
     (encoded(review(IN_CLUSTER_POOL, "CREATE", cast(Object, "a string"))), "object is not an object"),
+    (b"[" * 100_000 + b"]" * 100_000, "malformed AdmissionReview"),  # deeper than the JSON decoder recurses
 ]
 
 
@@ -170,7 +169,7 @@ async def test_other_paths(served: Served) -> None:
 
 async def test_a_hanging_check_is_answered_within_the_timeout(served: Served) -> None:
     served.backend.hold = asyncio.Event()  # never set: the check never ends
-    body = encoded(review(FAKE_POOL, "UPDATE", pool_object(FAKE_POOL), pool_object(FAKE_POOL)))
+    body = encoded(review(FAKE_POOL, "UPDATE", pool_object(FAKE_POOL, size=2), pool_object(FAKE_POOL, size=1)))
     status, answer = await served.post(FAKE_PATH, body, "?timeout=1s")
     assert status == 200 and answer["response"]["allowed"] is False
     assert answer["response"]["status"]["code"] == 500
@@ -189,6 +188,11 @@ async def test_a_failing_check_is_a_refusal_with_code_500(served: Served) -> Non
     served.backend.reasons = ["no, because"]
     _, answer = await served.post(FAKE_PATH, body)
     assert answer["response"]["status"]["message"] == "FakeIPPool net: no, because"
+    served.backend.reasons = [f"reason {number}" for number in range(25)]  # the first 20, the rest counted
+    _, answer = await served.post(FAKE_PATH, body)
+    assert answer["response"]["status"]["message"] == (
+        "FakeIPPool net: " + "; ".join(f"reason {number}" for number in range(20)) + "; and 5 more"
+    )
 
 
 async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -> None:
@@ -214,6 +218,11 @@ async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -
         annotated = {**pool, "metadata": {**pool["metadata"], "annotations": {annotation: ""}}}
         _, answer = await served.post(FAKE_PATH, encoded(review(FAKE_POOL, "DELETE", None, annotated)))
         assert answer["response"]["allowed"] is True, annotation
+        if annotation.startswith("ipam."):  # a person's choice: told what it leaves behind
+            (warning,) = answer["response"]["warnings"]
+            assert warning.startswith("1 IPAddresses still name FakeIPPool/team-a/net (such as team-a/m1)")
+        else:  # clusterctl move's: nothing is read
+            assert "warnings" not in answer["response"]
     served.in_use[0] = {**address, "metadata": {**address["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     _, answer = await served.post(FAKE_PATH, encoded(review(FAKE_POOL, "DELETE", None, pool)))
     assert answer["response"]["allowed"] is True, "an IPAddress being deleted is not in use"
@@ -226,7 +235,8 @@ async def test_timeouts_the_api_server_sends(served: Served, timeout: str) -> No
     assert status == 200 and answer["response"]["allowed"] is True
 
 
-async def test_readyz_waits_for_the_webhook() -> None:
+async def test_readyz_is_the_webhooks_when_it_serves() -> None:
+    """Without the webhook, /readyz follows the caches (synced, or a standby); with it, the webhook alone."""
     from ipam_provider.cli import Endpoints
     from ipam_provider.flags import parse_args
     from tests.core.test_cli import free_port
@@ -235,9 +245,12 @@ async def test_readyz_waits_for_the_webhook() -> None:
     argv = ["run", "--metrics-bind-address=0", f"--health-addr=127.0.0.1:{health}"]
     endpoints = await Endpoints.bind(parse_args([*argv, "--webhook-host=127.0.0.1", "--webhook-port=0"]).options)
     try:
-        endpoints.ready = lambda: True
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{health}/readyz") as reply:
-            assert reply.status == 200  # no webhook: the caches decide
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
+                assert (reply.status, await reply.text()) == (503, "caches not synced")  # no webhook: caches decide
+            endpoints.ready = lambda: True
+            async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
+                assert reply.status == 200
     finally:
         await endpoints.close()
     webhook = free_port()
@@ -246,13 +259,100 @@ async def test_readyz_waits_for_the_webhook() -> None:
     )
     try:
         assert endpoints.webhook is not None and endpoints.webhook.port == webhook
-        endpoints.ready = lambda: True
+        endpoints.ready = lambda: False  # caches not synced: a standby that has just won the lease
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
                 assert (reply.status, await reply.text()) == (503, "webhook not serving")
             kube = cast(KubeClient, object())
             endpoints.use_admission(PoolAdmission(kube, BackendRegistry([FakeBackend()])))
             async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
-                assert reply.status == 200
+                assert reply.status == 200, "the webhook needs no synced cache: it stays in its Service"
     finally:
         await endpoints.close()
+
+
+@pytest_asyncio.fixture
+async def unreachable(tmp_path: Path) -> AsyncIterator[KubeClient]:
+    """A real API client of a server that does not listen: every request fails at once (connection refused)."""
+    from tests.core.test_cli import free_port
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    kube = await KubeClient.from_kubeconfig(str(path))
+    try:
+        yield kube
+    finally:
+        await kube.close()
+
+
+def annotated(pool: Object, annotation: str) -> Object:
+    return {**pool, "metadata": {**pool["metadata"], "annotations": {annotation: ""}}}
+
+
+SKIP, MOVE = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook", "clusterctl.cluster.x-k8s.io/delete-for-move"
+
+
+async def test_what_needs_no_read_is_decided_without_one(unreachable: KubeClient) -> None:
+    """An UPDATE of metadata only (the controller's finalizer removal) and a DELETE under either annotation are
+    decided without the API server; a change that needs the IPAddresses fails for want of them."""
+    backend = ReviewingBackend(reasons=["the backend is not asked about metadata"])
+    registry = BackendRegistry([InClusterBackend(BackendContext(kube=unreachable)), backend])
+    admission = PoolAdmission(unreachable, registry)  # no cache: IPAddresses would be listed
+
+    async def decide(kind: PoolKind, operation: str, new: Object | None, old: Object) -> Verdict:
+        return await admission.decide(parse_review(review(kind, operation, new, old)), kind)
+
+    pool = pool_object(IN_CLUSTER_POOL, addresses=["10.0.0.0/24"], prefix=24)
+    finalized = {**pool, "metadata": {**pool["metadata"], "finalizers": ["ipam.cluster.x-k8s.io/ProtectPool"]}}
+    assert await decide(IN_CLUSTER_POOL, "UPDATE", pool, finalized) == ALLOWED
+    fake = pool_object(FAKE_POOL, size=1)
+    assert await decide(FAKE_POOL, "UPDATE", annotated(fake, "x"), fake) == ALLOWED
+    for annotation in (SKIP, MOVE):  # the skip annotation's warning needs the IPAddresses: none, when unread
+        assert await decide(FAKE_POOL, "DELETE", None, annotated(fake, annotation)) == ALLOWED, annotation
+    widened = pool_object(IN_CLUSTER_POOL, addresses=["10.0.0.0/23"], prefix=23)
+    with pytest.raises(aiohttp.ClientError):
+        await decide(IN_CLUSTER_POOL, "UPDATE", widened, pool)
+    with pytest.raises(aiohttp.ClientError):
+        await decide(FAKE_POOL, "DELETE", None, fake)
+
+
+async def test_a_delete_without_its_old_object(unreachable: KubeClient) -> None:
+    """Without `oldObject`, the pool's annotations come from the cache, else a GET; without either (here the GET
+    fails), the pool is refused only while in use."""
+    pools: list[Object] = []
+    in_use: list[Object] = []
+    admission = PoolAdmission(unreachable, BackendRegistry([ReviewingBackend()]), lambda ref: in_use, lambda _: pools)
+    delete = parse_review(review(FAKE_POOL, "DELETE", None, None))
+    assert delete.old is None and await admission.decide(delete, FAKE_POOL) == ALLOWED
+    in_use.append(address_of(FAKE_POOL, "m1"))
+    verdict = await admission.decide(delete, FAKE_POOL)
+    assert not verdict.allowed and verdict.code == 403 and "team-a/m1" in verdict.message
+    pools.append(pool_object(FAKE_POOL))
+    assert not (await admission.decide(delete, FAKE_POOL)).allowed
+    pools[0] = annotated(pool_object(FAKE_POOL), SKIP)
+    verdict = await admission.decide(delete, FAKE_POOL)
+    assert verdict.allowed and "(such as team-a/m1)" in verdict.warnings[0]
+    pools[0] = annotated(pool_object(FAKE_POOL), MOVE)
+    assert await admission.decide(delete, FAKE_POOL) == ALLOWED
+    nameless = review(FAKE_POOL, "DELETE", None, None)
+    nameless["request"]["name"] = ""
+    assert (await admission.decide(parse_review(nameless), FAKE_POOL)).code == 400
+
+
+def address_of(kind: PoolKind, claim: str) -> Object:
+    return {
+        "metadata": {"name": claim, "namespace": "team-a"},
+        "spec": {
+            "address": "10.0.0.10",
+            "poolRef": {"apiGroup": kind.group, "kind": kind.kind, "name": "net"},
+            "claimRef": {"name": claim},
+        },
+    }

@@ -135,6 +135,7 @@ async def test_sigterm_stops_a_controller_whose_caches_never_sync(
         f"--kubeconfig={variant}",
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
+        "--webhook-port=0",
         "--log-format=json",
         stderr=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.DEVNULL,

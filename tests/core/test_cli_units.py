@@ -94,6 +94,7 @@ def test_a_fatal_error_is_one_json_record_and_exit_1(tmp_path: Path) -> None:
             "--log-format=json",
             "--metrics-bind-address=0",
             "--health-probe-bind-address=0",
+            "--webhook-port=0",
         ],
         capture_output=True,
         text=True,

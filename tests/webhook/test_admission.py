@@ -255,3 +255,42 @@ async def test_global_pools_are_checked_too(kube: KubeClient, kubeconfig: Path, 
 
             await wait_for(released, timeout=60, message="m1's IPAddress to be deleted")
             await kube.delete(GLOBAL_POOLS, name)
+
+
+@pytest.mark.apiserver
+async def test_a_delete_review_without_its_old_object_reads_the_pool(kube: KubeClient, namespace: str) -> None:
+    """An API server sends `oldObject` with every DELETE; a review without it is still answered: the pool's
+    annotations are read from the API server, and its IPAddresses listed."""
+    from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
+    from ipam_provider.backend.contract import BackendContext
+    from ipam_provider.backend.registry import BackendRegistry
+    from ipam_provider.serving.admission import parse_review
+
+    admission = PoolAdmission(kube, BackendRegistry([InClusterBackend(BackendContext(kube=kube))]))
+    for name in ("kept", "skipped"):
+        await kube.create(POOLS, pool(name, ["10.66.0.0/24"], 24), namespace)
+        address = {
+            "apiVersion": ADDRESSES.api_version,
+            "kind": ADDRESSES.kind,
+            "metadata": {"name": f"{name}-m1"},
+            "spec": {
+                "address": "10.66.0.10",
+                "prefix": 24,
+                "poolRef": {"apiGroup": IN_CLUSTER_POOL.group, "kind": IN_CLUSTER_POOL.kind, "name": name},
+                "claimRef": {"name": f"{name}-m1"},
+            },
+        }
+        await kube.create(ADDRESSES, address, namespace)
+    skip = {"ipam.cluster.x-k8s.io/skip-validate-delete-webhook": ""}
+    await kube.patch(POOLS, "skipped", {"metadata": {"annotations": skip}}, namespace)
+
+    def delete(name: str) -> Object:
+        kind = {"group": IN_CLUSTER_POOL.group, "version": IN_CLUSTER_POOL.version, "kind": IN_CLUSTER_POOL.kind}
+        request = {"uid": "u", "kind": kind, "namespace": namespace, "name": name, "operation": "DELETE"}
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+    verdict = await admission.decide(parse_review(delete("kept")), IN_CLUSTER_POOL)
+    assert not verdict.allowed and f"{namespace}/kept-m1" in verdict.message
+    verdict = await admission.decide(parse_review(delete("skipped")), IN_CLUSTER_POOL)
+    assert verdict.allowed and f"(such as {namespace}/skipped-m1)" in verdict.warnings[0]
+    assert (await admission.decide(parse_review(delete("absent")), IN_CLUSTER_POOL)).allowed
