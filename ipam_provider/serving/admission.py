@@ -214,8 +214,8 @@ class PoolAdmission:
         return Verdict(
             True,
             warnings=(
-                f"{len(in_use)} IPAddresses still name {ref} (such as {min(str(address) for address in in_use)}); "
-                f"{ANNOTATION_SKIP_DELETE_VALIDATION} lets the pool go anyway, and they are no longer served by it",
+                f"{ref} still has {len(in_use)} IPAddress(es) in use (such as {min(str(a) for a in in_use)}); "
+                f"{ANNOTATION_SKIP_DELETE_VALIDATION} lets the pool go anyway, and no pool serves them any more",
             ),
         )
 

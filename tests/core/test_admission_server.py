@@ -220,7 +220,7 @@ async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -
         assert answer["response"]["allowed"] is True, annotation
         if annotation.startswith("ipam."):  # a person's choice: told what it leaves behind
             (warning,) = answer["response"]["warnings"]
-            assert warning.startswith("1 IPAddresses still name FakeIPPool/team-a/net (such as team-a/m1)")
+            assert warning.startswith("FakeIPPool/team-a/net still has 1 IPAddress(es) in use (such as team-a/m1)")
         else:  # clusterctl move's: nothing is read
             assert "warnings" not in answer["response"]
     served.in_use[0] = {**address, "metadata": {**address["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
