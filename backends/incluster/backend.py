@@ -13,7 +13,7 @@ allocation at a time; the others wait for it and use its result (see `indexes`).
 
 A claim that requests an address (annotation), or that `spec.preAllocations` names, gets exactly that address or
 AllocationFailed (see `requested`); pre-allocated addresses are never candidates for other claims (see
-`preallocations`).
+`preallocations`) and are held by reservations for their named claims (see `pins`).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ Contract of `enforce_pins` (called from each reconcile of the pool, with the IPA
 Releasing the named claim gives its reservation back to the pin (uid "" again) while the spec still names the
 address for that claim, so the address stays pinned (see `InClusterBackend.release`).
 
-What remains: a claim created in the same apply as the pin that names its address can be served by a process that
-has not seen the pin yet, before the first pool reconcile creates the pin reservation; the pool then reports the
-collision (Ready=False). The admission webhook refuses pins that collide with addresses already held.
+What remains: another claim created in the same apply as a pin can be given the pinned address by a process that
+has not seen the pin yet, before a pool reconcile creates the pin reservation; the pool then reports the collision
+(Ready=False). The admission webhook refuses pins that collide with addresses already held.
 """
 
 from __future__ import annotations
