@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from backends.incluster.prefix_admission import prefix_pool_change_problems
-from ipam_provider.backend.contract import AddressInUse
+from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
+from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolRef, admission_reviewer_of
+from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.serving.admission import PoolAdmission
 
 REVERSED = "provided entry is not a valid IP, range, nor CIDR: fd00::9-fd00::1"
 
@@ -82,3 +86,30 @@ def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
         "the pool's spec is invalid: provided entry is not a valid IP, range, nor CIDR: fd00::7-fd00::2"
     ]
     assert prefix_pool_change_problems(pool(["fd00::/62"]), None, used("fd00::")) == []  # DELETE: the core's
+
+
+def ip_address(name: str, address: str, prefix: int) -> Object:
+    pool_ref = {"apiGroup": IN_CLUSTER_PREFIX_POOL.group, "kind": IN_CLUSTER_PREFIX_POOL.kind, "name": "net"}
+    spec = {"address": address, "prefix": prefix, "poolRef": pool_ref, "claimRef": {"name": name}}
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+
+async def test_the_backend_reviews_with_each_ipaddress_prefix_length() -> None:
+    """The webhook's IPAddresses in use carry their prefix length to the prefix backend's review."""
+    kube = cast(KubeClient, object())  # never used: the cache stand-in answers
+    backend = InClusterPrefixBackend(BackendContext(kube=kube))
+    items = [ip_address("child", "fd00::", 64), ip_address("host", "fd00:0:0:1::", 128)]
+    admission = PoolAdmission(kube, BackendRegistry([backend]), lambda ref: items)
+    ref = PoolRef(IN_CLUSTER_PREFIX_POOL.group, IN_CLUSTER_PREFIX_POOL.kind, "ns", "net")
+    try:
+        in_use = await admission.addresses_in_use(ref)
+        assert [(str(address), address.prefix) for address in in_use] == [("ns/child", 64), ("ns/host", 128)]
+        review = admission_reviewer_of(backend)
+        assert review is not None
+        # The /128 was never a child the pool hands out: only the /64 is stranded.
+        (problem,) = await review(ref, pool(["fd00::/62"]), pool(["fd00:0:0:2::/63"]), in_use)
+        assert problem.startswith(
+            "existing allocations become non-allocatable: [fd00::] (held by IPAddresses ns/child)"
+        )
+    finally:
+        await backend.close()
