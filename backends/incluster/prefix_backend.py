@@ -24,6 +24,7 @@ from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENG
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import (
     AddressCounts,
+    AddressInUse,
     Allocation,
     BackendContext,
     ClaimContext,
@@ -86,6 +87,14 @@ class InClusterPrefixBackend(InClusterBackend):
         except (PoolSpecError, ValidationError, ValueError):
             return
         await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+
+    async def review_pool_change(
+        self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
+    ) -> list[str]:
+        """The admission webhook's checks for prefix pools (see `prefix_admission`)."""
+        from backends.incluster.prefix_admission import prefix_pool_change_problems  # it builds on this module
+
+        return prefix_pool_change_problems(old, new, in_use)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
