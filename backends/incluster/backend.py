@@ -163,7 +163,7 @@ class InClusterBackend:
             specific = SpecificAllocation(
                 self.reservations, self.indexes, pool_ref, spec.prefix, spec.gateway, spec.reuse_grace_seconds
             )
-            return await specific.allocate(index, claim, wanted, why_not_allocatable(spec, allocatable, wanted), pre)
+            return await specific.allocate(index, claim, wanted, self._why_not(spec, allocatable, wanted), pre)
         rebuilt = False
         while True:
             index = self.indexes.current(pool_ref, index)  # never one built from an older spec
@@ -188,6 +188,10 @@ class InClusterBackend:
             reservation = await self._try_candidate(pool_ref, spec, index.family, candidate, claim, index)
             if reservation is not None:
                 return Allocation(reservation.address, reservation.prefix, reservation.gateway)
+
+    def _why_not(self, spec: InClusterPoolSpec, allocatable: AllocatableSet, address: str) -> str | None:
+        """Why the pool cannot hand out the requested `address`, or None when it can."""
+        return why_not_allocatable(spec, allocatable, address)
 
     async def _try_candidate(
         self,

@@ -105,7 +105,7 @@ class SpecificAllocation:
         """Reserve `address` (canonical) for the claim; `why_not`: why it is not allocatable, None if it is."""
         if why_not is not None:
             raise AllocationFailedError(requested_address_outside(address, self.ref, why_not))
-        value = address_to_int(address, index.family)
+        value = index.value_of(address)
         others = pre.pinned_for_others(value, claim)
         if others:
             why = f"it is pre-allocated to claim {', '.join(others)} by spec.preAllocations"
