@@ -1,7 +1,7 @@
-"""The requested-address annotation on the NetBox backend, called directly (as the reconciler calls it) against the
-real NetBox: exactly the requested address, or AllocationFailed saying it is outside the pool or held (and by
-whom); an earlier attempt's address is adopted; and two replicas racing for one address never both get it, even in
-a VRF where NetBox itself lets duplicates through.
+"""The requested-address annotation on the NetBox backend against the real NetBox, called directly (as the
+reconciler calls it) and, in the last test, through the controller: exactly the requested address, or
+AllocationFailed saying it is outside the pool or held (and by whom); an earlier attempt's address is adopted; and
+two replicas racing for one address never both get it, even in a VRF where NetBox itself lets duplicates through.
 """
 
 from __future__ import annotations
@@ -23,12 +23,17 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from tests.netbox.conftest import (
+    NB_POOLS,
     client_of,
     create_secret,
+    delete_claim,
     fast_settings,
     ip_range,
     marked,
+    nb_claim,
+    netbox_pool,
     new_claim,
     pool_of,
     prefix,
@@ -36,6 +41,7 @@ from tests.netbox.conftest import (
     unique_name,
 )
 from tests.netbox.proxy import NetboxProxy
+from tests.support.objects import wait_address, wait_claim_reason
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
@@ -240,3 +246,36 @@ async def test_two_replicas_racing_for_one_address_never_both_get_it(
     finally:
         for replica in replicas:
             await replica.close()
+
+
+async def test_through_the_controller_free_taken_and_outside(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any
+) -> None:
+    netbox.create_prefix("10.80.0.0/24")
+    manual = netbox.api().ipam.ip_addresses.create(address="10.80.0.5/24", description="a printer")
+    await create_secret(kube, namespace, netbox)
+    await kube.create(NB_POOLS, netbox_pool("net", [prefix("10.80.0.0/24")]), namespace)
+    ask = REQUESTED_ADDRESS_ANNOTATION
+    async with netbox_controller():
+        await kube.create(CLAIMS, nb_claim("free", "net", annotations={ask: "10.80.0.42"}), namespace)
+        address = await wait_address(kube, namespace, "free")
+        assert (address["spec"]["address"], address["spec"]["prefix"]) == ("10.80.0.42", 24)
+        for name, asked in (("same", "10.80.0.42"), ("printer", "10.80.0.5"), ("outside", "10.99.0.1")):
+            await kube.create(CLAIMS, nb_claim(name, "net", annotations={ask: asked}), namespace)
+        messages = {}
+        for name in ("same", "printer", "outside"):
+            failed = await wait_claim_reason(kube, namespace, name, "AllocationFailed", timeout=60)
+            messages[name] = next(c for c in failed["status"]["conditions"] if c["type"] == "Ready")["message"]
+            assert await kube.get(ADDRESSES, name, namespace) is None
+        pool = f"NetboxIPPool/{namespace}/net"
+        assert messages["same"] == (
+            f"requested address 10.80.0.42 is already held by claim {namespace}/free in {pool}; request another address"
+        )
+        assert messages["printer"] == (
+            f"requested address 10.80.0.5 is already held by a NetBox IP address not managed by this provider "
+            f"(id {manual.id}) in {pool}; request another address"
+        )
+        assert messages["outside"] == f"requested address 10.99.0.1 is outside {pool}; request an address of the pool"
+        assert [str(r.address) for r in holders(netbox, "10.80.0.42")] == ["10.80.0.42/24"]
+        await delete_claim(kube, namespace, "free")
+        assert holders(netbox, "10.80.0.42") == []
