@@ -10,15 +10,17 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
 - Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
   fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
 - NetBox does not stop two clients from creating one address at the same time, so every address made or adopted
-  here is checked after the fact: the address is listed again in the VRF, and only the holder with the lowest id
-  (the oldest) keeps it. Any other deletes its own object and fails with `requested_address_held`. Ids grow with
-  every insert and every taker runs the same check, so of two claims racing for one address, whichever process
-  they run in, exactly the one whose object is older keeps it: the other sees that object when it lists, because
-  the older one was committed before its own answer came back.
+  here is checked after the fact: the address is listed again in the VRF, and the object is kept only if it is
+  alone there at its last listing; else it is deleted and the claim fails with `requested_address_held`. Two kept
+  objects are impossible: the one listed last would have seen the other, committed before its POST answered and
+  never deleted. Commit order need not follow id order, so ids decide only who waits: when nothing but addresses
+  of this provider's other claims share the address, the oldest (lowest id) lists again a few times while the
+  others give way at once, so a race between claims has a winner, whichever processes they run in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +42,8 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
+CONTENDED_LISTINGS = 5  # listings of a contended address by the oldest object's creator
+CONTENDED_WAIT_SECONDS = 0.5  # between those listings
 
 
 def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
@@ -89,7 +93,7 @@ async def allocate_requested(
         if holders:
             raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
         kept = await _create(allocator, client, pool, resolved, claim, address, source)
-    await _keep_if_oldest(client, pool, claim, address, source, kept)
+    await _keep_if_alone(client, pool, claim, address, source, kept)
     allocator.state(pool.ref).uncertain.pop(claim.uid, None)
     allocation = allocation_of(resolved, kept, claim.uid, source)
     allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
@@ -147,26 +151,35 @@ def _pick(holders: Sequence[Object], uid: str) -> Object | None:
     return next((o for o in holders if is_ours(o, uid)), None)
 
 
-async def _keep_if_oldest(
+async def _keep_if_alone(
     client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, source: Source, kept: Object
 ) -> None:
-    """Keep `kept` only if no older NetBox object holds the address; else delete it and fail (held)."""
-    holders = await _holders(client, address, source)
-    if not any(o["id"] == kept["id"] for o in holders):
-        raise AllocationFailedError(
-            f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",
-            retry_after=1.0,
-        )
-    older = [o for o in holders if int(o["id"]) < int(kept["id"])]
-    if not older:
-        return
+    """Keep `kept` only if nothing else holds the address at the last listing; else delete it and fail (held).
+
+    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again, up to
+    CONTENDED_LISTINGS times, while the others give way at once. Safety rests on the last listing alone."""
+    others: list[Object] = []
+    for listing in range(CONTENDED_LISTINGS):
+        holders = await _holders(client, address, source)
+        if not any(o["id"] == kept["id"] for o in holders):
+            raise AllocationFailedError(
+                f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",
+                retry_after=1.0,
+            )
+        others = [o for o in holders if o["id"] != kept["id"]]
+        if not others:
+            return
+        oldest = all(is_ours(o) for o in others) and int(kept["id"]) < int(others[0]["id"])
+        if not oldest or listing + 1 == CONTENDED_LISTINGS:
+            break
+        await asyncio.sleep(CONTENDED_WAIT_SECONDS)
     await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
     log.info(
-        "requested address taken at the same time by an older object; ours deleted",
+        "requested address taken at the same time by another object; ours deleted",
         claim=str(claim),
         pool=str(pool.ref),
         address=address,
         id=kept["id"],
-        older=older[0]["id"],
+        other=others[0]["id"],
     )
-    raise AllocationFailedError(requested_address_held(address, pool.ref, describe(older[0])))
+    raise AllocationFailedError(requested_address_held(address, pool.ref, describe(others[0])))

@@ -203,6 +203,33 @@ async def test_a_younger_duplicate_of_ours_gives_way(
     assert [r.id for r in holders(netbox, "10.78.0.8", vrf)] == [int(winner.annotations[ANNOTATION_IP_ID])]
 
 
+async def test_an_older_object_gives_way_to_a_younger_one_that_stays(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """Ids do not decide who keeps the address (transactions may commit out of id order): the oldest object's
+    claim waits for the others to give way, and gives way itself when one stays (it was kept already)."""
+    vrf = netbox.api().ipam.vrfs.create(name=unique_name("order"), enforce_unique=False)
+    netbox.create_prefix("10.81.0.0/24", vrf=vrf.id)
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "order", [prefix("10.81.0.0/24", vrf=vrf.name)])
+    ref = PoolRef.from_object(pool)
+    late, kept = asking(namespace, "committed-late", "10.81.0.8"), asking(namespace, "kept", "10.81.0.8")
+
+    def ours(claim: ClaimContext) -> Any:
+        custom_fields = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: f"{namespace}/{claim.name}"}
+        address = "10.81.0.8/24"
+        return netbox.api().ipam.ip_addresses.create(
+            address=address, vrf=vrf.id, tags=[{"slug": OWNER_TAG}], custom_fields=custom_fields
+        )
+
+    older, younger = ours(late), ours(kept)
+    with pytest.raises(AllocationFailedError) as failure:
+        await backend.allocate(ref, pool, late)
+    assert f"already held by claim {namespace}/kept" in failure.value.message
+    assert netbox.api().ipam.ip_addresses.get(older.id) is None
+    assert [r.id for r in holders(netbox, "10.81.0.8", vrf)] == [younger.id]
+
+
 async def test_two_replicas_racing_for_one_address_never_both_get_it(
     kube: KubeClient, namespace: str, netbox: NetBoxServer
 ) -> None:
