@@ -58,7 +58,7 @@ def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
         elif source.total == 0:
             why = why or f"NetBox hands out no address of {source.display} (it is marked populated)"
         elif not source.offers(address):
-            why = why or f"a reserved address of {source.display} (its network or broadcast address)"
+            why = why or f"a reserved address of {source.display} (its network address, or its IPv4 broadcast address)"
         else:
             return source, ""
     return None, why

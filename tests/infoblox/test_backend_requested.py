@@ -79,6 +79,21 @@ async def test_requested_fixed_address_is_held_exactly(backend: InfobloxBackend,
     assert grid.objects_of(claim.uid) == []
 
 
+async def test_requested_ipv6_fixed_address(backend: InfobloxBackend, namespace: str, grid: Grid) -> None:
+    grid.sim.state.add_network("2001:db8:10::/64")
+    pool = await grid.create_pool("six", subnets=[{"cidr": "2001:db8:10::/64"}])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "six", "2001:db8:10::50")
+    allocation = await backend.allocate(ref, pool, claim)
+    assert (allocation.address, allocation.prefix) == ("2001:db8:10::50", 64)
+    (obj,) = grid.objects_of(claim.uid, "ipv6fixedaddress")
+    assert obj["ipv6addr"] == "2001:db8:10::50"
+    with pytest.raises(AllocationFailedError, match="subnet-router anycast"):
+        await backend.allocate(ref, pool, asking(namespace, "anycast", "2001:db8:10::"))
+    with pytest.raises(AllocationFailedError, match=f"already held by claim {namespace}/six"):
+        await backend.allocate(ref, pool, asking(namespace, "again", "2001:db8:10:0::50"))
+
+
 async def test_outside_the_pool_is_refused_with_the_reason(
     backend: InfobloxBackend, namespace: str, grid: Grid
 ) -> None:
