@@ -214,11 +214,13 @@ LEGACY_VERSION: dict[str, Any] = {
 }
 
 
-# A live reservation may change only its claim's uid: the claim of the same namespace/name takes over the
-# reservation made from its IPAddress before the claim existed or before a restore (backends/incluster/existing.py).
+# Besides being released, a reservation may change only its claim's uid (and lose releasedAt): the claim of the same
+# namespace/name takes over the reservation made from its IPAddress before the claim existed or before a restore
+# (backends/incluster/existing.py), its pin or its own released reservation (backends/incluster/pins.py), and a
+# released pinned claim gives it back to its pin (uid "").
 # `namespace` is a CEL keyword: Kubernetes exposes the property as `__namespace__`.
 TAKE_OVER_RULE = (
-    "(!has(oldSelf.releasedAt) && self.pool == oldSelf.pool && self.address == oldSelf.address"
+    "(self.pool == oldSelf.pool && self.address == oldSelf.address"
     " && self.prefix == oldSelf.prefix && has(self.gateway) == has(oldSelf.gateway)"
     " && (!has(self.gateway) || self.gateway == oldSelf.gateway)"
     " && self.claim.__namespace__ == oldSelf.claim.__namespace__ && self.claim.name == oldSelf.claim.name)"

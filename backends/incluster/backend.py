@@ -13,13 +13,14 @@ allocation at a time; the others wait for it and use its result (see `indexes`).
 
 A claim that requests an address (annotation), or that `spec.preAllocations` names, gets exactly that address or
 AllocationFailed (see `requested`); pre-allocated addresses are never candidates for other claims (see
-`preallocations`).
+`preallocations`) and are held by reservations for their named claims (see `pins`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from pydantic import Field, ValidationError, field_validator
@@ -29,6 +30,7 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.overlap import PoolSurvey, assess
+from backends.incluster.pins import enforce_pins
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message, take_dynamic
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
@@ -69,7 +71,7 @@ class InClusterPoolSpec(Model):
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
-    pre_allocations: dict[str, str] = Field(default_factory=dict, alias="preAllocations")
+    pre_allocations: dict[str, Any] = Field(default_factory=dict, alias="preAllocations")
     uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
 
     @field_validator("gateway")
@@ -132,7 +134,8 @@ class InClusterBackend:
         except (PoolSpecError, ValidationError, ValueError):
             return
         self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+        pinned = frozenset(PreAllocations.of(pool_ref, spec.pre_allocations, allocatable).pinned)
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), pinned)
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -146,19 +149,21 @@ class InClusterBackend:
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         spec, allocatable = self._parse(pool_ref, pool)
-        index = await self.indexes.index(pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds)
+        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
+        index = await self.indexes.index(
+            pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, frozenset(pre.pinned)
+        )
         if existing is not None:
             return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
         if held is not None:
             return Allocation(held.address, held.prefix, held.gateway)
-        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         wanted = wanted_address(claim, pre)
         if wanted is not None:
             specific = SpecificAllocation(
                 self.reservations, self.indexes, pool_ref, spec.prefix, spec.gateway, spec.reuse_grace_seconds
             )
-            return await specific.allocate(index, claim, wanted, why_not_allocatable(spec, allocatable, wanted), pre)
+            return await specific.allocate(index, claim, wanted, self._why_not(spec, allocatable, wanted), pre)
         rebuilt = False
         while True:
             index = self.indexes.current(pool_ref, index)  # never one built from an older spec
@@ -183,6 +188,10 @@ class InClusterBackend:
             reservation = await self._try_candidate(pool_ref, spec, index.family, candidate, claim, index)
             if reservation is not None:
                 return Allocation(reservation.address, reservation.prefix, reservation.gateway)
+
+    def _why_not(self, spec: InClusterPoolSpec, allocatable: AllocatableSet, address: str) -> str | None:
+        """Why the pool cannot hand out the requested `address`, or None when it can."""
+        return why_not_allocatable(spec, allocatable, address)
 
     async def _try_candidate(
         self,
@@ -265,14 +274,16 @@ class InClusterBackend:
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        grace = None
-        if pool is not None:
-            try:
-                grace = InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds
-            except ValidationError:
-                grace = None
+        grace, pre = _release_terms(pool_ref, pool)
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
-            if grace:
+            if pre is not None and pre.pins(reservation):
+                # The spec still names the address for this claim: it stays pinned, free for that claim only.
+                unclaimed = await self.reservations.reassign(reservation, "")
+                index = self.indexes.get(pool_ref)
+                if index is not None:
+                    index.drop(reservation)
+                    index.hold(unclaimed)
+            elif grace:
                 released = await self.reservations.mark_released(reservation, now_rfc3339(), grace)
                 index = self.indexes.get(pool_ref)  # as it is after the write
                 if index is not None:
@@ -297,6 +308,8 @@ class InClusterBackend:
             except ValueError:
                 inside = False
             out_of_range += 0 if inside else 1
+        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
+        await self._enforce_pins(pool_ref, pool, spec, allocatable, pre, addresses)
         await self._sweep(pool_ref, addresses)
         await self._sweep_orphans()
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
@@ -322,12 +335,38 @@ class InClusterBackend:
             reason = "InvalidConfiguration"
         return PoolReport(ready, reason, message, counts=counts, conditions=cross.conditions, related=cross.related)
 
+    async def _enforce_pins(
+        self,
+        ref: PoolRef,
+        pool: Object,
+        spec: InClusterPoolSpec,
+        allocatable: AllocatableSet,
+        pre: PreAllocations,
+        addresses: Sequence[Allocation],
+    ) -> None:
+        """Reserve the pool's free pre-allocated addresses for their claims, and free those of removed pins (see
+        `pins`). A pool without pins whose index is not built has no pin reservations this process knows of."""
+        generation = _generation(pool)
+        if pre.pinned:
+            pinned = frozenset(pre.pinned)
+            index = await self.indexes.index(ref, allocatable, generation, spec.reuse_grace_seconds, pinned)
+        else:
+            found = self.indexes.get(ref)
+            if found is None:
+                return
+            index = found
+        if index.generation > generation:
+            return  # this reconcile read an older spec than the index's: the newer one decides
+        await enforce_pins(self.indexes, index, pre, spec.prefix, spec.gateway, addresses)
+
     async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
         """Delete stray reservations: those whose claim is gone, and a claim's extra ones.
 
         A controller working from a lagging cache can reserve for a claim that another replica has just
         served or released; that can never duplicate an address, but it would leak one. Only reservations with
         no IPAddress behind them (by the cache) and older than STRAY_GRACE are checked, against fresh reads.
+        Reservations without a claim uid (pins not yet taken, see `pins`, which also frees removed ones) are not
+        strays.
         """
         now = time.monotonic()
         if now - self._swept.get(ref, 0.0) < SWEEP_INTERVAL:
@@ -335,7 +374,9 @@ class InClusterBackend:
         self._swept[ref] = now
         backed = {normalized_address(allocation.address) for allocation in addresses}
         for reservation in await self.reservations.list_pool(ref):
-            if reservation.released_at or normalized_address(reservation.address) in backed:
+            if reservation.released_at or not reservation.claim_uid:
+                continue
+            if normalized_address(reservation.address) in backed:
                 continue
             if age_seconds(reservation.created_at) < STRAY_GRACE:
                 continue
@@ -379,6 +420,20 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
         and not reservation.released_at
         and reservation.claim == f"{claim.namespace}/{claim.name}"
     )
+
+
+def _release_terms(ref: PoolRef, pool: Object | None) -> tuple[int | None, PreAllocations | None]:
+    """The pool's reuse grace period and preAllocations, as far as its spec parses (none for a pool that is gone)."""
+    if pool is None:
+        return None, None
+    try:
+        spec, allocatable = parse_pool(pool)
+    except (PoolSpecError, ValidationError, ValueError):
+        try:
+            return InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds, None
+        except ValidationError:
+            return None, None
+    return spec.reuse_grace_seconds, PreAllocations.of(ref, spec.pre_allocations, allocatable)
 
 
 def _generation(pool: Object) -> int:

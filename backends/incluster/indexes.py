@@ -60,11 +60,19 @@ class PoolIndexes:
                 index.hold(reservation)
 
     async def index(
-        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, reuse_grace_seconds: int | None
+        self,
+        ref: PoolRef,
+        allocatable: AllocatableSet,
+        generation: int,
+        reuse_grace_seconds: int | None,
+        pinned: frozenset[int] = frozenset(),
     ) -> PoolIndex:
         """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
-        the index's gets the index as it is: it never replaces one built from a newer spec."""
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits)
+        the index's gets the index as it is: it never replaces one built from a newer spec. `pinned`: the addresses
+        `spec.preAllocations` pins; a change of them (or of the allocatable set) makes a new index over the same
+        holdings, which frees the pinned addresses dynamic allocation parked. Released reservations whose reuse grace
+        period is over are deleted first (all of them when the pool has no grace period, or no longer has one)."""
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
         index = self._indexes.get(ref)
         if index is not None and generation < index.generation:
             return index
@@ -89,19 +97,21 @@ class PoolIndexes:
             index.generation, index.scanned = generation, scanned
         if not index.scanned:
             await self._scan(ref, index)
-        if (reuse_grace_seconds is not None or index.released) and ref not in self._reclaiming:
+        if index.released and ref not in self._reclaiming:
             self._reclaiming.add(ref)
             try:
-                await self._reclaim_expired(ref, index, reuse_grace_seconds)
+                await self._reclaim_expired(ref, index, reuse_grace_seconds or 0)
             finally:
                 self._reclaiming.discard(ref)
         return self.current(ref, index)
 
-    async def prepare(self, ref: PoolRef, allocatable: AllocatableSet, generation: int) -> None:
+    async def prepare(
+        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, pinned: frozenset[int] = frozenset()
+    ) -> None:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
         if ref in self._indexes:
             return
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits)
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
         await self.rebuild(
             ref,
             allocatable.addresses,

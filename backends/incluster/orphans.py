@@ -47,7 +47,8 @@ def _resource(kind: PoolKind) -> Resource:
     return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
 
 
-async def _still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef) -> bool:
+async def still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef) -> bool:
+    """Whether the IPAddress of the reservation's claim name, read now, names the pool `ref` and its address."""
     namespace, _, name = reservation.claim.partition("/")
     if not name:
         return False
@@ -76,7 +77,7 @@ async def sweep_orphans(
         if await kube.get(_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
             continue
         for reservation in held:
-            if age_seconds(reservation.created_at) < grace_seconds or await _still_named(kube, reservation, ref):
+            if age_seconds(reservation.created_at) < grace_seconds or await still_named(kube, reservation, ref):
                 continue
             await reservations.delete(reservation)
             deleted += 1

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.incluster.allocatable import AllocatableSet, pre_allocation_problems
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
 from ipam_provider.common import Object, normalized_address
@@ -44,23 +45,28 @@ def _key_problem(ref: PoolRef, key: str) -> str | None:
 class PreAllocations:
     """A pool's preAllocations as allocation sees them.
 
-    `entries`: key → address as written; `pinned`: each allocatable address named by an entry → the keys naming
-    it; `problems`: what is wrong with the entries on their own (addresses, family, duplicates, key form)."""
+    `entries`: key → address as written (a value that is not a string is a problem of its entry, not of the
+    whole pool); `pinned`: each allocatable address named by an entry → the keys naming it; `problems`: what is
+    wrong with the entries on their own (type, addresses, family, duplicates, key form)."""
 
     ref: PoolRef
     family: int
-    entries: Mapping[str, str]
+    entries: Mapping[str, Any]
     pinned: Mapping[int, tuple[str, ...]]
     problems: tuple[str, ...]
 
     @classmethod
-    def of(cls, ref: PoolRef, entries: Mapping[str, str], allocatable: AllocatableSet) -> PreAllocations:
+    def of(cls, ref: PoolRef, entries: Mapping[str, Any], allocatable: AllocatableSet) -> PreAllocations:
+        texts = {key: text for key, text in entries.items() if isinstance(text, str)}
         pinned: dict[int, tuple[str, ...]] = {}
-        for key, text in sorted(entries.items()):
-            value = _value(str(text), allocatable.family)
+        for key, text in sorted(texts.items()):
+            value = _value(text, allocatable.family)
             if value is not None and value in allocatable.addresses:
                 pinned[value] = (*pinned.get(value, ()), key)
-        problems = pre_allocation_problems(entries, allocatable)
+        problems = [
+            f"preAllocations[{key}]: {entries[key]!r} is not a string" for key in sorted(entries) if key not in texts
+        ]
+        problems += pre_allocation_problems(texts, allocatable)
         problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
         return cls(ref, allocatable.family, dict(entries), pinned, tuple(problems))
 
@@ -71,7 +77,7 @@ class PreAllocations:
         text = self.entries.get(key)
         if text is None:
             return None
-        value = _value(str(text), self.family)
+        value = _value(text, self.family) if isinstance(text, str) else None
         if value is None or value not in self.pinned:
             own = [p for p in self.problems if p.startswith(f"preAllocations[{key}]")]
             detail = "; ".join(own) or f"preAllocations[{key}]: {text!r} is not usable"
@@ -96,6 +102,22 @@ class PreAllocations:
         namespace, _, name = holder.partition("/")
         return claim_key(self.ref, namespace, name) in self.pinned.get(value, ())
 
+    def pins(self, reservation: Reservation) -> bool:
+        """Whether the reservation's address is pre-allocated to the reservation's claim."""
+        value = _value(reservation.address, self.family)
+        return value is not None and self.held_by_named(value, reservation.claim)
+
+    def named_claim(self, value: int) -> tuple[str, str] | None:
+        """(namespace, name) of the one claim `value` is pre-allocated to; None when it is not pinned, is pinned to
+        several keys, or its key has the wrong form for the pool (such entries are problems, see `problems`)."""
+        keys = self.pinned.get(value, ())
+        if len(keys) != 1 or _key_problem(self.ref, keys[0]) is not None:
+            return None
+        if self.ref.namespace is not None:
+            return self.ref.namespace, keys[0]
+        namespace, _, name = keys[0].partition("/")
+        return namespace, name
+
 
 def take_dynamic(index: PoolIndex, claim_uid: str, pinned: Collection[int]) -> int | None:
     """The next candidate of a dynamic allocation, as `PoolIndex.take_candidate`, never a pinned address. A pinned
@@ -106,6 +128,14 @@ def take_dynamic(index: PoolIndex, claim_uid: str, pinned: Collection[int]) -> i
         if value is None or value not in pinned:
             return value
         index.pending.pop(value, None)
+
+
+def pre_allocated_address_held(address: str, pool: PoolRef, holder: str) -> str:
+    """The Ready message of a claim whose pre-allocated address (it requests none) is held by another claim."""
+    return (
+        f"pre-allocated address {address} is already held by {holder} in {pool}; delete that claim or change "
+        "spec.preAllocations"
+    )
 
 
 def exhausted_message(ref: PoolRef, total: int, pre: PreAllocations) -> str:
@@ -127,23 +157,25 @@ async def collisions(
 ) -> tuple[list[str], int]:
     """The pre-allocated addresses already held by a claim they are not pre-allocated to (as problems), and how
     many pinned addresses no IPAddress names yet. Holders come from the pool's cached IPAddresses, else (the cache
-    cannot answer for the pool) from the address's reservation."""
+    cannot answer for the pool) from one list of the pool's reservations."""
     used = {normalized_address(allocation.address) for allocation in addresses}
     taken = {value: int_to_address(value, pre.family) for value in pre.pinned}
     taken = {value: text for value, text in taken.items() if text in used}
-    holders: dict[str, str] | None = None
     problems: list[str] = []
-    for value, text in sorted(taken.items()):
-        if holders is None and cached is not None:
-            holders = _holders(pre.ref, cached)
-        holder = holders.get(text) if holders is not None else None
-        if holders is None:
-            reservation = await reservations.get(pre.ref, text)
-            holder = reservation.claim if reservation is not None and not reservation.released_at else None
-        if holder is not None and not pre.held_by_named(value, holder):
-            keys = ", ".join(pre.pinned[value])
-            problems.append(f"preAllocations[{keys}]: {text} is already held by claim {holder}")
+    if taken:
+        holders = _holders(pre.ref, cached) if cached is not None else await _reserved_by(pre.ref, reservations)
+        for value, text in sorted(taken.items()):
+            holder = holders.get(text)
+            if holder is not None and not pre.held_by_named(value, holder):
+                keys = ", ".join(pre.pinned[value])
+                problems.append(f"preAllocations[{keys}]: {text} is already held by claim {holder}")
     return problems, len(pre.pinned) - len(taken)
+
+
+async def _reserved_by(ref: PoolRef, reservations: ReservationClient) -> dict[str, str]:
+    """Address → namespace/name of the claim of each live reservation of the pool."""
+    listed = await reservations.list_pool(ref)
+    return {normalized_address(r.address): r.claim for r in listed if not r.released_at}
 
 
 def _holders(ref: PoolRef, cached: Sequence[Object]) -> dict[str, str]:

@@ -20,10 +20,12 @@ from pydantic import Field, ValidationError
 
 from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
 from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation
+from backends.incluster.intervals import address_to_int
 from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENGTH, build_prefix_set, child_of
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import (
     AddressCounts,
+    AddressInUse,
     Allocation,
     BackendContext,
     ClaimContext,
@@ -86,6 +88,22 @@ class InClusterPrefixBackend(InClusterBackend):
         except (PoolSpecError, ValidationError, ValueError):
             return
         await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+
+    async def review_pool_change(
+        self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
+    ) -> list[str]:
+        """The admission webhook's checks for prefix pools (see `prefix_admission`)."""
+        from backends.incluster.prefix_admission import prefix_pool_change_problems  # it builds on this module
+
+        return prefix_pool_change_problems(old, new, in_use)
+
+    def _why_not(self, spec: InClusterPoolSpec, allocatable: AllocatableSet, address: str) -> str | None:
+        """A requested address of a prefix pool names a child prefix by its first address."""
+        if child_of(address, spec.prefix, allocatable) is None:
+            return f"it is not the first address of a /{spec.prefix} prefix in spec.prefixes, clear of excludedPrefixes"
+        if address_to_int(address, allocatable.family) & ((1 << allocatable.host_bits) - 1):
+            return f"it is not the first address of a /{spec.prefix} prefix"
+        return None
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None

@@ -8,8 +8,12 @@ Contract, for a claim without an IPAddress and without a reservation yet (a clai
 - A requested address that `spec.preAllocations` contradicts (it names another address for the claim): refused.
 - Otherwise the address is taken by value (`PoolIndex.take_specific`, the allocation policy does not apply) and
   reserved; the reservation's create-uniqueness is the arbiter, as for dynamic allocation. If another claim holds
-  it (also a released reservation in its reuse grace period): AllocationFailed, `requested_address_held`. An
-  address that another allocation of this process is trying right now is waited for, then looked at again.
+  it (also a released reservation in its reuse grace period): AllocationFailed, `requested_address_held` (for an
+  address that is only pre-allocated: "pre-allocated address … is already held by …"). An address that another
+  allocation of this process is trying right now is waited for, then looked at again.
+- A reservation of the address under the claim's own namespace/name with another uid (the pin reservation of a
+  pre-allocation, see `pins`; the claim's own released one, in its reuse grace period or not; one of an earlier
+  claim of that name) is taken over, guarded by its resourceVersion; a concurrent change makes it look again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from backends.incluster.allocatable import AllocatableSet, parse_address_entry
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.preallocations import PreAllocations
+from backends.incluster.preallocations import PreAllocations, pre_allocated_address_held
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -36,6 +40,7 @@ from ipam_provider.backend.contract import (
     requested_address_held,
     requested_address_outside,
 )
+from ipam_provider.kube.errors import ApiError
 
 if TYPE_CHECKING:
     from backends.incluster.backend import InClusterPoolSpec
@@ -100,7 +105,7 @@ class SpecificAllocation:
         """Reserve `address` (canonical) for the claim; `why_not`: why it is not allocatable, None if it is."""
         if why_not is not None:
             raise AllocationFailedError(requested_address_outside(address, self.ref, why_not))
-        value = address_to_int(address, index.family)
+        value = index.value_of(address)
         others = pre.pinned_for_others(value, claim)
         if others:
             why = f"it is pre-allocated to claim {', '.join(others)} by spec.preAllocations"
@@ -113,7 +118,14 @@ class SpecificAllocation:
                     continue  # released between the create and the read: free again
                 if learned.claim_uid == claim.uid:
                     return Allocation(learned.address, learned.prefix, learned.gateway)
-                raise AllocationFailedError(requested_address_held(address, self.ref, _holder(learned)))
+                if _own(learned, claim):
+                    taken = await self._take_over(index, learned, claim)
+                    if taken is None:
+                        continue
+                    return Allocation(taken.address, taken.prefix, taken.gateway)
+                raise AllocationFailedError(
+                    self._held_message(address, claim, learned), retry_after=self._grace_left(learned)
+                )
             if not index.allocator.is_allocatable(value):  # the pool's spec changed meanwhile
                 raise AllocationFailedError(requested_address_outside(address, self.ref))
             if value in index.pending:
@@ -124,13 +136,36 @@ class SpecificAllocation:
                 continue  # the index knew of a reservation that is gone now
             if held.claim_uid == claim.uid and not held.released_at:
                 return Allocation(held.address, held.prefix, held.gateway)
-            raise AllocationFailedError(
-                requested_address_held(address, self.ref, _holder(held)), retry_after=self._grace_left(held)
-            )
+            if _own(held, claim):
+                taken = await self._take_over(index, held, claim)
+                if taken is None:
+                    continue
+                return Allocation(taken.address, taken.prefix, taken.gateway)
+            raise AllocationFailedError(self._held_message(address, claim, held), retry_after=self._grace_left(held))
         raise AllocationFailedError(
             f"requested address {address} of {self.ref} changed hands repeatedly while being reserved; retrying",
             retry_after=1.0,
         )
+
+    def _held_message(self, address: str, claim: ClaimContext, held: Reservation) -> str:
+        if claim.requested_address() is None:  # the address comes from spec.preAllocations alone
+            return pre_allocated_address_held(address, self.ref, _holder(held))
+        return requested_address_held(address, self.ref, _holder(held))
+
+    async def _take_over(self, index: PoolIndex, held: Reservation, claim: ClaimContext) -> Reservation | None:
+        """Give the claim `held`, a reservation under its namespace/name (see the module); None when it changed or
+        went away meanwhile (look again)."""
+        try:
+            taken = await self.reservations.reassign(held, claim.uid)
+        except ApiError as error:
+            if not (error.conflict or error.not_found):
+                raise
+            return None
+        current = self.indexes.current(self.ref, index)
+        current.drop(held)
+        current.hold(taken)
+        log.info("reservation taken over", pool=str(self.ref), address=taken.address, claim=str(claim))
+        return taken
 
     def _grace_left(self, held: Reservation) -> float | None:
         """For a released reservation: seconds until its reuse grace period is over (the claim is retried then)."""
@@ -176,6 +211,11 @@ class SpecificAllocation:
         if fresh is not None:
             current.hold(fresh)
         return fresh
+
+
+def _own(reservation: Reservation, claim: ClaimContext) -> bool:
+    """Whether the reservation is under the claim's namespace/name with another uid (see the module)."""
+    return reservation.claim_uid != claim.uid and reservation.claim == f"{claim.namespace}/{claim.name}"
 
 
 def _holder(reservation: Reservation) -> str:

@@ -201,10 +201,14 @@ class ReservationClient:
         return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}}, annotations)
 
     async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
-        """Give a live reservation to the claim of the same namespace/name with another uid (one made from an
-        IPAddress before its claim existed, or with a uid that predates a restore). The address stays held
+        """Give the reservation to the claim of the same namespace/name with another uid (one made from an
+        IPAddress before its claim existed, with a uid that predates a restore, a pin not yet taken, or a released
+        one of that claim, which is live again), or back to its pin (`claim_uid` ""). The address stays held
         throughout; the resourceVersion precondition makes a concurrent change fail with a conflict."""
-        return await self._patch_claim(reservation, claim_uid, {"claim": {"uid": claim_uid}})
+        spec: Object = {"claim": {"uid": claim_uid}}
+        if reservation.released_at:
+            spec["releasedAt"] = None
+        return await self._patch_claim(reservation, claim_uid, spec)
 
     async def _patch_claim(
         self, reservation: Reservation, uid_label: str | None, spec: Object, annotations: Object | None = None

@@ -13,6 +13,7 @@ Contract:
   another CAPI-Claim-UID is taken over (its CAPI-Claim-UID re-keyed to this claim: the claim was moved by
   `clusterctl move` or restored from a backup, and got a new uid); otherwise the address is reserved literally,
   unless another object holds it.
+- A new claim with the requested-address annotation gets an object at exactly that address (`requested`).
 - Subnets and ranges are asked in the pool's order; "Cannot find 1 available IP address(es)" moves on to the next
   (a full one is asked last for `exhausted_skip_seconds`), and when all are full the claim gets PoolExhausted.
 - A 503 is retried with backoff. A lost or timed-out POST has an unknown outcome: the claim is marked uncertain and
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from backends.infoblox import requested
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import GridHealth
@@ -88,7 +90,7 @@ class PoolState:
 
 
 @dataclass(frozen=True)
-class _Allocating:
+class Allocating:
     """One allocation under way: the claim, its pool and what this process knows of the pool's objects, the
     connection to the grid, and the network view."""
 
@@ -144,7 +146,7 @@ class Allocator:
         owned = state.by_claim.get(claim.uid) or []
         if len(owned) != 1 or not same(owned[0].address, existing.address):
             return None
-        annotations = {**existing.annotations, **self._allocation(pool, connection, owned[0]).annotations}
+        annotations = {**existing.annotations, **self.allocation_of(pool, connection, owned[0]).annotations}
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
 
     async def allocate(
@@ -154,31 +156,34 @@ class Allocator:
         try:
             return await self._allocate(pool, connection, claim, existing)
         except WapiError as error:
-            raise await self._translate(connection, error, str(pool.ref)) from error
+            raise await self.translate_error(connection, error, str(pool.ref)) from error
 
     async def _allocate(
         self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation | None
     ) -> Allocation:
         state = await self.index(pool, connection)
         network_view = pool.spec.network_view or connection.spec.default_network_view
-        job = _Allocating(pool, connection, state, claim, network_view)
+        job = Allocating(pool, connection, state, claim, network_view)
         if claim.uid in state.uncertain:
             await self._resolve(job)
         if existing is not None:
             return await self._hold_existing(job, existing)
+        asked = claim.requested_address()
+        if asked is not None:
+            return await requested.allocate_requested(self, job, asked)
         held = state.by_claim.get(claim.uid)
         if held:
-            return self._allocation(pool, connection, held[0])
-        hostname = await self._hostname(pool, connection, claim)
+            return self.allocation_of(pool, connection, held[0])
+        hostname = await self.hostname_for(pool, connection, claim)
         tried_gateway: set[str] = set()
         for target in self._order(pool, state):
             while True:
                 value = next_available(target, network_view)
                 try:
-                    obj = await self._create(job, value, hostname)
+                    obj = await self.create_object(job, value, hostname)
                 except WapiError as error:
                     if error.problem is not Problem.EXHAUSTED:
-                        raise await self._translate(connection, error, str(target)) from error
+                        raise await self.translate_error(connection, error, str(target)) from error
                     state.exhausted[target.argument] = time.monotonic() + self._settings.exhausted_skip_seconds
                     log.info("subnet full; trying the next", claim=str(claim), pool=str(pool.ref), target=str(target))
                     break
@@ -192,7 +197,7 @@ class Allocator:
                         ref=obj.ref,
                         target=str(target),
                     )
-                    return self._allocation(pool, connection, obj, target)
+                    return self.allocation_of(pool, connection, obj, target)
                 if target.argument in tried_gateway:
                     raise AllocationFailedError(f"the grid keeps handing out gateway {target.gateway} of {target}")
                 tried_gateway.add(target.argument)
@@ -206,7 +211,7 @@ class Allocator:
         fresh = [t for t in pool.targets if state.exhausted.get(t.argument, 0.0) <= now]
         return fresh + [t for t in pool.targets if t not in fresh]
 
-    async def _create(self, job: _Allocating, address: str, hostname: str | None) -> GridObject:
+    async def create_object(self, job: Allocating, address: str, hostname: str | None) -> GridObject:
         """POST one object for the claim at `address` (literal or func:), resolving lost replies; WapiError if not."""
         pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         obj_type = object_type(pool)
@@ -261,7 +266,7 @@ class Allocator:
 
         return holds
 
-    async def _resolve(self, job: _Allocating) -> GridObject | None:
+    async def _resolve(self, job: Allocating) -> GridObject | None:
         """Search the grid for what the claim owns after a lost reply; the claim stays uncertain if that fails."""
         pool, state, claim = job.pool, job.state, job.claim
         found = await owned(job.connection, (object_type(pool),), claim.uid)
@@ -273,7 +278,7 @@ class Allocator:
         log.info("lost allocation found on the grid", claim=str(claim), pool=str(pool.ref), address=found[0].address)
         return found[0]
 
-    async def _same_name(self, job: _Allocating, hostname: str, dns_view: str, error: WapiError) -> GridObject:
+    async def _same_name(self, job: Allocating, hostname: str, dns_view: str, error: WapiError) -> GridObject:
         """A host record of this name exists: it is the claim's only if it carries the claim's uid."""
         state, claim = job.state, job.claim
         answer = await job.connection.client.search(HOST, RETURN_FIELDS[HOST], {"name": hostname, "view": dns_view})
@@ -294,7 +299,7 @@ class Allocator:
             "change the pool's hostnameSource"
         )
 
-    async def _hold_existing(self, job: _Allocating, existing: Allocation) -> Allocation:
+    async def _hold_existing(self, job: Allocating, existing: Allocation) -> Allocation:
         """Make the claim own exactly the address its IPAddress names, and nothing else."""
         pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         mine = state.by_claim.get(claim.uid) or []
@@ -310,17 +315,17 @@ class Allocator:
                 await connection.client.delete(other.ref)
                 log.info("surplus object of a claim released", claim=str(claim), pool=str(pool.ref), ref=other.ref)
         state.by_claim[claim.uid] = [keep]
-        annotations = {**existing.annotations, **self._allocation(pool, connection, keep).annotations}
+        annotations = {**existing.annotations, **self.allocation_of(pool, connection, keep).annotations}
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
 
-    async def _take_over(self, job: _Allocating, address: str) -> GridObject | None:
+    async def _take_over(self, job: Allocating, address: str) -> GridObject | None:
         """The object at `address` this claim held under another uid, re-keyed to the claim (see `take_over`)."""
         try:
             return await take_over(job.connection, job.pool, job.claim, job.network_view, address)
         except WapiError as error:
-            raise await self._translate(job.connection, error, f"address {address}") from error
+            raise await self.translate_error(job.connection, error, f"address {address}") from error
 
-    async def _reserve_literal(self, job: _Allocating, address: str) -> GridObject:
+    async def _reserve_literal(self, job: Allocating, address: str) -> GridObject:
         pool, connection, claim, view = job.pool, job.connection, job.claim, job.network_view
         fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
         field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
@@ -332,14 +337,14 @@ class Allocator:
                     f"address {address} of IPAddress {claim} is held on the grid by {holders[0]['_ref']}, which "
                     f"the claim does not own; delete one of the two"
                 )
-            hostname = await self._hostname(pool, connection, claim)
-            obj = await self._create(job, address, hostname)
+            hostname = await self.hostname_for(pool, connection, claim)
+            obj = await self.create_object(job, address, hostname)
         except WapiError as error:
-            raise await self._translate(connection, error, f"address {address}") from error
+            raise await self.translate_error(connection, error, f"address {address}") from error
         log.info("address of an existing IPAddress reserved on the grid", claim=str(claim), address=address)
         return obj
 
-    async def _reserve_gateway(self, job: _Allocating, obj: GridObject, target: Target) -> None:
+    async def _reserve_gateway(self, job: Allocating, obj: GridObject, target: Target) -> None:
         """The grid handed out the gateway: give it back, and hold it with a reservation of the pool's own."""
         assert target.gateway is not None
         pool, connection = job.pool, job.connection
@@ -350,10 +355,10 @@ class Allocator:
             await connection.client.create(FIXED_V4 if pool.version == 4 else FIXED_V6, payload, ["network_view"])
         except WapiError as error:
             if error.problem is not Problem.CONFLICT:
-                raise await self._translate(connection, error, str(target)) from error
+                raise await self.translate_error(connection, error, str(target)) from error
         log.warning("gateway was free on the grid; reserved it", pool=str(pool.ref), gateway=target.gateway)
 
-    async def _hostname(self, pool: Pool, connection: Connection, claim: ClaimContext) -> str | None:
+    async def hostname_for(self, pool: Pool, connection: Connection, claim: ClaimContext) -> str | None:
         settings = pool.spec.host_record
         if settings is None or object_type(pool) != HOST:
             return None
@@ -366,7 +371,7 @@ class Allocator:
                 raise AllocationFailedError(str(error)) from error
         return f"{name}.{settings.dns_zone.strip('.')}"
 
-    def _allocation(
+    def allocation_of(
         self, pool: Pool, connection: Connection, obj: GridObject, target: Target | None = None
     ) -> Allocation:
         target = target or pool.target_of(obj.address)
@@ -384,12 +389,12 @@ class Allocator:
         try:
             await release_owned(connection, pool_ref, claim, allocation)
         except WapiError as error:
-            raise await self._translate(connection, error, "release") from error
+            raise await self.translate_error(connection, error, "release") from error
         state = self._states.get(pool_ref)
         if state is not None:
             state.by_claim.pop(claim.uid, None)
             state.uncertain.discard(claim.uid)
             state.exhausted.clear()
 
-    async def _translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
+    async def translate_error(self, connection: Connection, error: WapiError, what: str) -> BackendError:
         return await translate(self._grid, connection, error, what)

@@ -5,9 +5,11 @@ timeouts, retries); `resolver` checks the ownership marks and turns the pool's s
 ids (cached per pool generation and client, and refreshed by every report); `allocator` allocates and releases.
 
 Costs in steady state: an already fulfilled claim, nothing (its IPAddress's annotations are trusted); a new claim,
-one `POST …/available-ips/`; a release, a GET (to check the marks) and a DELETE; a pool report (every minute), a
-few GETs per source. Failures become a `Problem` (pool-level: Ready=False on the pool, PoolNotReady on its claims)
-or AllocationFailedError; messages never contain the token. Data from NetBox the backend cannot use (ValueError,
+one `POST …/available-ips/` (a claim asking for one address with the requested-address annotation: a lookup by
+UID, a lookup of the address, a `POST ip-addresses` and a second lookup of the address; see `requested`); a
+release, a GET (to check the marks) and a DELETE; a pool report (every minute), a few GETs per source.
+Failures become a `Problem` (pool-level: Ready=False on the pool, PoolNotReady on its claims) or
+AllocationFailedError; messages never contain the token. Data from NetBox the backend cannot use (ValueError,
 KeyError, TypeError) also becomes a Problem: nothing but a BackendError leaves allocate and release.
 
 A pool-level failure of an allocation that the periodic report's GETs cannot see (a token that may read but not
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from backends.netbox import problems, resolver
+from backends.netbox import problems, requested, resolver
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient, NetboxError
 from backends.netbox.connections import Connections
@@ -119,6 +121,7 @@ class NetboxBackend:
             raise PoolNotReadyError(problem.message) from problem
         if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
             return existing  # the steady state of a fulfilled claim: no request at all
+        asked = claim.requested_address() if existing is None else None  # AllocationFailedError if not an IP
         bound = log.bind(claim=str(claim), pool=str(parsed.ref))
         context = f"allocating for claim {claim} from {parsed.ref}"
         client: NetboxClient | None = None
@@ -128,6 +131,10 @@ class NetboxBackend:
                     resolved = await self._resolve(client, parsed)
                     if existing is not None:
                         allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
+                    elif asked is not None:
+                        allocation = await requested.allocate_requested(
+                            self.allocator, client, parsed, resolved, claim, asked
+                        )
                     else:
                         allocation = await self.allocator.allocate(client, parsed, resolved, claim)
             except problems.FAILURES as error:

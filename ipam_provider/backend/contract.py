@@ -270,12 +270,14 @@ def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]]
 @dataclass(frozen=True)
 class AddressInUse:
     """A live IPAddress (not being deleted) that names a pool: its `namespace`/`name`, the `address` of its spec
-    and the claim of its `claimRef` (namespace/name), for admission checks and their messages."""
+    and the claim of its `claimRef` (namespace/name), for admission checks and their messages; `prefix`, its
+    spec's prefix length (None when it has none)."""
 
     namespace: str
     name: str
     address: str
     claim: str
+    prefix: int | None = None
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"

@@ -252,8 +252,15 @@ class PoolAdmission:
             spec = item.get("spec") or {}
             namespace = str(meta.get("namespace", ""))
             claim = (spec.get("claimRef") or {}).get("name") or meta.get("name", "")
+            prefix = spec.get("prefix")
             in_use.append(
-                AddressInUse(namespace, str(meta.get("name", "")), str(spec.get("address", "")), f"{namespace}/{claim}")
+                AddressInUse(
+                    namespace,
+                    str(meta.get("name", "")),
+                    str(spec.get("address", "")),
+                    f"{namespace}/{claim}",
+                    prefix if isinstance(prefix, int) and not isinstance(prefix, bool) else None,
+                )
             )
         return in_use
 

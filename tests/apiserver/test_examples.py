@@ -243,8 +243,8 @@ def assert_the_webhook_is_wired(by_kind: dict[tuple[str, str], Object], pod: Obj
     assert operations == {
         "inclusterippools": ["CREATE", "UPDATE", "DELETE"],
         "globalinclusterippools": ["CREATE", "UPDATE", "DELETE"],
-        "inclusterprefixpools": ["DELETE"],
-        "globalinclusterprefixpools": ["DELETE"],
+        "inclusterprefixpools": ["CREATE", "UPDATE", "DELETE"],
+        "globalinclusterprefixpools": ["CREATE", "UPDATE", "DELETE"],
         "netboxippools": ["DELETE"],
         "globalnetboxippools": ["DELETE"],
         "infobloxippools": ["DELETE"],

@@ -164,7 +164,8 @@ async def test_a_pre_allocated_address_held_by_another_claim_makes_the_pool_not_
     await wait_pool(kube, POOLS, "net", namespace, ready_is("False", "InvalidConfiguration", held))
     await kube.create(CLAIMS, claim("named", "net"), namespace)
     message = await failure_message(kube, namespace, "named")
-    assert message.startswith(f"requested address 10.72.0.10 is already held by claim {namespace}/squatter")
+    assert message.startswith(f"pre-allocated address 10.72.0.10 is already held by claim {namespace}/squatter in")
+    assert message.endswith("delete that claim or change spec.preAllocations")
     await kube.delete(CLAIMS, "squatter", namespace)
     assert (await wait_address(kube, namespace, "named"))["spec"]["address"] == "10.72.0.10"
     await wait_pool(kube, POOLS, "net", namespace, ready_is("True", "PoolReady"))

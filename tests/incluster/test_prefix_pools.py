@@ -12,6 +12,7 @@ import pytest
 
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
+from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
@@ -225,3 +226,26 @@ async def test_a_pool_cel_cannot_fault_is_not_ready_and_says_why(
     await kube.patch(PREFIX_POOLS, "reversed", {"spec": {"excludedPrefixes": ["fd00:40::1-fd00:40::9"]}}, namespace)
     served = await wait_address(kube, namespace, "waits")
     assert (served["spec"]["address"], served["spec"]["prefix"]) == ("fd00:40:0:1::", 64)
+
+
+async def test_a_requested_child_prefix_is_granted_by_its_first_address(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    await kube.create(PREFIX_POOLS, prefix_pool("asked", ["fd00:30::/60"]), namespace)
+    asking = {REQUESTED_ADDRESS_ANNOTATION: "fd00:30:0:5::"}
+    await kube.create(CLAIMS, claim("five", "asked", kind="InClusterPrefixPool", annotations=asking), namespace)
+    spec = (await wait_address(kube, namespace, "five"))["spec"]
+    assert (spec["address"], spec["prefix"]) == ("fd00:30:0:5::", 64)
+    # Inside child 6, but not its first address: a child prefix is asked for by its first address only.
+    inside = {REQUESTED_ADDRESS_ANNOTATION: "fd00:30:0:6::1"}
+    await kube.create(CLAIMS, claim("unaligned", "asked", kind="InClusterPrefixPool", annotations=inside), namespace)
+    unaligned = ready_condition(await wait_claim_reason(kube, namespace, "unaligned", "AllocationFailed"))
+    assert unaligned is not None and "is not the first address of a /64 prefix" in unaligned["message"]
+    taken = {REQUESTED_ADDRESS_ANNOTATION: "fd00:30:0:5::"}
+    await kube.create(CLAIMS, claim("again", "asked", kind="InClusterPrefixPool", annotations=taken), namespace)
+    again = ready_condition(await wait_claim_reason(kube, namespace, "again", "AllocationFailed"))
+    assert again is not None and f"is already held by claim {namespace}/five" in again["message"]
+    assert await kube.get(ADDRESSES, "unaligned", namespace) is None
+    assert await kube.get(ADDRESSES, "again", namespace) is None
+    children = await claim_children(kube, namespace, "asked", ["dynamic"])
+    assert children == ["fd00:30::/64"]

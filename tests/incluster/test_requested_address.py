@@ -6,12 +6,13 @@ asking for one address at once: exactly one gets it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS
-from ipam_provider.reconcile.requested import REASON_REQUESTED_ADDRESS_IGNORED
+from ipam_provider.reconcile.requested import REASON_REQUESTED_ADDRESS_IGNORED, ignored_message
 from tests.support.cluster import wait_for
 from tests.support.objects import (
     GLOBAL_POOLS,
@@ -128,18 +129,38 @@ async def test_changing_the_annotation_after_fulfilment_changes_nothing_and_an_e
     await kube.create(CLAIMS, requesting("m", "net", "10.66.0.20"), namespace)
     before = await wait_address(kube, namespace, "m")
     assert before["spec"]["address"] == "10.66.0.20"
-    patch = {"metadata": {"annotations": {REQUESTED_ADDRESS_ANNOTATION: "10.66.0.21"}}}
-    await kube.patch(CLAIMS, "m", patch, namespace)
+    recorder = in_process_controller.context.recorder
 
-    async def ignored() -> Object | None:
-        await in_process_controller.context.recorder.flush()
-        events, _ = await kube.list(EVENTS, namespace)
-        found = [e for e in events if e["reason"] == REASON_REQUESTED_ADDRESS_IGNORED]
-        return found[0] if found else None
+    async def annotate(value: str) -> None:
+        await kube.patch(CLAIMS, "m", {"metadata": {"annotations": {REQUESTED_ADDRESS_ANNOTATION: value}}}, namespace)
 
-    event = await wait_for(ignored, message="a RequestedAddressIgnored Event on the claim")
+    def noticed(requested: str, count: int) -> Callable[[], Awaitable[list[Object] | None]]:
+        """The claim's RequestedAddressIgnored Events, once those about `requested` add up to `count`."""
+
+        async def probe() -> list[Object] | None:
+            await recorder.flush()
+            events, _ = await kube.list(EVENTS, namespace)
+            found = [e for e in events if e["reason"] == REASON_REQUESTED_ADDRESS_IGNORED]
+            about = [e for e in found if e["message"] == ignored_message(requested, "10.66.0.20", True)]
+            return found if sum(int(e.get("count") or 1) for e in about) == count else None
+
+        return probe
+
+    await annotate("10.66.0.21")
+    (event,) = await wait_for(noticed("10.66.0.21", 1), message="one RequestedAddressIgnored Event")
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "m"
-    assert "10.66.0.21" in event["message"] and "10.66.0.20" in event["message"] and "immutable" in event["message"]
+    assert "immutable" in event["message"]
+    # More reconciles of the same annotation stay silent; a new value is told once; so is an old one told again.
+    await kube.patch(CLAIMS, "m", {"metadata": {"labels": {"touched": "yes"}}}, namespace)
+    await annotate("10.66.0.22")
+    events = await wait_for(noticed("10.66.0.22", 1), message="an Event for the second value")
+    assert sorted((e["message"], e.get("count") or 1) for e in events) == [
+        (ignored_message("10.66.0.21", "10.66.0.20", True), 1),
+        (ignored_message("10.66.0.22", "10.66.0.20", True), 1),
+    ]
+    await annotate("10.66.0.20")  # matches the IPAddress again: forgotten
+    await annotate("10.66.0.21")
+    await wait_for(noticed("10.66.0.21", 2), message="the first value told a second time")
     after = await kube.get(ADDRESSES, "m", namespace)
     assert after is not None and after["spec"] == before["spec"]
     assert after["metadata"]["uid"] == before["metadata"]["uid"]

@@ -115,3 +115,24 @@ def test_why_an_address_is_not_allocatable(address: str, why: str | None) -> Non
     reserved_ok, allocatable = parse_pool({"spec": {**spec, "allocateReservedIPAddresses": True}})
     if why is not None and "reserved" in why:
         assert why_not_allocatable(reserved_ok, allocatable, address) is None
+
+
+def test_an_entry_that_is_not_a_string_is_a_problem_of_its_own_not_of_the_whole_pool() -> None:
+    _, _, pre = parsed(preAllocations={"bad": 5, "list": ["10.0.0.3"], "good": "10.0.0.2"})
+    assert pre.pinned == {ip("10.0.0.2"): ("good",)}
+    assert "preAllocations[bad]: 5 is not a string" in pre.problems
+    assert "preAllocations[list]: ['10.0.0.3'] is not a string" in pre.problems
+    with pytest.raises(AllocationFailedError, match=r"preAllocations\[bad\]: 5 is not a string"):
+        pre.address_of(ClaimContext("ns", "bad", "uid-bad"))
+    assert pre.address_of(ClaimContext("ns", "good", "uid-good")) == "10.0.0.2"
+
+
+def test_the_named_claim_of_a_pin_is_known_only_for_one_well_formed_key() -> None:
+    _, _, pre = parsed(preAllocations={"a": "10.0.0.2", "b": "10.0.0.3", "c": "10.0.0.3"})
+    assert pre.named_claim(ip("10.0.0.2")) == ("ns", "a")
+    assert pre.named_claim(ip("10.0.0.3")) is None
+    assert pre.named_claim(ip("10.0.0.4")) is None
+    _, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/28"], "prefix": 28}})
+    global_pre = PreAllocations.of(GLOBAL_REF, {"team-a/vip": "10.0.0.1", "vip": "10.0.0.2"}, allocatable)
+    assert global_pre.named_claim(ip("10.0.0.1")) == ("team-a", "vip")
+    assert global_pre.named_claim(ip("10.0.0.2")) is None

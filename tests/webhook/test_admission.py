@@ -30,7 +30,7 @@ from ipam_provider.serving.certificates import CertificateFiles, ServingCertific
 from ipam_provider.serving.webhook import WebhookServer
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
-from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, wait_address
+from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, claim, global_pool, pool, wait_address
 from tools.controlplane.pki import write_pki
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +45,7 @@ WEBHOOK_CONFIGURATIONS = Resource(
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 TEST_LABEL = "ipam-webhook-test"
 DENIED = "denied the request"
+SKIP_DELETE_VALIDATION = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook"
 
 
 def serving_pki(directory: Path) -> tuple[CertificateFiles, bytes]:
@@ -181,7 +182,7 @@ async def test_deleting_a_pool_in_use_is_refused_unless_annotated(
 
         # The Go provider's annotation, and the one clusterctl move sets before deleting its source copy.
         for name, annotation in (
-            ("skipped", "ipam.cluster.x-k8s.io/skip-validate-delete-webhook"),
+            ("skipped", SKIP_DELETE_VALIDATION),
             ("moved", "clusterctl.cluster.x-k8s.io/delete-for-move"),
         ):
             await kube.patch(POOLS, name, {"metadata": {"annotations": {annotation: ""}}}, namespace)
@@ -294,3 +295,53 @@ async def test_a_delete_review_without_its_old_object_reads_the_pool(kube: KubeC
     verdict = await admission.decide(parse_review(delete("skipped")), IN_CLUSTER_POOL)
     assert verdict.allowed and f"(such as {namespace}/skipped-m1)" in verdict.warnings[0]
     assert (await admission.decide(parse_review(delete("absent")), IN_CLUSTER_POOL)).allowed
+
+
+def prefix_pool(name: str, prefixes: list[str], **spec: Any) -> Object:
+    metadata = {"name": name}
+    return {
+        "apiVersion": PREFIX_POOLS.api_version,
+        "kind": PREFIX_POOLS.kind,
+        "metadata": metadata,
+        "spec": {"prefixes": prefixes, **spec},
+    }
+
+
+@pytest.mark.apiserver
+async def test_prefix_pools_keep_their_children_in_use(
+    kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    async with webhook(kube, kubeconfig, namespace, tmp_path) as label:
+        await kube.create(PREFIX_POOLS, labelled(prefix_pool("p6", ["fd00:61::/62"]), label), namespace)
+        kind = "InClusterPrefixPool"
+        assert await fulfilled(kube, namespace, "p6", ["a", "b"], kind=kind) == ["fd00:61::", "fd00:61:0:1::"]
+
+        error = await refused(kube.patch(PREFIX_POOLS, "p6", {"spec": {"prefixes": ["fd00:61:0:2::/63"]}}, namespace))
+        assert error.status == 422, error
+        assert (
+            "existing allocations become non-allocatable: [fd00:61:0:1:: fd00:61::] "
+            f"(held by IPAddresses {namespace}/a, {namespace}/b)" in error.message
+        ), error.message
+        exclude = {"spec": {"excludedPrefixes": ["fd00:61:0:1::/64"]}}
+        error = await refused(kube.patch(PREFIX_POOLS, "p6", exclude, namespace))
+        assert f"non-allocatable: [fd00:61:0:1::] (held by IPAddresses {namespace}/b)" in error.message, error.message
+
+        # Widening, excluding a free child and touching no spec field are allowed.
+        await kube.patch(PREFIX_POOLS, "p6", {"spec": {"prefixes": ["fd00:61::/60"]}}, namespace)
+        await kube.patch(PREFIX_POOLS, "p6", {"spec": {"excludedPrefixes": ["fd00:61:0:5::/64"]}}, namespace)
+        await kube.patch(PREFIX_POOLS, "p6", {"metadata": {"annotations": {"note": "x"}}}, namespace)
+        # A spec CEL lets through (a reversed range) is refused with the backend's message, on update and create.
+        reversed_range = ["fd00:61::9-fd00:61::1"]
+        said = "provided entry is not a valid IP, range, nor CIDR: fd00:61::9-fd00:61::1"
+        error = await refused(kube.patch(PREFIX_POOLS, "p6", {"spec": {"excludedPrefixes": reversed_range}}, namespace))
+        assert said in error.message, error.message
+        body = labelled(prefix_pool("bad", ["fd00:62::/62"], excludedPrefixes=reversed_range), label)
+        error = await refused(kube.create(PREFIX_POOLS, body, namespace))
+        assert error.status == 422 and said in error.message, error.message
+
+        # Deleting the pool in use is refused, naming its IPAddresses, unless the Go provider's annotation says not.
+        error = await refused(kube.delete(PREFIX_POOLS, "p6", namespace))
+        assert error.status == 403, error
+        assert "Pool has IPAddresses allocated." in error.message and f"{namespace}/a" in error.message
+        await kube.patch(PREFIX_POOLS, "p6", {"metadata": {"annotations": {SKIP_DELETE_VALIDATION: ""}}}, namespace)
+        assert await kube.delete(PREFIX_POOLS, "p6", namespace)

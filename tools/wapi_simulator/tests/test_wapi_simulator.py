@@ -248,6 +248,33 @@ def test_address_conflicts_dhcp_versus_plain_dns(sim: WapiSimulator) -> None:
     assert sim.state.count("fixedaddress") == 1 and sim.state.count("record:host") == 1
 
 
+def test_explicit_addresses_inside_duplicate_outside_and_per_view(sim: WapiSimulator) -> None:
+    """A literal address (what a requested address is posted as): accepted inside a network of the view, refused
+    as a Client.Ibap.Data.Conflict when a fixed address already holds it there or when no network of the view
+    encloses it; each network view is its own address space."""
+    sim.state.add_network("2001:db8::/64")
+    sim.state.add_network_view("lab")
+    sim.state.add_network("10.0.0.0/24", network_view="lab")
+    conn = sim.connector()
+    made = ib.FixedAddress.create(conn, check_if_exists=False, ip="10.0.0.77", mac="00:00:00:00:00:00")
+    assert made.ip == "10.0.0.77"
+    six = ib.FixedAddress.create(conn, check_if_exists=False, ip="2001:db8::77", duid="00:04:01")
+    assert six.ip == "2001:db8::77"
+    for ip, identity in (("10.0.0.77", {"mac": "00:00:00:00:00:00"}), ("2001:db8::77", {"duid": "00:04:02"})):
+        with pytest.raises(ib_ex.InfobloxCannotCreateObject) as failure:
+            ib.FixedAddress.create(conn, check_if_exists=False, ip=ip, **identity)
+        assert failure.value.response["code"] == "Client.Ibap.Data.Conflict"
+        assert failure.value.response["Error"].startswith("AdmConDataError: None (IBDataConflictError:")
+    other_view = ib.FixedAddress.create(
+        conn, check_if_exists=False, network_view="lab", ip="10.0.0.77", mac="00:00:00:00:00:00"
+    )
+    assert other_view.network_view == "lab"
+    with pytest.raises(ib_ex.InfobloxCannotCreateObject) as failure:
+        ib.FixedAddress.create(conn, check_if_exists=False, ip="10.9.0.1", mac="00:00:00:00:00:00")
+    assert failure.value.response["text"] == "The action is not allowed. A parent was not found."
+    assert sim.state.count("fixedaddress") == 2 and sim.state.count("ipv6fixedaddress") == 1
+
+
 def test_next_available_ip_function_reserves_nothing(sim: WapiSimulator) -> None:
     sim.state.add_fixed_address("10.0.0.2")
     conn = sim.connector()

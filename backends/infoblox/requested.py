@@ -1,0 +1,178 @@
+"""A claim that asks for one address (the requested-address annotation): a fixed address or host record with exactly
+that IP (`ipv4addr`/`ipv6addr` set to the address instead of `func:nextavailableip`).
+
+Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
+- The address must be one the pool could hand out: inside one of its subnets (not the network or IPv4 broadcast
+  address, nor the IPv6 subnet-router anycast address) or ranges, and not that subnet's or range's gateway. Else
+  the claim fails with `requested_address_outside` and no request is sent.
+- The fixed addresses and host records at that address in the pool's network view are searched (two GETs). One the
+  claim owns (CAPI-Claim-UID: made by an earlier attempt that crashed or lost its reply) is adopted. Any other
+  makes the claim fail with `requested_address_held`, naming the claim its extensible attributes record, or the
+  object's type and reference when it was not made by this provider.
+- Else the object is posted with the literal address. NIOS refuses a second fixed address at one address in a
+  network view (`Client.Ibap.Data.Conflict`); the holder is then searched and named.
+- NIOS lets a host record (without DHCP) share an address with other host records and with a fixed address, so
+  every object made or adopted here is checked after the fact: the address is searched again, and an object that
+  is not alone there at its last search is deleted and the claim fails as held. Two claims racing for one address
+  therefore never both keep it: of two kept objects, the one searched last would have seen the other, which was
+  committed before its POST returned. So that a race usually has a winner, the racer whose reference sorts first
+  waits a moment for the others (which give way at once) and searches again; if they are still there, it gives
+  way too, and the claims' next attempts, spread by the retry backoff, settle it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from typing import TYPE_CHECKING
+
+import structlog
+
+from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.ownership import same
+from backends.infoblox.payloads import FIXED_V4, FIXED_V6, HOST, RETURN_FIELDS, GridObject, parse_object
+from backends.infoblox.spec import EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool, Target
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    requested_address_held,
+    requested_address_outside,
+)
+from ipam_provider.common import Object
+
+if TYPE_CHECKING:
+    from backends.infoblox.allocator import Allocating, Allocator
+
+log = structlog.get_logger(__name__)
+CONTENDED_SEARCHES = 4  # searches of a contended address by the object that may keep it
+CONTENDED_WAIT_SECONDS = 0.5  # between those searches
+
+
+async def allocate_requested(allocator: Allocator, job: Allocating, address: str) -> Allocation:
+    """The claim's requested `address`, held on the grid (see the module contract)."""
+    pool, connection, state, claim, view = job.pool, job.connection, job.state, job.claim, job.network_view
+    target, why = target_for(pool, address)
+    if target is None:
+        raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+    found = await holders(connection, pool, view, address)
+    kept = next((o for o in found if o.claim_uid == claim.uid), None)
+    for other in state.by_claim.get(claim.uid) or []:  # never handed out: no IPAddress names the claim
+        if kept is None or other.ref != kept.ref:
+            await connection.client.delete(other.ref)
+            log.info("claim's other object deleted", claim=str(claim), pool=str(pool.ref), ref=other.ref)
+    state.by_claim.pop(claim.uid, None)
+    others = [o for o in found if o.claim_uid != claim.uid]
+    if kept is None and others:
+        raise held(address, pool, others[0])
+    if kept is None:
+        try:
+            kept = await allocator.create_object(job, address, await allocator.hostname_for(pool, connection, claim))
+        except WapiError as error:
+            if error.problem is Problem.CONFLICT:  # another fixed address got there first?
+                found = await holders(connection, pool, view, address)
+                if found:
+                    raise held(address, pool, found[0]) from error
+            raise await allocator.translate_error(connection, error, f"address {address}") from error
+        state.by_claim.pop(claim.uid, None)
+    if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
+        await connection.client.delete(kept.ref)
+        raise AllocationFailedError(f"claim {claim} held {kept.ref}; deleted it, asking again", retry_after=1.0)
+    await keep_alone(connection, pool, claim, view, address, kept)
+    state.by_claim[claim.uid] = [kept]
+    log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, ref=kept.ref)
+    return allocator.allocation_of(pool, connection, kept, target)
+
+
+def target_for(pool: Pool, address: str) -> tuple[Target | None, str]:
+    """The first subnet or range of the pool that could hand out `address`, or None and why none can."""
+    value = ipaddress.ip_address(address)
+    why = ""
+    for target in pool.targets:
+        if target.version != value.version:
+            continue
+        reserved = False
+        if target.kind == "network":
+            network = ipaddress.ip_network(target.argument)
+            if value not in network:
+                continue
+            if network.version == 4 and network.prefixlen < 31:
+                reserved = value in (network.network_address, network.broadcast_address)
+            elif network.version == 6 and network.prefixlen < 127:
+                reserved = value == network.network_address
+        else:
+            first, last = (ipaddress.ip_address(part) for part in target.argument.split("-"))
+            if not int(first) <= int(value) <= int(last):
+                continue
+        if target.gateway is not None and same(target.gateway, address):
+            why = why or f"the gateway of {target}"
+        elif reserved:
+            why = why or f"a reserved address of {target} (its network, broadcast or subnet-router anycast address)"
+        else:
+            return target, ""
+    return None, why
+
+
+def describe(obj: GridObject) -> str:
+    """Who holds a grid object, for the claim's message."""
+    marks = obj.extattrs
+    if obj.claim_uid:
+        return f"claim {marks.get(EA_CLAIM_NAMESPACE)}/{marks.get(EA_CLAIM_NAME)}"
+    if marks.get(EA_POOL):
+        return f"the gateway reservation of InfobloxIPPool {marks[EA_POOL]} ({obj.ref})"
+    return f"a {obj.obj_type} not managed by this provider ({obj.ref})"
+
+
+async def holders(connection: Connection, pool: Pool, network_view: str, address: str) -> list[GridObject]:
+    """The fixed addresses and host records at `address` in `network_view` (two searches)."""
+    fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
+    field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
+    query = {field_name: address, "network_view": network_view}
+    found: list[GridObject] = []
+    for obj_type in (fixed, HOST):
+        for raw in await connection.client.search(obj_type, RETURN_FIELDS[obj_type], query):
+            obj = parse_object(obj_type, raw)
+            if obj is not None and _holds(obj_type, raw, address):
+                found.append(obj)
+    return found
+
+
+def _holds(obj_type: str, raw: Object, address: str) -> bool:
+    """Whether the answered object holds `address` (a host record may hold several addresses)."""
+    if obj_type != HOST:
+        return True
+    entries = [e for key in ("ipv4addrs", "ipv6addrs") for e in raw.get(key) or [] if isinstance(e, dict)]
+    return any(same(str(e.get("ipv4addr") or e.get("ipv6addr") or ""), address) for e in entries)
+
+
+def held(address: str, pool: Pool, holder: GridObject) -> AllocationFailedError:
+    return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)))
+
+
+async def keep_alone(
+    connection: Connection, pool: Pool, claim: ClaimContext, network_view: str, address: str, kept: GridObject
+) -> None:
+    """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held).
+
+    When only objects of this provider's other claims share the address (a race), the one whose reference sorts
+    first waits for the others to give way and searches again (up to CONTENDED_SEARCHES times); the others give way
+    at once. Safety rests on the last search alone: an object is kept only if it was alone there after its POST."""
+    for search in range(CONTENDED_SEARCHES):
+        others = [o for o in await holders(connection, pool, network_view, address) if o.ref != kept.ref]
+        if not others:
+            return
+        first = all(o.claim_uid for o in others) and kept.ref < min(o.ref for o in others)
+        if not first or search + 1 == CONTENDED_SEARCHES:
+            break
+        await asyncio.sleep(CONTENDED_WAIT_SECONDS)
+    await connection.client.delete(kept.ref)
+    log.info(
+        "requested address taken at the same time by another object; ours deleted",
+        claim=str(claim),
+        pool=str(pool.ref),
+        address=address,
+        ref=kept.ref,
+        other=others[0].ref,
+    )
+    raise held(address, pool, others[0])

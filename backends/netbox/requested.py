@@ -1,0 +1,185 @@
+"""A claim that asks for one address (the requested-address annotation): that address, recorded in NetBox.
+
+Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
+- The address must be one NetBox could hand out from one of the pool's sources: inside a prefix or ip-range of the
+  pool, not the source's gateway, not a prefix's network (or IPv4 broadcast) address, not in an ip-range marked
+  populated. Otherwise the claim fails with `requested_address_outside` and nothing is written.
+- The claim's own addresses are looked up by UID first (one GET): one at the requested address (made by an earlier
+  attempt that crashed or lost its answer) is adopted; any other is deleted (it was never handed out: no IPAddress
+  names the claim).
+- Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
+  fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
+- NetBox does not stop two clients from creating one address at the same time, so every address made or adopted
+  here is checked after the fact: the address is listed again in the VRF, and the object is kept only if it is
+  alone there at its last listing; else it is deleted and the claim fails with `requested_address_held`. Two kept
+  objects are impossible: the one listed last would have seen the other, committed before its POST answered and
+  never deleted. Commit order need not follow id order, so ids decide only who waits: when nothing but addresses
+  of this provider's other claims share the address, the oldest (lowest id) lists again a few times while the
+  others give way at once, so a race between claims has a winner, whichever processes they run in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from backends.netbox import calls
+from backends.netbox.allocator import Allocator, address_body, allocation_of, claim_ref_of, host_of, is_ours
+from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
+from backends.netbox.resolver import Resolved, Source
+from backends.netbox.spec import CLAIM_UID_FIELD, Pool
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    requested_address_held,
+    requested_address_outside,
+)
+from ipam_provider.common import Object
+
+log = structlog.get_logger(__name__)
+CONTENDED_LISTINGS = 5  # listings of a contended address by the oldest object's creator
+CONTENDED_WAIT_SECONDS = 0.5  # between those listings
+
+
+def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
+    """The first source of the pool that could hand out `address`, or None and why none can."""
+    why = ""
+    for source in resolved.sources:
+        if not source.contains(address):
+            continue
+        gateway = source.ref.gateway
+        if gateway is not None and ipaddress.ip_address(gateway) == ipaddress.ip_address(address):
+            why = why or f"the gateway of {source.display}"
+        elif source.total == 0:
+            why = why or f"NetBox hands out no address of {source.display} (it is marked populated)"
+        elif not source.offers(address):
+            why = why or f"a reserved address of {source.display} (its network address, or its IPv4 broadcast address)"
+        else:
+            return source, ""
+    return None, why
+
+
+def describe(holder: Mapping[str, Any]) -> str:
+    """Who holds a NetBox IP address, for the claim's message."""
+    if is_ours(holder):
+        recorded = claim_ref_of(holder)
+        if recorded:
+            return f"claim {recorded}"
+        return f"a claim with UID {(holder.get('custom_fields') or {}).get(CLAIM_UID_FIELD)}"
+    return f"a NetBox IP address not managed by this provider (id {holder['id']})"
+
+
+async def allocate_requested(
+    allocator: Allocator, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
+) -> Allocation:
+    """The claim's requested `address`, held in NetBox (see the module contract)."""
+    source, why = source_for(resolved, address)
+    if source is None:
+        raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+    found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
+    mine = [o for o in found if is_ours(o, claim.uid)]
+    kept = min((o for o in mine if host_of(o) == address), key=lambda o: int(o["id"]), default=None)
+    for other in mine:
+        if kept is None or other["id"] != kept["id"]:
+            await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
+            log.info("claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"])
+    if kept is None:
+        holders = await _holders(client, address, source)
+        if holders:
+            raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
+        kept = await _create(allocator, client, pool, resolved, claim, address, source)
+    await _keep_if_alone(client, pool, claim, address, source, kept)
+    allocator.state(pool.ref).uncertain.pop(claim.uid, None)
+    allocation = allocation_of(resolved, kept, claim.uid, source)
+    allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
+    log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
+    return allocation
+
+
+async def _holders(client: NetboxClient, address: str, source: Source) -> list[Object]:
+    """The NetBox IP addresses at `address` in the source's VRF, oldest (lowest id) first."""
+    found: list[Object] = await client.call(f"look up {address}", calls.find_address(address, source.vrf_id))
+    return sorted((o for o in found if host_of(o) == address), key=lambda o: int(o["id"]))
+
+
+async def _create(
+    allocator: Allocator,
+    client: NetboxClient,
+    pool: Pool,
+    resolved: Resolved,
+    claim: ClaimContext,
+    address: str,
+    source: Source,
+) -> Object:
+    """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
+    body = {**address_body(pool, resolved, claim), "address": f"{address}/{source.mask}", "vrf": source.vrf_id}
+    try:
+        created: Object = await client.call(
+            f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
+        )
+        return created
+    except HTTPError as error:
+        if not error.invalid:
+            raise
+        holders = await _holders(client, address, source)  # NetBox's own duplicate check, or our UID taken
+        found = _pick(holders, claim.uid)
+        if found is not None:
+            return found
+        if holders:
+            raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0]))) from error
+        raise AllocationFailedError(
+            f"NetBox refused the requested address {address} for claim {claim}: {error.message}; fix the pool's "
+            "spec.addressFields"
+        ) from error
+    except OutcomeUnknownError as error:
+        holders = await _holders(client, address, source)
+        found = _pick(holders, claim.uid)
+        if found is not None:
+            return found
+        raise AllocationFailedError(
+            f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
+            retry_after=allocator.unknown_retry_seconds,
+        ) from error
+
+
+def _pick(holders: Sequence[Object], uid: str) -> Object | None:
+    return next((o for o in holders if is_ours(o, uid)), None)
+
+
+async def _keep_if_alone(
+    client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, source: Source, kept: Object
+) -> None:
+    """Keep `kept` only if nothing else holds the address at the last listing; else delete it and fail (held).
+
+    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again, up to
+    CONTENDED_LISTINGS times, while the others give way at once. Safety rests on the last listing alone."""
+    others: list[Object] = []
+    for listing in range(CONTENDED_LISTINGS):
+        holders = await _holders(client, address, source)
+        if not any(o["id"] == kept["id"] for o in holders):
+            raise AllocationFailedError(
+                f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",
+                retry_after=1.0,
+            )
+        others = [o for o in holders if o["id"] != kept["id"]]
+        if not others:
+            return
+        oldest = all(is_ours(o) for o in others) and int(kept["id"]) < int(others[0]["id"])
+        if not oldest or listing + 1 == CONTENDED_LISTINGS:
+            break
+        await asyncio.sleep(CONTENDED_WAIT_SECONDS)
+    await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
+    log.info(
+        "requested address taken at the same time by another object; ours deleted",
+        claim=str(claim),
+        pool=str(pool.ref),
+        address=address,
+        id=kept["id"],
+        other=others[0]["id"],
+    )
+    raise AllocationFailedError(requested_address_held(address, pool.ref, describe(others[0])))
