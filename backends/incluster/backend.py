@@ -25,23 +25,25 @@ from typing import Any
 import structlog
 from pydantic import Field, ValidationError, field_validator
 
+from backends.incluster.adoption import hold_existing
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
+from backends.incluster.domains import domain_pools, domain_problem, unheld_pinned
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.orphans import sweep_orphans
-from backends.incluster.overlap import PoolSurvey, assess
+from backends.incluster.overlap import PoolSurvey, assess, invalid_pool_condition
 from backends.incluster.pins import enforce_pins
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message, take_dynamic
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
-from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.strays import sweep_strays
 from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
     Allocation,
-    AllocationFailedError,
     BackendContext,
     ClaimContext,
     PoolExhaustedError,
@@ -50,8 +52,8 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
 )
-from ipam_provider.common import Object, cap_int64, normalized_address
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
+from ipam_provider.common import Object, cap_int64
+from ipam_provider.kube.resources import IPAM_GROUP
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +75,14 @@ class InClusterPoolSpec(Model):
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
     pre_allocations: dict[str, Any] = Field(default_factory=dict, alias="preAllocations")
     uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
+
+    @field_validator("uniqueness_domain")
+    @classmethod
+    def _domain_is_a_dns_label(cls, value: str | None) -> str | None:
+        problem = domain_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("gateway")
     @classmethod
@@ -107,10 +117,15 @@ class InClusterBackend:
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
         self.reservations = ReservationClient(context.kube)
-        self.indexes = PoolIndexes(context.kube, self.reservations, context.cached_addresses)
+        self.indexes = PoolIndexes(
+            context.kube,
+            self.reservations,
+            context.cached_addresses,
+            lambda domain: domain_pools(context.kube, self.kinds, context.cached_pools, domain),
+        )
         self.cached_addresses = context.cached_addresses
         self.survey = PoolSurvey(self.kinds, context.cached_pools, _survey_parse)
-        self._swept: dict[PoolRef, float] = {}
+        self._swept: dict[tuple[PoolRef, str], float] = {}  # by pool and pool object (uid)
         self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
 
     @property
@@ -135,7 +150,7 @@ class InClusterBackend:
             return
         self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
         pinned = frozenset(PreAllocations.of(pool_ref, spec.pre_allocations, allocatable).pinned)
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), pinned)
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), pinned, _uid(pool))
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -151,10 +166,10 @@ class InClusterBackend:
         spec, allocatable = self._parse(pool_ref, pool)
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         index = await self.indexes.index(
-            pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, frozenset(pre.pinned)
+            pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, frozenset(pre.pinned), _uid(pool)
         )
         if existing is not None:
-            return await self._hold_existing(pool_ref, index, claim, existing)
+            return await hold_existing(self.reservations, pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
         if held is not None:
             return Allocation(held.address, held.prefix, held.gateway)
@@ -224,53 +239,6 @@ class InClusterBackend:
             return None
         return learned
 
-    async def _hold_existing(
-        self, ref: PoolRef, index: PoolIndex, claim: ClaimContext, existing: Allocation
-    ) -> Allocation:
-        """Make the claim hold exactly the address its IPAddress names (adoption, or a lost race)."""
-        try:
-            value = index.value_of(existing.address)
-        except ValueError as error:
-            raise AllocationFailedError(
-                f"IPAddress {claim} names {existing.address!r}, which is not an address of {ref}'s family"
-            ) from error
-        holder = index.by_address.get(value)
-        if holder is not None and holder.claim_uid == claim.uid and claim.uid not in index.doubly_held:
-            return existing  # the steady state: nothing to ask the API server
-        if holder is None or holder.claim_uid != claim.uid:
-            reservation = await self.reservations.create(
-                ref,
-                existing.address,
-                existing.prefix,
-                existing.gateway,
-                claim.namespace,
-                claim.name,
-                claim.uid,
-            )
-            if reservation is None:
-                reservation = await self.reservations.get(ref, existing.address)
-            if reservation is not None and _taken_over(reservation, claim):
-                index.drop(reservation)
-                reservation = await self.reservations.reassign(reservation, claim.uid)
-            if reservation is None or reservation.claim_uid != claim.uid:
-                if reservation is not None:
-                    index.hold(reservation)
-                owner = reservation.claim if reservation is not None else "another claim"
-                raise AllocationFailedError(
-                    f"address {existing.address} of IPAddress {claim} is already held by {owner} in {ref}; "
-                    "delete one of the two IPAddresses"
-                )
-            index.hold(reservation)
-        for other in await self.reservations.list_claim(ref, claim.uid):
-            if other.address != existing.address:  # a reservation lost to a concurrent allocation
-                await self.reservations.delete(other)
-                index.drop(other)
-        index.doubly_held.discard(claim.uid)
-        held = index.by_address.get(value)
-        if held is not None:
-            index.by_claim[claim.uid] = held
-        return existing
-
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
@@ -300,7 +268,8 @@ class InClusterBackend:
             spec, allocatable = self._parse(pool_ref, pool)
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
-            return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
+            conditions = [invalid_pool_condition()]
+            return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid, conditions=conditions)
         out_of_range = 0
         for allocation in addresses:
             try:
@@ -310,20 +279,21 @@ class InClusterBackend:
             out_of_range += 0 if inside else 1
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         await self._enforce_pins(pool_ref, pool, spec, allocatable, pre, addresses)
-        await self._sweep(pool_ref, addresses)
+        await self._sweep(pool_ref, addresses, _uid(pool))
         await self._sweep_orphans()
-        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         collided, waiting = await collisions(pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations)
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range
         own = [allocation.address for allocation in addresses]
         cross = assess(self.survey, self.cached_addresses, pool_ref, allocatable, spec.uniqueness_domain, own)
         # a pinned address is free for its claim only; an address held by another pool of the domain for none
-        free = max(total - used_inside - waiting - cross.held_elsewhere, 0)
+        unavailable = unheld_pinned(pre.pinned, allocatable.family, own) | cross.held_elsewhere
+        free = max(total - used_inside - len(unavailable), 0)
         counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
         if cross.held_elsewhere:
-            message += f" ({cross.held_elsewhere} held by other pools of uniqueness domain {spec.uniqueness_domain})"
+            elsewhere = len(cross.held_elsewhere)
+            message += f" ({elsewhere} held by other pools of uniqueness domain {spec.uniqueness_domain})"
         if waiting:
             message += f"; {waiting} more pre-allocated to claims that do not hold them yet"
         if out_of_range:
@@ -349,44 +319,24 @@ class InClusterBackend:
         generation = _generation(pool)
         if pre.pinned:
             pinned = frozenset(pre.pinned)
-            index = await self.indexes.index(ref, allocatable, generation, spec.reuse_grace_seconds, pinned)
+            index = await self.indexes.index(ref, allocatable, generation, spec.reuse_grace_seconds, pinned, _uid(pool))
         else:
             found = self.indexes.get(ref)
-            if found is None:
+            if found is None or found.pool_uid != _uid(pool):
                 return
             index = found
         if index.generation > generation:
             return  # this reconcile read an older spec than the index's: the newer one decides
         await enforce_pins(self.indexes, index, pre, spec.prefix, spec.gateway, addresses)
 
-    async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
-        """Delete stray reservations: those whose claim is gone, and a claim's extra ones.
-
-        A controller working from a lagging cache can reserve for a claim that another replica has just
-        served or released; that can never duplicate an address, but it would leak one. Only reservations with
-        no IPAddress behind them (by the cache) and older than STRAY_GRACE are checked, against fresh reads.
-        Reservations without a claim uid (pins not yet taken, see `pins`, which also frees removed ones) are not
-        strays.
-        """
+    async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation], uid: str = "") -> None:
+        """At most once per SWEEP_INTERVAL and pool object (`uid`): delete its stray reservations (see `strays`)."""
         now = time.monotonic()
-        if now - self._swept.get(ref, 0.0) < SWEEP_INTERVAL:
+        if now - self._swept.get((ref, uid), 0.0) < SWEEP_INTERVAL:
             return
-        self._swept[ref] = now
-        backed = {normalized_address(allocation.address) for allocation in addresses}
-        for reservation in await self.reservations.list_pool(ref):
-            if reservation.released_at or not reservation.claim_uid:
-                continue
-            if normalized_address(reservation.address) in backed:
-                continue
-            if age_seconds(reservation.created_at) < STRAY_GRACE:
-                continue
-            if await self._holds_rightfully(reservation):
-                continue
-            log.info("stray reservation deleted", pool=str(ref), address=reservation.address, claim=reservation.claim)
-            await self.reservations.delete(reservation)
-            index = self.indexes.get(ref)  # as it is after the delete
-            if index is not None:
-                index.drop(reservation)
+        self._swept = {key: at for key, at in self._swept.items() if key[0] != ref}  # an older object's is over
+        self._swept[(ref, uid)] = now
+        await sweep_strays(self.indexes, ref, addresses, STRAY_GRACE)
 
     async def _sweep_orphans(self) -> None:
         """Now and then, from any pool's report: the reservations of pools that are gone (see `orphans`)."""
@@ -396,30 +346,8 @@ class InClusterBackend:
         self._orphans_swept = now
         await sweep_orphans(self.kube, self.reservations, self.kinds, STRAY_GRACE)
 
-    async def _holds_rightfully(self, reservation: Reservation) -> bool:
-        namespace, _, name = reservation.claim.partition("/")
-        claim = await self.kube.get(CLAIMS, name, namespace)
-        if claim is None or claim["metadata"].get("uid") != reservation.claim_uid:
-            return False
-        address = await self.kube.get(ADDRESSES, name, namespace)
-        if address is None:
-            return True  # an allocation in progress: its IPAddress is about to be written
-        return normalized_address(str(address.get("spec", {}).get("address", ""))) == normalized_address(
-            reservation.address
-        )
-
     async def close(self) -> None:
         self.indexes.clear()
-
-
-def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
-    """Whether the claim may take a reservation over: one held (not released) under the claim's own
-    namespace/name but another uid, made from its IPAddress before the claim existed or before a restore."""
-    return (
-        reservation.claim_uid != claim.uid
-        and not reservation.released_at
-        and reservation.claim == f"{claim.namespace}/{claim.name}"
-    )
 
 
 def _release_terms(ref: PoolRef, pool: Object | None) -> tuple[int | None, PreAllocations | None]:
@@ -438,6 +366,11 @@ def _release_terms(ref: PoolRef, pool: Object | None) -> tuple[int | None, PreAl
 
 def _generation(pool: Object) -> int:
     return int((pool.get("metadata") or {}).get("generation") or 0)
+
+
+def _uid(pool: Object) -> str:
+    """The pool object's uid: per-pool state belongs to one object (a pool re-created under the same name is new)."""
+    return str((pool.get("metadata") or {}).get("uid") or "")
 
 
 def _first_line(error: Exception) -> str:

@@ -15,17 +15,58 @@ Contract:
 - A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
   over (`expired_releases`), so that a pool which no longer allocates does not keep its released addresses from
   the others. A pool's own releases expire by its current grace period (none: at once).
-- `held_elsewhere` counts the addresses of a pool held by the other pools of its domain, for its free count.
+- Before a domain pool's index serves its first allocation, the IPAddresses of every pool of the domain
+  (`domain_pools`) without a reservation get one (see `indexes`, `existing`).
+- A reservation held by another pool of the domain is never taken over by a claim of this pool (see `adoption`).
+- `held_elsewhere` gives the addresses of a pool held by the other pools of its domain, for its free count.
+- A domain name is a DNS label (`DOMAIN_PATTERN`, at most 63 characters), as the CRDs say; the controller checks
+  it too (it is a label value and part of label selectors): a pool with another name is InvalidConfiguration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
 
-from backends.incluster.intervals import IntervalSet, address_to_int
+from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
+from backends.incluster.orphans import pool_resource
 from backends.incluster.reservations import Reservation, age_seconds, pool_hash
-from ipam_provider.backend.contract import PoolRef
-from ipam_provider.common import Object
+from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.common import Object, normalized_address
+from ipam_provider.kube.client import KubeClient
+
+DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # the CRDs' pattern for spec.uniquenessDomain
+DOMAIN_MAX_LENGTH = 63
+
+
+def domain_problem(domain: str) -> str | None:
+    """Why `domain` is not a valid uniqueness domain name, or None when it is one."""
+    if len(domain) > DOMAIN_MAX_LENGTH or re.fullmatch(DOMAIN_PATTERN[1:-1], domain) is None:
+        return (
+            f"uniquenessDomain {domain[: DOMAIN_MAX_LENGTH + 1]!r} is not a DNS label (at most {DOMAIN_MAX_LENGTH} "
+            "lower-case letters, digits and '-', starting and ending with a letter or digit)"
+        )
+    return None
+
+
+async def domain_pools(
+    kube: KubeClient,
+    kinds: Sequence[PoolKind],
+    cached_pools: Callable[[PoolKind], Sequence[Object] | None],
+    domain: str,
+) -> list[PoolRef]:
+    """The pools of `kinds` whose spec names `domain` (invalid ones too: their IPAddresses still hold addresses),
+    from the controller's pool caches, else (not synced) from a LIST."""
+    found: list[PoolRef] = []
+    for kind in kinds:
+        pools = cached_pools(kind)
+        if pools is None:
+            pools, _ = await kube.list(pool_resource(kind))
+        for pool in pools:
+            meta = pool["metadata"]
+            if (pool.get("spec") or {}).get("uniquenessDomain") == domain:
+                found.append(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
+    return found
 
 
 def expired_releases(released: Iterable[Reservation], ref: PoolRef, grace_seconds: int | None) -> list[Reservation]:
@@ -43,10 +84,9 @@ def expired_releases(released: Iterable[Reservation], ref: PoolRef, grace_second
 
 def held_elsewhere(
     allocatable: IntervalSet, family: int, own: Sequence[str], others: Iterable[Sequence[Object] | None]
-) -> int:
-    """How many of the pool's allocatable addresses the IPAddresses of the domain's other pools (`others`, one
-    sequence per pool; None where it is not known) hold, not counting those the pool's own IPAddresses (`own`,
-    their addresses) hold too."""
+) -> frozenset[int]:
+    """The pool's allocatable addresses that the IPAddresses of the domain's other pools (`others`, one sequence
+    per pool; None where it is not known) hold, but not the pool's own IPAddresses (`own`, their addresses)."""
     mine = {_value(address, family) for address in own}
     elsewhere: set[int] = set()
     for items in others:
@@ -54,7 +94,13 @@ def held_elsewhere(
             value = _value(str((item.get("spec") or {}).get("address", "")), family)
             if value is not None and value in allocatable and value not in mine:
                 elsewhere.add(value)
-    return len(elsewhere)
+    return frozenset(elsewhere)
+
+
+def unheld_pinned(pinned: Collection[int], family: int, own: Sequence[str]) -> frozenset[int]:
+    """The pre-allocated addresses (`pinned`) that none of the pool's own IPAddresses (`own`) holds yet."""
+    used = {normalized_address(address) for address in own}
+    return frozenset(value for value in pinned if int_to_address(value, family) not in used)
 
 
 def _value(address: str, family: int) -> int | None:

@@ -9,16 +9,19 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
 - A reservation this process makes for a pool of a uniqueness domain is held at once in the indexes of the domain's
   other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
-  scan, from the controller's synced cache when it can answer, else from a LIST).
-- An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
-  before a spec change uses the newer index.
+  scan, from the controller's synced cache when it can answer, else from a LIST); for a pool of a uniqueness
+  domain, those naming any pool of the domain (`domain_pools`, and those this process knows), since the index serves the whole domain's
+  addresses.
+- An index belongs to one pool object (its uid): a pool deleted and re-created under the same name gets a new
+  index. Within one pool object, an index is never replaced by one built from an older spec (generation): a
+  caller that read the pool before a spec change uses the newer index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -27,7 +30,7 @@ from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -42,10 +45,12 @@ class PoolIndexes:
         kube: KubeClient,
         reservations: ReservationClient,
         cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
+        domain_pools: Callable[[str], Awaitable[Sequence[PoolRef]]] | None = None,
     ) -> None:
         self.kube = kube
         self.reservations = reservations
         self.cached_addresses = cached_addresses
+        self.domain_pools = domain_pools  # the pools naming a uniqueness domain (see `domains.domain_pools`)
         self._indexes: dict[PoolRef, PoolIndex] = {}
         self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build per pool at a time
         self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
@@ -66,18 +71,21 @@ class PoolIndexes:
         generation: int,
         reuse_grace_seconds: int | None,
         pinned: frozenset[int] = frozenset(),
+        uid: str = "",
     ) -> PoolIndex:
-        """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
-        the index's gets the index as it is: it never replaces one built from a newer spec. `pinned`: the addresses
-        `spec.preAllocations` pins; a change of them (or of the allocatable set) makes a new index over the same
-        holdings, which frees the pinned addresses dynamic allocation parked. Released reservations whose reuse grace
-        period is over are deleted first (all of them when the pool has no grace period, or no longer has one)."""
+        """The pool's index for a caller that read the pool object `uid` at `generation`. A caller that read an
+        older spec than the index's gets the index as it is: it never replaces one built from a newer spec.
+        `pinned`: the addresses `spec.preAllocations` pins; a change of them (or of the allocatable set) makes a new
+        index over the same holdings, which frees the pinned addresses dynamic allocation parked. Released
+        reservations whose reuse grace period is over are deleted first (all of them when the pool has no grace
+        period, or no longer has one)."""
         key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
         index = self._indexes.get(ref)
-        if index is not None and generation < index.generation:
+        if index is not None and index.pool_uid == uid and generation < index.generation:
             return index
         if (
             index is None
+            or index.pool_uid != uid
             or (index.family, index.host_bits) != (allocatable.family, allocatable.host_bits)
             or time.monotonic() - index.built_at > RESYNC_SECONDS
         ):
@@ -90,6 +98,7 @@ class PoolIndexes:
                 scan=True,
                 replacing=index,
                 host_bits=allocatable.host_bits,
+                uid=uid,
             )
         elif index.spec_key != key:
             scanned = index.scanned
@@ -106,10 +115,16 @@ class PoolIndexes:
         return self.current(ref, index)
 
     async def prepare(
-        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, pinned: frozenset[int] = frozenset()
+        self,
+        ref: PoolRef,
+        allocatable: AllocatableSet,
+        generation: int,
+        pinned: frozenset[int] = frozenset(),
+        uid: str = "",
     ) -> None:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
-        if ref in self._indexes:
+        known = self._indexes.get(ref)
+        if known is not None and known.pool_uid == uid:
             return
         key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
         await self.rebuild(
@@ -119,8 +134,9 @@ class PoolIndexes:
             key,
             generation,
             scan=False,
-            replacing=None,
+            replacing=known,
             host_bits=allocatable.host_bits,
+            uid=uid,
         )
 
     async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
@@ -128,12 +144,26 @@ class PoolIndexes:
         async with self._building.setdefault(ref, asyncio.Lock()):
             if index.scanned:
                 return
-            held = list(index.by_address.values())
-            for reservation in await reserve_existing(
-                self.kube, self.reservations, ref, index.family, held, self.cached_addresses(ref)
-            ):
+            for reservation in await self._reserve_existing(ref, index.family, list(index.by_address.values())):
                 index.hold(reservation)
             index.scanned = True
+
+    async def _reserve_existing(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
+        """`reserve_existing` for the pool and, for a pool of a uniqueness domain, for every other pool of the
+        domain: the addresses of all of them are the index's concern. `held`: the reservations the index has."""
+        refs = [ref]
+        domain = self.reservations.domain_of(ref)
+        if domain:
+            listed = await self.domain_pools(domain) if self.domain_pools is not None else []
+            refs += sorted({*listed, *self.reservations.noted_pools(domain)} - {ref})
+        found: list[Reservation] = []
+        for pool in refs:
+            if pool != ref:
+                self.reservations.note_domain(pool, domain)  # its reservations are named by the domain
+            found += await reserve_existing(
+                self.kube, self.reservations, pool, family, held + found, self.cached_addresses(pool)
+            )
+        return found
 
     def get(self, ref: PoolRef) -> PoolIndex | None:
         return self._indexes.get(ref)
@@ -142,9 +172,12 @@ class PoolIndexes:
         self._indexes.clear()
 
     def current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
-        """The pool's index now, if it was built from the same or a newer spec than `index`; else `index`."""
+        """The pool's index now, if it was built for the same pool object from the same or a newer spec than
+        `index`; else `index`."""
         current = self._indexes.get(ref)
-        return current if current is not None and current.generation >= index.generation else index
+        if current is None or current.pool_uid != index.pool_uid or current.generation < index.generation:
+            return index
+        return current
 
     async def rebuild(
         self,
@@ -157,32 +190,40 @@ class PoolIndexes:
         scan: bool,
         replacing: PoolIndex | None,
         host_bits: int | None = None,
+        uid: str | None = None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
         for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
         the pool without a reservation get one first. In-flight candidates stay pending in the new index.
-        `host_bits` (prefix pools, see `PoolIndex.host_bits`) defaults to that of `replacing`, else 0."""
+        `host_bits` (prefix pools, see `PoolIndex.host_bits`) and `uid` (the pool object's) default to those of
+        `replacing`, else 0 and ""."""
         if host_bits is None:
             host_bits = replacing.host_bits if replacing is not None else 0
+        if uid is None:
+            uid = replacing.pool_uid if replacing is not None else ""
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
-            if current is not None and current is not replacing and current.generation >= generation:
+            if (
+                current is not None
+                and current is not replacing
+                and current.pool_uid == uid
+                and current.generation >= generation
+            ):
                 return current
             started = time.monotonic()
             reservations = await self.reservations.list_index(ref)  # a domain pool's: the whole domain's
             listed = time.monotonic()
             found = 0
             if scan:
-                existing = await reserve_existing(
-                    self.kube, self.reservations, ref, family, reservations, self.cached_addresses(ref)
-                )
+                existing = await self._reserve_existing(ref, family, reservations)
                 found, reservations = len(existing), reservations + existing
             same_values = replacing is not None and (replacing.family, replacing.host_bits) == (family, host_bits)
             pending = replacing.pending if replacing is not None and same_values else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending, host_bits)
-            index.generation = generation
-            index.scanned = scan or (replacing is not None and replacing.scanned)
+            index = PoolIndex.build(addresses, family, reservations, key, pending, host_bits, pool_hash(ref))
+            index.generation, index.pool_uid = generation, uid
+            same_pool = replacing is not None and replacing.pool_uid == uid
+            index.scanned = scan or (same_pool and replacing is not None and replacing.scanned)
             self._indexes[ref] = index
             log.info(
                 "pool index built",

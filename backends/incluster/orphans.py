@@ -8,7 +8,9 @@ Contract:
 - `sweep_orphans` lists every reservation once and deletes those whose pool (by its group, kind, namespace and name)
   does not exist, that are older than `grace_seconds`, and that no IPAddress still names: the IPAddress of the
   reservation's claim name, in its namespace, naming the same pool and address. Such an IPAddress keeps its
-  reservation, so that a pool re-created under the same name cannot hand its address out again.
+  reservation, so that a pool re-created under the same name cannot hand its address out again. A released
+  reservation is kept until the reuse grace period recorded on it has passed (the other pools of its uniqueness
+  domain honour it too).
 - Reservations of pool kinds the caller does not serve are left alone. Deletion uses the reservation's uid and
   resourceVersion preconditions, so one changed meanwhile is kept; several processes may sweep at once.
 - Nothing can be allocated from a pool that does not exist, so no new holder can appear while this runs.
@@ -26,24 +28,18 @@ from backends.incluster.reservations import (
     Reservation,
     ReservationClient,
     age_seconds,
+    pool_of,
 )
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
-from ipam_provider.common import Object, normalized_address
+from ipam_provider.common import normalized_address
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, Resource
 
 log = structlog.get_logger(__name__)
 
 
-def _pool_of(item: Object) -> PoolRef | None:
-    pool = (item.get("spec") or {}).get("pool") or {}
-    if not pool.get("kind") or not pool.get("name"):
-        return None
-    return PoolRef(str(pool.get("apiGroup") or ""), str(pool["kind"]), pool.get("namespace"), str(pool["name"]))
-
-
-def _resource(kind: PoolKind) -> Resource:
+def pool_resource(kind: PoolKind) -> Resource:
     return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
 
 
@@ -60,6 +56,13 @@ async def still_named(kube: KubeClient, reservation: Reservation, ref: PoolRef) 
     )
 
 
+def _in_reuse_grace(reservation: Reservation) -> bool:
+    """Whether a released reservation's recorded reuse grace period is still running (the other pools of its
+    uniqueness domain must not reuse the address before then)."""
+    grace = reservation.grace_seconds
+    return bool(reservation.released_at) and grace is not None and age_seconds(reservation.released_at or "") < grace
+
+
 async def sweep_orphans(
     kube: KubeClient, reservations: ReservationClient, kinds: Sequence[PoolKind], grace_seconds: float
 ) -> int:
@@ -68,16 +71,18 @@ async def sweep_orphans(
     items, _ = await kube.list(RESERVATIONS)
     by_pool: defaultdict[PoolRef, list[Reservation]] = defaultdict(list)
     for item in items:
-        ref = _pool_of(item)
+        ref = pool_of(item)
         if ref is not None and (ref.group, ref.kind) in served:
             by_pool[ref].append(Reservation.parse(item))
     deleted = 0
     for ref, held in by_pool.items():
         kind = served[(ref.group, ref.kind)]
-        if await kube.get(_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
+        if await kube.get(pool_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
             continue
         for reservation in held:
-            if age_seconds(reservation.created_at) < grace_seconds or await still_named(kube, reservation, ref):
+            if age_seconds(reservation.created_at) < grace_seconds or _in_reuse_grace(reservation):
+                continue
+            if await still_named(kube, reservation, ref):
                 continue
             await reservations.delete(reservation)
             deleted += 1

@@ -12,7 +12,8 @@ Contract:
 - `overlap_condition` is the pool's `AddressesOverlap` condition: True with reason `PoolsOverlap` and a Warning
   Event when a pool outside its domain overlaps it (duplicates are possible); True with reason
   `OverlapWithinUniquenessDomain` and no Event when only pools of its own domain do (they never share an address);
-  False with reason `NoOverlap` otherwise. Overlap never makes a pool not Ready.
+  False with reason `NoOverlap` otherwise, also for a pool whose spec is invalid (`invalid_pool_condition`: it hands
+  out nothing). Overlap never makes a pool not Ready.
 - Cost: one intersection per other pool, linear in the two pools' interval counts: O(pools x intervals) per report,
   O(pools² x intervals) to report every pool after one changes, which is cheap for hundreds of pools.
 """
@@ -113,14 +114,21 @@ def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> Report
     return ReportCondition(ADDRESSES_OVERLAP, True, reason, "; ".join(parts), warning=bool(unsafe))
 
 
+def invalid_pool_condition() -> ReportCondition:
+    """The AddressesOverlap condition of a pool whose spec is invalid."""
+    return ReportCondition(
+        ADDRESSES_OVERLAP, False, NO_OVERLAP, "the pool's spec is invalid: it hands out no address, so it overlaps none"
+    )
+
+
 @dataclass(frozen=True)
 class CrossPool:
     """What a pool's report takes from the other pools: its extra conditions, the pools of its domain it overlaps
-    (their free counts follow its addresses), and how many of its addresses those hold."""
+    (their free counts follow its addresses), and which of its addresses those hold."""
 
     conditions: Sequence[ReportCondition] = ()
     related: Sequence[PoolRef] = ()
-    held_elsewhere: int = 0
+    held_elsewhere: frozenset[int] = frozenset()
 
 
 def assess(
@@ -138,7 +146,7 @@ def assess(
         return CrossPool()
     related = [overlap.pool for overlap in overlaps if overlap.same_domain]
     others = (cached_addresses(other) for other in related)
-    held = held_elsewhere(allocatable.addresses, allocatable.family, own_addresses, others) if related else 0
+    held = held_elsewhere(allocatable.addresses, allocatable.family, own_addresses, others) if related else frozenset()
     return CrossPool([overlap_condition(overlaps, domain)], related, held)
 
 

@@ -41,6 +41,10 @@ class PoolIndex:
     scanned: bool = False
     # Prefix pools: the index's values are child prefix numbers, a reservation's address shifted right by this.
     host_bits: int = 0
+    # The pool's own reservations carry this pool label (see `reservations.pool_hash`); only they name its claims
+    # (by_claim, doubly_held). Those of the other pools of its uniqueness domain hold addresses only. None: all.
+    own_label: str | None = None
+    pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
 
     @classmethod
     def build(
@@ -51,9 +55,10 @@ class PoolIndex:
         spec_key: object,
         pending: dict[int, str] | None = None,
         host_bits: int = 0,
+        own_label: str | None = None,
     ) -> PoolIndex:
         """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits."""
-        index = cls(PoolAllocator(allocatable), family, spec_key=spec_key, host_bits=host_bits)
+        index = cls(PoolAllocator(allocatable), family, spec_key=spec_key, host_bits=host_bits, own_label=own_label)
         for reservation in reservations:
             index.hold(reservation)
         if pending is not None:
@@ -64,9 +69,17 @@ class PoolIndex:
 
     def with_allocatable(self, allocatable: IntervalSet, spec_key: object) -> PoolIndex:
         """The same holdings and pending candidates over a new allocatable set (the pool's spec changed)."""
-        return PoolIndex.build(
-            allocatable, self.family, list(self.by_address.values()), spec_key, self.pending, self.host_bits
+        index = PoolIndex.build(
+            allocatable,
+            self.family,
+            list(self.by_address.values()),
+            spec_key,
+            self.pending,
+            self.host_bits,
+            self.own_label,
         )
+        index.pool_uid = self.pool_uid
+        return index
 
     def value_of(self, address: str) -> int:
         """The index's integer for an address of the pool's family (ValueError for another family or no IP)."""
@@ -103,12 +116,16 @@ class PoolIndex:
             self.released[value] = reservation
         else:
             self.released.pop(value, None)
-        if reservation.claim_uid:
+        if reservation.claim_uid and self.owns(reservation):
             known = self.by_claim.get(reservation.claim_uid)
             if known is not None and known.name != reservation.name:
                 self.doubly_held.add(reservation.claim_uid)
             self.by_claim[reservation.claim_uid] = reservation
         self.allocator.mark_used(value)
+
+    def owns(self, reservation: Reservation) -> bool:
+        """Whether the reservation is the pool's own (not another pool's of its uniqueness domain)."""
+        return self.own_label is None or reservation.pool_label == self.own_label
 
     def drop(self, reservation: Reservation) -> None:
         try:

@@ -76,6 +76,7 @@ class Reservation:
     created_at: str = ""
     pool_label: str = ""  # the pool hash of the pool holding it (see `pool_hash`)
     grace_seconds: int | None = None  # a released reservation's recorded reuse grace period (ANNOTATION_GRACE)
+    pool: PoolRef | None = None  # the pool holding it, from its spec (see `pool_of`)
 
     @classmethod
     def parse(cls, obj: Object) -> Reservation:
@@ -95,7 +96,20 @@ class Reservation:
             created_at=meta.get("creationTimestamp", ""),
             pool_label=(meta.get("labels") or {}).get(LABEL_POOL, ""),
             grace_seconds=int(grace) if grace.isdigit() else None,
+            pool=pool_of(obj),
         )
+
+    def holder(self) -> str:
+        """Who holds it, for messages: its claim and, when known, its pool."""
+        return f"claim {self.claim} of {self.pool}" if self.pool is not None else f"claim {self.claim}"
+
+
+def pool_of(obj: Object) -> PoolRef | None:
+    """The pool a reservation object names in its spec; None when it names none."""
+    pool = (obj.get("spec") or {}).get("pool") or {}
+    if not pool.get("kind") or not pool.get("name"):
+        return None
+    return PoolRef(str(pool.get("apiGroup") or ""), str(pool["kind"]), pool.get("namespace"), str(pool["name"]))
 
 
 class ReservationClient:
@@ -114,6 +128,10 @@ class ReservationClient:
 
     def domain_of(self, ref: PoolRef) -> str | None:
         return self._domains.get(ref)
+
+    def noted_pools(self, domain: str) -> list[PoolRef]:
+        """The pools noted as naming `domain` (by `note_domain`)."""
+        return [ref for ref, noted in self._domains.items() if noted == domain]
 
     async def create(
         self,

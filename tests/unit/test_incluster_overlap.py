@@ -113,4 +113,5 @@ def test_held_elsewhere_counts_distinct_addresses_of_the_pool_held_by_others() -
         return {"spec": {"address": address}}
 
     others = [[ip("10.0.0.2"), ip("10.0.0.3"), ip("10.0.0.50")], None, [ip("10.0.0.3"), ip("10.0.0.4"), ip("fd00::1")]]
-    assert held_elsewhere(allocatable, 4, ["10.0.0.4"], others) == 2, ".2 and .3: .4 is the pool's own, .50 outside"
+    held = held_elsewhere(allocatable, 4, ["10.0.0.4"], others)
+    assert held == {address_to_int("10.0.0.2"), address_to_int("10.0.0.3")}, ".4 is the pool's own, .50 outside"
