@@ -10,8 +10,8 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
   other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST); for a pool of a uniqueness
-  domain, those naming any pool of the domain (`domain_pools`, and those this process knows), since the index serves the whole domain's
-  addresses.
+  domain, those naming any pool of the domain (`domain_pools`, and those this process knows), since the index
+  serves the whole domain's addresses.
 - An index belongs to one pool object (its uid): a pool deleted and re-created under the same name gets a new
   index. Within one pool object, an index is never replaced by one built from an older spec (generation): a
   caller that read the pool before a spec change uses the newer index.

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pydantic import Field, ValidationError
 
 from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
-from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation
+from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation, _uid
 from backends.incluster.intervals import address_to_int
 from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENGTH, build_prefix_set, child_of
 from ipam_provider.api.meta import Model
@@ -87,7 +87,7 @@ class InClusterPrefixBackend(InClusterBackend):
             _, allocatable = parse_prefix_pool(pool)
         except (PoolSpecError, ValidationError, ValueError):
             return
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), uid=_uid(pool))
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -125,7 +125,7 @@ class InClusterPrefixBackend(InClusterBackend):
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
         out_of_range = sum(1 for a in addresses if child_of(a.address, a.prefix, allocatable) is None)
-        await self._sweep(pool_ref, addresses)
+        await self._sweep(pool_ref, addresses, _uid(pool))
         await self._sweep_orphans()
         total = allocatable.addresses.size
         counts = AddressCounts(

@@ -226,3 +226,29 @@ async def test_a_pool_recreated_under_the_same_name_is_swept_at_once(monkeypatch
     assert stray is not None
     await backend.report(A, pool("a", domain=None, uid="u2"), [])
     assert stored_reservations(kube) == [], "the new pool object's first report sweeps"
+
+
+async def test_a_prefix_pools_prepared_index_serves_its_first_allocation() -> None:
+    from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
+
+    ref = IN_CLUSTER_PREFIX_POOL.ref("ns", "p")
+    prefix_pool = {
+        "metadata": {"name": "p", "namespace": "ns", "generation": 1, "uid": "uid-p"},
+        "spec": {"prefixes": ["10.0.0.0/24"], "allocationPrefixLength": 28},
+    }
+    backend = InClusterPrefixBackend(BackendContext(kube=FakeKube(), cached_addresses=lambda ref: []))
+    await backend.prepare(ref, prefix_pool)
+    prepared = backend.indexes.get(ref)
+    got = await backend.allocate(ref, prefix_pool, ClaimContext("ns", "c", "U"))
+    assert (got.address, got.prefix) == ("10.0.0.0", 28)
+    assert backend.indexes.get(ref) is prepared, "the index prepared for this pool object, not a rebuilt one"
+
+
+def test_the_overlap_survey_parses_a_recreated_pool_anew() -> None:
+    cached = [pool("a", domain=None), pool("b", domain=None, uid="b1", generation=4)]
+    backend = backend_of(FakeKube(), pools=cached)
+    allocatable = parse_pool(cached[0])[1]
+    overlaps = backend.survey.overlaps(A, allocatable, None)
+    assert overlaps is not None and [o.pool for o in overlaps] == [B]
+    cached[1] = pool("b", domain=None, uid="b2", generation=1, addresses=["10.9.0.0/29"])
+    assert backend.survey.overlaps(A, allocatable, None) == []
