@@ -9,8 +9,9 @@ uid, guarded by the reservation's resourceVersion (`ReservationClient.reassign`)
 Contract of `enforce_pins` (called from each reconcile of the pool, with the IPAddresses naming it):
 - Creates the pin reservation of each address pinned to exactly one well-formed key that no IPAddress names and no
   reservation known to the pool's index holds. A reservation found in its place (AlreadyExists) is only learned.
-- Deletes each reservation with an empty claim uid, not released, whose address is no longer pinned to its claim,
-  that no IPAddress names (by the given list, then by a fresh read): a removed pin frees its address again.
+- Deletes each reservation of the pool's own (not another pool's of its uniqueness domain) with an empty claim
+  uid, not released, whose address is no longer pinned to its claim, that no IPAddress names (by the given list,
+  then by a fresh read): a removed pin frees its address again.
   Reservations with an empty uid made for an existing IPAddress (see `existing`) are kept while it exists.
 - Does nothing when the caller read an older pool spec than the index was built from.
 - Deletion uses the uid and resourceVersion preconditions: a reservation taken over meanwhile is kept.
@@ -87,9 +88,12 @@ async def _pin(
 
 
 async def _unpin_removed(indexes: PoolIndexes, index: PoolIndex, pre: PreAllocations, backed: set[str]) -> None:
-    for reservation in list(indexes.current(pre.ref, index).by_address.values()):
+    current = indexes.current(pre.ref, index)
+    for reservation in list(current.by_address.values()):
         if reservation.claim_uid or reservation.released_at or normalized_address(reservation.address) in backed:
             continue
+        if not current.owns(reservation):
+            continue  # another pool's of the uniqueness domain: its pins are its own
         try:
             value = address_to_int(reservation.address, pre.family)
         except ValueError:

@@ -252,3 +252,15 @@ def test_the_overlap_survey_parses_a_recreated_pool_anew() -> None:
     assert overlaps is not None and [o.pool for o in overlaps] == [B]
     cached[1] = pool("b", domain=None, uid="b2", generation=1, addresses=["10.9.0.0/29"])
     assert backend.survey.overlaps(A, allocatable, None) == []
+
+
+async def test_a_pool_never_removes_the_pin_of_another_pool_of_its_domain() -> None:
+    kube = FakeKube()
+    pools = [pool("a"), pool("b", preAllocations={"bclaim": "10.0.0.5"})]
+    backend = backend_of(kube, pools=pools)
+    await backend.allocate(A, pools[0], ClaimContext("ns", "c", "U1"))  # a's index holds the domain's reservations
+    await backend.report(B, pools[1], [])  # b pins 10.0.0.5 for its claim ns/bclaim
+    pin = kube.stored_all(RESERVATIONS)[-1]
+    assert (pin["spec"]["address"], pin["spec"]["claim"]["uid"]) == ("10.0.0.5", "")
+    await backend.report(A, pools[0], [Allocation("10.0.0.1", 24, None)])
+    assert "10.0.0.5" in [r.address for r in stored_reservations(kube)], "a has no pins, but b's pin is b's"
