@@ -30,7 +30,7 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations, pre_allocated_address_held
-from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds, pool_hash
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -116,9 +116,9 @@ class SpecificAllocation:
                 learned = await self._reserve(index, value, address, claim)
                 if learned is None:
                     continue  # released between the create and the read: free again
-                if learned.claim_uid == claim.uid:
+                if learned.claim_uid == claim.uid and self._of_pool(learned):
                     return Allocation(learned.address, learned.prefix, learned.gateway)
-                if _own(learned, claim):
+                if self._own(learned, claim):
                     taken = await self._take_over(index, learned, claim)
                     if taken is None:
                         continue
@@ -134,9 +134,9 @@ class SpecificAllocation:
             held = await self._fresh_holder(index, value, address)
             if held is None:
                 continue  # the index knew of a reservation that is gone now
-            if held.claim_uid == claim.uid and not held.released_at:
+            if held.claim_uid == claim.uid and not held.released_at and self._of_pool(held):
                 return Allocation(held.address, held.prefix, held.gateway)
-            if _own(held, claim):
+            if self._own(held, claim):
                 taken = await self._take_over(index, held, claim)
                 if taken is None:
                     continue
@@ -147,10 +147,24 @@ class SpecificAllocation:
             retry_after=1.0,
         )
 
+    def _of_pool(self, reservation: Reservation) -> bool:
+        """Whether the reservation is this pool's (a pool of a uniqueness domain also sees the domain's others)."""
+        return reservation.pool_label == pool_hash(self.ref)
+
+    def _own(self, reservation: Reservation, claim: ClaimContext) -> bool:
+        """Whether the claim may take the reservation over: this pool's, under the claim's namespace/name with
+        another uid (see the module)."""
+        return (
+            self._of_pool(reservation)
+            and reservation.claim_uid != claim.uid
+            and reservation.claim == f"{claim.namespace}/{claim.name}"
+        )
+
     def _held_message(self, address: str, claim: ClaimContext, held: Reservation) -> str:
+        holder = _holder(held) if self._of_pool(held) else held.holder()
         if claim.requested_address() is None:  # the address comes from spec.preAllocations alone
-            return pre_allocated_address_held(address, self.ref, _holder(held))
-        return requested_address_held(address, self.ref, _holder(held))
+            return pre_allocated_address_held(address, self.ref, holder)
+        return requested_address_held(address, self.ref, holder)
 
     async def _take_over(self, index: PoolIndex, held: Reservation, claim: ClaimContext) -> Reservation | None:
         """Give the claim `held`, a reservation under its namespace/name (see the module); None when it changed or
@@ -169,9 +183,10 @@ class SpecificAllocation:
 
     def _grace_left(self, held: Reservation) -> float | None:
         """For a released reservation: seconds until its reuse grace period is over (the claim is retried then)."""
-        if not held.released_at or not self.reuse_grace_seconds:
+        grace = self.reuse_grace_seconds if self._of_pool(held) else held.grace_seconds
+        if not held.released_at or not grace:
             return None
-        return max(1.0, self.reuse_grace_seconds - age_seconds(held.released_at) + 1.0)
+        return max(1.0, grace - age_seconds(held.released_at) + 1.0)
 
     async def _reserve(self, index: PoolIndex, value: int, address: str, claim: ClaimContext) -> Reservation | None:
         """Create the reservation of the pending `value`: it, the one found in its place, or None (none now)."""
@@ -211,11 +226,6 @@ class SpecificAllocation:
         if fresh is not None:
             current.hold(fresh)
         return fresh
-
-
-def _own(reservation: Reservation, claim: ClaimContext) -> bool:
-    """Whether the reservation is under the claim's namespace/name with another uid (see the module)."""
-    return reservation.claim_uid != claim.uid and reservation.claim == f"{claim.namespace}/{claim.name}"
 
 
 def _holder(reservation: Reservation) -> str:

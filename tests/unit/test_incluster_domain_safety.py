@@ -21,6 +21,7 @@ from backends.incluster.overlap import ADDRESSES_OVERLAP, NO_OVERLAP
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import RESERVATIONS, Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import (
+    REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
     AllocationFailedError,
     BackendContext,
@@ -96,6 +97,22 @@ async def test_a_claim_never_takes_over_a_reservation_of_another_pool_of_its_dom
     assert (reservation.claim_uid, reservation.pool_label, reservation.address) == ("U1", pool_hash(B), held.address)
     await backend.release(A, pool("a"), ClaimContext("ns", "c", "U2"), None)
     assert [r.claim_uid for r in stored_reservations(kube)] == ["U1"], "a's release leaves b's reservation alone"
+
+
+async def test_a_requested_address_never_takes_over_a_reservation_of_another_pool_of_its_domain() -> None:
+    kube = FakeKube()
+    backend = backend_of(kube)
+    held = await backend.allocate(B, pool("b"), ClaimContext("ns", "c", "U1"))
+    asking = {REQUESTED_ADDRESS_ANNOTATION: held.address}
+    # ns/c is re-created (another uid) as a claim of pool a, asking for b's address by the annotation.
+    with pytest.raises(AllocationFailedError) as failed:
+        await backend.allocate(A, pool("a"), ClaimContext("ns", "c", "U2", annotations=asking))
+    assert f"{held.address} is already held by claim ns/c of InClusterIPPool/ns/b" in failed.value.message
+    # Even under the same uid, b's reservation is not a's claim's.
+    with pytest.raises(AllocationFailedError):
+        await backend.allocate(A, pool("a"), ClaimContext("ns", "c", "U1", annotations=asking))
+    [reservation] = stored_reservations(kube)
+    assert (reservation.claim_uid, reservation.pool_label) == ("U1", pool_hash(B))
 
 
 async def test_a_domain_pool_knows_only_its_own_reservations_as_its_claims() -> None:
