@@ -24,8 +24,11 @@ from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import sweep_orphans
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.pool_index import PoolIndex
+from backends.incluster.released import keeps_release_records, take_over
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.incluster.strategies import pinned_addresses
 from backends.validation import spec_error
 from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
@@ -61,6 +64,9 @@ class InClusterPoolSpec(Model):
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    allocation_strategy: AllocationStrategy = Field(default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy")
+    reserve_static_band: bool = Field(default=False, alias="reserveStaticBand")
+    pre_allocations: dict[str, str] = Field(default_factory=dict, alias="preAllocations")
 
     @field_validator("gateway")
     @classmethod
@@ -76,6 +82,12 @@ def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved
     )
     return spec, allocatable
+
+
+def allocation_policy(spec: InClusterPoolSpec, allocatable: AllocatableSet) -> AllocationPolicy:
+    """The pool's allocation policy: its strategy, its static band, and its valid pre-allocated addresses."""
+    pinned = pinned_addresses(spec.pre_allocations, allocatable)
+    return AllocationPolicy(spec.allocation_strategy, spec.reserve_static_band, pinned)
 
 
 class InClusterBackend:
@@ -105,16 +117,17 @@ class InClusterBackend:
         while its caches sync, so that the LIST does not wait for them); the scan for IPAddresses without a
         reservation is left to that allocation. An invalid pool is left alone: its first allocation says why."""
         try:
-            _, allocatable = parse_pool(pool)
+            spec, allocatable = parse_pool(pool)
         except (PoolSpecError, ValidationError, ValueError):
             return
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool))
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), allocation_policy(spec, allocatable))
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         spec, allocatable = self._parse(pool_ref, pool)
-        index = await self.indexes.index(pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds)
+        policy = allocation_policy(spec, allocatable)
+        index = await self.indexes.index(pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, policy)
         if existing is not None:
             return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
@@ -159,21 +172,31 @@ class InClusterBackend:
         index: PoolIndex,
     ) -> Reservation | None:
         """Reserve the pending `candidate` for the claim: its reservation, or None when someone else holds the
-        address (now known to the index) or it was released in between (free again)."""
+        address (now known to the index) or it was released in between (free again). A candidate with a release
+        record is taken over (see `released`)."""
         address = int_to_address(candidate, family)
+        record = index.released.get(candidate)
         learned: Reservation | None = None
+        gone = False
         try:
-            reservation = await self.reservations.create(
-                ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
-            )
-            if reservation is None:  # reserved by someone this index did not know about
+            if record is not None:
+                args = (spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid)
+                reservation = await take_over(self.reservations, record, *args)
+            else:
+                reservation = await self.reservations.create(
+                    ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
+                )
+            if reservation is None:  # reserved, or the record changed, by someone this index did not know about
                 learned = await self.reservations.get(ref, address)
+                gone = learned is None
             else:
                 learned = reservation
         finally:
             current = self.indexes.current(ref, index)
             if learned is not None:
                 current.hold(learned)
+            elif gone and record is not None:
+                current.drop(record)
             current.settle(candidate)
         if learned is not None and learned.claim_uid != claim.uid:
             log.info("address already reserved elsewhere", pool=str(ref), address=address)
@@ -230,14 +253,15 @@ class InClusterBackend:
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        grace = None
+        keep_record = False
         if pool is not None:
             try:
-                grace = InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds
+                spec = InClusterPoolSpec.model_validate(pool.get("spec") or {})
+                keep_record = keeps_release_records(spec.allocation_strategy, spec.reuse_grace_seconds)
             except ValidationError:
-                grace = None
+                keep_record = False
         for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
-            if grace:
+            if keep_record:
                 released = await self.reservations.mark_released(reservation, now_rfc3339())
                 index = self.indexes.get(pool_ref)  # as it is after the write
                 if index is not None:

@@ -7,7 +7,10 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST).
 - An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
-  before a spec change uses the newer index.
+  before a spec change uses the newer index. A spec change of the allocatable set or of the allocation policy
+  (strategy, static band, pre-allocations) gives the pool a new index over the same holdings.
+- Release records whose grace period is over are deleted before an allocation, except under LeastRecentlyReleased
+  (see `released`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import structlog
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
+from backends.incluster.policy import AllocationPolicy
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import ReservationClient
 from ipam_provider.backend.contract import PoolRef
@@ -46,38 +50,59 @@ class PoolIndexes:
         self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
 
     async def index(
-        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, reuse_grace_seconds: int | None
+        self,
+        ref: PoolRef,
+        allocatable: AllocatableSet,
+        generation: int,
+        reuse_grace_seconds: int | None,
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
     ) -> PoolIndex:
         """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
         the index's gets the index as it is: it never replaces one built from a newer spec."""
-        key = (allocatable.addresses, allocatable.family)
+        key = (allocatable.addresses, allocatable.family, policy)
         index = self._indexes.get(ref)
         if index is not None and generation < index.generation:
             return index
         if index is None or index.family != allocatable.family or time.monotonic() - index.built_at > RESYNC_SECONDS:
             index = await self.rebuild(
-                ref, allocatable.addresses, allocatable.family, key, generation, scan=True, replacing=index
+                ref,
+                allocatable.addresses,
+                allocatable.family,
+                key,
+                generation,
+                scan=True,
+                replacing=index,
+                policy=policy,
             )
         elif index.spec_key != key:
             scanned = index.scanned
-            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key, policy)
             index.generation, index.scanned = generation, scanned
+        index.reuse_grace_seconds = reuse_grace_seconds or 0
         if not index.scanned:
             await self._scan(ref, index)
-        if reuse_grace_seconds is not None and ref not in self._reclaiming:
+        if index.released and ref not in self._reclaiming:
             self._reclaiming.add(ref)
             try:
-                await self._reclaim_expired(ref, index, reuse_grace_seconds)
+                await self._reclaim_expired(ref, index, reuse_grace_seconds or 0)
             finally:
                 self._reclaiming.discard(ref)
         return self.current(ref, index)
 
-    async def prepare(self, ref: PoolRef, allocatable: AllocatableSet, generation: int) -> None:
+    async def prepare(
+        self,
+        ref: PoolRef,
+        allocatable: AllocatableSet,
+        generation: int,
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
+    ) -> None:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
         if ref in self._indexes:
             return
-        key = (allocatable.addresses, allocatable.family)
-        await self.rebuild(ref, allocatable.addresses, allocatable.family, key, generation, scan=False, replacing=None)
+        key = (allocatable.addresses, allocatable.family, policy)
+        await self.rebuild(
+            ref, allocatable.addresses, allocatable.family, key, generation, scan=False, replacing=None, policy=policy
+        )
 
     async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
         """Give IPAddresses naming the pool without a reservation one, into `index` (once, one caller at a time)."""
@@ -112,11 +137,13 @@ class PoolIndexes:
         *,
         scan: bool,
         replacing: PoolIndex | None,
+        policy: AllocationPolicy | None = None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
         for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
-        the pool without a reservation get one first. In-flight candidates stay pending in the new index."""
+        the pool without a reservation get one first. In-flight candidates stay pending in the new index. `policy`:
+        the pool's allocation policy, by default that of `replacing`."""
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
             if current is not None and current is not replacing and current.generation >= generation:
@@ -131,7 +158,11 @@ class PoolIndexes:
                 )
                 found, reservations = len(existing), reservations + existing
             pending = replacing.pending if replacing is not None and replacing.family == family else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending)
+            if policy is None:
+                policy = replacing.policy if replacing is not None else AllocationPolicy()
+            index = PoolIndex.build(addresses, family, reservations, key, pending, policy)
+            if replacing is not None:
+                index.reuse_grace_seconds = replacing.reuse_grace_seconds
             index.generation = generation
             index.scanned = scan or (replacing is not None and replacing.scanned)
             self._indexes[ref] = index

@@ -279,6 +279,11 @@ class PoolAllocator:
         """Whether `address` is marked used."""
         return self._run_holding(address) is not None
 
+    def first_free_from(self, address: int) -> int:
+        """`address` when it is not used, else the address right after the run of used addresses holding it."""
+        run = self._run_holding(address)
+        return address if run is None else run[1] + 1
+
     def is_allocatable(self, address: int) -> bool:
         """Whether `address` belongs to the allocatable set (used or not)."""
         return address in self._allocatable
