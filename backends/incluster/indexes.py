@@ -76,7 +76,11 @@ class PoolIndexes:
             )
         elif index.spec_key != key:
             scanned = index.scanned
-            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key, policy)
+            if index.allocator.allocatable == allocatable.addresses:  # the policy alone changed
+                index.set_policy(policy)
+                index.spec_key = key
+            else:
+                index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key, policy)
             index.generation, index.scanned = generation, scanned
         index.reuse_grace_seconds = reuse_grace_seconds or 0
         if not index.scanned:

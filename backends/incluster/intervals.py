@@ -260,6 +260,10 @@ class PoolAllocator:
         """The runs of consecutive used addresses, as closed intervals in ascending order."""
         return iter(list(self._runs.items()))
 
+    def used_set(self) -> IntervalSet:
+        """The used addresses, inside or outside the allocatable set, as an IntervalSet (O(r), no sort)."""
+        return IntervalSet._from_normalized(list(self._runs.items()))
+
     def used_outside(self) -> IntervalSet:
         """The used addresses that lie outside the allocatable set."""
         return IntervalSet._from_normalized(list(self._runs.items())).subtract(self._allocatable)

@@ -74,11 +74,24 @@ class PoolIndex:
                 valued.append((address_to_int(reservation.address, family), reservation))
             except ValueError:
                 continue  # another family: cannot collide with this pool's addresses
+        return cls._build(allocatable, family, valued, spec_key, pending, policy, rng)
+
+    @classmethod
+    def _build(
+        cls,
+        allocatable: IntervalSet,
+        family: int,
+        valued: list[tuple[int, Reservation]],
+        spec_key: object,
+        pending: dict[int, str] | None,
+        policy: AllocationPolicy,
+        rng: random.Random | None = None,
+    ) -> PoolIndex:
         pending = pending if pending is not None else {}
         allocator = PoolAllocator(allocatable, [*(value for value, _ in valued), *pending])
         index = cls(allocator, family, Chooser(policy, allocator, rng), policy, spec_key=spec_key, pending=pending)
         for value, reservation in valued:
-            index._hold(value, reservation)
+            index._hold(value, reservation, marked=True)
         return index
 
     def with_allocatable(
@@ -89,11 +102,20 @@ class PoolIndex:
     ) -> PoolIndex:
         """The same holdings and pending candidates over a new allocatable set and policy (the pool's spec
         changed)."""
-        index = PoolIndex.build(
-            allocatable, self.family, list(self.by_address.values()), spec_key, self.pending, policy
+        index = PoolIndex._build(
+            allocatable, self.family, list(self.by_address.items()), spec_key, self.pending, policy
         )
         index.reuse_grace_seconds, index.clock = self.reuse_grace_seconds, self.clock
         return index
+
+    def set_policy(self, policy: AllocationPolicy) -> None:
+        """Choose by `policy` from now on, over the same holdings (the pool's spec changed its policy alone).
+        Cost: O(r) for r runs of used addresses, plus the release records; no reservation is parsed again."""
+        self.policy = policy
+        self.chooser = Chooser(policy, self.allocator)
+        for value, released_at in self._released_at.items():
+            if value not in self.pending:
+                self.chooser.record(value, released_at)
 
     def take_candidate(self, claim_uid: str) -> int | None:
         """The next address under the policy (never a pinned one, the band last), now marked pending for
@@ -143,7 +165,8 @@ class PoolIndex:
             return  # another family: cannot collide with this pool's addresses
         self._hold(value, reservation)
 
-    def _hold(self, value: int, reservation: Reservation) -> None:
+    def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
+        """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
         self.by_address[value] = reservation
         if reservation.released_at is not None:
             self.released[value] = reservation
@@ -159,7 +182,8 @@ class PoolIndex:
             if known is not None and known.name != reservation.name:
                 self.doubly_held.add(reservation.claim_uid)
             self.by_claim[reservation.claim_uid] = reservation
-        self._use(value)
+        if not marked:
+            self._use(value)
 
     def drop(self, reservation: Reservation) -> None:
         try:

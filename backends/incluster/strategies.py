@@ -9,8 +9,8 @@ zone first and enters the band only when the upper zone has nothing eligible. Wi
   its intervals are known full, so sequential allocation is amortised O(log r) for r runs of used addresses);
 - Random: uniform over the zone's addresses without a reservation. A few uniform draws over the zone are tried
   first (cheap and exact in a sparse zone such as a /64); when they all hit used addresses, the k-th free address
-  is found exactly by rank/select over the zone's intervals and an order-statistics list of the used addresses in
-  it, O(log² n) for n used. Either way each free address is equally likely;
+  is found exactly by rank/select over the zone's intervals and the used addresses in it (`ranked`), O(log n) for n
+  used. Either way each free address is equally likely;
 - LeastRecentlyReleased: the lowest address that never had a reservation, else the released reservation (a
   *release record*, see `released`) whose `releasedAt` is oldest, once the pool's reuse grace period is over.
   Records are kept sorted by (releasedAt, address), so the oldest is found in O(log n).
@@ -32,6 +32,7 @@ from sortedcontainers import SortedList
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, static_band_size
+from backends.incluster.ranked import RankedPoints
 
 RANDOM_DRAWS = 4  # uniform draws over the zone before the exact rank/select
 
@@ -77,15 +78,15 @@ class Region:
 class Zone:
     """One zone of a pool (the band, or the addresses above it, without the pinned ones) and what is used in it."""
 
-    def __init__(self, region: Region, allocator: PoolAllocator, track_points: bool) -> None:
+    def __init__(self, region: Region, used_anywhere: IntervalSet, track_points: bool) -> None:
         self.region = region
-        used = IntervalSet(allocator.used_runs()).intersection(region.addresses)
+        used = used_anywhere.intersection(region.addresses)
         self.used = used.size
         self._first_unfilled = 0  # every interval of the region before this index is entirely used
         # The used addresses of the zone one by one (Random only): the order statistics of its exact choice.
-        self.points: Any = None
+        self.points: RankedPoints | None = None
         if track_points:
-            self.points = SortedList(value for start, end in used for value in range(start, end + 1))
+            self.points = RankedPoints(value for start, end in used for value in range(start, end + 1))
         self.released: Any = SortedList()  # (releasedAt, address) of the zone's release records
         self.released_at: dict[int, float] = {}
 
@@ -142,16 +143,11 @@ class Zone:
         """The free address with exactly `k` free addresses of the zone below it.
 
         Free addresses below the j-th used one are `rank(points[j]) - j`, non-decreasing in j: count the used
-        addresses below the answer by binary search, then select past them."""
-        points, region = self.points, self.region
-        low, high = 0, len(points)
-        while low < high:
-            middle = (low + high) // 2
-            if region.rank(points[middle]) - middle <= k:
-                low = middle + 1
-            else:
-                high = middle
-        return region.select(k + low)
+        addresses below the answer (O(log n) evaluations, each O(log I)), then select past them."""
+        assert self.points is not None, "built with track_points"
+        region = self.region
+        used_below = self.points.count_leading(lambda point, position: region.rank(point) - position <= k)
+        return region.select(k + used_below)
 
     def oldest_record(self, now: float, grace_seconds: float) -> int | None:
         """The address of the zone's oldest release record if its grace period is over."""
@@ -185,8 +181,9 @@ class Chooser:
         pinned = IntervalSet.from_points(policy.pinned)
         points = policy.strategy is AllocationStrategy.RANDOM
         eligible = allocatable.subtract(pinned)
-        self.upper = Zone(Region(eligible.subtract(band)), allocator, points)
-        self.band = Zone(Region(eligible.intersection(band)), allocator, points)
+        used = allocator.used_set()
+        self.upper = Zone(Region(eligible.subtract(band)), used, points)
+        self.band = Zone(Region(eligible.intersection(band)), used, points)
 
     def zone_of(self, value: int) -> tuple[Zone, int] | None:
         """The zone `value` belongs to and its interval's index there; None for a pinned or unallocatable one."""

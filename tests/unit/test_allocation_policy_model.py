@@ -227,9 +227,13 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
         """The index rebuilt from the API server's reservations (writes in flight stay pending)."""
         self.index = self._build()
 
-    @rule(strategy=st.sampled_from(list(AllocationStrategy)), band=st.booleans())
-    def change_policy(self, strategy: AllocationStrategy, band: bool) -> None:
+    @rule(strategy=st.sampled_from(list(AllocationStrategy)), band=st.booleans(), in_place=st.booleans())
+    def change_policy(self, strategy: AllocationStrategy, band: bool, in_place: bool) -> None:
+        """The pool's spec changes its policy: a new index over the same holdings, or the same one re-chosen."""
         self.policy = AllocationPolicy(strategy, band, self.policy.pinned)
+        if in_place:
+            self.index.set_policy(self.policy)
+            return
         clock = self.index.clock
         self.index = self.index.with_allocatable(self.allocatable_set, None, self.policy)
         assert self.index.clock is clock and self.index.reuse_grace_seconds == (self.grace or 0)

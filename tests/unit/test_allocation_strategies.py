@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from backends.incluster.backend import InClusterPoolSpec, allocation_policy
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.pool_index import PoolIndex
+from backends.incluster.ranked import RankedPoints
 from backends.incluster.strategies import Region, Zone
 
 points = st.sets(st.integers(min_value=0, max_value=80), min_size=1, max_size=40)
@@ -32,11 +34,36 @@ def test_rank_and_select_match_the_sorted_members(members: set[int]) -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(
+    start=st.sets(st.integers(0, 200), max_size=60),
+    changes=st.lists(st.tuples(st.booleans(), st.integers(0, 200)), max_size=80),
+    threshold=st.integers(0, 201),
+)
+def test_ranked_points_keep_order_and_count_a_leading_run(
+    start: set[int], changes: list[tuple[bool, int]], threshold: int
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("backends.incluster.ranked.LOAD", 4)  # many small blocks: splits, removals, a deep tree
+        ranked, model = RankedPoints(start), set(start)
+        for add, value in changes:
+            if add:
+                ranked.add(value)
+                model.add(value)
+            else:
+                ranked.discard(value)
+                model.discard(value)
+        ordered = sorted(model)
+        assert len(ranked) == len(ordered)
+        assert ranked.count_leading(lambda point, _: point < threshold) == sum(1 for v in ordered if v < threshold)
+        assert ranked.count_leading(lambda _, position: position < threshold) == min(threshold, len(ordered))
+
+
+@settings(max_examples=300, deadline=None)
 @given(members=points, data=st.data())
 def test_the_exact_random_choice_is_the_kth_free_address(members: set[int], data: st.DataObject) -> None:
     used = data.draw(st.sets(st.sampled_from(sorted(members))))
     allocator = PoolAllocator(IntervalSet.from_points(members), used)
-    zone = Zone(Region(IntervalSet.from_points(members)), allocator, track_points=True)
+    zone = Zone(Region(IntervalSet.from_points(members)), allocator.used_set(), track_points=True)
     free = sorted(members - used)
     assert zone.free == len(free)
     assert [zone._kth_free(k) for k in range(len(free))] == free
