@@ -1,7 +1,8 @@
 """The in-cluster backend: pools defined by InClusterIPPool / GlobalInClusterIPPool (v1alpha2).
 
-Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
-name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
+Allocation takes the address the pool's allocation policy chooses (the lowest free one by default; see `policy`,
+`strategies`) and holds it with a reservation whose name encodes (pool, address) — see `reservations`; a
+release record is taken over instead (see `released`). Memory and time per allocation follow the number of
 allocations, not the pool's size (see `intervals`).
 
 Claims of one pool are allocated concurrently (`concurrent_claims`). Only the choice of a candidate is
