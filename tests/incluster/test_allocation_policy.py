@@ -108,3 +108,18 @@ async def test_two_processes_taking_over_the_same_release_record_cannot_both_win
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_spec_change_of_the_policy_applies_to_the_next_allocation(kube: KubeClient, namespace: str) -> None:
+    obj = await kube.create(POOLS, pool("policy", ["10.44.0.1-10.44.0.20"], 24), namespace)
+    ref = IN_CLUSTER_POOL.ref(namespace, "policy")
+    backend = InClusterBackend(BackendContext(kube=kube))
+    try:
+        assert (await allocate(backend, ref, obj, ClaimContext(namespace, "a", "uid-a"))).address == "10.44.0.1"
+        banded = await kube.patch(POOLS, "policy", {"spec": {"reserveStaticBand": True}}, namespace)
+        assert (await allocate(backend, ref, banded, ClaimContext(namespace, "b", "uid-b"))).address == "10.44.0.17"
+        plain = await kube.patch(POOLS, "policy", {"spec": {"reserveStaticBand": False}}, namespace)
+        assert (await allocate(backend, ref, plain, ClaimContext(namespace, "c", "uid-c"))).address == "10.44.0.2"
+        assert plain["spec"]["allocationStrategy"] == "LowestFree", "the CRD's default"
+    finally:
+        await backend.close()
