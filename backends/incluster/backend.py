@@ -1,7 +1,8 @@
 """The in-cluster backend: pools defined by InClusterIPPool / GlobalInClusterIPPool (v1alpha2).
 
-Allocation takes the lowest free address of the pool's allocatable set and holds it with a reservation whose
-name encodes (pool, address) — see `reservations`. Memory and time per allocation follow the number of
+Allocation takes the address the pool's allocation policy chooses (the lowest free one by default; see `policy`,
+`strategies`) and holds it with a reservation whose name encodes (pool, address) — see `reservations`; a
+release record is taken over instead (see `released`). Memory and time per allocation follow the number of
 allocations, not the pool's size (see `intervals`).
 
 Claims of one pool are allocated concurrently (`concurrent_claims`). Only the choice of a candidate is
@@ -18,25 +19,25 @@ AllocationFailed (see `requested`); pre-allocated addresses are never candidates
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ValidationError
 
-from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_allocatable_set
+from backends.incluster.allocatable import AllocatableSet, PoolSpecError
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
-from backends.incluster.orphans import sweep_orphans
 from backends.incluster.overlap import PoolSurvey, assess
-from backends.incluster.pins import enforce_pins
+from backends.incluster.pins import enforce_pool_pins
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message, take_dynamic
+from backends.incluster.pool_spec import InClusterPoolSpec, allocation_policy, parse_pool, survey_parse
+from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message
+from backends.incluster.release import release_claim
+from backends.incluster.released import reserve_or_take_over
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
-from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
+from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.sweeps import Sweeps
 from backends.validation import spec_error
-from ipam_provider.api.meta import Model, now_rfc3339
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
@@ -50,8 +51,11 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
 )
-from ipam_provider.common import Object, cap_int64, normalized_address
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
+from ipam_provider.common import Object, cap_int64
+from ipam_provider.kube.resources import IPAM_GROUP
+
+__all__ = ["GLOBAL_IN_CLUSTER_POOL", "IN_CLUSTER_POOL", "InClusterBackend", "InClusterPoolSpec", "allocation_policy"]
+__all__ += ["parse_pool"]
 
 log = structlog.get_logger(__name__)
 
@@ -59,43 +63,6 @@ IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "incluster
 GLOBAL_IN_CLUSTER_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
 )
-SWEEP_INTERVAL = 60.0  # at most one sweep for stray reservations per pool and interval
-STRAY_GRACE = 60.0  # a reservation younger than this may belong to an allocation in progress
-ORPHAN_SWEEP_INTERVAL = 600.0  # at most one sweep for reservations of deleted pools per process and interval
-
-
-class InClusterPoolSpec(Model):
-    addresses: list[str] = Field(default_factory=list)
-    prefix: int = 0
-    gateway: str | None = None
-    excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
-    allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
-    reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
-    pre_allocations: dict[str, Any] = Field(default_factory=dict, alias="preAllocations")
-    uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
-
-    @field_validator("gateway")
-    @classmethod
-    def _empty_gateway_is_none(cls, value: str | None) -> str | None:
-        """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
-        return value if value is None or value.strip() else None
-
-
-def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
-    """The pool's spec and allocatable set; PoolSpecError or ValidationError when invalid."""
-    spec = InClusterPoolSpec.model_validate(pool.get("spec") or {})
-    allocatable = build_allocatable_set(
-        spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved
-    )
-    return spec, allocatable
-
-
-def _survey_parse(pool: Object) -> tuple[AllocatableSet, str | None] | None:
-    try:
-        spec, allocatable = parse_pool(pool)
-    except (PoolSpecError, ValidationError, ValueError):
-        return None
-    return allocatable, spec.uniqueness_domain or None
 
 
 class InClusterBackend:
@@ -109,9 +76,8 @@ class InClusterBackend:
         self.reservations = ReservationClient(context.kube)
         self.indexes = PoolIndexes(context.kube, self.reservations, context.cached_addresses)
         self.cached_addresses = context.cached_addresses
-        self.survey = PoolSurvey(self.kinds, context.cached_pools, _survey_parse)
-        self._swept: dict[PoolRef, float] = {}
-        self._orphans_swept = time.monotonic()  # the first sweep comes one interval after start
+        self.survey = PoolSurvey(self.kinds, context.cached_pools, survey_parse)
+        self.sweeps = Sweeps(context.kube, self.reservations, self.indexes, self.kinds)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -134,8 +100,8 @@ class InClusterBackend:
         except (PoolSpecError, ValidationError, ValueError):
             return
         self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
-        pinned = frozenset(PreAllocations.of(pool_ref, spec.pre_allocations, allocatable).pinned)
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), pinned)
+        pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
+        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), allocation_policy(spec, allocatable, pre))
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -150,9 +116,8 @@ class InClusterBackend:
     ) -> Allocation:
         spec, allocatable = self._parse(pool_ref, pool)
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
-        index = await self.indexes.index(
-            pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, frozenset(pre.pinned)
-        )
+        policy = allocation_policy(spec, allocatable, pre)
+        index = await self.indexes.index(pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, policy)
         if existing is not None:
             return await self._hold_existing(pool_ref, index, claim, existing)
         held = index.by_claim.get(claim.uid)
@@ -167,7 +132,7 @@ class InClusterBackend:
         rebuilt = False
         while True:
             index = self.indexes.current(pool_ref, index)  # never one built from an older spec
-            candidate = take_dynamic(index, claim.uid, pre.pinned)
+            candidate = index.take_candidate(claim.uid)
             if candidate is None:
                 if not rebuilt:  # another process may have released addresses since the index was built
                     index = await self.indexes.rebuild(
@@ -185,7 +150,7 @@ class InClusterBackend:
                         return Allocation(held.address, held.prefix, held.gateway)
                     continue
                 raise PoolExhaustedError(exhausted_message(pool_ref, cap_int64(index.allocator.total), pre))
-            reservation = await self._try_candidate(pool_ref, spec, index.family, candidate, claim, index)
+            reservation = await self._try_candidate(pool_ref, spec, candidate, claim, index)
             if reservation is not None:
                 return Allocation(reservation.address, reservation.prefix, reservation.gateway)
 
@@ -197,27 +162,27 @@ class InClusterBackend:
         self,
         ref: PoolRef,
         spec: InClusterPoolSpec,
-        family: int,
         candidate: int,
         claim: ClaimContext,
         index: PoolIndex,
     ) -> Reservation | None:
         """Reserve the pending `candidate` for the claim: its reservation, or None when someone else holds the
-        address (now known to the index) or it was released in between (free again)."""
+        address (now known to the index) or it was released in between (free again). A candidate with a release
+        record is taken over (see `released`)."""
         address = index.address_of(candidate)
+        record = index.released.get(candidate)
         learned: Reservation | None = None
         try:
-            reservation = await self.reservations.create(
-                ref, address, spec.prefix, spec.gateway, claim.namespace, claim.name, claim.uid
+            claimant = (claim.namespace, claim.name, claim.uid)
+            learned = await reserve_or_take_over(
+                self.reservations, ref, record, address, spec.prefix, spec.gateway, claimant
             )
-            if reservation is None:  # reserved by someone this index did not know about
-                learned = await self.reservations.get(ref, address)
-            else:
-                learned = reservation
         finally:
             current = self.indexes.current(ref, index)
             if learned is not None:
                 current.hold(learned)
+            elif record is not None:
+                current.drop(record)
             current.settle(candidate)
         if learned is not None and learned.claim_uid != claim.uid:
             log.info("address already reserved elsewhere", pool=str(ref), address=address)
@@ -274,26 +239,7 @@ class InClusterBackend:
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        grace, pre = _release_terms(pool_ref, pool)
-        for reservation in await self.reservations.list_claim(pool_ref, claim.uid):
-            if pre is not None and pre.pins(reservation):
-                # The spec still names the address for this claim: it stays pinned, free for that claim only.
-                unclaimed = await self.reservations.reassign(reservation, "")
-                index = self.indexes.get(pool_ref)
-                if index is not None:
-                    index.drop(reservation)
-                    index.hold(unclaimed)
-            elif grace:
-                released = await self.reservations.mark_released(reservation, now_rfc3339(), grace)
-                index = self.indexes.get(pool_ref)  # as it is after the write
-                if index is not None:
-                    index.drop(reservation)
-                    index.hold(released)
-            else:
-                await self.reservations.delete(reservation)
-                index = self.indexes.get(pool_ref)
-                if index is not None:
-                    index.drop(reservation)
+        await release_claim(self.reservations, self.indexes, pool_ref, pool, claim.uid)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
@@ -309,9 +255,10 @@ class InClusterBackend:
                 inside = False
             out_of_range += 0 if inside else 1
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
-        await self._enforce_pins(pool_ref, pool, spec, allocatable, pre, addresses)
-        await self._sweep(pool_ref, addresses)
-        await self._sweep_orphans()
+        policy = allocation_policy(spec, allocatable, pre)
+        await enforce_pool_pins(self.indexes, _generation(pool), allocatable, spec, policy, pre, addresses)
+        await self.sweeps.sweep(pool_ref, addresses)
+        await self.sweeps.sweep_orphans()
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         collided, waiting = await collisions(pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations)
         total = allocatable.addresses.size
@@ -335,79 +282,6 @@ class InClusterBackend:
             reason = "InvalidConfiguration"
         return PoolReport(ready, reason, message, counts=counts, conditions=cross.conditions, related=cross.related)
 
-    async def _enforce_pins(
-        self,
-        ref: PoolRef,
-        pool: Object,
-        spec: InClusterPoolSpec,
-        allocatable: AllocatableSet,
-        pre: PreAllocations,
-        addresses: Sequence[Allocation],
-    ) -> None:
-        """Reserve the pool's free pre-allocated addresses for their claims, and free those of removed pins (see
-        `pins`). A pool without pins whose index is not built has no pin reservations this process knows of."""
-        generation = _generation(pool)
-        if pre.pinned:
-            pinned = frozenset(pre.pinned)
-            index = await self.indexes.index(ref, allocatable, generation, spec.reuse_grace_seconds, pinned)
-        else:
-            found = self.indexes.get(ref)
-            if found is None:
-                return
-            index = found
-        if index.generation > generation:
-            return  # this reconcile read an older spec than the index's: the newer one decides
-        await enforce_pins(self.indexes, index, pre, spec.prefix, spec.gateway, addresses)
-
-    async def _sweep(self, ref: PoolRef, addresses: Sequence[Allocation]) -> None:
-        """Delete stray reservations: those whose claim is gone, and a claim's extra ones.
-
-        A controller working from a lagging cache can reserve for a claim that another replica has just
-        served or released; that can never duplicate an address, but it would leak one. Only reservations with
-        no IPAddress behind them (by the cache) and older than STRAY_GRACE are checked, against fresh reads.
-        Reservations without a claim uid (pins not yet taken, see `pins`, which also frees removed ones) are not
-        strays.
-        """
-        now = time.monotonic()
-        if now - self._swept.get(ref, 0.0) < SWEEP_INTERVAL:
-            return
-        self._swept[ref] = now
-        backed = {normalized_address(allocation.address) for allocation in addresses}
-        for reservation in await self.reservations.list_pool(ref):
-            if reservation.released_at or not reservation.claim_uid:
-                continue
-            if normalized_address(reservation.address) in backed:
-                continue
-            if age_seconds(reservation.created_at) < STRAY_GRACE:
-                continue
-            if await self._holds_rightfully(reservation):
-                continue
-            log.info("stray reservation deleted", pool=str(ref), address=reservation.address, claim=reservation.claim)
-            await self.reservations.delete(reservation)
-            index = self.indexes.get(ref)  # as it is after the delete
-            if index is not None:
-                index.drop(reservation)
-
-    async def _sweep_orphans(self) -> None:
-        """Now and then, from any pool's report: the reservations of pools that are gone (see `orphans`)."""
-        now = time.monotonic()
-        if now - self._orphans_swept < ORPHAN_SWEEP_INTERVAL:
-            return
-        self._orphans_swept = now
-        await sweep_orphans(self.kube, self.reservations, self.kinds, STRAY_GRACE)
-
-    async def _holds_rightfully(self, reservation: Reservation) -> bool:
-        namespace, _, name = reservation.claim.partition("/")
-        claim = await self.kube.get(CLAIMS, name, namespace)
-        if claim is None or claim["metadata"].get("uid") != reservation.claim_uid:
-            return False
-        address = await self.kube.get(ADDRESSES, name, namespace)
-        if address is None:
-            return True  # an allocation in progress: its IPAddress is about to be written
-        return normalized_address(str(address.get("spec", {}).get("address", ""))) == normalized_address(
-            reservation.address
-        )
-
     async def close(self) -> None:
         self.indexes.clear()
 
@@ -420,20 +294,6 @@ def _taken_over(reservation: Reservation, claim: ClaimContext) -> bool:
         and not reservation.released_at
         and reservation.claim == f"{claim.namespace}/{claim.name}"
     )
-
-
-def _release_terms(ref: PoolRef, pool: Object | None) -> tuple[int | None, PreAllocations | None]:
-    """The pool's reuse grace period and preAllocations, as far as its spec parses (none for a pool that is gone)."""
-    if pool is None:
-        return None, None
-    try:
-        spec, allocatable = parse_pool(pool)
-    except (PoolSpecError, ValidationError, ValueError):
-        try:
-            return InClusterPoolSpec.model_validate(pool.get("spec") or {}).reuse_grace_seconds, None
-        except ValidationError:
-            return None, None
-    return spec.reuse_grace_seconds, PreAllocations.of(ref, spec.pre_allocations, allocatable)
 
 
 def _generation(pool: Object) -> int:

@@ -5,13 +5,16 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
   its first use (or ahead of it, by `prepare`, while the controller's caches sync), again on each resync, and when
   the pool looks exhausted; one build per pool at a time, the others wait for it and use its result. Pending
   candidates move to the new index.
-- Released reservations whose reuse grace period is over are deleted as the index is used (see `domains`).
+- Release records whose reuse grace period is over are deleted as the index is used, except under
+  LeastRecentlyReleased (see `released`, `domains`).
 - A reservation this process makes for a pool of a uniqueness domain is held at once in the indexes of the domain's
   other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
   scan, from the controller's synced cache when it can answer, else from a LIST).
 - An index is never replaced by one built from an older pool spec (generation): a caller that read the pool
-  before a spec change uses the newer index.
+  before a spec change uses the newer index. A spec change of the allocatable set or of the allocation policy
+  (strategy, static band, pre-allocations) gives the pool a new index over the same holdings; a change of the
+  policy alone re-chooses over the same index.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from backends.incluster.allocatable import AllocatableSet
-from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
+from backends.incluster.policy import AllocationPolicy
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -65,14 +68,14 @@ class PoolIndexes:
         allocatable: AllocatableSet,
         generation: int,
         reuse_grace_seconds: int | None,
-        pinned: frozenset[int] = frozenset(),
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
     ) -> PoolIndex:
         """The pool's index for a caller that read the pool at `generation`. A caller that read an older spec than
-        the index's gets the index as it is: it never replaces one built from a newer spec. `pinned`: the addresses
-        `spec.preAllocations` pins; a change of them (or of the allocatable set) makes a new index over the same
-        holdings, which frees the pinned addresses dynamic allocation parked. Released reservations whose reuse grace
-        period is over are deleted first (all of them when the pool has no grace period, or no longer has one)."""
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
+        the index's gets the index as it is: it never replaces one built from a newer spec. `policy`: the pool's
+        allocation policy (its `pinned` are the addresses `spec.preAllocations` pins). Release records whose reuse
+        grace period is over are deleted first (all of them when the pool has no grace period, or no longer has
+        one), except under LeastRecentlyReleased."""
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, policy)
         index = self._indexes.get(ref)
         if index is not None and generation < index.generation:
             return index
@@ -90,11 +93,17 @@ class PoolIndexes:
                 scan=True,
                 replacing=index,
                 host_bits=allocatable.host_bits,
+                policy=policy,
             )
         elif index.spec_key != key:
             scanned = index.scanned
-            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+            if index.allocator.allocatable == allocatable.addresses:  # the policy alone changed
+                index.set_policy(policy)
+                index.spec_key = key
+            else:
+                index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key, policy)
             index.generation, index.scanned = generation, scanned
+        index.reuse_grace_seconds = reuse_grace_seconds or 0
         if not index.scanned:
             await self._scan(ref, index)
         if index.released and ref not in self._reclaiming:
@@ -106,12 +115,16 @@ class PoolIndexes:
         return self.current(ref, index)
 
     async def prepare(
-        self, ref: PoolRef, allocatable: AllocatableSet, generation: int, pinned: frozenset[int] = frozenset()
+        self,
+        ref: PoolRef,
+        allocatable: AllocatableSet,
+        generation: int,
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
     ) -> None:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
         if ref in self._indexes:
             return
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, policy)
         await self.rebuild(
             ref,
             allocatable.addresses,
@@ -121,6 +134,7 @@ class PoolIndexes:
             scan=False,
             replacing=None,
             host_bits=allocatable.host_bits,
+            policy=policy,
         )
 
     async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
@@ -157,12 +171,14 @@ class PoolIndexes:
         scan: bool,
         replacing: PoolIndex | None,
         host_bits: int | None = None,
+        policy: AllocationPolicy | None = None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
         for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
         the pool without a reservation get one first. In-flight candidates stay pending in the new index.
-        `host_bits` (prefix pools, see `PoolIndex.host_bits`) defaults to that of `replacing`, else 0."""
+        `host_bits` (prefix pools, see `PoolIndex.host_bits`) and `policy` (the pool's allocation policy) default to
+        those of `replacing`, else 0 and the default policy."""
         if host_bits is None:
             host_bits = replacing.host_bits if replacing is not None else 0
         async with self._building.setdefault(ref, asyncio.Lock()):
@@ -180,7 +196,13 @@ class PoolIndexes:
                 found, reservations = len(existing), reservations + existing
             same_values = replacing is not None and (replacing.family, replacing.host_bits) == (family, host_bits)
             pending = replacing.pending if replacing is not None and same_values else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending, host_bits)
+            if policy is None:
+                policy = replacing.policy if replacing is not None else AllocationPolicy()
+            index = PoolIndex.build(
+                addresses, family, reservations, key, pending, policy, host_bits=host_bits, own_pool=pool_hash(ref)
+            )
+            if replacing is not None:
+                index.reuse_grace_seconds, index.clock = replacing.reuse_grace_seconds, replacing.clock
             index.generation = generation
             index.scanned = scan or (replacing is not None and replacing.scanned)
             self._indexes[ref] = index
@@ -194,7 +216,7 @@ class PoolIndexes:
             )
             return index
 
-    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int | None) -> None:
-        for reservation in expired_releases(index.released.values(), ref, grace_seconds):
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
+        for reservation in index.expired_releases(grace_seconds):
             await self.reservations.delete(reservation)
             self.current(ref, index).drop(reservation)
