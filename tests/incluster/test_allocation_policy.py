@@ -123,3 +123,30 @@ async def test_a_spec_change_of_the_policy_applies_to_the_next_allocation(kube: 
         assert plain["spec"]["allocationStrategy"] == "LowestFree", "the CRD's default"
     finally:
         await backend.close()
+
+
+async def test_a_requested_address_takes_over_its_release_record_and_a_changed_prefix_reserves_it_anew(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    """Under LeastRecentlyReleased a released address keeps its record; another claim that requests the address takes
+    the record over (the same reservation, now its). A record made under another prefix is never rewritten (the
+    reservation's CEL rule): it is deleted and the address reserved anew with the pool's prefix."""
+    spec = {"allocationStrategy": "LeastRecentlyReleased"}
+    await kube.create(POOLS, pool("lrr", ["10.43.0.1-10.43.0.5"], 24, **spec), namespace)
+    name = reservation_name(IN_CLUSTER_POOL.ref(namespace, "lrr"), "10.43.0.1")
+    for round_, (holder, taker) in enumerate([("a", "b"), ("b", "c")]):
+        if round_ == 0:
+            assert await fulfil(kube, namespace, "lrr", [holder]) == {"10.43.0.1"}
+        await kube.delete(CLAIMS, holder, namespace)
+        record = await wait_released(kube, namespace, "10.43.0.1")
+        if round_ == 1:  # the pool's prefix changes while the address is released
+            await kube.patch(POOLS, "lrr", {"spec": {"prefix": 25}}, namespace)
+        wish = {"ipam.cluster.x-k8s.io/requested-address": "10.43.0.1"}
+        await kube.create(CLAIMS, claim(taker, "lrr", annotations=wish), namespace)
+        address = await wait_address(kube, namespace, taker)
+        assert address["spec"]["address"] == "10.43.0.1"
+        now = await kube.get(RESERVATIONS, name)
+        assert now is not None and not now["spec"].get("releasedAt") and now["spec"]["claim"]["name"] == taker
+        taken_over = now["metadata"]["uid"] == record["metadata"]["uid"]
+        assert taken_over == (round_ == 0), "taken over under the same prefix; reserved anew under another"
+        assert now["spec"]["prefix"] == address["spec"]["prefix"] == (24 if round_ == 0 else 25)
