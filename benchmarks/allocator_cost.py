@@ -1,74 +1,170 @@
 """Micro-measurement: does the in-cluster allocator's cost per allocation depend on how much is allocated?
 
-Builds a /48 IPv6 pool with N addresses already used, laid out either densely (one run) or fragmented (every
-other address used, N runs), then times `allocate()` repeatedly; after each timed call the address is freed
-again (untimed), so every call sees the same layout. Prints the mean cost per allocation in microseconds for
-N = 100 and N = 100,000, and their ratio (close to 1 means the cost does not follow the allocation count).
+For each allocation strategy, with and without the static band, in an IPv4 /8 pool (10.0.0.0/8) and an IPv6 /64
+pool, a `PoolIndex` is built holding N reservations (N = 100 and N = 1,000,000), laid out fragmented: every other
+address from the bottom of the pool, N runs of used addresses (the worst case for the run map). Then
+`take_candidate` is timed repeatedly; after each timed call the candidate is settled as a failed write (untimed),
+which restores the layout, so every call sees the same state. In memory only: no API server.
 
-Run from the repository root: `python benchmarks/allocator_cost.py [--calls 5000] [--repeats 5]`.
+Extra rows measure the paths a sparse pool does not reach:
+- Random, exact: the uniform draws are switched off, so every choice is the exact rank/select over the used
+  addresses (what a dense zone gets);
+- LeastRecentlyReleased, reuse: no never-used address is left (exclusions keep N + 1,000 addresses of the pool
+  allocatable: N live reservations and 1,000 release records, released at distinct times); each choice takes the
+  oldest record.
+
+Prints, per row, the median µs per allocation at N = 100 and at N = 1,000,000, and their ratio (the figure: close to 1
+means the cost does not follow the number allocated).
+
+Run from the repository root: `python benchmarks/allocator_cost.py [--calls 3000] [--repeats 3]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import statistics
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster import strategies
+from backends.incluster.allocatable import build_allocatable_set
+from backends.incluster.intervals import IntervalSet, int_to_address
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.reservations import Reservation
 
-POOL_BASE = address_to_int("fd00:1234:5678::", 6)
-POOL = IntervalSet([(POOL_BASE + 1, POOL_BASE + 2**80 - 1)])
+POOLS = {4: (["10.0.0.0/8"], 8), 6: (["fd00:1234:5678:9abc::/64"], 64)}
+SIZES = (100, 1_000_000)
+RECORDS = 1_000
+EPOCH = 1_800_000_000
 
 
-def build_allocator(already_used: int, layout: str) -> PoolAllocator:
-    """A /48 pool with `already_used` addresses used, `dense` (consecutive) or `fragmented` (every other)."""
-    step = 1 if layout == "dense" else 2
-    return PoolAllocator(POOL, (POOL_BASE + 1 + step * index for index in range(already_used)))
+@dataclass(frozen=True)
+class Row:
+    strategy: AllocationStrategy
+    band: bool
+    variant: str = ""  # "", "exact" (Random without uniform draws) or "reuse" (LeastRecentlyReleased, no never-used)
+
+    @property
+    def label(self) -> str:
+        variant = f", {self.variant}" if self.variant else ""
+        return f"{self.strategy.value}{variant}" + (" + band" if self.band else "")
+
+
+def rows() -> Iterator[Row]:
+    for strategy in AllocationStrategy:
+        for band in (False, True):
+            yield Row(strategy, band)
+    yield Row(AllocationStrategy.RANDOM, False, "exact")
+    yield Row(AllocationStrategy.RANDOM, True, "exact")
+    yield Row(AllocationStrategy.LEAST_RECENTLY_RELEASED, False, "reuse")
+    yield Row(AllocationStrategy.LEAST_RECENTLY_RELEASED, True, "reuse")
+
+
+def reservation(value: int, family: int, released_at: int | None = None) -> Reservation:
+    address = int_to_address(value, family)
+    return Reservation(
+        name=address,
+        address=address,
+        prefix=0,
+        gateway=None,
+        claim_uid="" if released_at is not None else address,
+        claim=f"bench/{address}",
+        released_at=(
+            datetime.datetime.fromtimestamp(released_at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if released_at is not None
+            else None
+        ),
+        resource_version="1",
+        uid=address,
+    )
+
+
+class Layouts:
+    """The index of each (family, N, reuse) layout, built once from its reservations; each row sets its policy
+    on it (`PoolIndex.set_policy`, as a spec change of the policy alone does)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, int, bool], PoolIndex] = {}
+
+    def get(self, family: int, size: int, reuse: bool) -> PoolIndex:
+        key = (family, size, reuse)
+        if key not in self._made:
+            addresses, prefix = POOLS[family]
+            pool = build_allocatable_set(addresses, prefix).addresses
+            first = pool.first()
+            assert first is not None
+            if reuse:  # N + RECORDS allocatable addresses: N live, then the records, released oldest first
+                pool = pool.intersection(IntervalSet([(first, first + size + RECORDS - 1)]))
+                held = [reservation(first + i, family) for i in range(size)]
+                held += [reservation(first + size + i, family, EPOCH + i) for i in range(RECORDS)]
+            else:
+                held = [reservation(first + 2 * i, family) for i in range(size)]
+            self._made[key] = PoolIndex.build(pool, family, held, None)
+        return self._made[key]
+
+    def clear(self) -> None:
+        self._made.clear()
 
 
 def timer_overhead_ns(calls: int) -> float:
-    """The mean cost of one pair of perf_counter_ns calls, to subtract from each timing."""
-    total = 0
+    """The median cost of one pair of perf_counter_ns calls, to subtract from each timing."""
+    samples = []
     for _ in range(calls):
         started = time.perf_counter_ns()
-        total += time.perf_counter_ns() - started
-    return total / calls
+        samples.append(time.perf_counter_ns() - started)
+    return statistics.median(samples)
 
 
-def mean_allocation_us(allocator: PoolAllocator, calls: int, overhead_ns: float) -> float:
-    """Mean time of one `allocate()` call in µs; each allocated address is freed again outside the timing."""
-    total = 0
+def allocation_times_ns(index: PoolIndex, calls: int) -> list[int]:
+    """The time of each of `calls` `take_candidate` calls; each candidate is settled (a failed write) untimed."""
+    samples = []
     for _ in range(calls):
         started = time.perf_counter_ns()
-        address = allocator.allocate()
-        total += time.perf_counter_ns() - started
-        assert address is not None
-        allocator.mark_free(address)
-    return max(total / calls - overhead_ns, 0.0) / 1000
+        value = index.take_candidate("bench")
+        samples.append(time.perf_counter_ns() - started)
+        assert value is not None
+        index.settle(value)
+    return samples
 
 
-def measure(already_used: int, layout: str, calls: int, repeats: int) -> float:
-    """The best (least disturbed) of `repeats` mean allocation costs, in µs."""
-    allocator = build_allocator(already_used, layout)
-    expected_runs = 1 if layout == "dense" else already_used
-    assert allocator.used_run_count == expected_runs
-    overhead = timer_overhead_ns(calls)
-    return min(mean_allocation_us(allocator, calls, overhead) for _ in range(repeats))
+def measure(row: Row, family: int, size: int, layouts: Layouts, calls: int, repeats: int) -> float:
+    """The median cost of one allocation over `repeats` times `calls`, in µs (the median, so that the moments the
+    shared machine preempts the process do not count)."""
+    index = layouts.get(family, size, row.variant == "reuse")
+    index.set_policy(AllocationPolicy(row.strategy, row.band))
+    index.clock = lambda: float(EPOCH + 10 * RECORDS)
+    draws = strategies.RANDOM_DRAWS
+    strategies.RANDOM_DRAWS = 0 if row.variant == "exact" else draws
+    try:
+        overhead = timer_overhead_ns(calls)
+        samples = [sample for _ in range(repeats) for sample in allocation_times_ns(index, calls)]
+        return max(statistics.median(samples) - overhead, 0.0) / 1000
+    finally:
+        strategies.RANDOM_DRAWS = draws
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=5000, help="timed allocations per repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="repeats; the fastest is reported")
+    parser.add_argument("--calls", type=int, default=3000, help="timed allocations per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats; the fastest is reported")
     arguments = parser.parse_args()
-    print(f"{'layout':<11} {'N=100 (µs)':>11} {'N=100,000 (µs)':>15} {'ratio':>6}")
-    for layout in ("dense", "fragmented"):
-        small = measure(100, layout, arguments.calls, arguments.repeats)
-        large = measure(100_000, layout, arguments.calls, arguments.repeats)
-        print(f"{layout:<11} {small:>11.2f} {large:>15.2f} {large / small:>6.2f}")
+    started = time.monotonic()
+    layouts = Layouts()
+    print(f"{'strategy':<40} {'pool':<5} {'N=100 (µs)':>11} {'N=1,000,000 (µs)':>17} {'ratio':>6}")
+    for family in (4, 6):
+        for row in rows():
+            small, large = (measure(row, family, n, layouts, arguments.calls, arguments.repeats) for n in SIZES)
+            pool = "/8" if family == 4 else "/64"
+            print(f"{row.label:<40} {pool:<5} {small:>11.2f} {large:>17.2f} {large / small:>6.2f}", flush=True)
+        layouts.clear()
+    print(f"({time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from typing import Any
 
 from crdgen import column, conditions, crd, write
 
+from backends.incluster.policy import AllocationStrategy
+
 ENTRY = (
     "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
     "or a CIDR (10.0.0.0/24)."
@@ -112,6 +114,26 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                 "minLength": 1,
                 "maxLength": 63,
                 "pattern": DOMAIN_PATTERN,
+            },
+            "allocationStrategy": {
+                "description": (
+                    "allocationStrategy is how a claim without a requested address gets one: LowestFree takes the "
+                    "lowest free address; Random a free address chosen uniformly; LeastRecentlyReleased an address "
+                    "never used before if there is one (the lowest), else the address released longest ago. "
+                    "Every strategy respects addressReuseGracePeriodSeconds and reserveStaticBand."
+                ),
+                "type": "string",
+                "enum": [strategy.value for strategy in AllocationStrategy],
+                "default": AllocationStrategy.LOWEST_FREE.value,
+            },
+            "reserveStaticBand": {
+                "description": (
+                    "reserveStaticBand keeps the pool's lowest addresses (min(max(16, size/16), 256) of the "
+                    "allocatable ones; none in a pool of fewer than 16) for requested and pre-allocated addresses: "
+                    "claims without a requested address get an address of the band only when no other is free."
+                ),
+                "type": "boolean",
+                "default": False,
             },
         },
         "x-kubernetes-validations": [
@@ -225,6 +247,14 @@ TAKE_OVER_RULE = (
     " && (!has(self.gateway) || self.gateway == oldSelf.gateway)"
     " && self.claim.__namespace__ == oldSelf.claim.__namespace__ && self.claim.name == oldSelf.claim.name)"
 )
+# A released reservation (a release record) may be taken over by any claim: the allocation that reuses the address
+# (backends/incluster/released.py). Pool, address, prefix and gateway stay (a record whose pool's prefix or gateway
+# changed since is deleted and the address reserved anew).
+REUSE_RULE = (
+    "(has(oldSelf.releasedAt) && self.pool == oldSelf.pool && self.address == oldSelf.address"
+    " && self.prefix == oldSelf.prefix && has(self.gateway) == has(oldSelf.gateway)"
+    " && (!has(self.gateway) || self.gateway == oldSelf.gateway))"
+)
 
 
 def reservation_crd() -> dict[str, Any]:
@@ -246,8 +276,11 @@ def reservation_crd() -> dict[str, Any]:
                 "required": ["pool", "address", "prefix", "claim"],
                 "x-kubernetes-validations": [
                     {
-                        "rule": "self == oldSelf || has(self.releasedAt) || " + TAKE_OVER_RULE,
-                        "message": "a reservation changes only to be released, or to be taken over by its claim",
+                        "rule": f"self == oldSelf || has(self.releasedAt) || {TAKE_OVER_RULE} || {REUSE_RULE}",
+                        "message": (
+                            "a reservation changes only to be released, to be taken over by its claim, or, once "
+                            "released, to be reused for another claim"
+                        ),
                     }
                 ],
                 "properties": {

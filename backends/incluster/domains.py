@@ -14,10 +14,13 @@ Contract:
   own reservations.
 - A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
   over (`expired_releases`), so that a pool which no longer allocates does not keep its released addresses from
-  the others. A pool's own releases expire by its current grace period (none: at once).
+  the others. A pool's own releases expire by its current grace period (none: at once), except under
+  LeastRecentlyReleased, whose release records are never deleted for expiry: such a pool records no grace period
+  on them, so the domain's other pools never delete them either (see `released`).
 - Before a domain pool's index serves its first allocation, the IPAddresses of every pool of the domain
   (`domain_pools`) without a reservation get one (see `indexes`, `existing`).
-- A reservation held by another pool of the domain is never taken over by a claim of this pool (see `adoption`).
+- A reservation held by another pool of the domain is never taken over by a claim of this pool (see `adoption`),
+  nor is its release record (see `pool_index`).
 - `held_elsewhere` gives the addresses of a pool held by the other pools of its domain, for its free count.
 - A domain name is a DNS label (`DOMAIN_PATTERN`, at most 63 characters), as the CRDs say; the controller checks
   it too (it is a label value and part of label selectors): a pool with another name is InvalidConfiguration.
@@ -30,6 +33,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
 from backends.incluster.orphans import pool_resource
+from backends.incluster.policy import AllocationStrategy
 from backends.incluster.reservations import Reservation, age_seconds, pool_hash
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
@@ -69,13 +73,22 @@ async def domain_pools(
     return found
 
 
-def expired_releases(released: Iterable[Reservation], ref: PoolRef, grace_seconds: int | None) -> list[Reservation]:
+def expired_releases(
+    released: Iterable[Reservation],
+    ref: PoolRef,
+    grace_seconds: int | None,
+    strategy: AllocationStrategy = AllocationStrategy.LOWEST_FREE,
+) -> list[Reservation]:
     """The released reservations among `released` (those of a pool's index) whose reuse grace period is over: the
-    pool's own by `grace_seconds` (its current grace period; None: none), another pool's by the grace period
-    recorded on it (never, when none is recorded: its own pool deletes it)."""
+    pool's own by `grace_seconds` (its current grace period; None: none), none of them under LeastRecentlyReleased
+    (`strategy`, the pool's); another pool's by the grace period recorded on it (never, when none is recorded: its
+    own pool deletes it, or keeps it as its reuse order). `PoolIndex.expired_releases` applies the same rule to an
+    index."""
     own = pool_hash(ref)
     expired = []
     for reservation in released:
+        if reservation.pool_label == own and strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED:
+            continue
         grace = (grace_seconds or 0) if reservation.pool_label == own else reservation.grace_seconds
         if grace is not None and age_seconds(reservation.released_at or "") >= grace:
             expired.append(reservation)

@@ -5,7 +5,8 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
   its first use (or ahead of it, by `prepare`, while the controller's caches sync), again on each resync, and when
   the pool looks exhausted; one build per pool at a time, the others wait for it and use its result. Pending
   candidates move to the new index.
-- Released reservations whose reuse grace period is over are deleted as the index is used (see `domains`).
+- Release records whose reuse grace period is over are deleted as the index is used, except under
+  LeastRecentlyReleased (see `released`, `domains`).
 - A reservation this process makes for a pool of a uniqueness domain is held at once in the indexes of the domain's
   other pools.
 - Before an index serves its first allocation, IPAddresses naming the pool without a reservation get one (the
@@ -14,7 +15,9 @@ rebuilt, scanned for IPAddresses without a reservation, and which one a caller m
   serves the whole domain's addresses.
 - An index belongs to one pool object (its uid): a pool deleted and re-created under the same name gets a new
   index. Within one pool object, an index is never replaced by one built from an older spec (generation): a
-  caller that read the pool before a spec change uses the newer index.
+  caller that read the pool before a spec change uses the newer index. A spec change of the allocatable set or
+  of the allocation policy (strategy, static band, pre-allocations) gives the pool a new index over the same
+  holdings; a change of the policy alone re-chooses over the same index.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from backends.incluster.allocatable import AllocatableSet
-from backends.incluster.domains import expired_releases
 from backends.incluster.existing import reserve_existing
 from backends.incluster.intervals import IntervalSet
+from backends.incluster.policy import AllocationPolicy
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import PoolRef
@@ -70,16 +73,15 @@ class PoolIndexes:
         allocatable: AllocatableSet,
         generation: int,
         reuse_grace_seconds: int | None,
-        pinned: frozenset[int] = frozenset(),
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
         uid: str = "",
     ) -> PoolIndex:
         """The pool's index for a caller that read the pool object `uid` at `generation`. A caller that read an
         older spec than the index's gets the index as it is: it never replaces one built from a newer spec.
-        `pinned`: the addresses `spec.preAllocations` pins; a change of them (or of the allocatable set) makes a new
-        index over the same holdings, which frees the pinned addresses dynamic allocation parked. Released
-        reservations whose reuse grace period is over are deleted first (all of them when the pool has no grace
-        period, or no longer has one)."""
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
+        `policy`: the pool's allocation policy (its `pinned` are the addresses `spec.preAllocations` pins). Release
+        records whose reuse grace period is over are deleted first (all of them when the pool has no grace period,
+        or no longer has one), except under LeastRecentlyReleased."""
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, policy)
         index = self._indexes.get(ref)
         if index is not None and index.pool_uid == uid and generation < index.generation:
             return index
@@ -99,11 +101,17 @@ class PoolIndexes:
                 replacing=index,
                 host_bits=allocatable.host_bits,
                 uid=uid,
+                policy=policy,
             )
         elif index.spec_key != key:
             scanned = index.scanned
-            index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key)
+            if index.allocator.allocatable == allocatable.addresses:  # the policy alone changed
+                index.set_policy(policy)
+                index.spec_key = key
+            else:
+                index = self._indexes[ref] = index.with_allocatable(allocatable.addresses, key, policy)
             index.generation, index.scanned = generation, scanned
+        index.reuse_grace_seconds = reuse_grace_seconds or 0
         if not index.scanned:
             await self._scan(ref, index)
         if index.released and ref not in self._reclaiming:
@@ -119,14 +127,14 @@ class PoolIndexes:
         ref: PoolRef,
         allocatable: AllocatableSet,
         generation: int,
-        pinned: frozenset[int] = frozenset(),
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
         uid: str = "",
     ) -> None:
         """Build the pool's index from its reservations only, unless it has one (see `scanned`)."""
         known = self._indexes.get(ref)
         if known is not None and known.pool_uid == uid:
             return
-        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, pinned)
+        key = (allocatable.addresses, allocatable.family, allocatable.host_bits, policy)
         await self.rebuild(
             ref,
             allocatable.addresses,
@@ -137,6 +145,7 @@ class PoolIndexes:
             replacing=known,
             host_bits=allocatable.host_bits,
             uid=uid,
+            policy=policy,
         )
 
     async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
@@ -191,17 +200,19 @@ class PoolIndexes:
         replacing: PoolIndex | None,
         host_bits: int | None = None,
         uid: str | None = None,
+        policy: AllocationPolicy | None = None,
     ) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` (the index the caller found wanting) with one of the same or a newer spec while this one waited
         for its turn. With `scan` (the first use of the pool in this process, and each resync) IPAddresses naming
         the pool without a reservation get one first. In-flight candidates stay pending in the new index.
-        `host_bits` (prefix pools, see `PoolIndex.host_bits`) and `uid` (the pool object's) default to those of
-        `replacing`, else 0 and ""."""
-        if host_bits is None:
-            host_bits = replacing.host_bits if replacing is not None else 0
-        if uid is None:
-            uid = replacing.pool_uid if replacing is not None else ""
+        `host_bits` (prefix pools, see `PoolIndex.host_bits`), `uid` (the pool object's) and `policy` (the pool's
+        allocation policy) default to those of `replacing`, else 0, "" and the default policy."""
+        if replacing is not None:
+            host_bits = replacing.host_bits if host_bits is None else host_bits
+            uid = replacing.pool_uid if uid is None else uid
+            policy = replacing.policy if policy is None else policy
+        host_bits, uid, policy = host_bits or 0, uid or "", policy or AllocationPolicy()
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
             if (
@@ -220,10 +231,13 @@ class PoolIndexes:
                 found, reservations = len(existing), reservations + existing
             same_values = replacing is not None and (replacing.family, replacing.host_bits) == (family, host_bits)
             pending = replacing.pending if replacing is not None and same_values else None
-            index = PoolIndex.build(addresses, family, reservations, key, pending, host_bits, pool_hash(ref))
+            index = PoolIndex.build(
+                addresses, family, reservations, key, pending, policy, host_bits=host_bits, own_label=pool_hash(ref)
+            )
+            if replacing is not None:
+                index.reuse_grace_seconds, index.clock = replacing.reuse_grace_seconds, replacing.clock
             index.generation, index.pool_uid = generation, uid
-            same_pool = replacing is not None and replacing.pool_uid == uid
-            index.scanned = scan or (same_pool and replacing is not None and replacing.scanned)
+            index.scanned = scan or (replacing is not None and replacing.pool_uid == uid and replacing.scanned)
             self._indexes[ref] = index
             log.info(
                 "pool index built",
@@ -235,7 +249,7 @@ class PoolIndexes:
             )
             return index
 
-    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int | None) -> None:
-        for reservation in expired_releases(index.released.values(), ref, grace_seconds):
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
+        for reservation in index.expired_releases(grace_seconds):
             await self.reservations.delete(reservation)
             self.current(ref, index).drop(reservation)

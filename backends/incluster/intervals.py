@@ -260,6 +260,10 @@ class PoolAllocator:
         """The runs of consecutive used addresses, as closed intervals in ascending order."""
         return iter(list(self._runs.items()))
 
+    def used_set(self) -> IntervalSet:
+        """The used addresses, inside or outside the allocatable set, as an IntervalSet (O(r), no sort)."""
+        return IntervalSet._from_normalized(list(self._runs.items()))
+
     def used_outside(self) -> IntervalSet:
         """The used addresses that lie outside the allocatable set."""
         return IntervalSet._from_normalized(list(self._runs.items())).subtract(self._allocatable)
@@ -278,6 +282,11 @@ class PoolAllocator:
     def is_used(self, address: int) -> bool:
         """Whether `address` is marked used."""
         return self._run_holding(address) is not None
+
+    def first_free_from(self, address: int) -> int:
+        """`address` when it is not used, else the address right after the run of used addresses holding it."""
+        run = self._run_holding(address)
+        return address if run is None else run[1] + 1
 
     def is_allocatable(self, address: int) -> bool:
         """Whether `address` belongs to the allocatable set (used or not)."""

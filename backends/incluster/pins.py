@@ -17,7 +17,7 @@ Contract of `enforce_pins` (called from each reconcile of the pool, with the IPA
 - Deletion uses the uid and resourceVersion preconditions: a reservation taken over meanwhile is kept.
 
 Releasing the named claim gives its reservation back to the pin (uid "" again) while the spec still names the
-address for that claim, so the address stays pinned (see `InClusterBackend.release`).
+address for that claim, so the address stays pinned (see `release`).
 
 What remains: another claim created in the same apply as a pin can be given the pinned address by a process that
 has not seen the pin yet, before a pool reconcile creates the pin reservation; the pool then reports the collision
@@ -27,19 +27,52 @@ has not seen the pin yet, before a pool reconcile creates the pin reservation; t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
+from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.orphans import still_named
+from backends.incluster.policy import AllocationPolicy
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations
+from backends.incluster.released import reserve_or_take_over
 from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import Allocation, PoolRef
 from ipam_provider.common import normalized_address
 
+if TYPE_CHECKING:
+    from backends.incluster.pool_spec import InClusterPoolSpec
+
 log = structlog.get_logger(__name__)
+
+
+async def enforce_pool_pins(
+    indexes: PoolIndexes,
+    generation: int,
+    allocatable: AllocatableSet,
+    spec: InClusterPoolSpec,
+    policy: AllocationPolicy,
+    pre: PreAllocations,
+    addresses: Sequence[Allocation],
+    *,
+    uid: str = "",
+) -> None:
+    """`enforce_pins` for a pool reconcile that read the pool object `uid`'s spec at `generation`, over the pool's
+    index. A pool without pins whose index (for that object) is not built has no pin reservations this process
+    knows of: nothing to do."""
+    if pre.pinned:
+        index = await indexes.index(pre.ref, allocatable, generation, spec.reuse_grace_seconds, policy, uid)
+    else:
+        found = indexes.get(pre.ref)
+        if found is None or found.pool_uid != uid:
+            return
+        index = found
+    if index.generation > generation:
+        return  # this reconcile read an older spec than the index's: the newer one decides
+    await enforce_pins(indexes, index, pre, spec.prefix, spec.gateway, addresses)
 
 
 async def enforce_pins(
@@ -73,17 +106,19 @@ async def _pin(
     index = indexes.current(ref, index)
     if not index.take_specific(value, ""):
         return  # held (by the pin, its claim or another one: `collisions` tells) or being reserved right now
+    record = index.released.get(value)  # the pool's own release record, its grace period over: taken over
     learned: Reservation | None = None
     try:
-        learned = await indexes.reservations.create(ref, text, prefix, gateway, named[0], named[1], "")
-        if learned is not None:
+        claim = (named[0], named[1], "")
+        learned = await reserve_or_take_over(indexes.reservations, ref, record, text, prefix, gateway, claim)
+        if learned is not None and learned.claim == "/".join(named) and not (learned.claim_uid or learned.released_at):
             log.info("pre-allocated address pinned", pool=str(ref), address=text, claim="/".join(named))
-        else:
-            learned = await indexes.reservations.get(ref, text)
     finally:
         current = indexes.current(ref, index)
         if learned is not None:
             current.hold(learned)
+        elif record is not None:
+            current.drop(record)
         current.settle(value)
 
 

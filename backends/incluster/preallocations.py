@@ -13,13 +13,12 @@ two claims, gets `AllocationFailed` until the pool is fixed.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from backends.incluster.allocatable import AllocatableSet, pre_allocation_problems
 from backends.incluster.intervals import address_to_int, int_to_address
-from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
@@ -117,17 +116,6 @@ class PreAllocations:
             return self.ref.namespace, keys[0]
         namespace, _, name = keys[0].partition("/")
         return namespace, name
-
-
-def take_dynamic(index: PoolIndex, claim_uid: str, pinned: Collection[int]) -> int | None:
-    """The next candidate of a dynamic allocation, as `PoolIndex.take_candidate`, never a pinned address. A pinned
-    address the index offers is parked: its pending mark is dropped but it stays used in the index's allocator, so
-    that no later candidate is that address (an index rebuilt from the reservations offers it once more)."""
-    while True:
-        value = index.take_candidate(claim_uid)
-        if value is None or value not in pinned:
-            return value
-        index.pending.pop(value, None)
 
 
 def pre_allocated_address_held(address: str, pool: PoolRef, holder: str) -> str:

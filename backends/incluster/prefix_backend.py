@@ -125,8 +125,8 @@ class InClusterPrefixBackend(InClusterBackend):
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
         out_of_range = sum(1 for a in addresses if child_of(a.address, a.prefix, allocatable) is None)
-        await self._sweep(pool_ref, addresses, _uid(pool))
-        await self._sweep_orphans()
+        await self.sweeps.sweep(pool_ref, addresses, _uid(pool))
+        await self.sweeps.sweep_orphans()
         total = allocatable.addresses.size
         counts = AddressCounts(
             total=total,

@@ -7,7 +7,9 @@ Contract, for a claim without an IPAddress and without a reservation yet (a clai
   must not be pre-allocated to another claim. Otherwise: AllocationFailed, `requested_address_outside` with why.
 - A requested address that `spec.preAllocations` contradicts (it names another address for the claim): refused.
 - Otherwise the address is taken by value (`PoolIndex.take_specific`, the allocation policy does not apply) and
-  reserved; the reservation's create-uniqueness is the arbiter, as for dynamic allocation. If another claim holds
+  reserved; the reservation's create-uniqueness is the arbiter, as for dynamic allocation. The pool's own release
+  record of the address whose grace period is over (kept under LeastRecentlyReleased) is taken over instead,
+  guarded by its resourceVersion (see `released`). If another claim holds
   it (also a released reservation in its reuse grace period): AllocationFailed, `requested_address_held` (for an
   address that is only pre-allocated: "pre-allocated address … is already held by …"). An address that another
   allocation of this process is trying right now is waited for, then looked at again.
@@ -30,6 +32,7 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations, pre_allocated_address_held
+from backends.incluster.released import reserve_or_take_over
 from backends.incluster.reservations import Reservation, ReservationClient, age_seconds, pool_hash
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -43,7 +46,7 @@ from ipam_provider.backend.contract import (
 from ipam_provider.kube.errors import ApiError
 
 if TYPE_CHECKING:
-    from backends.incluster.backend import InClusterPoolSpec
+    from backends.incluster.pool_spec import InClusterPoolSpec
 
 log = structlog.get_logger(__name__)
 
@@ -189,17 +192,22 @@ class SpecificAllocation:
         return max(1.0, grace - age_seconds(held.released_at) + 1.0)
 
     async def _reserve(self, index: PoolIndex, value: int, address: str, claim: ClaimContext) -> Reservation | None:
-        """Create the reservation of the pending `value`: it, the one found in its place, or None (none now)."""
+        """Reserve the pending `value`: create its reservation, or take over the pool's own release record whose
+        grace period is over that `take_specific` accepted (see `released`). The reservation made, the one found in
+        its place, or None (none now)."""
+        record = index.released.get(value)
         learned: Reservation | None = None
         try:
-            created = await self.reservations.create(
-                self.ref, address, self.prefix, self.gateway, claim.namespace, claim.name, claim.uid
+            claimant = (claim.namespace, claim.name, claim.uid)
+            learned = await reserve_or_take_over(
+                self.reservations, self.ref, record, address, self.prefix, self.gateway, claimant
             )
-            learned = created if created is not None else await self.reservations.get(self.ref, address)
         finally:
             current = self.indexes.current(self.ref, index)
             if learned is not None:
                 current.hold(learned)
+            elif record is not None:
+                current.drop(record)
             current.settle(value)
         if learned is not None and learned.claim_uid != claim.uid:
             log.info("requested address already reserved", pool=str(self.ref), address=address, holder=learned.claim)

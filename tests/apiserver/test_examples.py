@@ -309,8 +309,10 @@ async def test_the_documented_crd_install_applies(kube: KubeClient, kubeconfig: 
 
 
 def allocatable(spec: Object, count: int) -> list[str]:
-    """The `count` lowest addresses an in-cluster pool may hand out, computed from the documented rules with
-    nothing but the standard library (an oracle independent of the backend's interval arithmetic)."""
+    """The `count` first addresses an in-cluster pool may hand out, in the order of a LowestFree dynamic allocation,
+    computed from the documented rules with nothing but the standard library (an oracle independent of the
+    backend's interval arithmetic): the lowest first, and with `reserveStaticBand` the static band (the lowest
+    min(max(16, size/16), 256) of them, none under 16) after every other one."""
 
     def expand(entries: list[str]) -> set[int]:
         found: set[int] = set()
@@ -331,7 +333,11 @@ def allocatable(spec: Object, count: int) -> list[str]:
     free -= {int(subnet.network_address), int(ipaddress.ip_address(spec["gateway"]))}
     if subnet.version == 4:
         free.discard(int(subnet.broadcast_address))
-    return [str(ipaddress.ip_address(value)) for value in sorted(free)[:count]]
+    ordered = sorted(free)
+    if spec.get("reserveStaticBand"):
+        band = 0 if len(ordered) < 16 else min(max(16, len(ordered) // 16), 256)
+        ordered = ordered[band:] + ordered[:band]
+    return [str(ipaddress.ip_address(value)) for value in ordered[:count]]
 
 
 def fixed_address(claim: Object, pool: Object) -> str | None:
@@ -431,7 +437,7 @@ async def test_examples_apply_cleanly_and_every_claim_is_served(kube: KubeClient
                 pinned = fixed.get(key, set()) | set((spec.get("preAllocations") or {}).values())
                 dynamic = [a for a in addresses if a not in pinned]
                 lowest = allocatable(spec, len(dynamic) + len(pinned))
-                expected = [a for a in lowest if a not in pinned][: len(dynamic)]
+                expected = sorted([a for a in lowest if a not in pinned][: len(dynamic)], key=ipaddress.ip_address)
                 assert sorted(dynamic, key=ipaddress.ip_address) == expected, (key, addresses)
 
             v4 = pools[("InClusterIPPool", "demo-v4")]

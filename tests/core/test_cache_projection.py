@@ -151,7 +151,8 @@ async def test_no_store_of_a_running_controller_holds_managed_fields(
 
         kept_pool = await wait_for(pool_counts_both, message="the cached pool's status to count both addresses")
         assert_projected(kept_pool, "pool")
-        assert kept_pool["spec"] == {"addresses": ["10.30.0.0/29"], "prefix": 29}
+        defaults = {"allocationStrategy": "LowestFree", "reserveStaticBand": False}  # the CRD's
+        assert kept_pool["spec"] == {"addresses": ["10.30.0.0/29"], "prefix": 29, **defaults}
 
 
 async def test_the_answer_to_a_guarded_patch_is_cached_projected(kube: KubeClient, namespace: str) -> None:

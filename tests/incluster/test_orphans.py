@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.incluster import backend as incluster_backend
+from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.reservations import RESERVATIONS, ReservationClient, reservation_name
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.controller import Controller
@@ -34,8 +34,8 @@ def address_object(name: str, pool_name: str, address: str) -> dict[str, object]
 async def test_reservations_of_deleted_pools_are_removed_unless_an_ipaddress_names_them(
     kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch, in_process_controller: Controller
 ) -> None:
-    monkeypatch.setattr(incluster_backend, "ORPHAN_SWEEP_INTERVAL", 0.0)
-    monkeypatch.setattr(incluster_backend, "STRAY_GRACE", 0.0)
+    monkeypatch.setattr(incluster_sweeps, "ORPHAN_SWEEP_INTERVAL", 0.0)
+    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 0.0)
     reservations = ReservationClient(kube)
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-away")
     named = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-with-address")

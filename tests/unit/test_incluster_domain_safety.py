@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.incluster import backend as incluster_backend
+from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend, parse_pool
 from backends.incluster.domains import DOMAIN_PATTERN
 from backends.incluster.orphans import pool_resource, sweep_orphans
@@ -235,7 +235,7 @@ async def test_a_prepared_index_of_an_older_pool_object_is_rebuilt() -> None:
 
 
 async def test_a_pool_recreated_under_the_same_name_is_swept_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(incluster_backend, "STRAY_GRACE", 0.0)
+    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 0.0)
     kube = FakeKube()
     backend = backend_of(kube)
     await backend.report(A, pool("a", domain=None, uid="u1"), [])  # swept: nothing stray yet

@@ -3,6 +3,7 @@ bookkeeping of uniqueness domains (expired releases, addresses held by the domai
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -10,11 +11,14 @@ from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, 
 from backends.incluster.domains import expired_releases, held_elsewhere
 from backends.incluster.intervals import IntervalSet, address_to_int
 from backends.incluster.overlap import NAMED_IN_MESSAGE, Overlap, PoolSurvey, overlap_condition
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, pool_hash
 from ipam_provider.backend.contract import BackendContext, PoolKind
 from ipam_provider.common import Object
 
 A = IN_CLUSTER_POOL.ref("ns", "a")
+LRR = AllocationStrategy.LEAST_RECENTLY_RELEASED
 
 
 def pool(name: str, addresses: list[str], prefix: int = 24, namespace: str | None = "ns", **spec: Any) -> Object:
@@ -104,6 +108,25 @@ def test_releases_expire_by_their_own_pools_grace_period() -> None:
     ]
     assert [r.name for r in expired_releases(reservations, A, 30)] == ["own-old", "other-old"]
     assert [r.name for r in expired_releases(reservations, A, None)] == ["own-old", "own-new", "other-old"]
+    # Under LeastRecentlyReleased the pool's own records are its reuse order: never deleted for expiry.
+    assert [r.name for r in expired_releases(reservations, A, 30, LRR)] == ["other-old"]
+
+
+def test_an_index_takes_over_only_its_own_pools_release_records() -> None:
+    """In a uniqueness domain, a pool's index holds the release records of the domain's other pools: never a
+    candidate nor taken by value (another pool's record stays that pool's), deleted by their recorded grace only."""
+
+    def at(address: str, name: str, pool: str, grace: int | None) -> Reservation:
+        return dataclasses.replace(released(name, pool, 100, grace), address=address)
+
+    records = [at("10.0.0.1", "own", "a", None), at("10.0.0.2", "b-kept", "b", None), at("10.0.0.3", "b-60", "b", 60)]
+    policy = AllocationPolicy(LRR)
+    allocatable = IntervalSet([(address_to_int("10.0.0.1"), address_to_int("10.0.0.3"))])
+    index = PoolIndex.build(allocatable, 4, records, None, policy=policy, own_label=pool_hash(A))
+    assert not index.take_specific(address_to_int("10.0.0.2"), "x"), "another pool's record is held"
+    assert [r.name for r in index.expired_releases(0)] == ["b-60"], "own kept under LRR; b's by its grace"
+    assert index.take_candidate("y") == address_to_int("10.0.0.1") and index.released[address_to_int("10.0.0.1")]
+    assert index.take_candidate("z") is None, "b's records are never candidates"
 
 
 def test_held_elsewhere_counts_distinct_addresses_of_the_pool_held_by_others() -> None:

@@ -1,14 +1,15 @@
-"""Specific addresses in the in-cluster pool index and spec, without a control plane: `take_specific`, the parking
-of pre-allocated addresses in dynamic allocation, `PreAllocations` and why an address is not allocatable."""
+"""Specific addresses in the in-cluster pool index and spec, without a control plane: `take_specific`, pinned
+addresses never chosen by dynamic allocation (the pool's allocation policy), `PreAllocations` and why an address is
+not allocatable."""
 
 from __future__ import annotations
 
 import pytest
 
-from backends.incluster.backend import InClusterPoolSpec, parse_pool
+from backends.incluster.backend import InClusterPoolSpec, allocation_policy, parse_pool
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.preallocations import PreAllocations, take_dynamic
+from backends.incluster.preallocations import PreAllocations
 from backends.incluster.requested import wanted_address, why_not_allocatable
 from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import (
@@ -28,8 +29,10 @@ def ip(text: str) -> int:
 
 def parsed(**spec: object) -> tuple[InClusterPoolSpec, PoolIndex, PreAllocations]:
     pool_spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/28"], "prefix": 28, **spec}})
-    index = PoolIndex.build(allocatable.addresses, 4, [], spec_key=None)
-    return pool_spec, index, PreAllocations.of(REF, pool_spec.pre_allocations, allocatable)
+    pre = PreAllocations.of(REF, pool_spec.pre_allocations, allocatable)
+    policy = allocation_policy(pool_spec, allocatable, pre)
+    assert policy.pinned == allocation_policy(pool_spec, allocatable).pinned, "one pinned set, however derived"
+    return pool_spec, PoolIndex.build(allocatable.addresses, 4, [], spec_key=None, policy=policy), pre
 
 
 def held(address: str, uid: str) -> Reservation:
@@ -52,14 +55,14 @@ def test_take_specific_takes_an_allocatable_address_that_is_neither_held_nor_pen
     assert ip("10.0.0.9") not in taken and ip("10.0.0.5") not in taken and None in taken
 
 
-def test_dynamic_allocation_parks_pinned_addresses_and_never_returns_them() -> None:
+def test_dynamic_allocation_never_takes_pinned_addresses() -> None:
     _, index, pre = parsed(preAllocations={"vip": "10.0.0.1", "db": "10.0.0.3"})
     assert set(pre.pinned) == {ip("10.0.0.1"), ip("10.0.0.3")} and pre.problems == ()
     taken: list[int] = []
-    while (value := take_dynamic(index, f"c{len(taken)}", pre.pinned)) is not None:
+    while (value := index.take_candidate(f"c{len(taken)}")) is not None:
         taken.append(value)
     assert len(taken) == 14 - 2 and not set(taken) & set(pre.pinned)
-    assert all(value not in index.pending for value in pre.pinned), "parked, not pending"
+    assert all(value not in index.pending for value in pre.pinned), "never candidates"
     assert index.take_specific(ip("10.0.0.1"), "vip-uid"), "the named claim still takes its address"
 
 
