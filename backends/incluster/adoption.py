@@ -13,6 +13,7 @@ Contract of `hold_existing`:
 from __future__ import annotations
 
 from backends.incluster.pool_index import PoolIndex
+from backends.incluster.released import take_over
 from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
 
@@ -41,6 +42,8 @@ async def hold_existing(
         if reservation is not None and _taken_over(reservation, claim, own):
             index.drop(reservation)
             reservation = await reservations.reassign(reservation, claim.uid)
+        elif reservation is not None and _released_record(reservation, claim, own):
+            reservation = await _take_record(reservations, index, reservation, claim, existing)
         if reservation is None or reservation.claim_uid != claim.uid or reservation.pool_label != own:
             if reservation is not None:
                 index.hold(reservation)
@@ -66,6 +69,29 @@ def _taken_over(reservation: Reservation, claim: ClaimContext, own_label: str) -
         and not reservation.released_at
         and reservation.claim == f"{claim.namespace}/{claim.name}"
     )
+
+
+def _released_record(reservation: Reservation, claim: ClaimContext, own_label: str) -> bool:
+    """Whether the reservation is one of the pool's released ones (a release record, or a release in its grace
+    period): the claim's IPAddress shows the address in use (as after a restore), so the claim takes it."""
+    return reservation.pool_label == own_label and reservation.claim_uid != claim.uid and bool(reservation.released_at)
+
+
+async def _take_record(
+    reservations: ReservationClient, index: PoolIndex, record: Reservation, claim: ClaimContext, existing: Allocation
+) -> Reservation:
+    """Give the released `record` to the claim, guarded by its resourceVersion; AllocationFailedError (retried
+    soon) when it changed meanwhile or had another prefix or gateway (then deleted, to be reserved anew)."""
+    index.drop(record)
+    taken = await take_over(
+        reservations, record, existing.prefix, existing.gateway, claim.namespace, claim.name, claim.uid
+    )
+    if taken is None:
+        raise AllocationFailedError(
+            f"the released reservation of {existing.address} changed while IPAddress {claim} took it; retrying",
+            retry_after=1.0,
+        )
+    return taken
 
 
 def _held_message(ref: PoolRef, claim: ClaimContext, address: str, holder: Reservation | None) -> str:

@@ -281,3 +281,21 @@ async def test_a_pool_never_removes_the_pin_of_another_pool_of_its_domain() -> N
     assert (pin["spec"]["address"], pin["spec"]["claim"]["uid"]) == ("10.0.0.5", "")
     await backend.report(A, pools[0], [Allocation("10.0.0.1", 24, None)])
     assert "10.0.0.5" in [r.address for r in stored_reservations(kube)], "a has no pins, but b's pin is b's"
+
+
+async def test_a_restored_ipaddress_takes_its_address_back_from_a_release_record() -> None:
+    kube = FakeKube()
+    backend = backend_of(kube)
+    lrr = pool("a", domain=None, allocationStrategy="LeastRecentlyReleased")
+    held = await backend.allocate(A, lrr, ClaimContext("ns", "old", "U1"))
+    await backend.release(A, lrr, ClaimContext("ns", "old", "U1"), held)
+    [record] = stored_reservations(kube)
+    assert record.released_at and record.claim_uid == ""
+    # A restore brings back an IPAddress for ns/restored naming that address: the address is in use, the claim
+    # takes the record over instead of failing as if another claim held it.
+    restored = ClaimContext("ns", "restored", "U2")
+    assert await backend.allocate(A, lrr, restored, existing=held) == held
+    [taken] = stored_reservations(kube)
+    assert (taken.claim_uid, taken.claim, taken.released_at) == ("U2", "ns/restored", None)
+    # And the next dynamic claim does not get it.
+    assert (await backend.allocate(A, lrr, ClaimContext("ns", "new", "U3"))).address != held.address
