@@ -15,15 +15,17 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   every object made or adopted here is checked after the fact: the address is searched again, and an object that
   is not alone there at its last search is deleted and the claim fails as held. Two claims racing for one address
   therefore never both keep it: of two kept objects, the one searched last would have seen the other, which was
-  committed before its POST returned. So that a race usually has a winner, the racer whose reference sorts first
-  waits a moment for the others (which give way at once) and searches again; if they are still there, it gives
-  way too, and the claims' next attempts, spread by the retry backoff, settle it.
+  committed before its POST returned. So that a race has a winner, the racer whose reference sorts first waits for
+  the others (which give way at once) for up to the instance's request timeout, searching again; if they are still
+  there, it gives way too. A claim that gave way to a racer asks again after a short random delay (1-3 s), so
+  racers that all gave way drift apart instead of racing again in step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 from typing import TYPE_CHECKING
 
 import structlog
@@ -46,8 +48,8 @@ if TYPE_CHECKING:
     from backends.infoblox.allocator import Allocating, Allocator
 
 log = structlog.get_logger(__name__)
-CONTENDED_SEARCHES = 4  # searches of a contended address by the object that may keep it
-CONTENDED_WAIT_SECONDS = 0.5  # between those searches
+CONTENDED_WAIT_SECONDS = 0.5  # between searches of a contended address by the object that may keep it
+RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 async def allocate_requested(allocator: Allocator, job: Allocating, address: str) -> Allocation:
@@ -146,8 +148,8 @@ def _holds(obj_type: str, raw: Object, address: str) -> bool:
     return any(same(str(e.get("ipv4addr") or e.get("ipv6addr") or ""), address) for e in entries)
 
 
-def held(address: str, pool: Pool, holder: GridObject) -> AllocationFailedError:
-    return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)))
+def held(address: str, pool: Pool, holder: GridObject, retry_after: float | None = None) -> AllocationFailedError:
+    return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)), retry_after=retry_after)
 
 
 async def keep_alone(
@@ -156,14 +158,18 @@ async def keep_alone(
     """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held).
 
     When only objects of this provider's other claims share the address (a race), the one whose reference sorts
-    first waits for the others to give way and searches again (up to CONTENDED_SEARCHES times); the others give way
-    at once. Safety rests on the last search alone: an object is kept only if it was alone there after its POST."""
-    for search in range(CONTENDED_SEARCHES):
+    first searches again every CONTENDED_WAIT_SECONDS, for up to the instance's request timeout (long enough for
+    the others' POST replies to arrive), while the others give way at once. A racer that gives way fails with a
+    short random retry (RACE_RETRY_SECONDS), so that racers that all gave way do not race again in step. Safety
+    rests on the last search alone: an object is kept only if it was alone there after its POST."""
+    deadline = asyncio.get_running_loop().time() + float(connection.spec.request_timeout_seconds)
+    while True:
         others = [o for o in await holders(connection, pool, network_view, address) if o.ref != kept.ref]
         if not others:
             return
-        first = all(o.claim_uid for o in others) and kept.ref < min(o.ref for o in others)
-        if not first or search + 1 == CONTENDED_SEARCHES:
+        race = all(o.claim_uid for o in others)
+        first = race and kept.ref < min(o.ref for o in others)
+        if not first or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(CONTENDED_WAIT_SECONDS)
     await connection.client.delete(kept.ref)
@@ -175,4 +181,9 @@ async def keep_alone(
         ref=kept.ref,
         other=others[0].ref,
     )
-    raise held(address, pool, others[0])
+    raise held(address, pool, others[0], race_retry_seconds() if race else None)
+
+
+def race_retry_seconds() -> float:
+    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
+    return random.uniform(*RACE_RETRY_SECONDS)

@@ -14,14 +14,16 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   alone there at its last listing; else it is deleted and the claim fails with `requested_address_held`. Two kept
   objects are impossible: the one listed last would have seen the other, committed before its POST answered and
   never deleted. Commit order need not follow id order, so ids decide only who waits: when nothing but addresses
-  of this provider's other claims share the address, the oldest (lowest id) lists again a few times while the
-  others give way at once, so a race between claims has a winner, whichever processes they run in.
+  of this provider's other claims share the address, the oldest (lowest id) lists again for up to the client's
+  read timeout while the others give way at once, so a race between claims has a winner, whichever processes they
+  run in. A claim that gave way to a racer asks again after a short random delay (1-3 s), never in step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,8 +44,8 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
-CONTENDED_LISTINGS = 5  # listings of a contended address by the oldest object's creator
-CONTENDED_WAIT_SECONDS = 0.5  # between those listings
+CONTENDED_WAIT_SECONDS = 0.5  # between listings of a contended address by the oldest object's creator
+RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
@@ -156,10 +158,13 @@ async def _keep_if_alone(
 ) -> None:
     """Keep `kept` only if nothing else holds the address at the last listing; else delete it and fail (held).
 
-    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again, up to
-    CONTENDED_LISTINGS times, while the others give way at once. Safety rests on the last listing alone."""
-    others: list[Object] = []
-    for listing in range(CONTENDED_LISTINGS):
+    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again every
+    CONTENDED_WAIT_SECONDS for up to the client's read timeout (long enough for the others' POST replies to arrive),
+    while the others give way at once. A claim that gives way to a racer fails with a short random retry
+    (RACE_RETRY_SECONDS), so that racers that all gave way do not race again in step. Safety rests on the last
+    listing alone."""
+    deadline = asyncio.get_running_loop().time() + client.settings.read_timeout
+    while True:
         holders = await _holders(client, address, source)
         if not any(o["id"] == kept["id"] for o in holders):
             raise AllocationFailedError(
@@ -169,8 +174,9 @@ async def _keep_if_alone(
         others = [o for o in holders if o["id"] != kept["id"]]
         if not others:
             return
-        oldest = all(is_ours(o) for o in others) and int(kept["id"]) < int(others[0]["id"])
-        if not oldest or listing + 1 == CONTENDED_LISTINGS:
+        race = all(is_ours(o) for o in others)
+        oldest = race and int(kept["id"]) < int(others[0]["id"])
+        if not oldest or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(CONTENDED_WAIT_SECONDS)
     await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
@@ -182,4 +188,12 @@ async def _keep_if_alone(
         id=kept["id"],
         other=others[0]["id"],
     )
-    raise AllocationFailedError(requested_address_held(address, pool.ref, describe(others[0])))
+    raise AllocationFailedError(
+        requested_address_held(address, pool.ref, describe(others[0])),
+        retry_after=race_retry_seconds() if race else None,
+    )
+
+
+def race_retry_seconds() -> float:
+    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
+    return random.uniform(*RACE_RETRY_SECONDS)
