@@ -70,7 +70,8 @@ async def allocate_requested(allocator: Allocator, job: Allocating, address: str
         raise held(address, pool, others[0])
     if kept is None:
         try:
-            kept = await allocator.create_object(job, address, await allocator.hostname_for(pool, connection, claim))
+            hostname = await allocator.hostname_for(pool, connection, claim)
+            kept = await allocator.create_object(job, address, hostname, for_request=True)
         except WapiError as error:
             if error.problem is Problem.CONFLICT:  # another fixed address got there first?
                 found = await holders(connection, pool, view, address)

@@ -168,6 +168,18 @@ class Allocator:
             return None
         keep = min(found, key=lambda o: int(o["id"]))
         await self._delete_extra(client, pool.ref, claim, found, keep)
+        source = resolved.source_of(host_of(keep))
+        if is_requested(keep) and source is not None:  # its keep-if-alone check may never have run (a crash)
+            from backends.netbox.requested import keep_if_alone  # the requested path builds on this module
+
+            try:
+                await keep_if_alone(client, pool, claim, host_of(keep), source, keep)
+            except AllocationFailedError as error:
+                raise AllocationFailedError(
+                    f"NetBox IP address #{keep['id']}, made for claim {claim} at a requested address, shares that "
+                    f"address ({error.message}); it was deleted, and an address is asked again",
+                    retry_after=self.unknown_retry_seconds,
+                ) from error
         log.info(
             "address found by claim UID",
             claim=str(claim),
@@ -338,6 +350,19 @@ def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
     if OWNER_TAG not in slugs or not uid:
         return False
     return claim_uid is None or uid == claim_uid
+
+
+REQUESTED_MARK = " [requested address]"
+
+
+def requested_description(description: str) -> str:
+    """The description of an address made for a requested address: it ends with REQUESTED_MARK."""
+    return description[: 200 - len(REQUESTED_MARK)] + REQUESTED_MARK
+
+
+def is_requested(obj: Mapping[str, Any]) -> bool:
+    """Whether a NetBox IP address was made for a requested address (its keep-if-alone check may not have run)."""
+    return str(obj.get("description") or "").endswith(REQUESTED_MARK)
 
 
 def claim_ref_of(obj: Mapping[str, Any]) -> str | None:

@@ -30,7 +30,15 @@ from typing import Any
 import structlog
 
 from backends.netbox import calls
-from backends.netbox.allocator import Allocator, address_body, allocation_of, claim_ref_of, host_of, is_ours
+from backends.netbox.allocator import (
+    Allocator,
+    address_body,
+    allocation_of,
+    claim_ref_of,
+    host_of,
+    is_ours,
+    requested_description,
+)
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.resolver import Resolved, Source
 from backends.netbox.spec import CLAIM_UID_FIELD, Pool
@@ -95,7 +103,7 @@ async def allocate_requested(
         if holders:
             raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
         kept = await _create(allocator, client, pool, resolved, claim, address, source)
-    await _keep_if_alone(client, pool, claim, address, source, kept)
+    await keep_if_alone(client, pool, claim, address, source, kept)
     allocator.state(pool.ref).uncertain.pop(claim.uid, None)
     allocation = allocation_of(resolved, kept, claim.uid, source)
     allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
@@ -120,6 +128,7 @@ async def _create(
 ) -> Object:
     """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
     body = {**address_body(pool, resolved, claim), "address": f"{address}/{source.mask}", "vrf": source.vrf_id}
+    body["description"] = requested_description(str(body["description"]))
     try:
         created: Object = await client.call(
             f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
@@ -153,7 +162,7 @@ def _pick(holders: Sequence[Object], uid: str) -> Object | None:
     return next((o for o in holders if is_ours(o, uid)), None)
 
 
-async def _keep_if_alone(
+async def keep_if_alone(
     client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, source: Source, kept: Object
 ) -> None:
     """Keep `kept` only if nothing else holds the address at the last listing; else delete it and fail (held).

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from backends.infoblox import requested
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import ANNOTATION_REF
 from ipam_provider.backend.contract import (
@@ -278,3 +279,42 @@ async def test_through_the_controller_free_taken_and_outside(
         assert f"held by a fixedaddress not managed by this provider ({printer})" in messages["printer"]
         assert messages["outside"] == f"requested address 10.99.0.1 is outside {pool}; request an address of the pool"
         assert [o.get("ipv4addr") for o in grid.sim.state.objects("fixedaddress")].count("10.10.0.42") == 1
+
+
+async def test_crash_between_post_and_check_then_annotation_removed(
+    kube: KubeClient, namespace: str, grid: Grid, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops after posting a requested host record and before its keep-if-alone check, while another
+    host record takes the address; the claim's annotation is then removed. The next process finds the object by the
+    claim's UID (the pool index): it was made for a requested address (its comment says so), so it is checked before
+    it is handed out, found shared, deleted, and the claim gets another address."""
+    grid.sim.state.add_zone("nodes.example.com")
+    host = {"dnsZone": "nodes.example.com", "hostnameSource": "claimName"}
+    pool = await grid.create_pool("dns", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord=host)
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "node-a", "10.10.0.61")
+
+    async def crash(*_: Any) -> None:
+        raise RuntimeError("the process stops here")
+
+    crashing = InfobloxBackend(BackendContext(kube=kube), FAST)
+    try:
+        monkeypatch.setattr(requested, "keep_alone", crash)
+        with pytest.raises(RuntimeError):
+            await crashing.allocate(ref, pool, claim)
+    finally:
+        await crashing.close()
+    monkeypatch.undo()
+    (made,) = grid.objects_of(claim.uid, "record:host")
+    assert made["comment"].startswith("Cluster API IPAddressClaim, requested address: ")
+    foreign = grid.sim.state.add_host_record("web.nodes.example.com", "10.10.0.61", configure_for_dns=True)
+    plain = ClaimContext(namespace, claim.name, claim.uid)  # the annotation removed
+    restarted = InfobloxBackend(BackendContext(kube=kube), FAST)
+    try:
+        allocation = await restarted.allocate(ref, pool, plain)
+    finally:
+        await restarted.close()
+    assert allocation.address != "10.10.0.61"
+    assert [o["_ref"] for o in at(grid, "record:host", "10.10.0.61")] == [foreign]
+    (kept,) = grid.objects_of(claim.uid, "record:host")
+    assert kept["_ref"] == allocation.annotations[ANNOTATION_REF]

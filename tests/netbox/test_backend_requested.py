@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.netbox import NetboxBackend
+from backends.netbox import NetboxBackend, requested
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -306,3 +306,46 @@ async def test_through_the_controller_free_taken_and_outside(
         assert [str(r.address) for r in holders(netbox, "10.80.0.42")] == ["10.80.0.42/24"]
         await delete_claim(kube, namespace, "free")
         assert holders(netbox, "10.80.0.42") == []
+
+
+async def test_crash_between_post_and_check_then_annotation_removed(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops after creating a requested address and before its keep-if-alone check, while an address
+    made by hand takes the same address (the VRF lets duplicates in); the claim's annotation is then removed. The
+    next process's normal path finds the claim's address by UID: it was made for a requested address (its
+    description says so), so it is checked, found shared, deleted, and the claim gets another address."""
+    vrf = netbox.api().ipam.vrfs.create(name=unique_name("crash"), enforce_unique=False)
+    netbox.create_prefix("10.83.0.0/24", vrf=vrf.id)
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "crash", [prefix("10.83.0.0/24", vrf=vrf.name)])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "crashed", "10.83.0.30")
+
+    async def crash(*_: Any) -> None:
+        raise RuntimeError("the process stops here")
+
+    crashing = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        monkeypatch.setattr(requested, "keep_if_alone", crash)
+        with pytest.raises(RuntimeError):
+            await crashing.allocate(ref, pool, claim)
+    finally:
+        await crashing.close()
+    monkeypatch.undo()
+    [made] = marked(netbox, claim.uid)
+    assert made.description.endswith(" [requested address]")
+    manual = netbox.api().ipam.ip_addresses.create(address="10.83.0.30/24", vrf=vrf.id, description="by hand")
+    plain = ClaimContext(namespace, claim.name, claim.uid)  # the annotation removed
+    restarted = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        with pytest.raises(AllocationFailedError) as failure:
+            await restarted.allocate(ref, pool, plain)
+        assert "it was deleted, and an address is asked again" in failure.value.message
+        assert failure.value.retry_after is not None
+        assert [r.id for r in holders(netbox, "10.83.0.30", vrf)] == [manual.id]
+        allocation = await restarted.allocate(ref, pool, plain)
+    finally:
+        await restarted.close()
+    assert allocation.address != "10.83.0.30"
+    assert [str(r.address).split("/")[0] for r in marked(netbox, claim.uid)] == [allocation.address]
