@@ -169,7 +169,8 @@ class Allocator:
         keep = min(found, key=lambda o: int(o["id"]))
         await self._delete_extra(client, pool.ref, claim, found, keep)
         source = resolved.source_of(host_of(keep))
-        if is_requested(keep) and source is not None:  # its keep-if-alone check may never have run (a crash)
+        checkable = source is not None and vrf_id_of(keep) == source.vrf_id
+        if is_requested(keep) and source is not None and checkable:  # its check may never have run (a crash)
             from backends.netbox.requested import keep_if_alone  # the requested path builds on this module
 
             try:
@@ -350,6 +351,14 @@ def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
     if OWNER_TAG not in slugs or not uid:
         return False
     return claim_uid is None or uid == claim_uid
+
+
+def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
+    """The id of a NetBox IP address's VRF (None: the global table)."""
+    vrf = obj.get("vrf")
+    if isinstance(vrf, Mapping):
+        return int(vrf["id"]) if vrf.get("id") is not None else None
+    return int(vrf) if isinstance(vrf, int) else None
 
 
 REQUESTED_MARK = " [requested address]"

@@ -4,8 +4,9 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
 - The address must be one NetBox could hand out from one of the pool's sources: inside a prefix or ip-range of the
   pool, not the source's gateway, not a prefix's network (or IPv4 broadcast) address, not in an ip-range marked
   populated. Otherwise the claim fails with `requested_address_outside` and nothing is written.
-- The claim's own addresses are looked up by UID first (one GET): one at the requested address (made by an earlier
-  attempt that crashed or lost its answer) is adopted; any other is deleted (it was never handed out: no IPAddress
+- The claim's own addresses are looked up by UID first (one GET): one at the requested address in the source's VRF
+  (made by an earlier attempt that crashed or lost its answer) is adopted; any other (also one at that address in
+  another VRF) is deleted (it was never handed out: no IPAddress
   names the claim).
 - Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
   fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
@@ -38,6 +39,7 @@ from backends.netbox.allocator import (
     host_of,
     is_ours,
     requested_description,
+    vrf_id_of,
 )
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.resolver import Resolved, Source
@@ -93,7 +95,8 @@ async def allocate_requested(
         raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
     found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
     mine = [o for o in found if is_ours(o, claim.uid)]
-    kept = min((o for o in mine if host_of(o) == address), key=lambda o: int(o["id"]), default=None)
+    here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
+    kept = min(here, key=lambda o: int(o["id"]), default=None)
     for other in mine:
         if kept is None or other["id"] != kept["id"]:
             await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
@@ -183,7 +186,7 @@ async def keep_if_alone(
         others = [o for o in holders if o["id"] != kept["id"]]
         if not others:
             return
-        race = all(is_ours(o) for o in others)
+        race = all(_racer(o) for o in others)
         oldest = race and int(kept["id"]) < int(others[0]["id"])
         if not oldest or asyncio.get_running_loop().time() >= deadline:
             break
@@ -201,6 +204,12 @@ async def keep_if_alone(
         requested_address_held(address, pool.ref, describe(others[0])),
         retry_after=race_retry_seconds() if race else None,
     )
+
+
+def _racer(obj: Mapping[str, Any]) -> bool:
+    """Whether `obj` may be another claim's address of this provider: it carries a claim UID (a listing may show a
+    just-created address before its tags)."""
+    return is_ours(obj) or bool((obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD))
 
 
 def race_retry_seconds() -> float:

@@ -349,3 +349,28 @@ async def test_crash_between_post_and_check_then_annotation_removed(
         await restarted.close()
     assert allocation.address != "10.83.0.30"
     assert [str(r.address).split("/")[0] for r in marked(netbox, claim.uid)] == [allocation.address]
+
+
+async def test_the_claims_own_address_in_another_vrf_is_a_stray(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """An earlier address of the claim at the requested IP but in another VRF than the pool's source is not adopted
+    (the check lists the source's VRF only, and would never see it): it is deleted, and the address is made in the
+    source's VRF."""
+    other_vrf = netbox.api().ipam.vrfs.create(name=unique_name("elsewhere"))
+    netbox.create_prefix("10.84.0.0/24")
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "global", [prefix("10.84.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "moved", "10.84.0.30")
+    elsewhere = netbox.api().ipam.ip_addresses.create(
+        address="10.84.0.30/24",
+        vrf=other_vrf.id,
+        tags=[{"slug": OWNER_TAG}],
+        custom_fields={CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: f"{namespace}/moved"},
+    )
+    allocation = await backend.allocate(ref, pool, claim)
+    assert allocation.address == "10.84.0.30"
+    assert netbox.api().ipam.ip_addresses.get(elsewhere.id) is None
+    [record] = marked(netbox, claim.uid)
+    assert record.vrf is None and record.id == int(allocation.annotations[ANNOTATION_IP_ID])
