@@ -3,11 +3,11 @@
 Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
 - The address must be one NetBox could hand out from one of the pool's sources: inside a prefix or ip-range of the
   pool, not the source's gateway, not a prefix's network (or IPv4 broadcast) address, not in an ip-range marked
-  populated. Otherwise the claim fails with `requested_address_outside` and nothing is written.
+  populated (a range source itself, or a range inside a prefix source: one more GET). Otherwise the claim fails
+  with `requested_address_outside` and nothing is written.
 - The claim's own addresses are looked up by UID first (one GET): one at the requested address in the source's VRF
   (made by an earlier attempt that crashed or lost its answer) is adopted; any other (also one at that address in
-  another VRF) is deleted (it was never handed out: no IPAddress
-  names the claim).
+  another VRF) is deleted (it was never handed out: no IPAddress names the claim).
 - Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
   fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
 - NetBox does not stop two clients from creating one address at the same time, so every address made or adopted
@@ -93,6 +93,11 @@ async def allocate_requested(
     source, why = source_for(resolved, address)
     if source is None:
         raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+    if source.type == "prefix":
+        populated = await _populated_range(client, address, source)
+        if populated:
+            why = f"in ip-range {populated} of {source.display}, marked populated: NetBox hands out none of it"
+            raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
     found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
     mine = [o for o in found if is_ours(o, claim.uid)]
     here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
@@ -112,6 +117,20 @@ async def allocate_requested(
     allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
     log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
     return allocation
+
+
+async def _populated_range(client: NetboxClient, address: str, source: Source) -> str | None:
+    """The ip-range marked populated that holds `address` in the source's VRF ("start-end"), if any: NetBox's
+    available-ips of a prefix skips those addresses, so they are not the pool's to hand out."""
+    # Not `contains=`: NetBox compares it with the ranges' masks too, so a bare address misses its range.
+    filters = {"mark_populated": "true", "vrf_id": source.vrf_id if source.vrf_id is not None else "null"}
+    found = await client.call(f"look up ip-ranges at {address}", calls.find("ipam", "ip_ranges", filters, brief=False))
+    value = int(ipaddress.ip_address(address))
+    for obj in found:
+        first, last = (ipaddress.ip_interface(str(obj[key])).ip for key in ("start_address", "end_address"))
+        if obj.get("mark_populated") and int(first) <= value <= int(last) and first.version == last.version:
+            return f"{first}-{last}"
+    return None
 
 
 async def _holders(client: NetboxClient, address: str, source: Source) -> list[Object]:

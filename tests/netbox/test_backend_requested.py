@@ -374,3 +374,23 @@ async def test_the_claims_own_address_in_another_vrf_is_a_stray(
     assert netbox.api().ipam.ip_addresses.get(elsewhere.id) is None
     [record] = marked(netbox, claim.uid)
     assert record.vrf is None and record.id == int(allocation.annotations[ANNOTATION_IP_ID])
+
+
+async def test_an_address_in_a_populated_range_inside_a_prefix_is_outside(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """NetBox's available-ips of a prefix skips the addresses of an ip-range marked populated inside it, so such an
+    address is not the pool's to hand out; an address of the prefix beside the range is."""
+    netbox.create_prefix("10.85.0.0/24")
+    netbox.create_ip_range("10.85.0.10/24", "10.85.0.20/24", mark_populated=True)
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "populated", [prefix("10.85.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "inside", "10.85.0.15")
+    with pytest.raises(AllocationFailedError) as failure:
+        await backend.allocate(ref, pool, claim)
+    assert f"requested address 10.85.0.15 is outside {ref}" in failure.value.message
+    assert "ip-range 10.85.0.10-10.85.0.20 of 10.85.0.0/24, marked populated" in failure.value.message
+    assert marked(netbox, claim.uid) == []
+    beside = await backend.allocate(ref, pool, asking(namespace, "beside", "10.85.0.25"))
+    assert beside.address == "10.85.0.25"
