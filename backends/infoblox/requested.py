@@ -6,7 +6,9 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   address, nor the IPv6 subnet-router anycast address) or ranges, and not that subnet's or range's gateway. Else
   the claim fails with `requested_address_outside` and no request is sent.
 - The fixed addresses and host records at that address in the pool's network view are searched (two GETs). One the
-  claim owns (CAPI-Claim-UID: made by an earlier attempt that crashed or lost its reply) is adopted. Any other
+  claim owns (CAPI-Claim-UID: made by an earlier attempt that crashed or lost its reply) is adopted; one of ours that
+  records this claim's namespace, name and pool under another UID (a restore or `clusterctl move`) is re-keyed to
+  the claim (the take-over path's guard) and adopted. Any other
   makes the claim fail with `requested_address_held`, naming the claim its extensible attributes record, or the
   object's type and reference when it was not made by this provider.
 - Else the object is posted with the literal address. NIOS refuses a second fixed address at one address in a
@@ -32,7 +34,7 @@ import structlog
 
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
-from backends.infoblox.ownership import same
+from backends.infoblox.ownership import same, take_over
 from backends.infoblox.payloads import FIXED_V4, FIXED_V6, HOST, RETURN_FIELDS, GridObject, parse_object
 from backends.infoblox.spec import EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool, Target
 from ipam_provider.backend.contract import (
@@ -66,6 +68,8 @@ async def allocate_requested(allocator: Allocator, job: Allocating, address: str
             log.info("claim's other object deleted", claim=str(claim), pool=str(pool.ref), ref=other.ref)
     state.by_claim.pop(claim.uid, None)
     others = [o for o in found if o.claim_uid != claim.uid]
+    if kept is None and any(earlier_self(o, pool, claim) for o in others):  # a restore or a move: re-keyed, checked
+        kept = await take_over(connection, pool, claim, view, address)
     if kept is None and others:
         raise held(address, pool, others[0])
     if kept is None:
@@ -149,6 +153,13 @@ def _holds(obj_type: str, raw: Object, address: str) -> bool:
     return any(same(str(e.get("ipv4addr") or e.get("ipv6addr") or ""), address) for e in entries)
 
 
+def earlier_self(obj: GridObject, pool: Pool, claim: ClaimContext) -> bool:
+    """Whether `obj` is this claim's object under an earlier UID (its namespace, name and pool recorded)."""
+    marks = obj.extattrs
+    recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
+    return bool(obj.claim_uid) and obj.claim_uid != claim.uid and recorded == (claim.namespace, claim.name, pool.label)
+
+
 def held(address: str, pool: Pool, holder: GridObject, retry_after: float | None = None) -> AllocationFailedError:
     return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)), retry_after=retry_after)
 
@@ -165,7 +176,9 @@ async def keep_alone(
     rests on the last search alone: an object is kept only if it was alone there after its POST."""
     deadline = asyncio.get_running_loop().time() + float(connection.spec.request_timeout_seconds)
     while True:
-        others = [o for o in await holders(connection, pool, network_view, address) if o.ref != kept.ref]
+        found = await holders(connection, pool, network_view, address)
+        await drop_duplicates(connection, claim, kept, found)
+        others = [o for o in found if o.ref != kept.ref and o.claim_uid != claim.uid]
         if not others:
             return
         race = all(o.claim_uid for o in others)
@@ -183,6 +196,22 @@ async def keep_alone(
         other=others[0].ref,
     )
     raise held(address, pool, others[0], race_retry_seconds() if race else None)
+
+
+async def drop_duplicates(
+    connection: Connection, claim: ClaimContext, kept: GridObject, found: list[GridObject]
+) -> None:
+    """Another object of this claim beside `kept` (another attempt for the same claim): the one whose reference sorts
+    later goes. When that is `kept`, it is deleted and the claim asks again soon (and adopts the other)."""
+    twins = [o for o in found if o.claim_uid == claim.uid and o.ref != kept.ref]
+    for twin in twins:
+        if twin.ref > kept.ref:
+            await connection.client.delete(twin.ref)
+    if any(twin.ref < kept.ref for twin in twins):
+        await connection.client.delete(kept.ref)
+        raise AllocationFailedError(
+            f"claim {claim} holds another object at {kept.address}; asking again", retry_after=1.0
+        )
 
 
 def race_retry_seconds() -> float:

@@ -8,6 +8,8 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
 - The claim's own addresses are looked up by UID first (one GET): one at the requested address in the source's VRF
   (made by an earlier attempt that crashed or lost its answer) is adopted; any other (also one at that address in
   another VRF) is deleted (it was never handed out: no IPAddress names the claim).
+- An address of ours there that records this claim's namespace/name under another UID (a restore or a
+  `clusterctl move` gave the claim a new UID) is re-keyed to the claim and then checked like one made here.
 - Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
   fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
 - NetBox does not stop two clients from creating one address at the same time, so every address made or adopted
@@ -35,6 +37,7 @@ from backends.netbox.allocator import (
     Allocator,
     address_body,
     allocation_of,
+    claim_ref,
     claim_ref_of,
     host_of,
     is_ours,
@@ -108,9 +111,14 @@ async def allocate_requested(
             log.info("claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"])
     if kept is None:
         holders = await _holders(client, address, source)
-        if holders:
+        earlier = next((o for o in holders if is_ours(o) and claim_ref_of(o) == claim_ref(claim)), None)
+        if earlier is not None:  # this claim's, under its UID before a restore or a move: re-keyed, then checked
+            await allocator._rekey(client, pool, claim, earlier)
+            kept = earlier
+        elif holders:
             raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
-        kept = await _create(allocator, client, pool, resolved, claim, address, source)
+        else:
+            kept = await _create(allocator, client, pool, resolved, claim, address, source)
     await keep_if_alone(client, pool, claim, address, source, kept)
     allocator.state(pool.ref).uncertain.pop(claim.uid, None)
     allocation = allocation_of(resolved, kept, claim.uid, source)
@@ -202,7 +210,8 @@ async def keep_if_alone(
                 f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",
                 retry_after=1.0,
             )
-        others = [o for o in holders if o["id"] != kept["id"]]
+        await _drop_duplicates(client, claim, kept, holders)
+        others = [o for o in holders if o["id"] != kept["id"] and not is_ours(o, claim.uid)]
         if not others:
             return
         race = all(_racer(o) for o in others)
@@ -223,6 +232,21 @@ async def keep_if_alone(
         requested_address_held(address, pool.ref, describe(others[0])),
         retry_after=race_retry_seconds() if race else None,
     )
+
+
+async def _drop_duplicates(client: NetboxClient, claim: ClaimContext, kept: Object, holders: Sequence[Object]) -> None:
+    """Another address of this claim beside `kept` (another attempt for the same claim): the younger one goes. When
+    that is `kept`, it is deleted and the claim asks again soon (its next attempt adopts the older one)."""
+    twins = [o for o in holders if is_ours(o, claim.uid) and o["id"] != kept["id"]]
+    for twin in twins:
+        if int(twin["id"]) > int(kept["id"]):
+            await client.call(f"delete address #{twin['id']}", calls.delete_address(int(twin["id"])))
+    if any(int(twin["id"]) < int(kept["id"]) for twin in twins):
+        await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
+        raise AllocationFailedError(
+            f"claim {claim} holds an older NetBox IP address at {kept['address']}; #{kept['id']} deleted, asking again",
+            retry_after=1.0,
+        )
 
 
 def _racer(obj: Mapping[str, Any]) -> bool:

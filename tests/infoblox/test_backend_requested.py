@@ -318,3 +318,31 @@ async def test_crash_between_post_and_check_then_annotation_removed(
     assert [o["_ref"] for o in at(grid, "record:host", "10.10.0.61")] == [foreign]
     (kept,) = grid.objects_of(claim.uid, "record:host")
     assert kept["_ref"] == allocation.annotations[ANNOTATION_REF]
+
+
+async def test_after_a_restore_the_claims_earlier_object_is_rekeyed_not_held(
+    kube: KubeClient, namespace: str, grid: Grid
+) -> None:
+    """A restore (or `clusterctl move`) gives the claim a new UID before its IPAddress exists: its object at the
+    requested address, recorded for the same namespace, name and pool, is re-keyed and kept, not reported as held by
+    the claim itself. One recorded for another claim name stays held."""
+    pool = await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
+    ref = PoolRef.from_object(pool)
+    before = asking(namespace, "restored", "10.10.0.44")
+    first = InfobloxBackend(BackendContext(kube=kube), FAST)
+    try:
+        made = await first.allocate(ref, pool, before)
+    finally:
+        await first.close()
+    after = ClaimContext(namespace, "restored", str(uuid.uuid4()), annotations=before.annotations)
+    restarted = InfobloxBackend(BackendContext(kube=kube), FAST)
+    try:
+        allocation = await restarted.allocate(ref, pool, after)
+        with pytest.raises(AllocationFailedError) as failure:
+            await restarted.allocate(ref, pool, asking(namespace, "other", "10.10.0.44"))
+    finally:
+        await restarted.close()
+    assert allocation.address == "10.10.0.44"
+    assert allocation.annotations[ANNOTATION_REF] == made.annotations[ANNOTATION_REF]
+    assert grid.objects_of(before.uid) == [] and len(grid.objects_of(after.uid)) == 1
+    assert f"held by claim {namespace}/restored" in failure.value.message

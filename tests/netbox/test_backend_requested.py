@@ -394,3 +394,29 @@ async def test_an_address_in_a_populated_range_inside_a_prefix_is_outside(
     assert marked(netbox, claim.uid) == []
     beside = await backend.allocate(ref, pool, asking(namespace, "beside", "10.85.0.25"))
     assert beside.address == "10.85.0.25"
+
+
+async def test_after_a_restore_the_claims_earlier_address_is_rekeyed_not_held(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """A restore (or `clusterctl move`) gives the claim a new UID before its IPAddress exists: its NetBox address at
+    the requested IP, recording the same namespace/name, is re-keyed and kept, not reported as held by itself."""
+    netbox.create_prefix("10.86.0.0/24")
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "restore", [prefix("10.86.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    before = asking(namespace, "restored", "10.86.0.44")
+    first = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        made = await first.allocate(ref, pool, before)
+    finally:
+        await first.close()
+    after = ClaimContext(namespace, "restored", str(uuid.uuid4()), annotations=before.annotations)
+    restarted = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        allocation = await restarted.allocate(ref, pool, after)
+    finally:
+        await restarted.close()
+    assert allocation.address == "10.86.0.44"
+    assert allocation.annotations[ANNOTATION_IP_ID] == made.annotations[ANNOTATION_IP_ID]
+    assert marked(netbox, before.uid) == [] and len(marked(netbox, after.uid)) == 1
