@@ -172,7 +172,7 @@ class Allocator:
         if asked is not None:
             return await requested.allocate_requested(self, job, asked)
         held = state.by_claim.get(claim.uid)
-        if held:
+        if held and await self._still_alone(job, held[0]):
             return self.allocation_of(pool, connection, held[0])
         hostname = await self.hostname_for(pool, connection, claim)
         tried_gateway: set[str] = set()
@@ -205,22 +205,40 @@ class Allocator:
         names = ", ".join(str(t) for t in pool.targets)
         raise PoolExhaustedError(f"{pool.ref} has no free address on the grid in {names}; add a subnet or free some")
 
+    async def _still_alone(self, job: Allocating, obj: GridObject) -> bool:
+        """Whether the claim may keep its object `obj`. One made for a requested address may never have had its
+        keep-if-alone check (a crash after the POST): it is checked now, and deleted if it shares its address."""
+        if not obj.requested:
+            return True
+        try:
+            await requested.keep_alone(job.connection, job.pool, job.claim, job.network_view, obj.address, obj)
+        except AllocationFailedError as error:
+            job.state.by_claim.pop(job.claim.uid, None)
+            log.info(
+                "unchecked object shared its address; deleted", claim=str(job.claim), ref=obj.ref, why=error.message
+            )
+            return False
+        return True
+
     def _order(self, pool: Pool, state: PoolState) -> list[Target]:
         """The pool's targets in order, those found full a moment ago last."""
         now = time.monotonic()
         fresh = [t for t in pool.targets if state.exhausted.get(t.argument, 0.0) <= now]
         return fresh + [t for t in pool.targets if t not in fresh]
 
-    async def create_object(self, job: Allocating, address: str, hostname: str | None) -> GridObject:
-        """POST one object for the claim at `address` (literal or func:), resolving lost replies; WapiError if not."""
+    async def create_object(
+        self, job: Allocating, address: str, hostname: str | None, *, for_request: bool = False
+    ) -> GridObject:
+        """POST one object for the claim at `address` (literal or func:), resolving lost replies; WapiError if not.
+        `for_request`: the object is made for a requested address, and its comment says so."""
         pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         obj_type = object_type(pool)
         if obj_type == HOST:
             assert hostname is not None and pool.spec.host_record is not None
             dns_view = pool.spec.host_record.dns_view or connection.spec.default_dns_view
-            payload = host_payload(pool, address, hostname, dns_view, claim_marks(pool, claim))
+            payload = host_payload(pool, address, hostname, dns_view, claim_marks(pool, claim, requested=for_request))
         else:
-            payload = fixed_payload(pool, address, job.network_view, claim_marks(pool, claim))
+            payload = fixed_payload(pool, address, job.network_view, claim_marks(pool, claim, requested=for_request))
         attempts, resent = self._settings.create_attempts, False
         for attempt in range(attempts):
             try:

@@ -207,5 +207,5 @@ async def take_over(
             ref=obj.ref,
             previous_uid=obj.claim_uid,
         )
-        return GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name)
+        return GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name, obj.comment)
     return None

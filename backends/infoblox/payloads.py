@@ -29,9 +29,9 @@ FIXED_V4, FIXED_V6, HOST = "fixedaddress", "ipv6fixedaddress", "record:host"
 ALL_TYPES = (FIXED_V4, FIXED_V6, HOST)
 ZERO_MAC = "00:00:00:00:00:00"
 RETURN_FIELDS = {
-    FIXED_V4: ("ipv4addr", "network_view", "extattrs"),
-    FIXED_V6: ("ipv6addr", "network_view", "extattrs"),
-    HOST: ("name", "view", "ipv4addrs", "ipv6addrs", "extattrs"),
+    FIXED_V4: ("ipv4addr", "network_view", "extattrs", "comment"),
+    FIXED_V6: ("ipv6addr", "network_view", "extattrs", "comment"),
+    HOST: ("name", "view", "ipv4addrs", "ipv6addrs", "extattrs", "comment"),
 }
 
 
@@ -44,10 +44,16 @@ class GridObject:
     address: str
     extattrs: Mapping[str, str]
     name: str | None = None
+    comment: str = ""
 
     @property
     def claim_uid(self) -> str | None:
         return self.extattrs.get(EA_CLAIM_UID)
+
+    @property
+    def requested(self) -> bool:
+        """Whether the object was made for a requested address (its keep-if-alone check may not have run)."""
+        return self.comment.startswith(REQUESTED_COMMENT)
 
 
 def object_type(pool: Pool) -> str:
@@ -98,9 +104,9 @@ class Marks:
     identity: str
 
 
-def claim_marks(pool: Pool, claim: ClaimContext) -> Marks:
+def claim_marks(pool: Pool, claim: ClaimContext, *, requested: bool = False) -> Marks:
     """The marks of an object held for `claim`: the ownership attributes and the pool's own."""
-    return Marks(ownership_extattrs(pool, claim), claim_comment(claim), claim.uid)
+    return Marks(ownership_extattrs(pool, claim), claim_comment(claim, requested=requested), claim.uid)
 
 
 def gateway_marks(pool: Pool) -> Marks:
@@ -138,8 +144,13 @@ def host_payload(pool: Pool, address: str, fqdn: str, dns_view: str, marks: Mark
     }
 
 
-def claim_comment(claim: ClaimContext) -> str:
-    return f"Cluster API IPAddressClaim {claim.namespace}/{claim.name}"[:256]
+REQUESTED_COMMENT = "Cluster API IPAddressClaim, requested address: "
+
+
+def claim_comment(claim: ClaimContext, *, requested: bool = False) -> str:
+    """The object's comment; an object made for a requested address says so (`GridObject.requested`)."""
+    lead = REQUESTED_COMMENT if requested else "Cluster API IPAddressClaim "
+    return f"{lead}{claim.namespace}/{claim.name}"[:256]
 
 
 def duid_for(identity: str) -> str:
@@ -172,8 +183,15 @@ def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
         str(name): str(entry.get("value")) if isinstance(entry, Mapping) else str(entry)
         for name, entry in (extattrs.items() if isinstance(extattrs, Mapping) else ())
     }
-    name = raw.get("name")
-    return GridObject(ref, obj_type, address, eas, str(name) if isinstance(name, str) else None)
+    name, comment = raw.get("name"), raw.get("comment")
+    return GridObject(
+        ref,
+        obj_type,
+        address,
+        eas,
+        str(name) if isinstance(name, str) else None,
+        comment if isinstance(comment, str) else "",
+    )
 
 
 def _list(value: Any) -> list[Any]:

@@ -6,7 +6,9 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   address, nor the IPv6 subnet-router anycast address) or ranges, and not that subnet's or range's gateway. Else
   the claim fails with `requested_address_outside` and no request is sent.
 - The fixed addresses and host records at that address in the pool's network view are searched (two GETs). One the
-  claim owns (CAPI-Claim-UID: made by an earlier attempt that crashed or lost its reply) is adopted. Any other
+  claim owns (CAPI-Claim-UID: made by an earlier attempt that crashed or lost its reply) is adopted; one of ours that
+  records this claim's namespace, name and pool under another UID (a restore or `clusterctl move`) is re-keyed to
+  the claim (the take-over path's guard) and adopted. Any other
   makes the claim fail with `requested_address_held`, naming the claim its extensible attributes record, or the
   object's type and reference when it was not made by this provider.
 - Else the object is posted with the literal address. NIOS refuses a second fixed address at one address in a
@@ -15,22 +17,24 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   every object made or adopted here is checked after the fact: the address is searched again, and an object that
   is not alone there at its last search is deleted and the claim fails as held. Two claims racing for one address
   therefore never both keep it: of two kept objects, the one searched last would have seen the other, which was
-  committed before its POST returned. So that a race usually has a winner, the racer whose reference sorts first
-  waits a moment for the others (which give way at once) and searches again; if they are still there, it gives
-  way too, and the claims' next attempts, spread by the retry backoff, settle it.
+  committed before its POST returned. So that a race has a winner, the racer whose reference sorts first waits for
+  the others (which give way at once) for up to the instance's request timeout, searching again; if they are still
+  there, it gives way too. A claim that gave way to a racer asks again after a short random delay (1-3 s), so
+  racers that all gave way drift apart instead of racing again in step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 from typing import TYPE_CHECKING
 
 import structlog
 
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
-from backends.infoblox.ownership import same
+from backends.infoblox.ownership import same, take_over
 from backends.infoblox.payloads import FIXED_V4, FIXED_V6, HOST, RETURN_FIELDS, GridObject, parse_object
 from backends.infoblox.spec import EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool, Target
 from ipam_provider.backend.contract import (
@@ -46,8 +50,8 @@ if TYPE_CHECKING:
     from backends.infoblox.allocator import Allocating, Allocator
 
 log = structlog.get_logger(__name__)
-CONTENDED_SEARCHES = 4  # searches of a contended address by the object that may keep it
-CONTENDED_WAIT_SECONDS = 0.5  # between those searches
+CONTENDED_WAIT_SECONDS = 0.5  # between searches of a contended address by the object that may keep it
+RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 async def allocate_requested(allocator: Allocator, job: Allocating, address: str) -> Allocation:
@@ -64,11 +68,14 @@ async def allocate_requested(allocator: Allocator, job: Allocating, address: str
             log.info("claim's other object deleted", claim=str(claim), pool=str(pool.ref), ref=other.ref)
     state.by_claim.pop(claim.uid, None)
     others = [o for o in found if o.claim_uid != claim.uid]
+    if kept is None and any(earlier_self(o, pool, claim) for o in others):  # a restore or a move: re-keyed, checked
+        kept = await take_over(connection, pool, claim, view, address)
     if kept is None and others:
         raise held(address, pool, others[0])
     if kept is None:
         try:
-            kept = await allocator.create_object(job, address, await allocator.hostname_for(pool, connection, claim))
+            hostname = await allocator.hostname_for(pool, connection, claim)
+            kept = await allocator.create_object(job, address, hostname, for_request=True)
         except WapiError as error:
             if error.problem is Problem.CONFLICT:  # another fixed address got there first?
                 found = await holders(connection, pool, view, address)
@@ -146,8 +153,15 @@ def _holds(obj_type: str, raw: Object, address: str) -> bool:
     return any(same(str(e.get("ipv4addr") or e.get("ipv6addr") or ""), address) for e in entries)
 
 
-def held(address: str, pool: Pool, holder: GridObject) -> AllocationFailedError:
-    return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)))
+def earlier_self(obj: GridObject, pool: Pool, claim: ClaimContext) -> bool:
+    """Whether `obj` is this claim's object under an earlier UID (its namespace, name and pool recorded)."""
+    marks = obj.extattrs
+    recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
+    return bool(obj.claim_uid) and obj.claim_uid != claim.uid and recorded == (claim.namespace, claim.name, pool.label)
+
+
+def held(address: str, pool: Pool, holder: GridObject, retry_after: float | None = None) -> AllocationFailedError:
+    return AllocationFailedError(requested_address_held(address, pool.ref, describe(holder)), retry_after=retry_after)
 
 
 async def keep_alone(
@@ -156,14 +170,20 @@ async def keep_alone(
     """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held).
 
     When only objects of this provider's other claims share the address (a race), the one whose reference sorts
-    first waits for the others to give way and searches again (up to CONTENDED_SEARCHES times); the others give way
-    at once. Safety rests on the last search alone: an object is kept only if it was alone there after its POST."""
-    for search in range(CONTENDED_SEARCHES):
-        others = [o for o in await holders(connection, pool, network_view, address) if o.ref != kept.ref]
+    first searches again every CONTENDED_WAIT_SECONDS, for up to the instance's request timeout (long enough for
+    the others' POST replies to arrive), while the others give way at once. A racer that gives way fails with a
+    short random retry (RACE_RETRY_SECONDS), so that racers that all gave way do not race again in step. Safety
+    rests on the last search alone: an object is kept only if it was alone there after its POST."""
+    deadline = asyncio.get_running_loop().time() + float(connection.spec.request_timeout_seconds)
+    while True:
+        found = await holders(connection, pool, network_view, address)
+        await drop_duplicates(connection, claim, kept, found)
+        others = [o for o in found if o.ref != kept.ref and o.claim_uid != claim.uid]
         if not others:
             return
-        first = all(o.claim_uid for o in others) and kept.ref < min(o.ref for o in others)
-        if not first or search + 1 == CONTENDED_SEARCHES:
+        race = all(o.claim_uid for o in others)
+        first = race and kept.ref < min(o.ref for o in others)
+        if not first or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(CONTENDED_WAIT_SECONDS)
     await connection.client.delete(kept.ref)
@@ -175,4 +195,25 @@ async def keep_alone(
         ref=kept.ref,
         other=others[0].ref,
     )
-    raise held(address, pool, others[0])
+    raise held(address, pool, others[0], race_retry_seconds() if race else None)
+
+
+async def drop_duplicates(
+    connection: Connection, claim: ClaimContext, kept: GridObject, found: list[GridObject]
+) -> None:
+    """Another object of this claim beside `kept` (another attempt for the same claim): the one whose reference sorts
+    later goes. When that is `kept`, it is deleted and the claim asks again soon (and adopts the other)."""
+    twins = [o for o in found if o.claim_uid == claim.uid and o.ref != kept.ref]
+    for twin in twins:
+        if twin.ref > kept.ref:
+            await connection.client.delete(twin.ref)
+    if any(twin.ref < kept.ref for twin in twins):
+        await connection.client.delete(kept.ref)
+        raise AllocationFailedError(
+            f"claim {claim} holds another object at {kept.address}; asking again", retry_after=1.0
+        )
+
+
+def race_retry_seconds() -> float:
+    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
+    return random.uniform(*RACE_RETRY_SECONDS)

@@ -168,6 +168,19 @@ class Allocator:
             return None
         keep = min(found, key=lambda o: int(o["id"]))
         await self._delete_extra(client, pool.ref, claim, found, keep)
+        source = resolved.source_of(host_of(keep))
+        checkable = source is not None and vrf_id_of(keep) == source.vrf_id
+        if is_requested(keep) and source is not None and checkable:  # its check may never have run (a crash)
+            from backends.netbox.requested import keep_if_alone  # the requested path builds on this module
+
+            try:
+                await keep_if_alone(client, pool, claim, host_of(keep), source, keep)
+            except AllocationFailedError as error:
+                raise AllocationFailedError(
+                    f"NetBox IP address #{keep['id']}, made for claim {claim} at a requested address, shares that "
+                    f"address ({error.message}); it was deleted, and an address is asked again",
+                    retry_after=self.unknown_retry_seconds,
+                ) from error
         log.info(
             "address found by claim UID",
             claim=str(claim),
@@ -338,6 +351,27 @@ def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
     if OWNER_TAG not in slugs or not uid:
         return False
     return claim_uid is None or uid == claim_uid
+
+
+def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
+    """The id of a NetBox IP address's VRF (None: the global table)."""
+    vrf = obj.get("vrf")
+    if isinstance(vrf, Mapping):
+        return int(vrf["id"]) if vrf.get("id") is not None else None
+    return int(vrf) if isinstance(vrf, int) else None
+
+
+REQUESTED_MARK = " [requested address]"
+
+
+def requested_description(description: str) -> str:
+    """The description of an address made for a requested address: it ends with REQUESTED_MARK."""
+    return description[: 200 - len(REQUESTED_MARK)] + REQUESTED_MARK
+
+
+def is_requested(obj: Mapping[str, Any]) -> bool:
+    """Whether a NetBox IP address was made for a requested address (its keep-if-alone check may not have run)."""
+    return str(obj.get("description") or "").endswith(REQUESTED_MARK)
 
 
 def claim_ref_of(obj: Mapping[str, Any]) -> str | None:

@@ -3,10 +3,13 @@
 Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
 - The address must be one NetBox could hand out from one of the pool's sources: inside a prefix or ip-range of the
   pool, not the source's gateway, not a prefix's network (or IPv4 broadcast) address, not in an ip-range marked
-  populated. Otherwise the claim fails with `requested_address_outside` and nothing is written.
-- The claim's own addresses are looked up by UID first (one GET): one at the requested address (made by an earlier
-  attempt that crashed or lost its answer) is adopted; any other is deleted (it was never handed out: no IPAddress
-  names the claim).
+  populated (a range source itself, or a range inside a prefix source: one more GET). Otherwise the claim fails
+  with `requested_address_outside` and nothing is written.
+- The claim's own addresses are looked up by UID first (one GET): one at the requested address in the source's VRF
+  (made by an earlier attempt that crashed or lost its answer) is adopted; any other (also one at that address in
+  another VRF) is deleted (it was never handed out: no IPAddress names the claim).
+- An address of ours there that records this claim's namespace/name under another UID (a restore or a
+  `clusterctl move` gave the claim a new UID) is re-keyed to the claim and then checked like one made here.
 - Anything else at that address in the source's VRF (another claim's address, or one made by hand) makes the claim
   fail with `requested_address_held`, naming the holder. Else the address is created with `POST ip-addresses`.
 - NetBox does not stop two clients from creating one address at the same time, so every address made or adopted
@@ -14,21 +17,33 @@ Contract (only for a claim without an IPAddress; a fulfilled claim keeps its add
   alone there at its last listing; else it is deleted and the claim fails with `requested_address_held`. Two kept
   objects are impossible: the one listed last would have seen the other, committed before its POST answered and
   never deleted. Commit order need not follow id order, so ids decide only who waits: when nothing but addresses
-  of this provider's other claims share the address, the oldest (lowest id) lists again a few times while the
-  others give way at once, so a race between claims has a winner, whichever processes they run in.
+  of this provider's other claims share the address, the oldest (lowest id) lists again for up to the client's
+  read timeout while the others give way at once, so a race between claims has a winner, whichever processes they
+  run in. A claim that gave way to a racer asks again after a short random delay (1-3 s), never in step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from backends.netbox import calls
-from backends.netbox.allocator import Allocator, address_body, allocation_of, claim_ref_of, host_of, is_ours
+from backends.netbox.allocator import (
+    Allocator,
+    address_body,
+    allocation_of,
+    claim_ref,
+    claim_ref_of,
+    host_of,
+    is_ours,
+    requested_description,
+    vrf_id_of,
+)
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.resolver import Resolved, Source
 from backends.netbox.spec import CLAIM_UID_FIELD, Pool
@@ -42,8 +57,8 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
-CONTENDED_LISTINGS = 5  # listings of a contended address by the oldest object's creator
-CONTENDED_WAIT_SECONDS = 0.5  # between those listings
+CONTENDED_WAIT_SECONDS = 0.5  # between listings of a contended address by the oldest object's creator
+RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
@@ -81,24 +96,49 @@ async def allocate_requested(
     source, why = source_for(resolved, address)
     if source is None:
         raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+    if source.type == "prefix":
+        populated = await _populated_range(client, address, source)
+        if populated:
+            why = f"in ip-range {populated} of {source.display}, marked populated: NetBox hands out none of it"
+            raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
     found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
     mine = [o for o in found if is_ours(o, claim.uid)]
-    kept = min((o for o in mine if host_of(o) == address), key=lambda o: int(o["id"]), default=None)
+    here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
+    kept = min(here, key=lambda o: int(o["id"]), default=None)
     for other in mine:
         if kept is None or other["id"] != kept["id"]:
             await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
             log.info("claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"])
     if kept is None:
         holders = await _holders(client, address, source)
-        if holders:
+        earlier = next((o for o in holders if is_ours(o) and claim_ref_of(o) == claim_ref(claim)), None)
+        if earlier is not None:  # this claim's, under its UID before a restore or a move: re-keyed, then checked
+            await allocator._rekey(client, pool, claim, earlier)
+            kept = earlier
+        elif holders:
             raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
-        kept = await _create(allocator, client, pool, resolved, claim, address, source)
-    await _keep_if_alone(client, pool, claim, address, source, kept)
+        else:
+            kept = await _create(allocator, client, pool, resolved, claim, address, source)
+    await keep_if_alone(client, pool, claim, address, source, kept)
     allocator.state(pool.ref).uncertain.pop(claim.uid, None)
     allocation = allocation_of(resolved, kept, claim.uid, source)
     allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
     log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
     return allocation
+
+
+async def _populated_range(client: NetboxClient, address: str, source: Source) -> str | None:
+    """The ip-range marked populated that holds `address` in the source's VRF ("start-end"), if any: NetBox's
+    available-ips of a prefix skips those addresses, so they are not the pool's to hand out."""
+    # Not `contains=`: NetBox compares it with the ranges' masks too, so a bare address misses its range.
+    filters = {"mark_populated": "true", "vrf_id": source.vrf_id if source.vrf_id is not None else "null"}
+    found = await client.call(f"look up ip-ranges at {address}", calls.find("ipam", "ip_ranges", filters, brief=False))
+    value = int(ipaddress.ip_address(address))
+    for obj in found:
+        first, last = (ipaddress.ip_interface(str(obj[key])).ip for key in ("start_address", "end_address"))
+        if obj.get("mark_populated") and int(first) <= value <= int(last) and first.version == last.version:
+            return f"{first}-{last}"
+    return None
 
 
 async def _holders(client: NetboxClient, address: str, source: Source) -> list[Object]:
@@ -118,6 +158,7 @@ async def _create(
 ) -> Object:
     """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
     body = {**address_body(pool, resolved, claim), "address": f"{address}/{source.mask}", "vrf": source.vrf_id}
+    body["description"] = requested_description(str(body["description"]))
     try:
         created: Object = await client.call(
             f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
@@ -151,26 +192,31 @@ def _pick(holders: Sequence[Object], uid: str) -> Object | None:
     return next((o for o in holders if is_ours(o, uid)), None)
 
 
-async def _keep_if_alone(
+async def keep_if_alone(
     client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, source: Source, kept: Object
 ) -> None:
     """Keep `kept` only if nothing else holds the address at the last listing; else delete it and fail (held).
 
-    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again, up to
-    CONTENDED_LISTINGS times, while the others give way at once. Safety rests on the last listing alone."""
-    others: list[Object] = []
-    for listing in range(CONTENDED_LISTINGS):
+    When only addresses of this provider's other claims share it (a race), the oldest (lowest id) lists again every
+    CONTENDED_WAIT_SECONDS for up to the client's read timeout (long enough for the others' POST replies to arrive),
+    while the others give way at once. A claim that gives way to a racer fails with a short random retry
+    (RACE_RETRY_SECONDS), so that racers that all gave way do not race again in step. Safety rests on the last
+    listing alone."""
+    deadline = asyncio.get_running_loop().time() + client.settings.read_timeout
+    while True:
         holders = await _holders(client, address, source)
         if not any(o["id"] == kept["id"] for o in holders):
             raise AllocationFailedError(
                 f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",
                 retry_after=1.0,
             )
-        others = [o for o in holders if o["id"] != kept["id"]]
+        await _drop_duplicates(client, claim, kept, holders)
+        others = [o for o in holders if o["id"] != kept["id"] and not is_ours(o, claim.uid)]
         if not others:
             return
-        oldest = all(is_ours(o) for o in others) and int(kept["id"]) < int(others[0]["id"])
-        if not oldest or listing + 1 == CONTENDED_LISTINGS:
+        race = all(_racer(o) for o in others)
+        oldest = race and int(kept["id"]) < int(others[0]["id"])
+        if not oldest or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(CONTENDED_WAIT_SECONDS)
     await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
@@ -182,4 +228,33 @@ async def _keep_if_alone(
         id=kept["id"],
         other=others[0]["id"],
     )
-    raise AllocationFailedError(requested_address_held(address, pool.ref, describe(others[0])))
+    raise AllocationFailedError(
+        requested_address_held(address, pool.ref, describe(others[0])),
+        retry_after=race_retry_seconds() if race else None,
+    )
+
+
+async def _drop_duplicates(client: NetboxClient, claim: ClaimContext, kept: Object, holders: Sequence[Object]) -> None:
+    """Another address of this claim beside `kept` (another attempt for the same claim): the younger one goes. When
+    that is `kept`, it is deleted and the claim asks again soon (its next attempt adopts the older one)."""
+    twins = [o for o in holders if is_ours(o, claim.uid) and o["id"] != kept["id"]]
+    for twin in twins:
+        if int(twin["id"]) > int(kept["id"]):
+            await client.call(f"delete address #{twin['id']}", calls.delete_address(int(twin["id"])))
+    if any(int(twin["id"]) < int(kept["id"]) for twin in twins):
+        await client.call(f"delete address #{kept['id']}", calls.delete_address(int(kept["id"])))
+        raise AllocationFailedError(
+            f"claim {claim} holds an older NetBox IP address at {kept['address']}; #{kept['id']} deleted, asking again",
+            retry_after=1.0,
+        )
+
+
+def _racer(obj: Mapping[str, Any]) -> bool:
+    """Whether `obj` may be another claim's address of this provider: it carries a claim UID (a listing may show a
+    just-created address before its tags)."""
+    return is_ours(obj) or bool((obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD))
+
+
+def race_retry_seconds() -> float:
+    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
+    return random.uniform(*RACE_RETRY_SECONDS)

@@ -85,7 +85,8 @@ class ClaimContext:
 
     def requested_address(self) -> str | None:
         """The canonical text of the address the claim asks for with REQUESTED_ADDRESS_ANNOTATION, or None when it
-        asks for none (absent or blank). Raises AllocationFailedError when the annotation is not a plain IP address.
+        asks for none (absent or blank). Raises AllocationFailedError when the annotation is not a plain IP address,
+        or is an IPv4-mapped or IPv4-compatible IPv6 address (the message names the IPv4 address to write instead).
         """
         text = (self.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
         if not text:
@@ -99,7 +100,26 @@ class ClaimContext:
                 f"annotation {REQUESTED_ADDRESS_ANNOTATION} of claim {self} is {text!r}, which is not an IP address; "
                 "fix or remove it"
             )
+        embedded = _embedded_ipv4(parsed)
+        if embedded is not None:
+            raise AllocationFailedError(
+                f"annotation {REQUESTED_ADDRESS_ANNOTATION} of claim {self} is {text!r}, an IPv6 address carrying "
+                f"the IPv4 address {embedded} (IPv4-mapped or IPv4-compatible), which is not served; write the IPv4 "
+                f"address {embedded} instead"
+            )
         return str(parsed)
+
+
+def _embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d) IPv6 address.
+    Such addresses are written differently by different systems (Python, PostgreSQL), so lookups by text miss."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if int(address) >> 32 == 0 and int(address) > 1:  # ::/96 except :: and ::1
+        return ipaddress.IPv4Address(int(address))
+    return None
 
 
 def requested_address_held(address: str, pool: PoolRef | str, holder: str) -> str:

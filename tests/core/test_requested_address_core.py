@@ -4,7 +4,9 @@ IPAddress's changes nothing and is told once per change by a RequestedAddressIgn
 
 from __future__ import annotations
 
-from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
+import pytest
+
+from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION, AllocationFailedError, ClaimContext
 from ipam_provider.kube.resources import CLAIMS, EVENTS
 from ipam_provider.reconcile.requested import REASON_REQUESTED_ADDRESS_IGNORED
 from tests.core.test_claim_reconciler import ALLOCATED, fulfilled
@@ -70,3 +72,16 @@ async def test_a_changed_annotation_on_a_fulfilled_claim_changes_nothing_and_is_
     assert await world.claims.reconcile(NS, "m1") is None
     total = sum(e["count"] for e in await ignored_events(world))
     assert total == 3
+
+
+def test_an_ipv6_address_carrying_an_ipv4_address_is_refused_with_the_ipv4_address_to_write() -> None:
+    """::ffff:10.0.0.5 and ::10.0.0.5 are written differently by Python and by PostgreSQL, so a lookup by text would
+    miss their holders: they are refused, naming the IPv4 address to write instead. Other IPv6 addresses pass."""
+    for text in ("::ffff:10.0.0.5", "::FFFF:a00:5", "::10.0.0.5"):
+        asking = ClaimContext(NS, "m1", "uid-1", annotations={REQUESTED_ADDRESS_ANNOTATION: text})
+        with pytest.raises(AllocationFailedError) as failure:
+            asking.requested_address()
+        assert "write the IPv4 address 10.0.0.5 instead" in failure.value.message, text
+    for text, canonical in (("2001:db8::10.0.0.5", "2001:db8::a00:5"), ("::1", "::1"), ("fd00::ffff:a00:5", None)):
+        asking = ClaimContext(NS, "m1", "uid-1", annotations={REQUESTED_ADDRESS_ANNOTATION: text})
+        assert asking.requested_address() == (canonical or text)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.netbox import NetboxBackend
+from backends.netbox import NetboxBackend, requested
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -306,3 +306,117 @@ async def test_through_the_controller_free_taken_and_outside(
         assert [str(r.address) for r in holders(netbox, "10.80.0.42")] == ["10.80.0.42/24"]
         await delete_claim(kube, namespace, "free")
         assert holders(netbox, "10.80.0.42") == []
+
+
+async def test_crash_between_post_and_check_then_annotation_removed(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops after creating a requested address and before its keep-if-alone check, while an address
+    made by hand takes the same address (the VRF lets duplicates in); the claim's annotation is then removed. The
+    next process's normal path finds the claim's address by UID: it was made for a requested address (its
+    description says so), so it is checked, found shared, deleted, and the claim gets another address."""
+    vrf = netbox.api().ipam.vrfs.create(name=unique_name("crash"), enforce_unique=False)
+    netbox.create_prefix("10.83.0.0/24", vrf=vrf.id)
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "crash", [prefix("10.83.0.0/24", vrf=vrf.name)])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "crashed", "10.83.0.30")
+
+    async def crash(*_: Any) -> None:
+        raise RuntimeError("the process stops here")
+
+    crashing = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        monkeypatch.setattr(requested, "keep_if_alone", crash)
+        with pytest.raises(RuntimeError):
+            await crashing.allocate(ref, pool, claim)
+    finally:
+        await crashing.close()
+    monkeypatch.undo()
+    [made] = marked(netbox, claim.uid)
+    assert made.description.endswith(" [requested address]")
+    manual = netbox.api().ipam.ip_addresses.create(address="10.83.0.30/24", vrf=vrf.id, description="by hand")
+    plain = ClaimContext(namespace, claim.name, claim.uid)  # the annotation removed
+    restarted = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        with pytest.raises(AllocationFailedError) as failure:
+            await restarted.allocate(ref, pool, plain)
+        assert "it was deleted, and an address is asked again" in failure.value.message
+        assert failure.value.retry_after is not None
+        assert [r.id for r in holders(netbox, "10.83.0.30", vrf)] == [manual.id]
+        allocation = await restarted.allocate(ref, pool, plain)
+    finally:
+        await restarted.close()
+    assert allocation.address != "10.83.0.30"
+    assert [str(r.address).split("/")[0] for r in marked(netbox, claim.uid)] == [allocation.address]
+
+
+async def test_the_claims_own_address_in_another_vrf_is_a_stray(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """An earlier address of the claim at the requested IP but in another VRF than the pool's source is not adopted
+    (the check lists the source's VRF only, and would never see it): it is deleted, and the address is made in the
+    source's VRF."""
+    other_vrf = netbox.api().ipam.vrfs.create(name=unique_name("elsewhere"))
+    netbox.create_prefix("10.84.0.0/24")
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "global", [prefix("10.84.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "moved", "10.84.0.30")
+    elsewhere = netbox.api().ipam.ip_addresses.create(
+        address="10.84.0.30/24",
+        vrf=other_vrf.id,
+        tags=[{"slug": OWNER_TAG}],
+        custom_fields={CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: f"{namespace}/moved"},
+    )
+    allocation = await backend.allocate(ref, pool, claim)
+    assert allocation.address == "10.84.0.30"
+    assert netbox.api().ipam.ip_addresses.get(elsewhere.id) is None
+    [record] = marked(netbox, claim.uid)
+    assert record.vrf is None and record.id == int(allocation.annotations[ANNOTATION_IP_ID])
+
+
+async def test_an_address_in_a_populated_range_inside_a_prefix_is_outside(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """NetBox's available-ips of a prefix skips the addresses of an ip-range marked populated inside it, so such an
+    address is not the pool's to hand out; an address of the prefix beside the range is."""
+    netbox.create_prefix("10.85.0.0/24")
+    netbox.create_ip_range("10.85.0.10/24", "10.85.0.20/24", mark_populated=True)
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "populated", [prefix("10.85.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    claim = asking(namespace, "inside", "10.85.0.15")
+    with pytest.raises(AllocationFailedError) as failure:
+        await backend.allocate(ref, pool, claim)
+    assert f"requested address 10.85.0.15 is outside {ref}" in failure.value.message
+    assert "ip-range 10.85.0.10-10.85.0.20 of 10.85.0.0/24, marked populated" in failure.value.message
+    assert marked(netbox, claim.uid) == []
+    beside = await backend.allocate(ref, pool, asking(namespace, "beside", "10.85.0.25"))
+    assert beside.address == "10.85.0.25"
+
+
+async def test_after_a_restore_the_claims_earlier_address_is_rekeyed_not_held(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    """A restore (or `clusterctl move`) gives the claim a new UID before its IPAddress exists: its NetBox address at
+    the requested IP, recording the same namespace/name, is re-keyed and kept, not reported as held by itself."""
+    netbox.create_prefix("10.86.0.0/24")
+    await create_secret(kube, namespace, netbox)
+    pool = pool_of(namespace, "restore", [prefix("10.86.0.0/24")])
+    ref = PoolRef.from_object(pool)
+    before = asking(namespace, "restored", "10.86.0.44")
+    first = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        made = await first.allocate(ref, pool, before)
+    finally:
+        await first.close()
+    after = ClaimContext(namespace, "restored", str(uuid.uuid4()), annotations=before.annotations)
+    restarted = NetboxBackend(BackendContext(kube=kube), fast_settings())
+    try:
+        allocation = await restarted.allocate(ref, pool, after)
+    finally:
+        await restarted.close()
+    assert allocation.address == "10.86.0.44"
+    assert allocation.annotations[ANNOTATION_IP_ID] == made.annotations[ANNOTATION_IP_ID]
+    assert marked(netbox, before.uid) == [] and len(marked(netbox, after.uid)) == 1
