@@ -25,10 +25,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, pre_allocation_problems
-from backends.incluster.backend import parse_pool
+from backends.incluster.backend import _first_line, parse_pool
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.preallocations import claim_key
-from backends.validation import spec_error
 from ipam_provider.backend.contract import AddressInUse, PoolRef
 from ipam_provider.common import Object, normalized_address
 
@@ -45,7 +44,7 @@ def pool_change_problems(old: Object | None, new: Object | None, in_use: Sequenc
     try:
         _, allocatable = parse_pool(new)
     except (PoolSpecError, ValidationError, ValueError) as error:
-        return [f"the pool's spec is invalid: {_describe(error)}"]
+        return [f"the pool's spec is invalid: {_first_line(error)}"]
     problems = _pre_allocation_problems(new, allocatable, in_use)
     previous: AllocatableSet | None = None
     if old is not None:
@@ -135,9 +134,3 @@ def _family_value(text: str) -> tuple[int, int] | None:
         return version, address_to_int(text.split("/")[0], version)
     except ValueError:  # not an address, or a scoped IPv6 one: no pool holds it
         return None
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        return spec_error(error)
-    return str(error).splitlines()[0]

@@ -13,8 +13,8 @@ Contract:
   own accounting (its claims, their release, the sweeps of stray reservations and of deleted pools) sees only its
   own reservations.
 - A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
-  over (`expired_releases`), so that a pool which no longer allocates does not keep its released addresses from
-  the others. A pool's own releases expire by its current grace period (none: at once), except under
+  over (`PoolIndex.expired_releases`), so that a pool which no longer allocates does not keep its released
+  addresses from the others. A pool's own releases expire by its current grace period (none: at once), except under
   LeastRecentlyReleased, whose release records are never deleted for expiry: such a pool records no grace period
   on them, so the domain's other pools never delete them either (see `released`).
 - Before a domain pool's index serves its first allocation, the IPAddresses of every pool of the domain
@@ -31,10 +31,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
+from backends.incluster.intervals import IntervalSet, address_value, int_to_address
 from backends.incluster.orphans import pool_resource
-from backends.incluster.policy import AllocationStrategy
-from backends.incluster.reservations import Reservation, age_seconds, pool_hash
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.kube.client import KubeClient
@@ -73,38 +71,16 @@ async def domain_pools(
     return found
 
 
-def expired_releases(
-    released: Iterable[Reservation],
-    ref: PoolRef,
-    grace_seconds: int | None,
-    strategy: AllocationStrategy = AllocationStrategy.LOWEST_FREE,
-) -> list[Reservation]:
-    """The released reservations among `released` (those of a pool's index) whose reuse grace period is over: the
-    pool's own by `grace_seconds` (its current grace period; None: none), none of them under LeastRecentlyReleased
-    (`strategy`, the pool's); another pool's by the grace period recorded on it (never, when none is recorded: its
-    own pool deletes it, or keeps it as its reuse order). `PoolIndex.expired_releases` applies the same rule to an
-    index."""
-    own = pool_hash(ref)
-    expired = []
-    for reservation in released:
-        if reservation.pool_label == own and strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED:
-            continue
-        grace = (grace_seconds or 0) if reservation.pool_label == own else reservation.grace_seconds
-        if grace is not None and age_seconds(reservation.released_at or "") >= grace:
-            expired.append(reservation)
-    return expired
-
-
 def held_elsewhere(
     allocatable: IntervalSet, family: int, own: Sequence[str], others: Iterable[Sequence[Object] | None]
 ) -> frozenset[int]:
     """The pool's allocatable addresses that the IPAddresses of the domain's other pools (`others`, one sequence
     per pool; None where it is not known) hold, but not the pool's own IPAddresses (`own`, their addresses)."""
-    mine = {_value(address, family) for address in own}
+    mine = {address_value(address, family) for address in own}
     elsewhere: set[int] = set()
     for items in others:
         for item in items or ():
-            value = _value(str((item.get("spec") or {}).get("address", "")), family)
+            value = address_value(str((item.get("spec") or {}).get("address", "")), family)
             if value is not None and value in allocatable and value not in mine:
                 elsewhere.add(value)
     return frozenset(elsewhere)
@@ -114,10 +90,3 @@ def unheld_pinned(pinned: Collection[int], family: int, own: Sequence[str]) -> f
     """The pre-allocated addresses (`pinned`) that none of the pool's own IPAddresses (`own`) holds yet."""
     used = {normalized_address(address) for address in own}
     return frozenset(value for value in pinned if int_to_address(value, family) not in used)
-
-
-def _value(address: str, family: int) -> int | None:
-    try:
-        return address_to_int(address, family)
-    except ValueError:
-        return None

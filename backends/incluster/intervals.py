@@ -44,6 +44,14 @@ def address_to_int(address: str, family: int | None = None) -> int:
     return int(parsed)
 
 
+def address_value(text: str, family: int) -> int | None:
+    """`address_to_int(text, family)`, or None where that raises (not a plain IP of that family)."""
+    try:
+        return address_to_int(text, family)
+    except ValueError:
+        return None
+
+
 class IntervalSet:
     """An immutable set of integers, held as sorted, disjoint, non-adjacent closed intervals.
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.incluster.allocatable import AllocatableSet, pre_allocation_problems
-from backends.incluster.intervals import address_to_int, int_to_address
+from backends.incluster.intervals import address_value, int_to_address
 from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
@@ -59,7 +59,7 @@ class PreAllocations:
         texts = {key: text for key, text in entries.items() if isinstance(text, str)}
         pinned: dict[int, tuple[str, ...]] = {}
         for key, text in sorted(texts.items()):
-            value = _value(text, allocatable.family)
+            value = address_value(text, allocatable.family)
             if value is not None and value in allocatable.addresses:
                 pinned[value] = (*pinned.get(value, ()), key)
         problems = [
@@ -76,7 +76,7 @@ class PreAllocations:
         text = self.entries.get(key)
         if text is None:
             return None
-        value = _value(text, self.family) if isinstance(text, str) else None
+        value = address_value(text, self.family) if isinstance(text, str) else None
         if value is None or value not in self.pinned:
             own = [p for p in self.problems if p.startswith(f"preAllocations[{key}]")]
             detail = "; ".join(own) or f"preAllocations[{key}]: {text!r} is not usable"
@@ -103,7 +103,7 @@ class PreAllocations:
 
     def pins(self, reservation: Reservation) -> bool:
         """Whether the reservation's address is pre-allocated to the reservation's claim."""
-        value = _value(reservation.address, self.family)
+        value = address_value(reservation.address, self.family)
         return value is not None and self.held_by_named(value, reservation.claim)
 
     def named_claim(self, value: int) -> tuple[str, str] | None:
@@ -175,10 +175,3 @@ def _holders(ref: PoolRef, cached: Sequence[Object]) -> dict[str, str]:
             claim_name = (spec.get("claimRef") or {}).get("name") or meta["name"]
             holders[normalized_address(str(spec.get("address", "")))] = f"{meta.get('namespace', '')}/{claim_name}"
     return holders
-
-
-def _value(text: str, family: int) -> int | None:
-    try:
-        return address_to_int(text, family)
-    except ValueError:
-        return None

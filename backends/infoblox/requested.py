@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import random
 from typing import TYPE_CHECKING
 
 import structlog
 
+from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.ownership import same, take_over
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from backends.infoblox.allocator import Allocating, Allocator
 
 log = structlog.get_logger(__name__)
-CONTENDED_WAIT_SECONDS = 0.5  # between searches of a contended address by the object that may keep it
-RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 async def allocate_requested(allocator: Allocator, job: Allocating, address: str) -> Allocation:
@@ -212,8 +210,3 @@ async def drop_duplicates(
         raise AllocationFailedError(
             f"claim {claim} holds another object at {kept.address}; asking again", retry_after=1.0
         )
-
-
-def race_retry_seconds() -> float:
-    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
-    return random.uniform(*RACE_RETRY_SECONDS)

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
 from backends.netbox import calls
 from backends.netbox.allocator import (
     Allocator,
@@ -57,8 +57,6 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
-CONTENDED_WAIT_SECONDS = 0.5  # between listings of a contended address by the oldest object's creator
-RACE_RETRY_SECONDS = (1.0, 3.0)  # bounds of the random retry of a claim that gave way to a racer
 
 
 def source_for(resolved: Resolved, address: str) -> tuple[Source | None, str]:
@@ -215,7 +213,7 @@ async def keep_if_alone(
         if not others:
             return
         race = all(_racer(o) for o in others)
-        oldest = race and int(kept["id"]) < int(others[0]["id"])
+        oldest = race and int(kept["id"]) < min(int(o["id"]) for o in others)
         if not oldest or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(CONTENDED_WAIT_SECONDS)
@@ -253,8 +251,3 @@ def _racer(obj: Mapping[str, Any]) -> bool:
     """Whether `obj` may be another claim's address of this provider: it carries a claim UID (a listing may show a
     just-created address before its tags)."""
     return is_ours(obj) or bool((obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD))
-
-
-def race_retry_seconds() -> float:
-    """When a claim that gave way to a racer asks again: soon, at a random moment, so that racers drift apart."""
-    return random.uniform(*RACE_RETRY_SECONDS)

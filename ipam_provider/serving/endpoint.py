@@ -57,7 +57,7 @@ class MetricsEndpoint:
         self._runner = runner
         self.address = f"{host}:{port}"
         if self.certificate is not None and self.certificate.files.directory:
-            self._watcher = asyncio.create_task(_watch(self.certificate))
+            self._watcher = asyncio.create_task(watch_certificate(self.certificate))
 
     def log_serving(self) -> None:
         """One line saying where and how the metrics are served (a warning for the self-signed certificate, the
@@ -124,7 +124,8 @@ def _unauthorized(reason: str) -> web.Response:
     )
 
 
-async def _watch(certificate: ServingCertificate) -> None:
+async def watch_certificate(certificate: ServingCertificate) -> None:
+    """Look at the certificate files every CERT_CHECK_SECONDS, for ever (see `refresh_certificate`)."""
     while True:
         await asyncio.sleep(CERT_CHECK_SECONDS)
         refresh_certificate(certificate)

@@ -39,7 +39,7 @@ from ipam_provider.serving.admission import (
     webhook_path,
 )
 from ipam_provider.serving.certificates import ServingCertificate
-from ipam_provider.serving.endpoint import CERT_CHECK_SECONDS, refresh_certificate
+from ipam_provider.serving.endpoint import watch_certificate
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +89,7 @@ class WebhookServer:
         self.port = int(runner.addresses[0][1]) if runner.addresses else port  # the one bound, for port 0
         self.address = f"{host}:{self.port}"
         if self.certificate.files.directory:
-            self._watcher = asyncio.create_task(_watch(self.certificate))
+            self._watcher = asyncio.create_task(watch_certificate(self.certificate))
         report = log.warning if self.certificate.source == "self-signed" else log.info
         report("serving the admission webhook over HTTPS", address=self.address, certificate=self.certificate.source)
 
@@ -154,9 +154,3 @@ def _timeout(text: str | None) -> float:
         return go_duration(text)
     except (argparse.ArgumentTypeError, ValueError):
         return DEFAULT_TIMEOUT
-
-
-async def _watch(certificate: ServingCertificate) -> None:
-    while True:
-        await asyncio.sleep(CERT_CHECK_SECONDS)
-        refresh_certificate(certificate)

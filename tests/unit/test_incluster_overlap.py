@@ -8,7 +8,7 @@ import datetime
 from typing import Any
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.domains import expired_releases, held_elsewhere
+from backends.incluster.domains import held_elsewhere
 from backends.incluster.intervals import IntervalSet, address_to_int
 from backends.incluster.overlap import NAMED_IN_MESSAGE, Overlap, PoolSurvey, overlap_condition
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
@@ -99,17 +99,26 @@ def released(name: str, pool: str, ago: float, grace: int | None) -> Reservation
 
 
 def test_releases_expire_by_their_own_pools_grace_period() -> None:
+    def at(value: int, name: str, pool: str, age: int, grace: int | None) -> Reservation:
+        return dataclasses.replace(released(name, pool, age, grace), address=f"10.0.0.{value}")
+
     reservations = [
-        released("own-old", "a", 100, None),
-        released("own-new", "a", 5, None),
-        released("other-old", "b", 100, 60),
-        released("other-new", "b", 5, 60),
-        released("other-unknown", "b", 10_000, None),
+        at(1, "own-old", "a", 100, None),
+        at(2, "own-new", "a", 5, None),
+        at(3, "other-old", "b", 100, 60),
+        at(4, "other-new", "b", 5, 60),
+        at(5, "other-unknown", "b", 10_000, None),
     ]
-    assert [r.name for r in expired_releases(reservations, A, 30)] == ["own-old", "other-old"]
-    assert [r.name for r in expired_releases(reservations, A, None)] == ["own-old", "own-new", "other-old"]
+    allocatable = IntervalSet([(address_to_int("10.0.0.1"), address_to_int("10.0.0.6"))])
+
+    def expired(grace: int, policy: AllocationPolicy = AllocationPolicy()) -> list[str]:  # noqa: B008 - frozen
+        index = PoolIndex.build(allocatable, 4, reservations, None, policy=policy, own_label=pool_hash(A))
+        return sorted(r.name for r in index.expired_releases(grace))
+
+    assert expired(30) == ["other-old", "own-old"]
+    assert expired(0) == ["other-old", "own-new", "own-old"]
     # Under LeastRecentlyReleased the pool's own records are its reuse order: never deleted for expiry.
-    assert [r.name for r in expired_releases(reservations, A, 30, LRR)] == ["other-old"]
+    assert expired(30, AllocationPolicy(LRR)) == ["other-old"]
 
 
 def test_an_index_takes_over_only_its_own_pools_release_records() -> None:
