@@ -69,14 +69,9 @@ class MetricsEndpoint:
         report("serving the metrics over HTTPS", address=self.address, certificate=self.certificate.source)
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        watcher, runner = self._watcher, self._runner
+        self._watcher, self._runner = None, None
+        await stop_serving(watcher, runner)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.secure:
@@ -122,6 +117,16 @@ def _unauthorized(reason: str) -> web.Response:
     return web.Response(
         status=401, text=f"Unauthorized: {reason}\n", headers={"WWW-Authenticate": 'Bearer realm="metrics"'}
     )
+
+
+async def stop_serving(watcher: asyncio.Task[None] | None, runner: web.AppRunner | None) -> None:
+    """Stop an HTTPS server of this package: its certificate watch (when it has one), then its runner."""
+    if watcher is not None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    if runner is not None:
+        await runner.cleanup()
 
 
 async def watch_certificate(certificate: ServingCertificate) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import time
 
@@ -39,7 +38,7 @@ from ipam_provider.serving.admission import (
     webhook_path,
 )
 from ipam_provider.serving.certificates import ServingCertificate
-from ipam_provider.serving.endpoint import watch_certificate
+from ipam_provider.serving.endpoint import stop_serving, watch_certificate
 
 log = structlog.get_logger(__name__)
 
@@ -94,14 +93,9 @@ class WebhookServer:
         report("serving the admission webhook over HTTPS", address=self.address, certificate=self.certificate.source)
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        watcher, runner = self._watcher, self._runner
+        self._watcher, self._runner = None, None
+        await stop_serving(watcher, runner)
 
     async def _review(self, request: web.Request) -> web.Response:
         started = time.monotonic()
