@@ -19,6 +19,7 @@ from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendContext,
+    BackendError,
     ClaimContext,
     PoolNotReadyError,
     PoolRef,
@@ -245,7 +246,7 @@ async def _allocate_until_done(backend: NetboxBackend, pool: Any, claim: ClaimCo
     while True:
         try:
             return await backend.allocate(PoolRef.from_object(pool), pool, claim)
-        except AllocationFailedError as error:
+        except BackendError as error:  # retried as the reconciler retries: also a lookup past the 1 s deadline
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(error.retry_after or 0.5)
