@@ -67,6 +67,7 @@ class Controller:
         )
         self.claims = ClaimReconciler(self.context)
         self.pools = PoolReconciler(self.context)
+        self.context.repair_releases = settings.repair.enabled and not settings.repair.report_only
         scope = Scope(settings.namespaces, settings.watch_filter)
         self.repair = RepairLoop(self.context, scope, settings.repair, self.queue.busy)
         self.informers = self._informers()

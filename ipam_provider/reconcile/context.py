@@ -46,6 +46,7 @@ class ReconcileContext:
     # The repair loop's findings per pool (the AddressesRecorded condition), which the pool reconciler writes with
     # the conditions of its backend's report.
     repair_conditions: dict[PoolRef, ReportCondition] = field(default_factory=dict)
+    repair_releases: bool = True  # whether the repair loop releases leaks (for the messages that rely on it)
     _pool_locks: weakref.WeakValueDictionary[PoolRef, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
     _allocating: collections.Counter[PoolRef] = field(default_factory=collections.Counter)
 

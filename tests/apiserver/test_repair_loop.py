@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
@@ -178,3 +180,11 @@ async def test_the_repair_loop_releases_a_leak_and_restores_a_lost_record(
             return any(c["type"] == "AddressesRecorded" and c["status"] == "True" for c in conditions)
 
         await wait_for(recorded, timeout=30, message="the pool's AddressesRecorded=True condition")
+
+        pool_labels = {"backend": RecordingStaticBackend.name, "kind": STATIC_POOL.kind, "namespace": namespace}
+        pool_labels["name"] = "static"
+        assert REGISTRY.get_sample_value("ipam_provider_repair_releases_total", pool_labels) == 1
+        assert REGISTRY.get_sample_value("ipam_provider_repair_restored_total", pool_labels) == 1
+        assert REGISTRY.get_sample_value("ipam_provider_repair_duplicates", pool_labels) == 0
+        passes = {"backend": RecordingStaticBackend.name, "result": "ok"}
+        assert (REGISTRY.get_sample_value("ipam_provider_repair_passes_total", passes) or 0) >= 3
