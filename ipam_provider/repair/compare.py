@@ -8,7 +8,8 @@
   when its claim's namespace is not watched, and when it names no claim (its namespace cannot be known).
 - A live IPAddress (not being deleted) that names the pool is to be restored when no holding holds its address
   for its claim, its claim lives (not being deleted, not paused) with the uid of the IPAddress's owner reference
-  (when it has one), and the claim is one this controller serves.
+  (when it has one), and the claim is one this controller serves. (A claim whose Cluster is paused is left alone
+  too; `pool.py` asks the watch cache about Clusters.)
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import structlog
 from pydantic import ValidationError
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Backend, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Repairable, RestoreOutcome
@@ -88,17 +88,21 @@ class PoolRepairs:
     clock: Callable[[], float] = time.monotonic
     book: SuspectedLeaks = field(default_factory=SuspectedLeaks)
     findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
+    labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
 
     @property
     def releasing(self) -> bool:
         return not self.settings.report_only
 
     def forget_others(self, pools: set[PoolRef]) -> None:
-        """Forget what was found of every pool not in `pools` (gone, paused, or no longer served)."""
+        """Forget what was found of every pool not in `pools` (gone, paused, or no longer served), and remove its
+        repair series."""
         self.book.keep_only(pools)
         for ref in [ref for ref in self.findings if ref not in pools]:
             del self.findings[ref]
             self.ctx.repair_conditions.pop(ref, None)
+        for ref in [ref for ref in self.labels if ref not in pools]:
+            metrics.forget_pool(self.labels.pop(ref))
 
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
         """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
@@ -120,6 +124,7 @@ class PoolRepairs:
             await self._restore(target, item, previous, found)
         self._report(target, previous, found)
         self.findings[target.ref] = found
+        self.labels[target.ref] = target.labels
         metrics.record_pool(
             target.labels,
             suspected=self.book.count(target.ref),
@@ -209,6 +214,10 @@ class PoolRepairs:
         except ValidationError as error:
             log.warning("IPAddress or claim does not parse; not restored", address=item.name, error=str(error))
             return
+        if self._cluster_paused(claim):  # no allocation for a paused Cluster's claim, as on the claim's own path
+            if item.name in previous.duplicates:
+                found.duplicates[item.name] = previous.duplicates[item.name]
+            return
         async with self.ctx.backend_turn(target.backend, target.ref):
             answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
         text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
@@ -231,6 +240,15 @@ class PoolRepairs:
                 self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
         elif answer.outcome == RestoreOutcome.OUTSIDE:
             found.outside[allocation.address] = answer.detail or "not an address of the pool"
+
+    def _cluster_paused(self, claim: IPAddressClaim) -> bool:
+        """Whether the claim's Cluster, as the watch cache has it, is paused."""
+        name = claim.cluster_name
+        raw = self.ctx.caches.clusters.get(claim.metadata.namespace or "", name) if name else None
+        try:
+            return raw is not None and Cluster.model_validate(raw).paused
+        except ValidationError:
+            return False
 
     async def _unchanged(self, item: Unrecorded) -> bool:
         """Fresh GETs: the IPAddress and its claim are still as listed (neither gone, replaced nor deleting)."""

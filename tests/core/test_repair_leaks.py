@@ -4,6 +4,8 @@ claim is in the work queue, never while its claim is being allocated, and never 
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding
@@ -11,7 +13,7 @@ from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.live import Scope
-from tests.core.repair_world import make_repair_world, passes, sample
+from tests.core.repair_world import BACKEND, make_repair_world, passes, sample
 from tests.core.world import NS, address, claim
 
 RELEASES = "ipam_provider_repair_releases_total"
@@ -209,3 +211,21 @@ async def test_a_deleted_ipaddress_whose_claim_is_gone_loses_our_finalizer() -> 
     stored = rw.world.address("forced")
     assert stored is not None and stored["metadata"]["finalizers"] == ["example.com/other"]
     assert holding.handle in rw.backend.records, "its IPAddress still exists: the address stays held"
+
+
+async def test_a_pool_that_goes_loses_its_suspects_condition_and_series() -> None:
+    rw = make_repair_world(RepairSettings(interval=1.0, grace_period=0.0))
+    ghost = rw.ghost()
+    await rw.run_pass()
+    labels = {"backend": BACKEND, "kind": "FakeIPPool", "namespace": NS, "name": "net"}
+    assert REGISTRY.get_sample_value(SUSPECTED, labels) == 1
+    assert rw.ref in rw.world.ctx.repair_conditions
+
+    rw.world.kube._objects.clear()  # the pool (and everything else) is gone
+    rw.world.sync()
+    await rw.run_pass(advance=1.0)
+
+    assert REGISTRY.get_sample_value(SUSPECTED, labels) is None
+    assert rw.ref not in rw.world.ctx.repair_conditions
+    assert len(rw.loop.pools.book) == 0
+    assert ghost.handle in rw.backend.records, "a gone pool's holdings are the orphan sweep's, not the pool pass's"

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolRef
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.repair.live import Scope
 from tests.core.repair_world import RepairWorld, make_repair_world, sample
-from tests.core.world import NS, POOLS, Object, address, claim
+from tests.core.world import NS, POOLS, Object, address, claim, cluster
 
 RESTORED = "ipam_provider_repair_restored_total"
 DUPLICATES = "ipam_provider_repair_duplicates"
@@ -157,13 +157,17 @@ async def _answers_nothing(pool_ref: PoolRef, pool: Object, addresses: Sequence[
 
 
 async def test_claims_that_are_busy_paused_unserved_or_another_are_not_restored() -> None:
+    """Not restored: a claim in the work queue (until it leaves it), a paused claim, a claim of a paused Cluster, a
+    claim of another controller's watch filter, and an IPAddress owned by an older claim of the same name."""
     rw = make_repair_world(scope=Scope([NS], watch_filter="mine"))
     mine = {LABEL_WATCH_FILTER: "mine"}
     rw.world.add(CLAIMS, claim("busy", labels=mine))
     rw.world.add(CLAIMS, claim("paused", labels=mine, annotations={ANNOTATION_PAUSED: ""}))
     rw.world.add(CLAIMS, claim("unserved", labels={LABEL_WATCH_FILTER: "theirs"}))
     rw.world.add(CLAIMS, claim("replaced", labels=mine))
-    for number, name in enumerate(["busy", "paused", "unserved"]):
+    rw.world.add(CLUSTERS, cluster("c1", paused=True))
+    rw.world.add(CLAIMS, claim("cluster-paused", cluster="c1", labels=mine))
+    for number, name in enumerate(["busy", "paused", "unserved", "cluster-paused"]):
         rw.world.add(ADDRESSES, address(name, name, ip=f"10.0.0.{30 + number}"))
     owner = {"apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddressClaim", "name": "replaced"}
     rw.world.add(
