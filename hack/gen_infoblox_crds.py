@@ -273,7 +273,11 @@ def pool_schema() -> Schema:
                 "ranges are IPv4: they cannot join IPv6 subnets",
                 ".ranges",
             ),
-            ("self.mode != 'hostRecord' || has(self.hostRecord)", "mode hostRecord needs hostRecord.dnsZone", ".hostRecord"),
+            (
+                "self.mode != 'hostRecord' || has(self.hostRecord)",
+                "mode hostRecord needs hostRecord.dnsZone",
+                ".hostRecord",
+            ),
         ),
     }
     count = {"type": "integer", "format": "int64"}

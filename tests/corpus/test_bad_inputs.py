@@ -10,8 +10,9 @@ every bad input was applied: one bad object never stops the controller nor the o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from ipam_provider.backend.contract import BackendContext
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import CLAIMS, EVENTS, SECRETS, Resource
+from ipam_provider.kube.resources import CLAIMS, EVENTS, SECRETS
 from ipam_provider.reconcile.context import pool_resource
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, pool, wait_address
 from tests.webhook.test_admission import labelled, webhook
@@ -64,8 +65,8 @@ class Case:
     message: str
     documents: list[Object]
     by: str = ""
-    condition: dict[str, str] = field(default_factory=dict)
-    event: dict[str, str] = field(default_factory=dict)
+    condition: dict[str, str] = dataclasses.field(default_factory=dict)
+    event: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def target(self) -> Object:
@@ -85,9 +86,7 @@ def load_corpus(namespace: str) -> tuple[list[Object], list[Case]]:
         docs = documents((CORPUS / entry["file"]).read_text(), namespace)
         values = {k: str(v).replace("${NS}", namespace) for k, v in entry.items() if isinstance(v, str)}
         values.pop("go", None)
-        cases.append(
-            Case(**values, documents=docs, condition=entry.get("condition", {}), event=entry.get("event", {}))
-        )
+        cases.append(Case(**values, documents=docs, condition=entry.get("condition", {}), event=entry.get("event", {})))
     return support, cases
 
 
@@ -160,7 +159,7 @@ async def surfaced_problem(kube: KubeClient, case: Case, namespace: str, events:
 class Outcome:
     """The cases whose outcome is not the expected one, with what was seen."""
 
-    wrong: dict[str, str] = field(default_factory=dict)
+    wrong: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def report(self) -> str:
         return "\n".join(f"{file}: {problem}" for file, problem in sorted(self.wrong.items()))
