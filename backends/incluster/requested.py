@@ -85,9 +85,9 @@ def why_not_allocatable(spec: InClusterPoolSpec, allocatable: AllocatableSet, te
         return "it is the pool's gateway, spec.gateway"
     if not spec.allocate_reserved and value == allocatable.subnet_first:
         name = "network address" if family == 4 else "subnet-router anycast address"
-        return f"it is the subnet's {name}, reserved unless allocateReservedIPAddresses is true"
+        return f"it is the subnet's {name}, reserved unless spec.allocateReservedIPAddresses is true"
     if not spec.allocate_reserved and family == 4 and value == allocatable.subnet_last:
-        return "it is the subnet's broadcast address, reserved unless allocateReservedIPAddresses is true"
+        return "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"
     return "it is in spec.excludedAddresses"
 
 

@@ -104,10 +104,10 @@ def test_global_pools_name_claims_as_namespace_slash_name() -> None:
     [
         ("10.0.0.5", None),
         ("10.0.1.5", "it is not in spec.addresses"),
-        ("fd00::5", "it is not an IPv4 address"),
-        ("10.0.0.1", "it is the pool's gateway"),
-        ("10.0.0.0", "it is the subnet's network address, reserved unless allocateReservedIPAddresses is true"),
-        ("10.0.0.15", "it is the subnet's broadcast address, reserved unless allocateReservedIPAddresses is true"),
+        ("fd00::5", "it is not an IPv4 address, as spec.addresses are"),
+        ("10.0.0.1", "it is the pool's gateway, spec.gateway"),
+        ("10.0.0.0", "it is the subnet's network address, reserved unless spec.allocateReservedIPAddresses is true"),
+        ("10.0.0.15", "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"),
         ("10.0.0.12", "it is in spec.excludedAddresses"),
     ],
 )
