@@ -234,13 +234,8 @@ class FaultingPacer(CountingPacer):
         await super().wait()
         if self.waits != self.at:
             return
-        faults, selected = self.grid.sim.faults, {"methods": "GET", "object_types": "fixedaddress"}
-        if self.fault == "503":
-            faults.fail_next(self.count, **selected)
-        elif self.fault == "dropped":
-            faults.drop_next(self.count, **selected)
-        else:
-            faults.drop_reply_after_commit(self.count, **selected)
+        kinds = {"503": "status", "dropped": "drop", "drop_after_commit": "drop_after_commit"}
+        self.grid.sim.faults.add(kinds[self.fault], count=self.count, methods="GET", object_types="fixedaddress")
 
 
 @pytest.mark.parametrize("fault", ["503", "dropped", "drop_after_commit"])
