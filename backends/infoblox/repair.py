@@ -158,8 +158,6 @@ class GridRepair:
             if error.problem is not Problem.CONFLICT:
                 raise
             return await self._after_losing(pool, connection, claim, address, error.detail)
-        except AllocationFailedError as error:  # a host record of that name, which the claim does not own
-            raise BackendError(error.message) from error
         if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
             return Restore(RestoreOutcome.TAKEN, f"claim {claim}'s host record {kept.ref} holds {kept.address}")
         return await self._check_alone(pool, connection, claim, address, kept, "recorded again")
