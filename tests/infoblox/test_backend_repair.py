@@ -6,6 +6,7 @@ grid failure during listing raises BackendError instead of answering a partial l
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -126,6 +127,21 @@ async def test_an_object_deleted_behind_our_back_is_restored(
     assert grid.objects_of(claim.uid) == []
 
 
+async def test_ipv6_holdings_are_listed_and_restored(backend: InfobloxBackend, namespace: str, grid: Grid) -> None:
+    grid.sim.state.add_network("fd00:10::/64")
+    ref, pool = await pool_of(grid, "six", subnets=[{"cidr": "fd00:10::/64"}])
+    claim = claim_of(namespace, "six")
+    allocation = await backend.allocate(ref, pool, claim)
+    (obj,) = grid.objects_of(claim.uid, "ipv6fixedaddress")
+    assert [h.handle for h in (await holdings(backend, ref, pool)).values()] == [obj["_ref"]]
+    grid.sim.state.delete(obj["_ref"])
+    assert (await backend.restore(ref, pool, claim, allocation)).outcome is RestoreOutcome.RECORDED
+    (again,) = grid.objects_of(claim.uid, "ipv6fixedaddress")
+    assert again["ipv6addr"] == allocation.address
+    four = Allocation("10.10.0.9", 24, None)
+    assert (await backend.restore(ref, pool, claim, four)).outcome is RestoreOutcome.OUTSIDE
+
+
 async def test_a_lost_reply_while_restoring_makes_one_object(
     backend: InfobloxBackend, namespace: str, grid: Grid
 ) -> None:
@@ -163,7 +179,9 @@ async def test_an_address_taken_by_another_object_is_reported_and_never_handed_o
     allocation = await backend.allocate(ref, pool, claim)
     grid.sim.state.delete(grid.objects_of(claim.uid)[0]["_ref"])
     foreign = grid.sim.state.add_fixed_address(allocation.address, comment="a machine outside Kubernetes")
+    grid.sim.request_log.reset()
     restored = await backend.restore(ref, pool, claim, allocation)
+    assert grid.sim.request_log.count("POST") == 0, "the holder is found by the search, before any POST"
     assert restored.outcome is RestoreOutcome.TAKEN
     assert restored.detail == f"a fixedaddress not managed by this provider ({foreign})"
     assert grid.objects_of(claim.uid) == [] and grid.sim.state.get(foreign) is not None
@@ -176,6 +194,34 @@ async def test_an_address_taken_by_another_object_is_reported_and_never_handed_o
     restored = await backend.restore(ref, pool, claim, allocation)
     assert restored.outcome is RestoreOutcome.TAKEN and restored.detail.startswith(f"claim {namespace}/other (")
     assert grid.objects_of(claim.uid) == []
+
+
+@pytest.mark.parametrize("mode", ["fixedAddress", "hostRecord"])
+async def test_two_claims_restored_at_one_address_never_both_hold_it(
+    backend: InfobloxBackend, namespace: str, grid: Grid, mode: str
+) -> None:
+    """Two IPAddresses name one address (a duplicate in the cluster) and the grid holds neither: both restores search,
+    find it free and POST (the simulator holds each POST, so that in practice both searched first). NIOS refuses the
+    second fixed address; two host records may share an address, and the check after the POST keeps only one. The
+    assertions hold in any interleaving: one claim holds the address, the other is told who does."""
+    spec: dict[str, Any] = {"subnets": [{"cidr": "10.10.0.0/24"}], "mode": mode}
+    obj_type = "fixedaddress"
+    if mode == "hostRecord":
+        grid.sim.state.add_zone("nodes.example.com")
+        spec["hostRecord"] = {"dnsZone": "nodes.example.com", "hostnameSource": "claimName"}
+        obj_type = "record:host"
+    ref, pool = await pool_of(grid, "twice", **spec)
+    await backend.allocate(ref, pool, claim_of(namespace, "warm-up"))
+    first, second = claim_of(namespace, "first"), claim_of(namespace, "second")
+    both = Allocation("10.10.0.40", 24, None)
+    grid.sim.faults.add_latency(1.0, count=2, methods="POST", object_types=obj_type)
+    answers = await asyncio.gather(*(backend.restore(ref, pool, c, both) for c in (first, second)))
+    outcomes = sorted(a.outcome for a in answers)
+    assert outcomes == [RestoreOutcome.RECORDED, RestoreOutcome.TAKEN], answers
+    winner, loser = (first, second) if answers[0].outcome is RestoreOutcome.RECORDED else (second, first)
+    taken = answers[1] if winner is first else answers[0]
+    assert taken.detail.startswith(f"claim {namespace}/{winner.name} (")
+    assert len(grid.objects_of(winner.uid, obj_type)) == 1 and grid.objects_of(loser.uid, obj_type) == []
 
 
 async def test_a_moved_claim_takes_its_object_over(backend: InfobloxBackend, namespace: str, grid: Grid) -> None:
