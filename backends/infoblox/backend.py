@@ -131,17 +131,15 @@ class InfobloxBackend:
         if instance is None:
             raise ReleaseImpossibleError(
                 f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
-                f"unknown; the repair loop releases its objects if the pool is created again, else delete the grid "
-                f"objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+                f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
             )
         try:
             connection = await self.connections.connect(instance)
         except InstanceProblem as problem:
             if problem.reason == "InstanceNotFound":
                 raise ReleaseImpossibleError(
-                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; the "
-                    f"repair loop releases it if the instance is created again and the pool still uses it, else delete "
-                    f"the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; its "
+                    f"grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
                 ) from problem
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
         refused = self.grid.refused(connection)
