@@ -14,6 +14,7 @@ from aiohttp import web
 
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
+from ipam_provider.cluster_identity import ClusterIdentityError, cluster_identity
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
@@ -160,6 +161,9 @@ async def run(options: RunOptions) -> int:
         return 1
     try:
         return await _run_controller(options, endpoints)
+    except ClusterIdentityError as error:
+        log.error(str(error))
+        return 1
     finally:
         await endpoints.close()
 
@@ -167,8 +171,15 @@ async def run(options: RunOptions) -> int:
 async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     kube = await KubeClient.from_kubeconfig(options.kubeconfig)
     endpoints.use_api(kube)
+    try:
+        identity = await cluster_identity(kube, options.cluster_identity)
+    except BaseException:
+        await kube.close()
+        raise
     view = CacheView()
-    context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
+    context = BackendContext(
+        kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity
+    )
     registry = load_registry(context, options.backends)
     settings = ControllerSettings(
         namespaces=options.namespaces,

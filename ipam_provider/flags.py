@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="sets --workers unless --workers or --ipaddressclaim-concurrency is given",
     )
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
+    run.add_argument(
+        "--cluster-identity",
+        default="",
+        metavar="TEXT",
+        help="names this management cluster on the NetBox and Infoblox objects it makes, so that clusters sharing "
+        "one IPAM never release each other's (default: the uid of the kube-system Namespace; set it when that "
+        "cannot be read; docs/repair.md)",
+    )
 
     _add_leader_election_flags(run)
     add_repair_flags(run)
@@ -239,6 +247,7 @@ class RunOptions:
     not_acted_on: tuple[str, ...]
     library_log_level: str = "warning"  # the HTTP and client libraries' stdlib loggers (see logconfig.py)
     repair: RepairSettings = field(default_factory=RepairSettings)
+    cluster_identity: str = ""  # --cluster-identity ("": the kube-system Namespace's uid, read at start)
 
     @property
     def metrics_bind(self) -> tuple[str, int] | None:
@@ -278,6 +287,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         not_acted_on=tuple(ignored),
         library_log_level=library_log_level,
         repair=repair_settings(args),
+        cluster_identity=args.cluster_identity.strip(),
     )
 
 

@@ -273,12 +273,20 @@ class BackendContext:
     namespaces this controller does not watch); a backend then reads the API server. `cached_pools(kind)` gives
     the pools of a kind the controller serves, from its watch cache (those of the watched namespaces), or None
     before the pool caches have synced. The objects are the cache's projections and must not be changed.
+
+    `cluster_identity` names the management cluster this controller serves (the kube-system Namespace's uid, or
+    `--cluster-identity`). A backend whose external system may be shared by several management clusters stamps it
+    on every object it makes and lists as its own, for the repair loop, only objects stamped with it (objects
+    without any identity as holdings that are never released: see `Holding.releasable`). "" means unknown (the
+    `status` command, tests of a single cluster): a backend then stamps nothing and lists every object carrying its
+    other marks as releasable. The controller always has one. It is not a secret.
     """
 
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"
     cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None
     cached_pools: Callable[[PoolKind], Sequence[Object] | None] = lambda kind: None
+    cluster_identity: str = ""
 
 
 def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]] | None:

@@ -44,6 +44,12 @@ class Holding:
     identifies the record in the backend (a reservation name, a NetBox id, a WAPI reference); it appears in logs
     and Events and must never contain a credential. `created_at` is when the record was made (seconds since the
     epoch), when the backend knows it.
+
+    `releasable` is False when the record does not prove it was made by this management cluster (for example an
+    object made before the backend stamped the cluster's identity, in an external system several management
+    clusters may share). Such a holding, when no live IPAddress or claim accounts for it, is reported as a
+    suspected leak (its `RepairSuspectedLeak` Event says why it is not released) and is never released; `why_kept`
+    says why, for people.
     """
 
     address: str
@@ -51,6 +57,8 @@ class Holding:
     claim_uid: str
     handle: str
     created_at: float | None = None
+    releasable: bool = True
+    why_kept: str = ""
 
     @property
     def claim_namespace(self) -> str:

@@ -6,7 +6,7 @@ claim is another suspect). Contract:
   unaccounted for; it answers the suspects seen for the first time. A suspect the pass did not find again is
   forgotten: only consecutive sightings count.
 - `releasable(pool, now, grace)` answers the suspects seen in at least two consecutive passes whose first sighting
-  is at least `grace` seconds old.
+  is at least `grace` seconds old, never one whose holding is not `releasable` (it stays a reported suspect).
 - A pool whose pass was skipped (its backend could not be used) keeps its suspects as they are.
 """
 
@@ -56,11 +56,15 @@ class SuspectedLeaks:
         return new
 
     def releasable(self, pool: PoolRef, now: float, grace: float) -> list[Holding]:
-        """The pool's suspects seen in two consecutive passes or more, first seen at least `grace` seconds ago."""
+        """The pool's releasable suspects seen in two consecutive passes or more, first seen at least `grace` seconds
+        ago."""
         return [
             suspect.holding
             for key, suspect in self._suspects.items()
-            if key[0] == pool and suspect.passes >= 2 and now - suspect.first_seen >= grace
+            if key[0] == pool
+            and suspect.holding.releasable
+            and suspect.passes >= 2
+            and now - suspect.first_seen >= grace
         ]
 
     def count(self, pool: PoolRef) -> int:

@@ -2,8 +2,9 @@
 duplicates and addresses outside the pool reported.
 
 Contract (the comparison itself is `compare.py`'s):
-- A suspect enters the book (`book.py`) with a `RepairSuspectedLeak` Event on the pool. One that the book finds
-  releasable is released with `release_holding` (the pool's backend turn held) only when releasing is on, its
+- A suspect enters the book (`book.py`) with a `RepairSuspectedLeak` Event on the pool. A holding that is not
+  `releasable` (its record does not prove this management cluster made it) is reported the same way, its Event
+  saying why it is never released, and it is never released. One that the book finds releasable is released with `release_holding` (the pool's backend turn held) only when releasing is on, its
   claim is neither queued nor being reconciled, and fresh GETs of its claim and of the claim's IPAddress, made
   just before, still show it unaccounted for; then `ipam_provider_repair_releases_total` and a
   `RepairReleasedLeak` Event on the pool.
@@ -137,17 +138,27 @@ class PoolRepairs:
     # --- leaks ----------------------------------------------------------------------------------------------------
 
     def _suspected(self, target: PoolTarget, holding: Holding) -> None:
-        action = "reported only" if not self.releasing else f"released after {self.settings.grace_period:g}s"
-        message = (
+        held = (
             f"{holding.address} is held in the backend ({holding.handle}) for claim {holding.claim or '?'} "
-            f"(uid {holding.claim_uid}), which no live IPAddress or claim accounts for; suspected leak, {action} "
-            "if it stays unaccounted for"
+            f"(uid {holding.claim_uid}), which no live IPAddress or claim accounts for; suspected leak"
         )
-        log.info("suspected leak", pool=str(target.ref), address=holding.address, handle=holding.handle)
+        if not holding.releasable:
+            why = holding.why_kept or "its record does not show that this management cluster made it"
+            message = f"{held}, never released by the repair loop: {why}; release it by hand if it is a leak"
+        else:
+            action = "reported only" if not self.releasing else f"released after {self.settings.grace_period:g}s"
+            message = f"{held}, {action} if it stays unaccounted for"
+        log.info(
+            "suspected leak",
+            pool=str(target.ref),
+            address=holding.address,
+            handle=holding.handle,
+            releasable=holding.releasable,
+        )
         self.ctx.recorder.record(target.raw, NORMAL, REASON_SUSPECTED_LEAK, message)
 
     async def _release(self, target: PoolTarget, holding: Holding) -> None:
-        if self.busy(_claim_key(holding)):
+        if not holding.releasable or self.busy(_claim_key(holding)):
             return
         if not await self._still_unaccounted(target.ref, holding):
             log.info("suspected leak accounted for by a fresh read", pool=str(target.ref), handle=holding.handle)

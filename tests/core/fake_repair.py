@@ -25,6 +25,8 @@ class Record:
     address: str
     claim: str
     claim_uid: str
+    releasable: bool = True
+    why_kept: str = ""
 
 
 @dataclass
@@ -36,16 +38,21 @@ class RepairableFakeBackend(FakeBackend):
     sweeps: list[float] = field(default_factory=list)
     _handles: int = 0
 
-    def hold(self, pool: PoolRef, address: str, claim: str, claim_uid: str) -> Holding:
-        """Record a holding directly (as if made earlier, or behind the controller's back)."""
+    def hold(
+        self, pool: PoolRef, address: str, claim: str, claim_uid: str, *, releasable: bool = True, why_kept: str = ""
+    ) -> Holding:
+        """Record a holding directly (as if made earlier, or behind the controller's back); `releasable` False: a
+        record that does not prove this management cluster made it."""
         self._handles += 1
         handle = f"rec-{self._handles}"
-        self.records[handle] = Record(pool, address, claim, claim_uid)
-        return Holding(address, claim, claim_uid, handle)
+        self.records[handle] = Record(pool, address, claim, claim_uid, releasable, why_kept)
+        return Holding(address, claim, claim_uid, handle, releasable=releasable, why_kept=why_kept)
 
     def holdings(self, pool: PoolRef) -> list[Holding]:
         return [
-            Holding(r.address, r.claim, r.claim_uid, handle) for handle, r in self.records.items() if r.pool == pool
+            Holding(r.address, r.claim, r.claim_uid, handle, releasable=r.releasable, why_kept=r.why_kept)
+            for handle, r in self.records.items()
+            if r.pool == pool
         ]
 
     def addresses_held(self, pool: PoolRef) -> list[str]:
