@@ -40,6 +40,7 @@ from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import GridHealth
 from backends.infoblox.hostname import HostnameError, machine_name
+from backends.infoblox.identity import ClusterStamp
 from backends.infoblox.ownership import LateCommits, owned, release_owned, same, take_over, translate
 from backends.infoblox.payloads import (
     FIXED_V4,
@@ -102,7 +103,10 @@ class Allocating:
 
 
 class Allocator:
-    def __init__(self, kube: KubeClient, grid: GridHealth, settings: InfobloxSettings) -> None:
+    def __init__(
+        self, kube: KubeClient, grid: GridHealth, settings: InfobloxSettings, stamp: ClusterStamp | None = None
+    ) -> None:
+        self.stamp = stamp or ClusterStamp("")
         self._kube = kube
         self._grid = grid
         self._settings = settings
@@ -233,12 +237,13 @@ class Allocator:
         `for_request`: the object is made for a requested address, and its comment says so."""
         pool, connection, state, claim = job.pool, job.connection, job.state, job.claim
         obj_type = object_type(pool)
+        marks = claim_marks(pool, claim, requested=for_request, stamp=self.stamp.marks(connection))
         if obj_type == HOST:
             assert hostname is not None and pool.spec.host_record is not None
             dns_view = pool.spec.host_record.dns_view or connection.spec.default_dns_view
-            payload = host_payload(pool, address, hostname, dns_view, claim_marks(pool, claim, requested=for_request))
+            payload = host_payload(pool, address, hostname, dns_view, marks)
         else:
-            payload = fixed_payload(pool, address, job.network_view, claim_marks(pool, claim, requested=for_request))
+            payload = fixed_payload(pool, address, job.network_view, marks)
         attempts, resent = self._settings.create_attempts, False
         for attempt in range(attempts):
             try:
@@ -339,7 +344,8 @@ class Allocator:
     async def _take_over(self, job: Allocating, address: str) -> GridObject | None:
         """The object at `address` this claim held under another uid, re-keyed to the claim (see `take_over`)."""
         try:
-            return await take_over(job.connection, job.pool, job.claim, job.network_view, address)
+            stamp = self.stamp.marks(job.connection)
+            return await take_over(job.connection, job.pool, job.claim, job.network_view, address, stamp)
         except WapiError as error:
             raise await self.translate_error(job.connection, error, f"address {address}") from error
 

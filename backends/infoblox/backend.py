@@ -22,6 +22,7 @@ from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.connections import Connection, Connections
 from backends.infoblox.credentials import InstanceProblem
 from backends.infoblox.health import GridHealth
+from backends.infoblox.identity import ClusterStamp, advisory
 from backends.infoblox.repair import GridRepair, outside_of
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
@@ -57,7 +58,7 @@ class InfobloxBackend:
         status = InstanceStatus(context.kube)
         self.connections = Connections(context.kube, self.settings, status)
         self.grid = GridHealth(self.settings, status)
-        self.allocator = Allocator(context.kube, self.grid, self.settings)
+        self.allocator = Allocator(context.kube, self.grid, self.settings, ClusterStamp(context.cluster_identity))
         self.checks = PoolChecks(self.grid, self.settings)
         self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
         self.repair = GridRepair(self)
@@ -177,7 +178,8 @@ class InfobloxBackend:
         except Exception as error:  # the index is rebuilt on the next allocation anyway
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
-        return PoolReport(True, "PoolReady", message, status, counts)
+        stamped = advisory(self.allocator.stamp, connection)
+        return PoolReport(True, "PoolReady", message, status, counts, conditions=(stamped,) if stamped else ())
 
     # --- repair capability (see backends.infoblox.repair) ---------------------------------------------------------
 

@@ -3,7 +3,8 @@
 Contract:
 - `health(connection)` checks the grid (reachability, TLS, credentials, the default network view, a default DNS
   view other than NIOS's built-in one, the ownership extensible-attribute definitions, created when missing if the
-  instance allows it) and writes the instance's `Ready` condition when it changes (see `status`). Results are
+  instance allows it; so is the optional CAPI-Cluster-Identity, whose absence is no failure: `Health.ea_names`
+  says whether it is defined) and writes the instance's `Ready` condition when it changes (see `status`). Results are
   cached on the connection: long when healthy, short when not. A grid that refuses the credentials is asked again
   later and later (the short wait doubling, up to `auth_failed_max_recheck_seconds`), since a real grid may lock
   the account; a changed Secret builds a new connection, which is checked at once.
@@ -24,7 +25,7 @@ import structlog
 
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import OWNERSHIP_EAS
+from backends.infoblox.spec import OPTIONAL_EAS, OWNERSHIP_EAS
 from backends.infoblox.status import InstanceStatus
 
 if TYPE_CHECKING:
@@ -115,8 +116,9 @@ class GridHealth:
                 return Health(False, "DNSViewNotFound", message + "spec.defaultDNSView", now)
             names = {str(d.get("name")) for d in await client.search("extensibleattributedef", ["name"], paging=True)}
             missing = [name for name in OWNERSHIP_EAS if name not in names]
-            if missing and spec.manage_ea_definitions:
-                for name in missing:
+            absent = missing + [name for name in OPTIONAL_EAS if name not in names]
+            if absent and spec.manage_ea_definitions:
+                for name in absent:
                     with contextlib.suppress(WapiError):
                         payload = {"name": name, "type": "STRING", "comment": EA_COMMENT}
                         await client.create("extensibleattributedef", payload, ["name"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -176,11 +176,12 @@ def version_of(address: str) -> int | None:
 
 
 async def take_over(
-    connection: Connection, pool: Pool, claim: ClaimContext, view: str, address: str
+    connection: Connection, pool: Pool, claim: ClaimContext, view: str, address: str, stamp: Mapping[str, str]
 ) -> GridObject | None:
     """The object of ours at `address` that this claim's namespace and name held from this pool under another
-    uid (a `clusterctl move` or a restore gives the claim a new uid), re-keyed to the claim (one PUT of its
-    extensible attributes); None if there is none. An object recorded for another claim is never taken."""
+    uid (a `clusterctl move` or a restore gives the claim a new uid), re-keyed to the claim and stamped with
+    `stamp` (this management cluster's identity, when the grid defines it; one PUT of its extensible attributes);
+    None if there is none. An object recorded for another claim is never taken."""
     fixed = FIXED_V4 if pool.version == 4 else FIXED_V6
     field_name = "ipv4addr" if pool.version == 4 else "ipv6addr"
     found = [
@@ -198,7 +199,7 @@ async def take_over(
         recorded = (marks.get(EA_CLAIM_NAMESPACE), marks.get(EA_CLAIM_NAME), marks.get(EA_POOL))
         if recorded != (claim.namespace, claim.name, pool.label):
             continue
-        extattrs = {**marks, EA_CLAIM_UID: claim.uid}
+        extattrs = {**marks, **stamp, EA_CLAIM_UID: claim.uid}
         await connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
         log.info(
             "grid object re-keyed to the claim's new UID",

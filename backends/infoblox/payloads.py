@@ -2,8 +2,9 @@
 
 Every object carries the ownership extensible attributes: CAPI-Claim-UID (the claim's uid: the one attribute
 ownership is decided on), CAPI-Claim-Namespace, CAPI-Claim-Name, CAPI-Cluster-Name (when the claim names a
-cluster) and CAPI-Pool (`<namespace>/<pool name>`, what the per-pool index searches on), plus the pool's own
-extra attributes. A gateway reservation (see `allocator`) carries CAPI-Pool only (`gateway_marks`).
+cluster), CAPI-Pool (`<namespace>/<pool name>`, what the per-pool index searches on) and CAPI-Cluster-Identity
+when the grid defines it (the management cluster that made it: `identity`), plus the pool's own extra attributes.
+A gateway reservation (see `allocator`) carries CAPI-Pool only (`gateway_marks`).
 """
 
 from __future__ import annotations
@@ -75,8 +76,11 @@ def next_available(target: Target, network_view: str) -> str:
     return f"func:nextavailableip:{target.argument},{network_view}"
 
 
-def ownership_extattrs(pool: Pool, claim: ClaimContext) -> dict[str, str]:
+def ownership_extattrs(pool: Pool, claim: ClaimContext, stamp: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The pool's extra attributes, the claim's ownership attributes, and `stamp` (the management cluster's
+    CAPI-Cluster-Identity when the grid defines it: see `identity.ClusterStamp`)."""
     eas = dict(pool.spec.extensible_attributes)
+    eas.update(stamp or {})
     eas.update(
         {
             EA_CLAIM_UID: claim.uid,
@@ -104,9 +108,11 @@ class Marks:
     identity: str
 
 
-def claim_marks(pool: Pool, claim: ClaimContext, *, requested: bool = False) -> Marks:
-    """The marks of an object held for `claim`: the ownership attributes and the pool's own."""
-    return Marks(ownership_extattrs(pool, claim), claim_comment(claim, requested=requested), claim.uid)
+def claim_marks(
+    pool: Pool, claim: ClaimContext, *, requested: bool = False, stamp: Mapping[str, str] | None = None
+) -> Marks:
+    """The marks of an object held for `claim`: the ownership attributes (with `stamp`) and the pool's own."""
+    return Marks(ownership_extattrs(pool, claim, stamp), claim_comment(claim, requested=requested), claim.uid)
 
 
 def gateway_marks(pool: Pool) -> Marks:

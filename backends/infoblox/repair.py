@@ -8,19 +8,22 @@ Contract:
   family changed are found too. The gateway reservation (CAPI-Pool only) is not a holding. A failure on any page
   (after the client's retries, which start again from the first page) raises BackendError: a pass never sees a
   partial list. Holding: `address` the object's address, `claim` from CAPI-Claim-Namespace/CAPI-Claim-Name,
-  `claim_uid` from CAPI-Claim-UID, `handle` the object's `_ref`.
-- `release_holding` searches the holding's CAPI-Claim-UID afresh (one GET, as a claim's release does) and deletes
-  the object only if that answer still holds it: the same `_ref`, address, CAPI-Pool and uid. Anything else (gone,
+  `claim_uid` from CAPI-Claim-UID, `handle` the object's `_ref`. Several management clusters may share the grid
+  (`identity`): an object stamped with another cluster's CAPI-Cluster-Identity is not listed; one without any
+  identity is listed with `releasable` False (reported, never released).
+- `release_holding` never touches a holding that is not `releasable`. It searches the holding's CAPI-Claim-UID
+  afresh (one GET, as a claim's release does) and deletes the object only if that answer still holds it: the same
+  `_ref`, address, CAPI-Pool and uid, stamped with our identity. Anything else (gone,
   re-keyed, moved to another pool, or a reference NIOS re-used for a new object) answers False; so does a 404 on the
   DELETE.
 - `restore` searches the address afresh (the fixed addresses and host records there in the pool's network view,
   two GETs), never the pool index: an object of the claim there -> HELD; an address the pool cannot hand out (see
   `outside_pool`) -> OUTSIDE; an object of ours recording the same claim namespace, name and pool under another uid
-  (a moved or restored claim) -> re-keyed to the claim, RECORDED; any other object -> TAKEN, naming it; nothing ->
-  the object a normal allocation makes (fixed address or host record, the claim's attributes, the IPAddress's
-  hostname for host records), posted at that literal address and kept only if it is alone there at its check (the
-  requested-address path's create-then-recheck) -> RECORDED. An object that lost the check is deleted, and the
-  holder found is reported (TAKEN). Nothing else is ever deleted or re-keyed.
+  (a moved or restored claim) -> re-keyed to the claim and stamped with our identity, RECORDED; any other
+  object -> TAKEN, naming it; nothing -> the object a normal allocation makes (fixed address or host record, the
+  claim's attributes, the IPAddress's hostname for host records), posted at that literal address and kept only if
+  it is alone there at its check (the requested-address path's create-then-recheck) -> RECORDED. An object that
+  lost the check is deleted, and the holder found is reported (TAKEN). Nothing else is ever deleted or re-keyed.
 - `outside_pool` sends no request: an address outside every subnet and range of the pool as configured now, or
   one the pool never hands out (a subnet's network, broadcast or subnet-router anycast address, or a gateway).
 - Grid failures become BackendError (`ownership.translate`); an instance whose credentials were refused is not
@@ -39,6 +42,7 @@ from backends.infoblox import requested
 from backends.infoblox.allocator import Allocating
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
+from backends.infoblox.identity import WHY_UNSTAMPED, Made
 from backends.infoblox.ownership import owned, same, take_over
 from backends.infoblox.payloads import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool
@@ -62,6 +66,7 @@ class GridRepair:
         parsed, connection = await self._backend.pool_connection(pool_ref, pool)
         view = network_view(parsed, connection)
         holdings: list[Holding] = []
+        others = 0  # objects of another management cluster sharing the grid: never ours to judge
         for obj_type in ALL_TYPES:
             try:
                 answer = await connection.client.search(
@@ -77,18 +82,24 @@ class GridRepair:
                 if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
                 raise await self._backend.allocator.translate_error(connection, error, f"listing {pool_ref}") from error
-            holdings += [holding_of(obj) for obj in ours(obj_type, answer, parsed.label)]
-        log.debug("holdings listed", pool=str(pool_ref), holdings=len(holdings))
+            for obj in ours(obj_type, answer, parsed.label):
+                made = self._backend.allocator.stamp.judge(obj)
+                if made is Made.OTHER:
+                    others += 1
+                else:
+                    holdings.append(holding_of(obj, releasable=made is Made.OURS))
+        log.debug("holdings listed", pool=str(pool_ref), holdings=len(holdings), other_clusters=others)
         return holdings
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         obj_type = type_of_ref(holding.handle)
-        if not holding.claim_uid or obj_type not in ALL_TYPES:
+        if not holding.releasable or not holding.claim_uid or obj_type not in ALL_TYPES:
             return False
         parsed, connection = await self._backend.pool_connection(pool_ref, pool)
         try:
             found = await owned(connection, (obj_type,), holding.claim_uid)
-            still = [o for o in found if as_listed(o, holding, parsed.label)]
+            stamp = self._backend.allocator.stamp
+            still = [o for o in found if as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS]
             if not still:
                 log.info("holding changed or gone; left alone", pool=str(pool_ref), ref=holding.handle)
                 return False
@@ -135,7 +146,8 @@ class GridRepair:
         if outside is not None:
             return Restore(RestoreOutcome.OUTSIDE, outside)
         if any(requested.earlier_self(o, pool, claim) for o in found):
-            kept = await take_over(connection, pool, claim, view, address)
+            stamp = self._backend.allocator.stamp.marks(connection)
+            kept = await take_over(connection, pool, claim, view, address, stamp)
             if kept is not None:
                 return await self._check_alone(pool, connection, claim, address, kept, "re-keyed to the claim")
         if found:
@@ -205,11 +217,13 @@ def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject
     return [o for o in parsed if o is not None and o.claim_uid and o.extattrs.get(EA_POOL) == label]
 
 
-def holding_of(obj: GridObject) -> Holding:
+def holding_of(obj: GridObject, *, releasable: bool = True) -> Holding:
     marks = obj.extattrs
     namespace, name = marks.get(EA_CLAIM_NAMESPACE) or "", marks.get(EA_CLAIM_NAME) or ""
     claim = f"{namespace}/{name}" if namespace and name else ""
-    return Holding(canonical(obj.address) or obj.address, claim, obj.claim_uid or "", obj.ref)
+    address = canonical(obj.address) or obj.address
+    why = "" if releasable else WHY_UNSTAMPED
+    return Holding(address, claim, obj.claim_uid or "", obj.ref, releasable=releasable, why_kept=why)
 
 
 def as_listed(obj: GridObject, holding: Holding, label: str) -> bool:

@@ -67,7 +67,7 @@ async def allocate_requested(allocator: Allocator, job: Allocating, address: str
     state.by_claim.pop(claim.uid, None)
     others = [o for o in found if o.claim_uid != claim.uid]
     if kept is None and any(earlier_self(o, pool, claim) for o in others):  # a restore or a move: re-keyed, checked
-        kept = await take_over(connection, pool, claim, view, address)
+        kept = await take_over(connection, pool, claim, view, address, allocator.stamp.marks(connection))
     if kept is None and others:
         raise held(address, pool, others[0])
     if kept is None:

@@ -31,6 +31,10 @@ EA_CLAIM_NAME = "CAPI-Claim-Name"
 EA_CLUSTER_NAME = "CAPI-Cluster-Name"
 EA_POOL = "CAPI-Pool"
 OWNERSHIP_EAS = (EA_CLAIM_UID, EA_CLAIM_NAMESPACE, EA_CLAIM_NAME, EA_CLUSTER_NAME, EA_POOL)
+# The management cluster that made the object (BackendContext.cluster_identity), written only when the grid defines
+# it: a grid several management clusters share works without it, but the repair loop then only reports leaks.
+EA_CLUSTER_IDENTITY = "CAPI-Cluster-Identity"
+OPTIONAL_EAS = (EA_CLUSTER_IDENTITY,)
 
 # Keys of Allocation.annotations, stored by the reconciler on the IPAddress and handed back on release.
 ANNOTATION_PREFIX = "infoblox.ipam.cluster.x-k8s.io/"
@@ -172,7 +176,7 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
         raise PoolSpecError("subnets and ranges are of mixed IP families; use one pool per family")
     if spec.mode == HOST_RECORD and spec.host_record is None:
         raise PoolSpecError("spec.hostRecord (with dnsZone) is required when mode is hostRecord")
-    reserved = sorted(set(spec.extensible_attributes) & set(OWNERSHIP_EAS))
+    reserved = sorted(set(spec.extensible_attributes) & {*OWNERSHIP_EAS, *OPTIONAL_EAS})
     if reserved:
         raise PoolSpecError(f"spec.extensibleAttributes may not set {', '.join(reserved)}: the provider owns them")
     return Pool(ref, str(pool["metadata"].get("uid", "")), spec, tuple(targets), versions.pop())

@@ -4,9 +4,10 @@ duplicates and addresses outside the pool reported.
 Contract (the comparison itself is `compare.py`'s):
 - A suspect enters the book (`book.py`) with a `RepairSuspectedLeak` Event on the pool. A holding that is not
   `releasable` (its record does not prove this management cluster made it) is reported the same way, its Event
-  saying why it is never released, and it is never released. One that the book finds releasable is released with `release_holding` (the pool's backend turn held) only when releasing is on, its
-  claim is neither queued nor being reconciled, and fresh GETs of its claim and of the claim's IPAddress, made
-  just before, still show it unaccounted for; then `ipam_provider_repair_releases_total` and a
+  saying why it is never released, and it is never released. One that the book finds releasable is released
+  with `release_holding` (the pool's backend turn held) only when releasing is on, its claim is neither queued
+  nor being reconciled, and fresh GETs of its claim and of the claim's IPAddress, made just before, still show it
+  unaccounted for; then `ipam_provider_repair_releases_total` and a
   `RepairReleasedLeak` Event on the pool.
 - An unrecorded IPAddress whose claim is neither queued nor being reconciled, and which fresh GETs show unchanged,
   is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool and
