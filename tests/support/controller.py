@@ -4,7 +4,8 @@
 controller with the in-cluster backends (address and prefix pools) plus any extra backends, waits until its caches
 are synced, and stops it cleanly afterwards; `**settings` are `ControllerSettings` fields (for example
 `repair=RepairSettings(interval=1.0, grace_period=2.0)` runs the repair loop at a test's pace, `interval=0` turns
-it off). `in_process_controller` is the common case: one controller for one test's namespace.
+it off); `cluster_identity` is the management cluster identity handed to the backends (as `--cluster-identity`;
+"" by default). `in_process_controller` is the common case: one controller for one test's namespace.
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ async def run_controller(
     namespaces: Sequence[str] = (),
     extra_backends: Sequence[Callable[[BackendContext], Backend]] = (),
     include_in_cluster: bool = True,
+    cluster_identity: str = "",
     **settings: Any,
 ) -> AsyncIterator[Controller]:
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     view = CacheView()
-    context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
+    context = BackendContext(
+        kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=cluster_identity
+    )
     factories = ([create_backend, create_prefix_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
     controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))
