@@ -20,9 +20,10 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from backends.incluster.reservations import LABEL_CLAIM_UID, RESERVATIONS
+from ipam_provider.cluster_identity import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, Resource
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, NAMESPACES, Resource
 from ipam_provider.leader import LeaderElector
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tests.support.cluster import wait_for
@@ -119,11 +120,15 @@ async def status_of(call: Awaitable[object]) -> int:
     return 200
 
 
-async def allowed(kube: KubeClient, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+async def allowed(
+    kube: KubeClient, verb: str, group: str, resource: str, namespace: str | None, name: str | None = None
+) -> bool:
     plural, _, subresource = resource.partition("/")
     attributes = {"verb": verb, "group": group, "resource": plural, "subresource": subresource}
     if namespace is not None:
         attributes["namespace"] = namespace
+    if name is not None:
+        attributes["name"] = name
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview"}
     answer = await kube.create(ACCESS_REVIEWS, {**review, "spec": {"resourceAttributes": attributes}})
     return bool(answer["status"].get("allowed"))
@@ -154,6 +159,8 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
     assert await status_of(as_controller.list(ADDRESSES, namespace)) == 403
     assert await status_of(as_controller.get(LEASES, "any", SYSTEM_NAMESPACE)) == 403
     assert not await allowed(as_controller, "create", "", "events", namespace)
+    with pytest.raises(ClusterIdentityError, match="--cluster-identity"):
+        await cluster_identity(as_controller)
     try:
         # As config/README.md says (server-side: config/default holds the CRDs, which the session installed already).
         apply = ("apply", "--server-side", "--validate=strict", "-k", str(CONFIG / "default"))
@@ -172,6 +179,11 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
         assert not missing, f"config/rbac lacks permissions the controller uses: {missing}"
         excess = [p for p in NOT_GRANTED if await allowed(as_controller, *p[:3], namespaces[p[3]])]
         assert not excess, f"config/rbac grants more than the controller needs: {excess}"
+        # The management cluster's identity: the kube-system Namespace, and no other, may be read.
+        system = await kube.get(NAMESPACES, IDENTITY_NAMESPACE)
+        assert system is not None and await cluster_identity(as_controller) == system["metadata"]["uid"]
+        assert await allowed(as_controller, "get", "", "namespaces", None, name=IDENTITY_NAMESPACE)
+        assert not await allowed(as_controller, "get", "", "namespaces", None, name="default")
 
         await serve_and_release_as_controller(kube, controller_kubeconfig, namespace)
         await hold_the_lease_as_controller(kube, as_controller, namespace)
