@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
-from ipam_provider.cluster_identity import ClusterIdentityError, cluster_identity
+from ipam_provider.cluster_identity import wait_for_identity
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
@@ -161,9 +161,6 @@ async def run(options: RunOptions) -> int:
         return 1
     try:
         return await _run_controller(options, endpoints)
-    except ClusterIdentityError as error:
-        log.error(str(error))
-        return 1
     finally:
         await endpoints.close()
 
@@ -171,11 +168,33 @@ async def run(options: RunOptions) -> int:
 async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     kube = await KubeClient.from_kubeconfig(options.kubeconfig)
     endpoints.use_api(kube)
+    election = options.leader_election
+    log.info(
+        "controller starting",
+        version=__version__,
+        workers=options.workers,
+        namespaces=",".join(options.namespaces) or "*",
+        leader_elect=election.enabled,
+    )
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()  # SIGTERM before the controller exists
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
     try:
-        identity = await cluster_identity(kube, options.cluster_identity)
+        identity = await wait_for_identity(kube, options.cluster_identity, stopping)
     except BaseException:
         await kube.close()
         raise
+    if identity is None:
+        await kube.close()
+        return 0
+    return await _serve(options, endpoints, kube, identity, stopping)
+
+
+async def _serve(
+    options: RunOptions, endpoints: Endpoints, kube: KubeClient, identity: str, stopping: asyncio.Event
+) -> int:
+    """Build the backends and the controller for the management cluster `identity`, and run it until stopped."""
     view = CacheView()
     context = BackendContext(
         kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity
@@ -192,20 +211,15 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)
+    if stopping.is_set():  # SIGTERM came while the backends were being built
+        controller.stop()
     # A standby replica waiting for the leader lease is ready (as with controller-runtime), so that a Deployment
     # of several replicas becomes Available and rolls out.
     standby = asyncio.Event()
     endpoints.ready = lambda: controller.synced or standby.is_set()
     election = options.leader_election
     try:
-        log.info(
-            "controller starting",
-            version=__version__,
-            kinds=",".join(k.kind for k in registry.kinds),
-            workers=settings.workers,
-            namespaces=",".join(settings.namespaces) or "*",
-            leader_elect=election.enabled,
-        )
+        log.info("backends loaded", kinds=",".join(k.kind for k in registry.kinds), cluster_identity=identity)
         if election.enabled:
             return await lead_and_run(controller, leader_elector(kube, election), standby)
         await controller.run()

@@ -6,11 +6,16 @@ Contract:
   changes for the life of that cluster), read once at start, or the `--cluster-identity` flag's value when given
   (for a controller that cannot read kube-system, or to keep the identity of a cluster that was rebuilt).
 - It is not a secret: it appears in logs, Events and on the external objects.
-- A kube-system Namespace that cannot be read (forbidden, or absent) stops the start with a message naming the
-  flag: a controller without an identity could not tell its objects from another cluster's.
+- `cluster_identity` raises ClusterIdentityError, naming the flag, when the kube-system Namespace cannot be read
+  (refused, forbidden, or absent). `wait_for_identity` asks again, later and later (up to every 30 s, as the
+  informers do while the API server cannot be used), logging why, until it has the identity or `stopping` is set:
+  the controller does not serve without an identity, since it could not tell its objects from another cluster's.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 import structlog
 
@@ -38,8 +43,9 @@ async def cluster_identity(kube: KubeClient, override: str = "") -> str:
     except ApiError as error:
         if error.status not in (401, 403):
             raise
+        how = "refused" if error.status == 401 else "forbidden"
         raise ClusterIdentityError(
-            f"cannot read Namespace {IDENTITY_NAMESPACE} (HTTP {error.status}), whose uid names this management "
+            f"cannot read Namespace {IDENTITY_NAMESPACE} ({how}: HTTP {error.status}), whose uid names this management "
             "cluster on the objects NetBox and Infoblox pools make; grant get on it (config/rbac) or set "
             "--cluster-identity"
         ) from error
@@ -51,3 +57,23 @@ async def cluster_identity(kube: KubeClient, override: str = "") -> str:
         )
     log.info("management cluster identity", cluster_identity=uid, source=f"Namespace {IDENTITY_NAMESPACE}")
     return uid
+
+
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
+
+
+async def wait_for_identity(kube: KubeClient, override: str, stopping: asyncio.Event) -> str | None:
+    """The identity (see `cluster_identity`), asked for again after each failure; None once `stopping` is set."""
+    delay = FIRST_RETRY_SECONDS
+    while not stopping.is_set():
+        try:
+            return await cluster_identity(kube, override)
+        except ClusterIdentityError as error:
+            log.error(str(error), retry_in=delay)
+        except Exception as error:  # the API server cannot be used now: as the informers, try again later
+            log.warning("cannot read the management cluster identity; trying again", error=str(error), retry_in=delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        delay = min(delay * 2, MAX_RETRY_SECONDS)
+    return None
