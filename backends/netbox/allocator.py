@@ -22,6 +22,9 @@ Contract (calls for one pool are serialised by the reconciler; the state here is
   another claim or from an address we did not create. Re-keying an address to a new claim UID (after a restore
   or clusterctl move) happens only when the address records the same claim namespace/name (custom field
   capi_claim_ref): an annotation copied onto another claim's IPAddress can neither steal nor free an address.
+- Every address made, and every address re-keyed, carries this management cluster's identity (`cluster_identity`,
+  custom field capi_cluster_identity) when the backend has one: a re-keyed address belongs to the cluster that
+  adopted it.
 - Release deletes by id after checking both ownership marks for this claim's UID (or for the annotation's UID
   when the address records this claim's namespace/name; 404 = already released); without an id it deletes what
   the UID lookup finds with both marks. With `sweep` (a UID field without Unique, or an unknown outcome) it also
@@ -47,6 +50,7 @@ from backends.netbox.spec import (
     ANNOTATION_IP_ID,
     CLAIM_REF_FIELD,
     CLAIM_UID_FIELD,
+    CLUSTER_IDENTITY_FIELD,
     DEFAULT_DESCRIPTION,
     OWNER_TAG,
     Pool,
@@ -73,8 +77,13 @@ def host_of(obj: Mapping[str, Any]) -> str:
 
 class Allocator:
     def __init__(
-        self, full_skip_seconds: float = 30.0, unknown_retry_seconds: float = 2.0, uncertain_seconds: float = 120.0
+        self,
+        full_skip_seconds: float = 30.0,
+        unknown_retry_seconds: float = 2.0,
+        uncertain_seconds: float = 120.0,
+        cluster_identity: str = "",
     ) -> None:
+        self.cluster_identity = cluster_identity  # "" (unknown): nothing is stamped
         self.full_skip_seconds = full_skip_seconds
         self.unknown_retry_seconds = unknown_retry_seconds
         self.uncertain_seconds = uncertain_seconds
@@ -109,7 +118,7 @@ class Allocator:
                     retry_after=self.unknown_retry_seconds,
                 )
             state.uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
-        body = address_body(pool, resolved, claim)
+        body = address_body(pool, resolved, claim, self.cluster_identity)
         full: list[Source] = []
         for source in self._order(state, resolved.sources):
             try:
@@ -261,7 +270,8 @@ class Allocator:
         return self._remember(state, claim, _with_marks(existing, int(match["id"]), claim.uid))
 
     async def _rekey(self, client: NetboxClient, pool: Pool, claim: ClaimContext, obj: Mapping[str, Any]) -> None:
-        """Give our address `obj` this claim's UID, if it records this claim's namespace/name (else refuse)."""
+        """Give our address `obj` this claim's UID and this management cluster's identity, if it records this
+        claim's namespace/name (else refuse)."""
         recorded = claim_ref_of(obj)
         if recorded != claim_ref(claim):
             owner = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
@@ -271,7 +281,7 @@ class Allocator:
                 f"(UID {owner}); it is not taken over. Delete this IPAddress, or, if that address really belongs to "
                 f"this claim (a restore), set its custom field {CLAIM_REF_FIELD} to {claim_ref(claim)!r} in NetBox"
             )
-        changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid}}
+        changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid, **identity_fields(self.cluster_identity)}}
         await client.call(f"re-key address #{obj['id']}", calls.patch_address(int(obj["id"]), changes))
         log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(pool.ref), id=obj["id"])
 
@@ -294,7 +304,7 @@ class Allocator:
                 f"{whose}); delete one of them"
             )
         body = {
-            **address_body(pool, resolved, claim),
+            **address_body(pool, resolved, claim, self.cluster_identity),
             "address": f"{address}/{source.mask}",
             "vrf": source.vrf_id,
         }
@@ -380,14 +390,21 @@ def claim_ref_of(obj: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext) -> Object:
-    """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks."""
+def identity_fields(cluster_identity: str) -> dict[str, str]:
+    """The custom field that names the management cluster, when it is known."""
+    return {CLUSTER_IDENTITY_FIELD: cluster_identity} if cluster_identity else {}
+
+
+def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext, cluster_identity: str) -> Object:
+    """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks, and the
+    management cluster's identity (when known)."""
     fields = pool.fields
+    marks = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim), **identity_fields(cluster_identity)}
     body: Object = {
         "status": fields.status,
         "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
         "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],
-        "custom_fields": {**fields.custom_fields, CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim)},
+        "custom_fields": {**fields.custom_fields, **marks},
     }
     if fields.role:
         body["role"] = fields.role

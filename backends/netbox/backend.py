@@ -64,7 +64,10 @@ class NetboxBackend:
         self.settings = settings or NetboxSettings()
         self.connections = Connections(context.kube, self.settings.client, self.settings.secret_seconds)
         self.allocator = Allocator(
-            self.settings.full_skip_seconds, self.settings.unknown_retry_seconds, self.settings.uncertain_seconds
+            self.settings.full_skip_seconds,
+            self.settings.unknown_retry_seconds,
+            self.settings.uncertain_seconds,
+            context.cluster_identity,
         )
         self._known: dict[PoolRef, Pool] = {}  # the last good spec of each pool, for releases after it is gone
         self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}

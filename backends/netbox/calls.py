@@ -14,7 +14,7 @@ from pynetbox.core.query import Request
 from pynetbox.models.ipam import IpAddresses, IpRanges, Prefixes
 
 from backends.netbox.client import Api
-from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
+from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG
 from ipam_provider.common import Object
 
 Call = Callable[[Api], Any]
@@ -42,6 +42,16 @@ CLAIM_REF_FIELD_BODY = {
     "object_types": ["ipam.ipaddress"],
     "description": "<namespace>/<name> of the IPAddressClaim this address was allocated for (Cluster API IPAM "
     "provider); an address is moved to a new claim UID only for a claim of this name",
+    "filter_logic": "exact",
+    "ui_editable": "no",
+}
+CLUSTER_IDENTITY_FIELD_BODY = {
+    "name": CLUSTER_IDENTITY_FIELD,
+    "label": "Cluster API management cluster",
+    "type": "text",
+    "object_types": ["ipam.ipaddress"],
+    "description": "Identity of the management cluster that allocated this address (Cluster API IPAM provider: the "
+    "uid of its kube-system Namespace); its repair loop never releases another cluster's addresses",
     "filter_logic": "exact",
     "ui_editable": "no",
 }

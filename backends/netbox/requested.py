@@ -155,7 +155,11 @@ async def _create(
     source: Source,
 ) -> Object:
     """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
-    body = {**address_body(pool, resolved, claim), "address": f"{address}/{source.mask}", "vrf": source.vrf_id}
+    body = {
+        **address_body(pool, resolved, claim, allocator.cluster_identity),
+        "address": f"{address}/{source.mask}",
+        "vrf": source.vrf_id,
+    }
     body["description"] = requested_description(str(body["description"]))
     try:
         created: Object = await client.call(

@@ -1,7 +1,8 @@
 """What a pool's spec names in NetBox: the ownership marks, the sources, the tenant and tags; and their usage.
 
 Contract:
-- `ensure_ownership` makes sure the owner tag and the two custom fields (claim UID, claim namespace/name) exist,
+- `ensure_ownership` makes sure the owner tag and the three custom fields (claim UID, claim namespace/name, the
+  management cluster's identity) exist,
   creating them when missing. A custom field that cannot be created (no permission) or has the wrong shape (not
   Text on IP addresses; for the UID field, a filter logic other than Exact or Loose, which would make NetBox
   ignore the lookup by UID) is a Problem whose message says how to fix it by hand. A UID field without `unique`
@@ -25,7 +26,7 @@ from typing import Any
 from backends.netbox import calls, problems
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
-from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG, Pool, SourceRef
+from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool, SourceRef
 from ipam_provider.common import cap_int64
 
 IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -89,7 +90,8 @@ class Resolved:
 
 
 async def ensure_ownership(client: NetboxClient) -> Ownership:
-    """The owner tag's id and whether the claim-UID field is unique; creates what is missing."""
+    """The owner tag's id and whether the claim-UID field is unique; creates what is missing (the tag and the three
+    custom fields)."""
     tag = await _ensure(
         client,
         "the owner tag",
@@ -112,6 +114,7 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
             "filter logic to Exact in NetBox (Customization → Custom Fields)",
         )
     await _ensure_field(client, CLAIM_REF_FIELD, calls.CLAIM_REF_FIELD_BODY, "filter logic Exact")
+    await _ensure_field(client, CLUSTER_IDENTITY_FIELD, calls.CLUSTER_IDENTITY_FIELD_BODY, "filter logic Exact")
     return Ownership(int(tag["id"]), bool(field.get("unique")))
 
 

@@ -30,6 +30,9 @@ CLAIM_UID_FIELD = "capi_claim_uid"
 # The claim's "<namespace>/<name>", recorded next to its UID: an address is re-keyed to a new claim UID (after a
 # restore or clusterctl move) only for a claim of the same namespace and name.
 CLAIM_REF_FIELD = "capi_claim_ref"
+# The management cluster that made the address (BackendContext.cluster_identity): several management clusters may
+# share one NetBox, and the repair loop lists as its own only addresses of its identity (none: never released).
+CLUSTER_IDENTITY_FIELD = "capi_cluster_identity"
 # IPAddress annotations (Allocation.annotations): the NetBox object and the claim it was made for.
 ANNOTATION_IP_ID = "netbox.ipam.cluster.x-k8s.io/ip-id"
 ANNOTATION_CLAIM_UID = "netbox.ipam.cluster.x-k8s.io/claim-uid"
@@ -235,7 +238,7 @@ def _check_fields(fields: AddressFields) -> None:
                     f"{where}.{name}: unknown placeholder {{{placeholder}}}; use "
                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
                 )
-    for reserved in (CLAIM_UID_FIELD, CLAIM_REF_FIELD):
+    for reserved in (CLAIM_UID_FIELD, CLAIM_REF_FIELD, CLUSTER_IDENTITY_FIELD):
         if reserved in fields.custom_fields:
             raise PoolSpecError(f"{where}.customFields: {reserved} is set by the provider")
     if OWNER_TAG in fields.tags:
