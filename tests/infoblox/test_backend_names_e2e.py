@@ -76,8 +76,8 @@ async def test_a_dns_view_that_goes_makes_the_pool_not_ready(
     await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
     async with infoblox_controller() as controller:
         await wait_instance_reason(kube, grid.instance, "Connected")
-        # The instance saw the view; it goes before the hostRecord pool is checked. The pool check's zone search names the
-        # view, and a real grid answers it with 404 "View internal not found" (not []).
+        # The instance saw the view; it goes before the hostRecord pool is checked. The pool check's zone search
+        # names the view, and a real grid answers it with 404 "View internal not found" (not []).
         grid.sim.state.delete(view)
         await grid.create_pool("dns", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord=host)
         pool = await wait_pool_reason(kube, namespace, "dns", "DNSViewNotFound")
