@@ -12,7 +12,8 @@ import pytest
 from backends.infoblox.spec import ANNOTATION_HOSTNAME
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import CLAIMS
-from tests.infoblox.conftest import Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
+from tests.infoblox.conftest import POOLS, Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
+from tests.support.cluster import wait_for
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason
 from tools.wapi_simulator import WapiError
 
@@ -22,6 +23,17 @@ ZONE = "nodes.example.com"
 def condition_text(obj: dict[str, Any]) -> str:
     condition = ready_condition(obj) or {}
     return f"{condition.get('reason')}: {condition.get('message')}"
+
+
+async def wait_pool_not_ready(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    """The pool, once its Ready condition is False (whatever the reason)."""
+
+    async def probe() -> dict[str, Any] | None:
+        pool = await kube.get(POOLS, name, namespace)
+        condition = ready_condition(pool)
+        return pool if condition is not None and condition.get("status") == "False" else None
+
+    return await wait_for(probe, message=f"pool {namespace}/{name} to be not ready")
 
 
 def host_searches(grid: Grid) -> list[dict[str, list[str]]]:
@@ -39,7 +51,6 @@ async def test_an_ipam_only_host_record_of_the_same_name_is_never_adopted_nor_du
 ) -> None:
     # On a real grid an IPAM-only record has view " " and a search with view=default does not find it.
     foreign = grid.sim.state.add_host_record(f"web-0.{ZONE}", "10.10.0.50", configure_for_dns=False)
-    assert foreign.endswith(f":web-0.{ZONE}/%20")
     host = {"dnsZone": ZONE, "hostnameSource": "claimName", "configureForDNS": False}
     await grid.create_pool("ipam", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord=host)
     async with infoblox_controller():
@@ -62,6 +73,7 @@ async def test_an_ipam_only_host_record_of_the_same_name_is_never_adopted_nor_du
         await wait_gone(kube, namespace, "web-0")
     (left,) = grid.sim.state.objects("record:host")
     assert left["_ref"] == foreign and not left.get("extattrs"), "the hand-made record was adopted or changed"
+    assert (left["view"], foreign.endswith(f":web-0.{ZONE}/%20")) == (" ", True)
     assert grid.sim.request_log.count("PUT") == 0
 
 
@@ -80,9 +92,9 @@ async def test_a_dns_view_that_goes_makes_the_pool_not_ready(
         # names the view, and a real grid answers it with 404 "View internal not found" (not []).
         grid.sim.state.delete(view)
         await grid.create_pool("dns", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord=host)
-        pool = await wait_pool_reason(kube, namespace, "dns", "DNSViewNotFound")
-        text = condition_text(pool)
-        assert "DNS view 'internal' does not exist on the grid" in text and "spec.defaultDNSView" in text, text
+        text = condition_text(await wait_pool_not_ready(kube, namespace, "dns"))
+        assert text.startswith("DNSViewNotFound: DNS view 'internal' does not exist on the grid"), text
+        assert "spec.defaultDNSView" in text, text
         await grid.create_claim("c0", "dns")
         claim = await wait_claim_reason(kube, namespace, "c0", "PoolNotReady")
         assert "DNSViewNotFound" in condition_text(claim)
