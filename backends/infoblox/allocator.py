@@ -265,7 +265,7 @@ class Allocator:
                     resent = True
                 elif error.problem is Problem.CONFLICT and obj_type == HOST and hostname is not None:
                     found = await same_name(job, hostname, payload["view"], error)
-                    assert found is not None  # with an error, _same_name raises rather than answer None
+                    assert found is not None  # given the error, same_name raises rather than answer None
                     return found
                 elif error.problem is not Problem.UNAVAILABLE:
                     raise
