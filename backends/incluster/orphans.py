@@ -2,7 +2,8 @@
 
 A pool deleted through the `skip-validate-delete-webhook` annotation (as `clusterctl move` does), whose claims and
 IPAddresses were then removed without their finalizers running, leaves its reservations behind: no claim will ever
-release them, and the per-pool sweep only visits live pools.
+release them, and the repair loop's comparison visits live pools only. The loop calls `sweep_orphans` once per pass
+through the backend's `sweep_orphaned` (see `repair`).
 
 Contract:
 - `sweep_orphans` lists every reservation once and deletes those whose pool (by its group, kind, namespace and name)

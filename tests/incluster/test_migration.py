@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.kube.client import KubeClient
@@ -46,10 +43,8 @@ def go_provider_address(name: str, claim_uid: str, pool_name: str, address: str)
 
 
 async def test_migrated_ipaddresses_are_never_handed_out_again_by_two_controllers(
-    kube: KubeClient, namespace: str, controller_factory: ControllerFactory, monkeypatch: pytest.MonkeyPatch
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
 ) -> None:
-    monkeypatch.setattr(incluster_sweeps, "SWEEP_INTERVAL", 1.0)  # strays from the overlap go within seconds
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 2.0)
     pool_name = f"migrated-{namespace}"
     await kube.create(GLOBAL_POOLS, global_pool(pool_name, ["10.46.0.10-10.46.0.30"], 24))
     # Two old claims, paused so that both controllers see the new claims first; their IPAddresses hold the two

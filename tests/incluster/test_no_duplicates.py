@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
@@ -64,8 +63,6 @@ async def assert_unique_and_complete(
 @pytest.fixture
 def fast_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sweep stray reservations within seconds instead of minutes."""
-    monkeypatch.setattr(incluster_sweeps, "SWEEP_INTERVAL", 1.0)
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 2.0)
     monkeypatch.setattr(pools, "RESYNC", 1.0)
 
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend, parse_pool
 from backends.incluster.domains import DOMAIN_PATTERN
 from backends.incluster.orphans import pool_resource, sweep_orphans
@@ -232,17 +231,6 @@ async def test_a_prepared_index_of_an_older_pool_object_is_rebuilt() -> None:
         A, pool("a", domain=None, uid="u2", addresses=["10.9.0.0/29"]), ClaimContext("ns", "c", "U")
     )
     assert got.address == "10.9.0.1"
-
-
-async def test_a_pool_recreated_under_the_same_name_is_swept_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 0.0)
-    kube = FakeKube()
-    backend = backend_of(kube)
-    await backend.report(A, pool("a", domain=None, uid="u1"), [])  # swept: nothing stray yet
-    stray = await backend.reservations.create(A, "10.0.0.4", 24, None, "ns", "gone", "U-gone")  # no such claim
-    assert stray is not None
-    await backend.report(A, pool("a", domain=None, uid="u2"), [])
-    assert stored_reservations(kube) == [], "the new pool object's first report sweeps"
 
 
 async def test_a_prefix_pools_prepared_index_serves_its_first_allocation() -> None:
