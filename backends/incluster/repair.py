@@ -126,7 +126,7 @@ class ReservationRepair:
         holdings: list[Holding] = []
         with _api_server_errors(pool_ref):
             async for items, _ in self.kube.list_pages(
-                RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, pace=pacer.wait
+                RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
             ):
                 holdings += (holding_of(Reservation.parse(item)) for item in items)
         return holdings
