@@ -82,6 +82,7 @@ class InClusterBackend(ReservationRepair):
             lambda domain: domain_pools(context.kube, self.kinds, context.cached_pools, domain),
         )
         self.cached_addresses = context.cached_addresses
+        self.cached_pools = context.cached_pools
         self.survey = PoolSurvey(self.kinds, context.cached_pools, survey_parse)
 
     @property

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import structlog
 
@@ -107,6 +107,7 @@ class ReservationRepair:
     kube: KubeClient
     reservations: ReservationClient
     indexes: PoolIndexes
+    cached_pools: Callable[[PoolKind], Sequence[Object] | None]  # the controller's pool caches (None: not synced)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -231,8 +232,14 @@ class ReservationRepair:
         return outside
 
     async def sweep_orphaned(self, grace_seconds: float) -> int:
-        """Remove the reservations of this backend's pools that are gone (see `orphans`); answer how many."""
-        return await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds)
+        """Remove the reservations of this backend's pools that are gone (see `orphans`); answer how many. The
+        pools in the controller's caches exist: only the others are read from the API server."""
+        known: set[PoolRef] = set()
+        for kind in self.kinds:
+            for pool in self.cached_pools(kind) or ():
+                meta = pool["metadata"]
+                known.add(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
+        return await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
 
 
 def _still_as_listed(ref: PoolRef, reservation: Reservation, holding: Holding) -> bool:
