@@ -180,6 +180,16 @@ async def test_the_orphan_sweep_keeps_releases_until_their_recorded_grace_period
     assert [r.address for r in stored_reservations(kube)] == ["10.0.0.1"], "its grace period of an hour is not over"
 
 
+async def test_the_orphan_sweep_trusts_the_pool_caches_for_pools_that_exist_and_reads_the_others() -> None:
+    kube = FakeKube()
+    backend = backend_of(kube, pools=[pool("a", domain=None)])  # a is cached (the API server read is skipped)
+    kube.put(pool_resource(IN_CLUSTER_POOL), pool("b", domain=None))  # b is not cached, but exists
+    for ref, address in ((A, "10.0.0.1"), (B, "10.0.0.2"), (IN_CLUSTER_POOL.ref("ns", "gone"), "10.0.0.3")):
+        assert await backend.reservations.create(ref, address, 24, None, "ns", f"c-{address}", f"U-{address}")
+    assert await backend.sweep_orphaned(0.0) == 1
+    assert sorted(r.address for r in stored_reservations(kube)) == ["10.0.0.1", "10.0.0.2"]
+
+
 async def test_an_invalid_pool_reports_that_it_overlaps_nothing() -> None:
     kube = FakeKube()
     invalid = pool("a", addresses=["10.0.0.0/29", "10.9.0.1"])  # two subnets
