@@ -58,17 +58,17 @@ RESTORE_ATTEMPTS = 5  # the address's reservation changed this many times under 
 
 
 @contextlib.contextmanager
-def _api_server_errors(ref: PoolRef) -> Iterator[None]:
-    """API server failures as PoolNotReadyError (the loop skips the pool for this pass)."""
+def _api_server_errors(what: str) -> Iterator[None]:
+    """API server failures as PoolNotReadyError (the loop skips the pool, or the sweep, for this pass); `what`:
+    the reservations concerned, for people."""
     try:
         yield
     except ApiError as error:
         raise PoolNotReadyError(
-            f"the reservations of {ref} cannot be read or written now ({error.status} {error.reason}); retried on the "
-            "next repair pass"
+            f"{what} cannot be read or written now ({error.status} {error.reason}); retried on the next repair pass"
         ) from error
     except OSError as error:
-        raise PoolNotReadyError(f"the API server cannot be reached now for {ref}: {error}") from error
+        raise PoolNotReadyError(f"the API server cannot be reached now for {what}: {error}") from error
 
 
 def _epoch(timestamp: str) -> float | None:
@@ -125,7 +125,7 @@ class ReservationRepair:
         """The pool's own reservations, read page by page from the API server."""
         selector = f"{LABEL_POOL}={pool_hash(pool_ref)}"
         holdings: list[Holding] = []
-        with _api_server_errors(pool_ref):
+        with _api_server_errors(f"the reservations of {pool_ref}"):
             async for items, _ in self.kube.list_pages(
                 RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
             ):
@@ -134,7 +134,7 @@ class ReservationRepair:
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         """Release the listed reservation as a claim's release would; False when it changed or went."""
-        with _api_server_errors(pool_ref):
+        with _api_server_errors(f"the reservations of {pool_ref}"):
             found = await self.kube.get(RESERVATIONS, holding.handle)
             if found is None:
                 return False
@@ -160,7 +160,7 @@ class ReservationRepair:
         why = self._why_not(spec, allocatable, address)
         if why is not None:
             return Restore(RestoreOutcome.OUTSIDE, f"{address} is not an address {pool_ref} hands out: {why}")
-        with _api_server_errors(pool_ref):
+        with _api_server_errors(f"the reservations of {pool_ref}"):
             for _ in range(RESTORE_ATTEMPTS):
                 answer = await self._restore_once(pool_ref, claim, allocation, address)
                 if answer is not None:
@@ -239,7 +239,8 @@ class ReservationRepair:
             for pool in self.cached_pools(kind) or ():
                 meta = pool["metadata"]
                 known.add(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
-        return await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
+        with _api_server_errors("the reservations of deleted pools"):
+            return await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
 
 
 def _still_as_listed(ref: PoolRef, reservation: Reservation, holding: Holding) -> bool:
