@@ -19,6 +19,7 @@ from backends.incluster.reservations import (
     pool_hash,
     reservation_name,
 )
+from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, IPAM_GROUP
@@ -36,8 +37,10 @@ async def reservation_of(kube: KubeClient, ref: PoolRef, address: str) -> Reserv
 
 
 async def force_delete(kube: KubeClient, namespace: str, name: str) -> None:
-    """The claim deleted without its finalizer, and its IPAddress deleted (by the garbage collector, which this
-    control plane does not run); the IPAddress keeps our finalizer, which the repair loop removes."""
+    """The claim deleted without its finalizer (paused first, so that the controller neither adds the finalizer back
+    nor releases the claim meanwhile), and its IPAddress deleted (by the garbage collector, which this control plane
+    does not run); the IPAddress keeps our finalizer, which the repair loop removes."""
+    await kube.patch(CLAIMS, name, {"metadata": {"annotations": {ANNOTATION_PAUSED: ""}}}, namespace)
     await kube.patch(CLAIMS, name, {"metadata": {"finalizers": None}}, namespace)
     await kube.delete(CLAIMS, name, namespace)
     await kube.delete(ADDRESSES, name, namespace)
@@ -101,6 +104,34 @@ async def test_stray_reservations_are_released_and_rightful_ones_kept(
             return left if left == [kept] else None
 
         await wait_for(swept, timeout=60, message="the stray reservations to be released, the rightful one kept")
+
+
+async def test_an_address_held_for_another_claim_is_reported_as_a_duplicate_and_never_taken(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    await kube.create(POOLS, pool("net", ["10.122.5.10-10.122.5.20"], 24), namespace)
+    ref = IN_CLUSTER_POOL.ref(namespace, "net")
+    report_only = RepairSettings(interval=1.0, grace_period=2.0, report_only=True)  # else the other holder goes
+    async with controller_factory(namespaces=[namespace], repair=report_only):
+        await kube.create(CLAIMS, claim("twice", "net"), namespace)
+        address = (await wait_address(kube, namespace, "twice"))["spec"]["address"]
+        # Behind the controller's back, the address's reservation now holds it for another claim.
+        await kube.delete(RESERVATIONS, reservation_name(ref, address))
+        await ReservationClient(kube).create(ref, address, 24, None, namespace, "elsewhere", "uid-elsewhere")
+
+        async def duplicate_condition() -> str:
+            stored = await kube.get(POOLS, "net", namespace) or {}
+            for condition in (stored.get("status") or {}).get("conditions") or []:
+                if condition["type"] == "AddressesRecorded" and condition["reason"] == "DuplicateAddress":
+                    return str(condition["message"])
+            return ""
+
+        message = await wait_for(duplicate_condition, timeout=60, message="AddressesRecorded=False/DuplicateAddress")
+        assert f"IPAddress {namespace}/twice" in message and f"claim {namespace}/elsewhere in pool {ref}" in message
+        held = await reservation_of(kube, ref, address)
+        assert held is not None and held.claim_uid == "uid-elsewhere", "a duplicate is never taken over"
+        wanted = {"DuplicateAddress"}
+        await wait_for(lambda: pool_event_reasons(kube, namespace, wanted), timeout=30, message="the Warning")
 
 
 async def test_an_address_left_outside_a_shrunk_pool_is_reported(
