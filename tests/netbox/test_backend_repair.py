@@ -99,9 +99,7 @@ async def test_holdings_follow_the_sources_and_their_vrf(
     netbox.create_prefix("10.151.0.0/24")
     netbox.create_ip_range("10.151.1.10/24", "10.151.1.19/24")
     await create_secret(kube, namespace, netbox)
-    pool = pool_of(
-        namespace, "scoped", [prefix("10.151.0.0/24", vrf=vrf.name), ip_range("10.151.1.10", "10.151.1.19")]
-    )
+    pool = pool_of(namespace, "scoped", [prefix("10.151.0.0/24", vrf=vrf.name), ip_range("10.151.1.10", "10.151.1.19")])
     ref = PoolRef.from_object(pool)
     await backend.report(ref, pool, [])  # the ownership marks
     in_vrf = mark(netbox, "10.151.0.7/24", "in-vrf", f"{namespace}/a", vrf=vrf.id)
