@@ -168,9 +168,8 @@ class NetboxBackend:
         if parsed is None:
             raise ReleaseImpossibleError(  # nothing is touched: the address, if any, is left to the repair loop
                 f"{pool_ref} is gone and its NetBox connection is unknown to this controller; the NetBox IP address "
-                f"whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, is released by the repair loop "
-                "of a pool whose sources cover it; with --repair-report-only, or if no pool covers it, delete it "
-                "by hand"
+                f"whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, stays in NetBox, where the repair "
+                "loop finds it through any pool whose sources cover it (if none does, delete it by hand)"
             )
         context = f"releasing claim {claim} from {parsed.ref}"
         client: NetboxClient | None = None

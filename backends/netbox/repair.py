@@ -150,7 +150,14 @@ class NetboxRepair:
             outcome = await self._settle(client, parsed, claim, address, holders)
             if outcome is None:
                 outcome = await self._record(client, parsed, resolved, claim, address, source)
-            log.info("allocation restored", claim=str(claim), pool=str(parsed.ref), address=address, outcome=outcome)
+            log.info(
+                "restore",
+                claim=str(claim),
+                pool=str(parsed.ref),
+                address=address,
+                outcome=outcome.outcome.value,
+                detail=outcome.detail,
+            )
             return outcome
 
     async def _settle(

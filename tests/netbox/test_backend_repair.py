@@ -10,7 +10,7 @@ import pytest
 
 from backends.netbox import NetboxBackend
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
-from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef
+from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef, ReleaseImpossibleError
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
 from ipam_provider.kube.client import KubeClient
 from tests.netbox.conftest import (
@@ -89,6 +89,29 @@ async def test_a_force_deleted_claims_address_is_listed_then_released(
     assert len(marked(netbox, kept.uid)) == 1, "only the leak is released"
     assert await backend.release_holding(ref, pool, leak) is False, "already gone (404)"
     assert [h.claim_uid for h in await backend.list_holdings(ref, pool, CountingPacer())] == [kept.uid]
+
+
+async def test_an_impossible_release_leaves_the_address_to_the_loop(
+    backend: NetboxBackend, kube: KubeClient, namespace: str, netbox: NetBoxServer
+) -> None:
+    netbox.create_prefix("10.159.0.0/29")
+    await create_secret(kube, namespace, netbox)
+    gone = pool_of(namespace, "gone", [prefix("10.159.0.0/29")])
+    claim = new_claim(namespace, "orphan")
+    allocation = await backend.allocate(PoolRef.from_object(gone), gone, claim)
+    restarted = NetboxBackend(BackendContext(kube=kube), fast_settings())  # never saw the pool, which is gone
+    try:
+        with pytest.raises(ReleaseImpossibleError, match=claim.uid):
+            await restarted.release(PoolRef.from_object(gone), None, claim, allocation)
+        assert len(marked(netbox, claim.uid)) == 1, "left in NetBox, for the repair loop"
+        covering = pool_of(namespace, "covering", [prefix("10.159.0.0/29")])
+        ref = PoolRef.from_object(covering)
+        [holding] = await restarted.list_holdings(ref, covering, CountingPacer())
+        assert (holding.claim, holding.claim_uid) == (f"{namespace}/orphan", claim.uid)
+        assert await restarted.release_holding(ref, covering, holding) is True
+        assert marked(netbox, claim.uid) == []
+    finally:
+        await restarted.close()
 
 
 async def test_holdings_follow_the_sources_and_their_vrf(
