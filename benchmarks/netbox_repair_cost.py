@@ -153,7 +153,9 @@ async def measure(url: str, token: str, count: int, rate: float, page_size: int)
         offset_pages = await offset_listing(backend, body, cidr, page_size)
         offset_seconds = time.monotonic() - started
         (listed, pages, unpaced), (_, _, paced) = figures
-        return Row(count, listed, pages, unpaced, paced, offset_pages, offset_seconds)
+        row = Row(count, listed, pages, unpaced, paced, offset_pages, offset_seconds)
+        print(row, flush=True)  # before the clean-up, which takes as long as the creation
+        return row
     finally:
         delete_ids(api, ids)
         if prefix is not None:

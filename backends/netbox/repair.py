@@ -4,10 +4,10 @@ Contract:
 - A pool's holdings are the NetBox IP addresses inside its sources (each prefix or ip-range, in the source's VRF)
   that carry both ownership marks: the owner tag and a claim UID in the custom field. NetBox filters them itself
   (`tag`, `cf_<uid field>__empty=false`, `parent=<the sources' networks>`, `vrf_id`: one listing per VRF of the
-  pool) and answers only the fields a holding needs (`fields=`). The sources, not the whole VRF: that is exact
-  (another pool's addresses in a shared VRF or global table are not listed) and as cheap (NetBox filters by
-  `parent` on its address index). The sources come from the backend's cache (refreshed by every pool report);
-  a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
+  pool) and answers only the fields a holding needs (`fields=`; not the tags, which the filter vouches for). The
+  sources, not the whole VRF: that is exact (another pool's addresses in a shared VRF or global table are not
+  listed) and as cheap (NetBox filters by `parent` on its address index). The sources come from the backend's
+  cache (refreshed by every pool report); a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
 - Pages: `limit=NetboxSettings.repair_page_size` (1000 by default; NetBox caps it at its MAX_PAGE_SIZE, 1000 by
   default, and its `next` link says whether more follow), one `pacer.wait()` before each. Cursor pagination
   (`start=<last id + 1>`, NetBox 4.6+): no count and no OFFSET scan per page, and an address that exists during
@@ -57,7 +57,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-HOLDING_FIELDS = "id,address,vrf,tags,custom_fields,created"
+# Not `tags`: the `tag` filter already selects them, and serialising tags triples NetBox's time per page. A
+# release checks the tag again on a fresh GET.
+HOLDING_FIELDS = "id,address,vrf,custom_fields,created"
 
 
 class NetboxRepair:
@@ -107,9 +109,10 @@ class NetboxRepair:
                 size = self.backend.settings.repair_page_size
                 async for page in _pages(client, filters, size, pacer):
                     for obj in page:
-                        inside = any(s.contains(host_of(obj)) for s in sources)
-                        if is_ours(obj) and inside and vrf_id_of(obj) == vrf_id:
-                            found[int(obj["id"])] = holding_of(obj)
+                        holding = holding_of(obj)
+                        inside = any(s.contains(holding.address) for s in sources)
+                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id:
+                            found[int(obj["id"])] = holding
             return sorted(found.values(), key=lambda h: int(h.handle))
 
     # --- releasing a leak -----------------------------------------------------------------------------------------

@@ -69,10 +69,12 @@ async def test_a_force_deleted_claims_address_is_listed_then_released(
     gone, kept = new_claim(namespace, "gone"), new_claim(namespace, "kept")
     leaked = await backend.allocate(ref, pool, gone)  # its claim is then force-deleted: no release ever comes
     await backend.allocate(ref, pool, kept)
-    # Not holdings of this pool: an address by hand, one with our tag but no claim UID, one of ours elsewhere.
+    # Not holdings: an address by hand, our tag without a claim UID, a claim UID without our tag, ours elsewhere.
     netbox.api().ipam.ip_addresses.create(address="10.150.0.200/24", description="by hand")
     tag = netbox.api().extras.tags.get(slug=OWNER_TAG)
     netbox.api().ipam.ip_addresses.create(address="10.150.0.201/24", tags=[tag.id])
+    untagged = {CLAIM_UID_FIELD: "uid-without-tag", CLAIM_REF_FIELD: f"{namespace}/untagged"}
+    netbox.api().ipam.ip_addresses.create(address="10.150.0.202/24", custom_fields=untagged)
     mark(netbox, "10.150.1.5/24", "uid-of-another-pool", f"{namespace}/elsewhere")
 
     holdings = await backend.list_holdings(ref, pool, CountingPacer())
