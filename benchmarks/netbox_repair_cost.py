@@ -44,25 +44,10 @@ from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from benchmarks.netbox_throughput import SecretsOnly, netbox_instance, pool
 from ipam_provider.backend.contract import BackendContext, PoolRef
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.repair.pacer import CountingPacer, RatePacer
 
 BULK = 500  # addresses per bulk POST
 CREATORS = 4  # bulk POSTs at a time
-
-
-class IntervalPacer:
-    """At most `rate` waits end per second: each wait ends at least 1/rate s after the previous one."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self._next: float | None = None
-
-    async def wait(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self._next is not None and now < self._next:
-            await asyncio.sleep(self._next - now)
-            now = self._next
-        self._next = now + self.interval
 
 
 @dataclass
@@ -142,10 +127,10 @@ async def measure(url: str, token: str, count: int, rate: float, page_size: int)
         started = time.monotonic()
         ids = create_marked(url, token, cidr, count)
         print(f"{count} marked addresses created in {time.monotonic() - started:.1f} s", flush=True)
-        await backend.list_holdings(ref, body, IntervalPacer(0))  # warm-up
+        await backend.list_holdings(ref, body, CountingPacer())  # warm-up
         client = await backend.connections.client(backend._parse(ref, body))
         figures = []
-        for pacer in (IntervalPacer(0), IntervalPacer(rate)):
+        for pacer in (CountingPacer(), RatePacer(rate)):
             sent, started = client.requests_sent, time.monotonic()
             holdings = await backend.list_holdings(ref, body, pacer)
             figures.append((len(holdings), client.requests_sent - sent, time.monotonic() - started))

@@ -13,6 +13,7 @@ from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef, ReleaseImpossibleError
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.repair.pacer import CountingPacer
 from tests.netbox.conftest import (
     client_of,
     create_secret,
@@ -29,16 +30,6 @@ if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
 Object = dict[str, Any]
-
-
-class CountingPacer:
-    """A pacer that never waits and counts its calls."""
-
-    def __init__(self) -> None:
-        self.waits = 0
-
-    async def wait(self) -> None:
-        self.waits += 1
 
 
 def mark(netbox: NetBoxServer, address: str, uid: str, ref: str, **fields: Any) -> Any:
