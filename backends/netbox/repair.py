@@ -13,15 +13,20 @@ Contract:
   (`start=<last id + 1>`, NetBox 4.6+): no count and no OFFSET scan per page, and an address that exists during
   the whole listing is listed exactly once. A NetBox that ignores `start` (it answers with a `count`) is paged
   by `offset` instead. A listing of N addresses costs floor(N / page size) + 1 pages per VRF.
-- `release_holding` reads the address fresh by id and deletes it only if it still carries our tag, the listed
-  claim UID and claim name, at the listed address; gone (404) or changed: False.
+- Several management clusters may share the NetBox (custom field capi_cluster_identity, the backend's
+  `cluster_identity`): an address stamped with another cluster's identity is not listed; one without identity
+  (made before identities were stamped) is listed with `releasable` False (reported, never released). A backend
+  without an identity lists every address as releasable.
+- `release_holding` never touches a holding that is not `releasable`. It reads the address fresh by id and deletes
+  it only if it still carries our tag, the listed claim UID and claim name and our identity, at the listed
+  address; gone (404) or changed: False.
 - `restore` reads NetBox fresh (never the allocator's trusted shortcut) at the address in its source's VRF:
   an object of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a
   requested address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED;
   an object of ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed
-  to the claim, RECORDED; anything else there (not ours, another claim's, or a second object beside ours): TAKEN,
-  naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
-  address, a range marked populated): OUTSIDE.
+  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a
+  second object beside ours): TAKEN, naming it. An address no source of the pool could hand out (outside every
+  source, its gateway, a reserved address, a range marked populated): OUTSIDE.
 - `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached.
 - Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
 """
@@ -41,7 +46,7 @@ from backends.netbox.allocator import claim_ref, claim_ref_of, host_of, is_ours,
 from backends.netbox.client import NetboxClient
 from backends.netbox.problems import Problem
 from backends.netbox.resolver import Resolved, Source
-from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG, Pool
+from backends.netbox.spec import CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -109,16 +114,17 @@ class NetboxRepair:
                 size = self.backend.settings.repair_page_size
                 async for page in _pages(client, filters, size, pacer):
                     for obj in page:
-                        holding = holding_of(obj)
+                        made = made_by(obj, self.backend.allocator.cluster_identity)
+                        holding = holding_of(obj, releasable=made == OURS)
                         inside = any(s.contains(holding.address) for s in sources)
-                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id:
+                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id and made != OTHER:
                             found[int(obj["id"])] = holding
             return sorted(found.values(), key=lambda h: int(h.handle))
 
     # --- releasing a leak -----------------------------------------------------------------------------------------
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
-        if not holding.handle.isdigit() or not holding.claim_uid:
+        if not holding.releasable or not holding.handle.isdigit() or not holding.claim_uid:
             return False
         address_id = int(holding.handle)
         async with self._netbox(pool_ref, pool, "releasing a leaked NetBox address of") as (parsed, client):
@@ -128,6 +134,7 @@ class NetboxRepair:
                 and is_ours(obj, holding.claim_uid)
                 and (claim_ref_of(obj) or "") == holding.claim
                 and host_of(obj) == holding.address
+                and made_by(obj, self.backend.allocator.cluster_identity) == OURS
             )
             if not unchanged:
                 log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
@@ -246,12 +253,32 @@ def _by_vrf(sources: Sequence[Source]) -> dict[int | None, list[Source]]:
     return grouped
 
 
-def holding_of(obj: Mapping[str, Any]) -> Holding:
+OURS, UNSTAMPED, OTHER = "ours", "unstamped", "other"
+WHY_UNSTAMPED = (
+    f"its custom field {CLUSTER_IDENTITY_FIELD} is empty, so it may belong to another management cluster sharing "
+    "this NetBox (addresses made before identities were stamped)"
+)
+
+
+def made_by(obj: Mapping[str, Any], cluster_identity: str) -> str:
+    """Which management cluster made one of our NetBox IP addresses: OURS (our identity; any address when the
+    backend has none), UNSTAMPED (no identity recorded) or OTHER (another cluster's)."""
+    if not cluster_identity:
+        return OURS
+    stamped = str((obj.get("custom_fields") or {}).get(CLUSTER_IDENTITY_FIELD) or "")
+    if stamped == cluster_identity:
+        return OURS
+    return UNSTAMPED if not stamped else OTHER
+
+
+def holding_of(obj: Mapping[str, Any], *, releasable: bool = True) -> Holding:
     """The Holding for one of our NetBox IP addresses."""
     created = obj.get("created")
     created_at = datetime.fromisoformat(str(created)).timestamp() if created else None
     uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
-    return Holding(host_of(obj), claim_ref_of(obj) or "", str(uid or ""), str(obj["id"]), created_at)
+    why = "" if releasable else WHY_UNSTAMPED
+    address, claim = host_of(obj), claim_ref_of(obj) or ""
+    return Holding(address, claim, str(uid or ""), str(obj["id"]), created_at, releasable=releasable, why_kept=why)
 
 
 def holder_of(obj: Mapping[str, Any]) -> str:
