@@ -67,6 +67,7 @@ class Problem(enum.Enum):
     EXHAUSTED = "Exhausted"
     TARGET_NOT_FOUND = "TargetNotFound"  # func:nextavailableip names no network/range of the view
     UNKNOWN_EA = "UnknownExtensibleAttribute"
+    EA_NOT_ALLOWED = "ExtensibleAttributeNotAllowed"  # the attribute's definition does not allow the object's type
     VIEW_NOT_FOUND = "ViewNotFound"
     CONFLICT = "Conflict"
     REFUSED = "Refused"  # any other error answer
@@ -283,6 +284,7 @@ def _objects(answer: Any, obj_type: str) -> list[Object]:
 
 _VERIFY = re.compile(r"certificate verify failed: ([^'\"()]+)")
 _VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .+ not found")
+_EA_NOT_ALLOWED = re.compile(r"^Extensible attribute '.+' is not allowed for this operation")
 
 
 def classify(error: BaseException) -> WapiError:
@@ -346,6 +348,8 @@ def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
         return WapiError(Problem.VIEW_NOT_FOUND, text, status)
     if status == 404:
         return WapiError(Problem.NOT_FOUND, text, status)
+    if code == "Client.Ibap.Data.Conflict" and _EA_NOT_ALLOWED.match(text):
+        return WapiError(Problem.EA_NOT_ALLOWED, text, status)
     if code == "Client.Ibap.Data.Conflict":
         return WapiError(Problem.CONFLICT, text, status)
     if status is not None and status >= 500:
