@@ -284,7 +284,6 @@ def _objects(answer: Any, obj_type: str) -> list[Object]:
 
 _VERIFY = re.compile(r"certificate verify failed: ([^'\"()]+)")
 _VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .+ not found")
-_EA_NOT_ALLOWED = re.compile(r"^Extensible attribute '.+' is not allowed for this operation")
 
 
 def classify(error: BaseException) -> WapiError:
@@ -328,6 +327,10 @@ def _connection_error(reason: Any) -> WapiError:
     if "NewConnectionError" in text or "Connection refused" in text or "Name or service not known" in text:
         return WapiError(Problem.UNREACHABLE, "cannot connect to the grid (connection refused or name not resolved)")
     return WapiError(Problem.UNKNOWN_OUTCOME, "the connection was lost before the grid answered")
+
+
+# The grid's refusal of an attribute whose definition's allowed_object_types excludes the object's type.
+_EA_NOT_ALLOWED = re.compile(r"^Extensible attribute '.+' is not allowed for this operation")
 
 
 def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:

@@ -8,9 +8,12 @@ paging, the NIOS error bodies, HTTP basic authentication with the ``ibapauth`` c
 Objects: ``networkview``, ``network``, ``ipv6network``, ``range``, ``fixedaddress``, ``ipv6fixedaddress``,
 ``record:host`` and ``extensibleattributedef``, plus the read-only ``view`` (DNS view) and ``zone_auth``
 (authoritative zone), seeded with ``state.add_dns_view`` / ``state.add_zone``.  The module docstrings state each
-contract: :mod:`.rules` (per-type rules), :mod:`.dns` (DNS views and zones), :mod:`.bindings` (attributes restricted
-to object types, a host record's network view), :mod:`.allocation` (next available address), :mod:`.search` (query,
-search, paging), :mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`, :mod:`.server`.
+contract: :mod:`.rules` (per-type rules), :mod:`.dns` (DNS views and zones), :mod:`.allocation` (next available
+address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`,
+:mod:`.server`.
+
+Write-time bindings NIOS enforces across objects (attributes restricted to object types, a host record's network
+view) are in :mod:`.bindings`.
 
 In tests::
 
