@@ -39,6 +39,7 @@ class Link:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._watches: set[asyncio.Task[None]] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
         self._transports: set[asyncio.Transport] = set()
 
     async def start(self) -> None:
@@ -46,18 +47,21 @@ class Link:
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._server_tls)
         await site.start()
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
+        """Close the upstream side first (so that every stream in flight ends at once), then the server."""
+        if self._session is not None:
+            await self._session.close()
+        for pump in list(self._pumps):
+            pump.cancel()
         self.cut()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
 
     def end_watches(self) -> int:
         """End every watch stream in flight cleanly; answers how many."""
@@ -103,15 +107,20 @@ class Link:
         for name, value in upstream.headers.items():
             if name.lower() not in HOP_BY_HOP:
                 response.headers.add(name, value)
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionError:  # the client went away meanwhile (a controller was killed)
+            return response
         watch = request.query.get("watch") in ("true", "1")
         pump = asyncio.create_task(self._pump(upstream, response, watch))
+        self._pumps.add(pump)
         if watch:
             self._watches.add(pump)
         try:
             await asyncio.wait({pump})
         finally:
             self._watches.discard(pump)
+            self._pumps.discard(pump)
             if not pump.done():
                 pump.cancel()
         with contextlib.suppress(ConnectionError, RuntimeError):
