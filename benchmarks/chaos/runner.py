@@ -57,7 +57,7 @@ class Options:
     repair_interval: float = 5.0
     repair_grace: float = 10.0
     settle_timeout: float = 300.0  # for every live claim to be fulfilled once faults stop
-    repair_margin: float = 90.0  # beyond one repair interval + grace, for the checks to come out clean
+    repair_margin: float = 180.0  # beyond one repair interval + grace, for the checks to come out clean
     keep: Path | None = None  # keep the run's directory (logs) under this directory
 
     @property
