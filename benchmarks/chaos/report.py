@@ -41,12 +41,13 @@ def table(results: Sequence[BackendResult]) -> str:
     kinds: list[str] = []
     for result in results:
         kinds += [kind for kind in result.fault_kinds if kind not in kinds]
-    header = ["backend", "operations", "run time", *kinds, *(CHECK_TITLES[c] for c in CHECKS)]
+    header = ["backend", "operations (allocations + releases)", "run time", *kinds, *(CHECK_TITLES[c] for c in CHECKS)]
     rows = [header, ["---"] * len(header)]
     for result in results:
         faults = [str(result.faults.get(k, 0)) if k in result.fault_kinds else "-" for k in kinds]
         checks = [str(result.checks[c]) if c in result.checks else "?" for c in CHECKS]
-        rows.append([result.backend, str(result.operations), f"{result.seconds:.0f} s", *faults, *checks])
+        operations = f"{result.operations} ({result.allocations} + {result.releases})"
+        rows.append([result.backend, operations, f"{result.seconds:.0f} s", *faults, *checks])
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     for result in results:
         if result.error:
