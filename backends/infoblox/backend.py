@@ -13,7 +13,7 @@ grid refused wait for its next re-check instead of asking the grid again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
@@ -22,6 +22,7 @@ from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.connections import Connection, Connections
 from backends.infoblox.credentials import InstanceProblem
 from backends.infoblox.health import GridHealth
+from backends.infoblox.repair import GridRepair, outside_of
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_INSTANCE,
@@ -42,6 +43,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
     ReleaseImpossibleError,
 )
+from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
@@ -58,6 +60,7 @@ class InfobloxBackend:
         self.allocator = Allocator(context.kube, self.grid, self.settings)
         self.checks = PoolChecks(self.grid, self.settings)
         self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
+        self.repair = GridRepair(self)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -128,15 +131,15 @@ class InfobloxBackend:
         if instance is None:
             raise ReleaseImpossibleError(
                 f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
-                f"unknown; delete the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+                f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
             )
         try:
             connection = await self.connections.connect(instance)
         except InstanceProblem as problem:
             if problem.reason == "InstanceNotFound":
                 raise ReleaseImpossibleError(
-                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released; delete "
-                    f"the grid objects whose extensible attribute CAPI-Claim-UID is {claim.uid} by hand"
+                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; its "
+                    f"grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
                 ) from problem
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
         refused = self.grid.refused(connection)
@@ -175,6 +178,36 @@ class InfobloxBackend:
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
         return PoolReport(True, "PoolReady", message, status, counts)
+
+    # --- repair capability (see backends.infoblox.repair) ---------------------------------------------------------
+
+    async def pool_connection(self, pool_ref: PoolRef, pool: Object) -> tuple[Pool, Connection]:
+        """The parsed pool and its instance's connection; PoolNotReadyError when the pool or instance cannot be used
+        now (an instance whose credentials were refused is not asked again before its re-check is due)."""
+        parsed = self._parse(pool_ref, pool)
+        connection = await self._connect(parsed.instance)
+        refused = self.grid.refused(connection)
+        if refused is not None:
+            raise PoolNotReadyError(
+                f"InfobloxInstance {connection.name} is not ready ({refused.reason}): {refused.message}"
+            )
+        return parsed, connection
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
+        return await self.repair.list_holdings(pool_ref, pool, pacer)
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        return await self.repair.release_holding(pool_ref, pool, holding)
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        return await self.repair.restore(pool_ref, pool, claim, allocation)
+
+    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
+        try:
+            parsed = parse_pool(pool_ref, pool)
+        except PoolSpecError:
+            return {}  # the pool's status says what is wrong; nothing can be told now
+        return outside_of(parsed, addresses)
 
     async def close(self) -> None:
         await self.allocator.late_commits.close()

@@ -14,7 +14,9 @@ Contract:
 - A search sends exactly one GET per attempt and per page: it builds the URL and sends the request with the
   Connector's own session, URL builder and reply checks, but not through `Connector.get_object`, which re-sends a
   failing GET up to four times without delay and keeps the page cursor in shared state. A paged search that fails
-  on any page is retried from its first page, so an answer is always complete. A 401 while the session holds a
+  on any page is retried from its first page, so an answer is always complete (a later page refused, which can only
+  be its page cursor, counts as transient); `before_page` (a pacer) is awaited
+  before each page's GET, retries included. A 401 while the session holds a
   cookie is answered by one fresh login (the grid may have ended the session), as infoblox-client does.
 - Never uses infoblox-client's `check_if_exists` (broken for `func:` values) nor a GET by reference (it cannot tell
   404 from 503 to the caller); existence is asked with searches, which answer `[]`.
@@ -174,22 +176,44 @@ class WapiClient:
         extattrs: Mapping[str, str] | None = None,
         *,
         paging: bool = False,
+        page_size: int = PAGE_SIZE,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[Object]:
-        """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none."""
+        """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none.
+        With `paging`, WAPI paging (`page_size` objects a page), awaiting `before_page` before each page."""
         eas = {name: {"value": value} for name, value in (extattrs or {}).items()}
         query: dict[str, Any] = {**(params or {}), "_return_fields": ",".join(fields)}
         if not paging:
             answer = await self._retrying(f"GET {obj_type}", lambda: self._run(lambda: self._get(obj_type, query, eas)))
             return _objects(answer, obj_type)
-        query.update({"_paging": 1, "_return_as_object": 1, "_max_results": PAGE_SIZE})
-        return await self._retrying(f"GET {obj_type} (paged)", lambda: self._all_pages(obj_type, query, eas))
+        query.update({"_paging": 1, "_return_as_object": 1, "_max_results": page_size})
+        return await self._retrying(
+            f"GET {obj_type} (paged)", lambda: self._all_pages(obj_type, query, eas, before_page)
+        )
 
-    async def _all_pages(self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any]) -> list[Object]:
+    async def _all_pages(
+        self,
+        obj_type: str,
+        query: Mapping[str, Any],
+        eas: Mapping[str, Any],
+        before_page: Callable[[], Awaitable[None]] | None,
+    ) -> list[Object]:
         found: list[Object] = []
         page_id: str | None = None
         while True:
+            if before_page is not None:
+                await before_page()
             page_query = {**query, "_page_id": page_id} if page_id else dict(query)
-            page = await self._run(functools.partial(self._get, obj_type, page_query, eas))
+            try:
+                page = await self._run(functools.partial(self._get, obj_type, page_query, eas))
+            except WapiError as error:
+                if page_id is None or error.problem is not Problem.REFUSED:
+                    raise
+                # The grid took the same query without a page id: it refused the cursor (expired, or used by a
+                # request whose reply was lost and which was sent again). Transient: the search starts over.
+                raise WapiError(
+                    Problem.UNAVAILABLE, f"the grid lost the search's page cursor ({error.detail})"
+                ) from error
             if not isinstance(page, dict) or not isinstance(page.get("result"), list):
                 raise WapiError(Problem.REFUSED, f"the grid answered a paged GET of {obj_type} without a result list")
             found.extend(_objects(page["result"], obj_type))

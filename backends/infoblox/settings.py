@@ -29,5 +29,7 @@ class InfobloxSettings:
     create_attempts: int = 5
     # When a claim that failed with PoolNotReady is looked at again (None: the reconciler's default).
     not_ready_retry_seconds: float | None = None
+    # Objects per page of the repair loop's paged listing of a pool's holdings (WAPI `_max_results`).
+    repair_page_size: int = 1000
     # How many ownerReferences deep the Machine that owns a claim is looked for.
     owner_depth: int = 5

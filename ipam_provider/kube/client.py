@@ -177,8 +177,18 @@ class KubeClient:
             if not token:
                 return
 
-    async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
-        return await self._json("POST", resource.path(namespace), body=dict(body), query=_WRITE_QUERY)
+    async def create(
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_validation: str | None = None,
+    ) -> Object:
+        """Create an object. `field_validation` is the API server's `fieldValidation` (Strict, as kubectl sends it,
+        refuses unknown fields; by default the API server prunes them with a warning)."""
+        query = {**_WRITE_QUERY, "fieldValidation": field_validation}
+        return await self._json("POST", resource.path(namespace), body=dict(body), query=query)
 
     async def create_subresource(
         self, resource: Resource, name: str, subresource: str, body: Mapping[str, Any], namespace: str | None = None

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
-from ipam_provider.common import Object, normalized_address
+from ipam_provider.common import Object
 from ipam_provider.repair.live import (
     LiveState,
     Scope,
     address_text,
+    canonical,
     claim_of_address,
     deleting,
     owner_claim_uid,
@@ -53,35 +54,39 @@ class PoolComparison:
 
 def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
     """Compare the pool's holdings with the live state (see the module's contract)."""
-    addresses = live.addresses_of(pool)
+    addresses = [(address, address_text(address)) for address in live.addresses_of(pool)]
     by_name: set[tuple[str, str]] = set()
     by_uid: set[tuple[str, str]] = set()
-    for address in addresses:
+    for address, text in addresses:
         namespace, name = claim_of_address(address)
-        by_name.add((address_text(address), f"{namespace}/{name}"))
+        by_name.add((text, f"{namespace}/{name}"))
         uid = owner_claim_uid(address)
         if uid:
-            by_uid.add((address_text(address), uid))
+            by_uid.add((text, uid))
     result = PoolComparison()
+    held: set[tuple[str, str]] = set()
     for holding in holdings:
-        text = normalized_address(holding.address)
+        text = canonical(holding.address)
+        held.add((text, holding.claim_uid))
         if not holding.claim_uid or (text, holding.claim) in by_name or (text, holding.claim_uid) in by_uid:
             continue
-        if leak_suspected(pool, holding, live, scope):
+        if leak_suspected(holding, text, live, scope):
             result.suspected.append(holding)
-    held = {(normalized_address(h.address), h.claim_uid) for h in holdings}
-    for address in addresses:
+    in_use: set[str] = set()
+    for address, text in addresses:
         if deleting(address):
             continue
+        in_use.add(text)
         claim = restorable_claim(address, live, scope)
-        if claim is not None and (address_text(address), claim["metadata"].get("uid")) not in held:
+        if claim is not None and (text, claim["metadata"].get("uid")) not in held:
             result.unrecorded.append(Unrecorded(address, claim))
-    result.in_use = sorted({address_text(a) for a in addresses if not deleting(a)})
+    result.in_use = sorted(in_use)
     return result
 
 
-def leak_suspected(pool: PoolRef, holding: Holding, live: LiveState, scope: Scope) -> bool:
-    """Whether an unaccounted holding is a suspected leak (see the module's contract)."""
+def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -> bool:
+    """Whether an unaccounted holding (at canonical address `text`) is a suspected leak (see the module's
+    contract)."""
     namespace = holding.claim_namespace
     if not namespace or not scope.watches(namespace):
         return False
@@ -94,7 +99,6 @@ def leak_suspected(pool: PoolRef, holding: Holding, live: LiveState, scope: Scop
     own = live.claim_addresses((namespace, name))
     if not own:
         return False  # an allocation under way: its IPAddress is not written yet
-    text = normalized_address(holding.address)
     return not any(address_text(address) == text for address in own)
 
 

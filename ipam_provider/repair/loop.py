@@ -87,7 +87,10 @@ class RepairLoop:
         )
         await asyncio.sleep(min(self.settings.interval, FIRST_PASS_DELAY))
         while True:
-            await self.run_pass()
+            try:
+                await self.run_pass()
+            except Exception:  # run_pass catches per backend; this is the last line of defence
+                log.exception("repair pass failed; trying again on the next")
             await asyncio.sleep(self.settings.interval)
 
     async def run_pass(self) -> None:

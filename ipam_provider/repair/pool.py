@@ -22,6 +22,7 @@ Contract (the comparison itself is `compare.py`'s):
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,8 @@ class PoolRepairs:
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
         """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
         stay as they were until a pass completes."""
-        comparison = compare_pool(target.ref, holdings, live, self.scope)
+        # In a thread: for a pool of 100,000 addresses the comparison takes about a second of CPU.
+        comparison = await asyncio.to_thread(compare_pool, target.ref, holdings, live, self.scope)
         if self.releasing:
             await self._let_go_orphaned_addresses(target, live)
         suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]

@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
@@ -25,6 +26,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
 from ipam_provider.repair import RepairSettings
@@ -121,6 +123,16 @@ class RecordingStaticBackend:
         return {a: "not listed in the pool" for a in addresses if a not in pool["spec"]["addresses"]}
 
 
+async def force_delete(kube: KubeClient, namespace: str, name: str) -> Object:
+    """Delete the claim without the controller's part, as `kubectl delete` after removing its finalizers by hand
+    does: paused first, so that the controller does not add its finalizer back or release it meanwhile. Answers
+    the claim as it was."""
+    claim = await kube.patch(CLAIMS, name, {"metadata": {"annotations": {ANNOTATION_PAUSED: ""}}}, namespace)
+    await kube.patch(CLAIMS, name, {"metadata": {"finalizers": None}}, namespace)
+    await kube.delete(CLAIMS, name, namespace)
+    return claim
+
+
 async def test_the_repair_loop_releases_a_leak_and_restores_a_lost_record(
     kube: KubeClient, namespace: str, controller_factory: ControllerFactory
 ) -> None:
@@ -144,10 +156,7 @@ async def test_the_repair_loop_releases_a_leak_and_restores_a_lost_record(
 
         # A claim force-deleted without its finalizer; its IPAddress deleted by the garbage collector (which this
         # control plane does not run) keeps our finalizer: nothing but the repair loop lets either go.
-        forced_claim = await kube.get(CLAIMS, "forced", namespace)
-        assert forced_claim is not None
-        await kube.patch(CLAIMS, "forced", {"metadata": {"finalizers": None}}, namespace)
-        await kube.delete(CLAIMS, "forced", namespace)
+        forced_claim = await force_delete(kube, namespace, "forced")
         await kube.delete(ADDRESSES, "forced", namespace)
         # The record of the other claim's address is deleted behind the controller's back.
         backend.records = {h: r for h, r in backend.records.items() if r.claim != f"{namespace}/kept"}
@@ -188,3 +197,68 @@ async def test_the_repair_loop_releases_a_leak_and_restores_a_lost_record(
         assert REGISTRY.get_sample_value("ipam_provider_repair_duplicates", pool_labels) == 0
         passes = {"backend": RecordingStaticBackend.name, "result": "ok"}
         assert (REGISTRY.get_sample_value("ipam_provider_repair_passes_total", passes) or 0) >= 3
+
+
+async def test_report_only_keeps_a_leak_and_a_duplicate_is_reported_on_the_pool(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    await install_crds(kube, [PLUGIN_CRD])
+    pool = {
+        "apiVersion": STATIC_POOL.api_version,
+        "kind": STATIC_POOL.kind,
+        "metadata": {"name": "static"},
+        "spec": {"addresses": ["192.0.2.7", "192.0.2.8", "192.0.2.9"], "prefix": 24},
+    }
+    await kube.create(STATIC_POOLS, pool, namespace)
+    backend = RecordingStaticBackend()
+
+    def factory(context: BackendContext) -> RecordingStaticBackend:
+        return backend
+
+    report_only = RepairSettings(interval=1.0, grace_period=2.0, report_only=True)
+    async with controller_factory(namespaces=[namespace], extra_backends=[factory], repair=report_only):
+        for name in ("twice", "forced"):
+            await kube.create(CLAIMS, claim(name, "static", kind="StaticIPPool", group="ipam.example.com"), namespace)
+        twice = await wait_address(kube, namespace, "twice")
+        await wait_address(kube, namespace, "forced")
+        forced_uid = (await force_delete(kube, namespace, "forced"))["metadata"]["uid"]
+        await kube.patch(ADDRESSES, "forced", {"metadata": {"finalizers": None}}, namespace)
+        await kube.delete(ADDRESSES, "forced", namespace)
+        # Another holder takes the address of claim `twice` behind the controller's back: a record of ours for a
+        # claim that does not exist, so a suspected leak itself (released when releasing is on, and then `twice`'s
+        # address is restored; with report-only, both stay).
+        ip = twice["spec"]["address"]
+        backend.records = {h: r for h, r in backend.records.items() if r.address != ip}
+        backend.records["elsewhere"] = Record(ip, f"{namespace}/elsewhere", "uid-elsewhere")
+        passes = {"backend": RecordingStaticBackend.name, "result": "ok"}
+        passes_before = REGISTRY.get_sample_value("ipam_provider_repair_passes_total", passes) or 0
+
+        async def duplicate_condition() -> str:
+            stored = await kube.get(STATIC_POOLS, "static", namespace) or {}
+            for condition in (stored.get("status") or {}).get("conditions") or []:
+                if condition["type"] == "AddressesRecorded" and condition["reason"] == "DuplicateAddress":
+                    return str(condition["message"])
+            return ""
+
+        message = await wait_for(duplicate_condition, timeout=60, message="AddressesRecorded=False/DuplicateAddress")
+        assert f"IPAddress {namespace}/twice" in message and f"claim {namespace}/elsewhere" in message and ip in message
+
+        async def five_more_passes() -> bool:
+            done = REGISTRY.get_sample_value("ipam_provider_repair_passes_total", passes) or 0
+            return done >= passes_before + 5  # two passes and the 2 s grace period over, several times
+
+        await wait_for(five_more_passes, timeout=60, message="five more repair passes")
+        assert backend.held_for(forced_uid), "report-only never releases"
+        assert backend.records["elsewhere"].claim_uid == "uid-elsewhere", "a duplicate is never taken over"
+        labels = {"backend": RecordingStaticBackend.name, "kind": STATIC_POOL.kind, "namespace": namespace}
+        labels["name"] = "static"
+        assert REGISTRY.get_sample_value("ipam_provider_repair_suspected_leaks", labels) == 2, "forced, elsewhere"
+        assert REGISTRY.get_sample_value("ipam_provider_repair_duplicates", labels) == 1
+        assert (REGISTRY.get_sample_value("ipam_provider_repair_releases_total", labels) or 0) == 0
+
+        async def warnings() -> list[tuple[str, str]]:
+            events, _ = await kube.list(EVENTS, namespace)
+            found = [(e["involvedObject"]["kind"], e["reason"]) for e in events if e["type"] == "Warning"]
+            return found if ("IPAddressClaim", "DuplicateAddress") in found else []
+
+        assert ("StaticIPPool", "DuplicateAddress") in await wait_for(warnings, timeout=30, message="Warnings")

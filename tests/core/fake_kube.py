@@ -181,7 +181,14 @@ class FakeKube(KubeClient):
         self._record("get", resource, namespace, name)
         return self.stored(resource, name, namespace)
 
-    async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
+    async def create(
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_validation: str | None = None,
+    ) -> Object:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
         namespace = namespace if resource.namespaced else None

@@ -593,7 +593,10 @@ async def test_a_claim_without_its_pool_waits_with_pool_not_ready(world: World) 
     assert stored["metadata"]["finalizers"] == [FINALIZER_RELEASE_ADDRESS]
     ready = ready_of(stored)
     assert ready is not None and (ready["status"], ready["reason"]) == ("False", "PoolNotReady")
-    assert ready["message"] == "FakeIPPool/ns/net was not found; create it or point the claim at another pool"
+    assert (
+        ready["message"]
+        == "FakeIPPool/ns/net was not found; create it or point the claim's spec.poolRef at another pool"
+    )
     assert world.backend.calls == []
     assert (await world.events()) == [("Warning", "PoolNotReady", "IPAddressClaim", "m1")]
 

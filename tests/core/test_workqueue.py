@@ -191,3 +191,18 @@ async def test_a_shard_limit_per_shard() -> None:
     assert sorted(key for key, _ in take_ready(queue)) == ["c0", "c1", "c2", "s0"]
     queue.done("s0", "serial")
     assert take_ready(queue) == [("s1", "serial")]
+
+
+async def test_busy_while_waiting_processing_or_due_after_a_delay() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    assert not queue.busy("a")
+    queue.add("a", "pool-1")
+    assert queue.busy("a")
+    item = await queue.get()
+    assert item == ("a", "pool-1") and queue.busy("a"), "being processed"
+    queue.done("a", "pool-1")
+    assert not queue.busy("a")
+    queue.add_after("a", 3600.0, "pool-1")
+    assert queue.busy("a"), "due after a delay"
+    queue.shutdown()
+    assert not queue.busy("a")

@@ -1,0 +1,260 @@
+"""The Infoblox backend's repair capability (`ipam_provider.backend.repair.Repairable`), read from the grid itself.
+
+Contract:
+- `list_holdings`: every fixedaddress, ipv6fixedaddress and record:host in the pool's network view whose CAPI-Pool
+  attribute names the pool (`*CAPI-Pool=<namespace>/<name>`) and that carries CAPI-Claim-UID, one paged search per
+  object type (WAPI paging: `_paging=1`, `_return_as_object=1`, `_max_results`, then `_page_id`), with
+  `pacer.wait()` before every page's GET. All three types are listed so that objects made before the pool's mode or
+  family changed are found too. The gateway reservation (CAPI-Pool only) is not a holding. A failure on any page
+  (after the client's retries, which start again from the first page) raises BackendError: a pass never sees a
+  partial list. Holding: `address` the object's address, `claim` from CAPI-Claim-Namespace/CAPI-Claim-Name,
+  `claim_uid` from CAPI-Claim-UID, `handle` the object's `_ref`.
+- `release_holding` searches the holding's CAPI-Claim-UID afresh (one GET, as a claim's release does) and deletes
+  the object only if that answer still holds it: the same `_ref`, address, CAPI-Pool and uid. Anything else (gone,
+  re-keyed, moved to another pool, or a reference NIOS re-used for a new object) answers False; so does a 404 on the
+  DELETE.
+- `restore` searches the address afresh (the fixed addresses and host records there in the pool's network view,
+  two GETs), never the pool index: an object of the claim there -> HELD; an address the pool cannot hand out (see
+  `outside_pool`) -> OUTSIDE; an object of ours recording the same claim namespace, name and pool under another uid
+  (a moved or restored claim) -> re-keyed to the claim, RECORDED; any other object -> TAKEN, naming it; nothing ->
+  the object a normal allocation makes (fixed address or host record, the claim's attributes, the IPAddress's
+  hostname for host records), posted at that literal address and kept only if it is alone there at its check (the
+  requested-address path's create-then-recheck) -> RECORDED. An object that lost the check is deleted, and the
+  holder found is reported (TAKEN). Nothing else is ever deleted or re-keyed.
+- `outside_pool` sends no request: an address outside every subnet and range of the pool as configured now, or
+  one the pool never hands out (a subnet's network, broadcast or subnet-router anycast address, or a gateway).
+- Grid failures become BackendError (`ownership.translate`); an instance whose credentials were refused is not
+  asked again before its re-check is due.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from backends.infoblox import requested
+from backends.infoblox.allocator import Allocating
+from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection
+from backends.infoblox.ownership import owned, same, take_over
+from backends.infoblox.payloads import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref
+from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool
+from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendError, ClaimContext, PoolRef
+from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.common import Object
+
+if TYPE_CHECKING:
+    from backends.infoblox.backend import InfobloxBackend
+
+log = structlog.get_logger(__name__)
+
+
+class GridRepair:
+    """The repair capability of one InfobloxBackend (its pools, connections and allocator)."""
+
+    def __init__(self, backend: InfobloxBackend) -> None:
+        self._backend = backend
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
+        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        view = network_view(parsed, connection)
+        holdings: list[Holding] = []
+        for obj_type in ALL_TYPES:
+            try:
+                answer = await connection.client.search(
+                    obj_type,
+                    RETURN_FIELDS[obj_type],
+                    {"network_view": view},
+                    extattrs={EA_POOL: parsed.label},
+                    paging=True,
+                    page_size=self._backend.settings.repair_page_size,
+                    before_page=pacer.wait,
+                )
+            except WapiError as error:
+                if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
+                    return []
+                raise await self._backend.allocator.translate_error(connection, error, f"listing {pool_ref}") from error
+            holdings += [holding_of(obj) for obj in ours(obj_type, answer, parsed.label)]
+        log.debug("holdings listed", pool=str(pool_ref), holdings=len(holdings))
+        return holdings
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        obj_type = type_of_ref(holding.handle)
+        if not holding.claim_uid or obj_type not in ALL_TYPES:
+            return False
+        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        try:
+            found = await owned(connection, (obj_type,), holding.claim_uid)
+            still = [o for o in found if as_listed(o, holding, parsed.label)]
+            if not still:
+                log.info("holding changed or gone; left alone", pool=str(pool_ref), ref=holding.handle)
+                return False
+            deleted = await connection.client.delete(holding.handle)
+        except WapiError as error:
+            raise await self._backend.allocator.translate_error(connection, error, f"release in {pool_ref}") from error
+        self._backend.allocator.released_elsewhere(pool_ref)
+        log.info(
+            "leaked grid object released",
+            pool=str(pool_ref),
+            address=holding.address,
+            claim=holding.claim,
+            ref=holding.handle,
+            already_gone=not deleted,
+        )
+        return deleted
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        address = canonical(allocation.address)
+        outside = outside_why(parsed, address)
+        if address is None or version(address) != parsed.version:
+            return Restore(RestoreOutcome.OUTSIDE, outside or f"not an IPv{parsed.version} address")
+        try:
+            return await self._restore(parsed, connection, claim, allocation, address, outside)
+        except WapiError as error:
+            what = f"address {address} in {pool_ref}"
+            raise await self._backend.allocator.translate_error(connection, error, what) from error
+
+    async def _restore(
+        self,
+        pool: Pool,
+        connection: Connection,
+        claim: ClaimContext,
+        allocation: Allocation,
+        address: str,
+        outside: str | None,
+    ) -> Restore:
+        view = network_view(pool, connection)
+        found = await requested.holders(connection, pool, view, address)
+        mine = held_by(found, claim)
+        if mine is not None:
+            return mine
+        if outside is not None:
+            return Restore(RestoreOutcome.OUTSIDE, outside)
+        if any(requested.earlier_self(o, pool, claim) for o in found):
+            kept = await take_over(connection, pool, claim, view, address)
+            if kept is not None:
+                return await self._check_alone(pool, connection, claim, address, kept, "re-keyed to the claim")
+        if found:
+            return taken(found[0])
+        return await self._record(pool, connection, claim, allocation, address)
+
+    async def _record(
+        self, pool: Pool, connection: Connection, claim: ClaimContext, allocation: Allocation, address: str
+    ) -> Restore:
+        """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
+        allocator = self._backend.allocator
+        state = await allocator.index(pool, connection)
+        job = Allocating(pool, connection, state, claim, network_view(pool, connection))
+        hostname = allocation.annotations.get(ANNOTATION_HOSTNAME) or await allocator.hostname_for(
+            pool, connection, claim
+        )
+        try:
+            kept = await allocator.create_object(job, address, hostname, for_request=True)
+        except WapiError as error:
+            if error.problem is not Problem.CONFLICT:
+                raise
+            return await self._after_losing(pool, connection, claim, address, error.detail)
+        if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
+            return Restore(RestoreOutcome.TAKEN, f"claim {claim}'s host record {kept.ref} holds {kept.address}")
+        return await self._check_alone(pool, connection, claim, address, kept, "recorded again")
+
+    async def _check_alone(
+        self, pool: Pool, connection: Connection, claim: ClaimContext, address: str, kept: GridObject, did: str
+    ) -> Restore:
+        view = network_view(pool, connection)
+        try:
+            await requested.keep_alone(connection, pool, claim, view, address, kept)
+        except AllocationFailedError as error:  # `kept` shared the address and was deleted
+            return await self._after_losing(pool, connection, claim, address, error.message)
+        log.info("allocation restored on the grid", pool=str(pool.ref), claim=str(claim), address=address, ref=kept.ref)
+        return Restore(RestoreOutcome.RECORDED, f"{kept.obj_type} {kept.ref} {did}")
+
+    async def _after_losing(
+        self, pool: Pool, connection: Connection, claim: ClaimContext, address: str, why: str
+    ) -> Restore:
+        """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again."""
+        found = await requested.holders(connection, pool, network_view(pool, connection), address)
+        mine = held_by(found, claim)
+        if mine is not None:
+            return mine
+        if found:
+            return taken(found[0])
+        raise BackendError(f"address {address} of claim {claim} could not be recorded again: {why}; trying again")
+
+
+def held_by(found: Sequence[GridObject], claim: ClaimContext) -> Restore | None:
+    """HELD when an object of the claim is among `found`, else None."""
+    mine = next((o for o in found if o.claim_uid == claim.uid), None)
+    return Restore(RestoreOutcome.HELD, f"{mine.obj_type} {mine.ref}") if mine is not None else None
+
+
+def taken(holder: GridObject) -> Restore:
+    detail = requested.describe(holder)
+    if holder.claim_uid:
+        detail = f"{detail} ({holder.obj_type} {holder.ref})"
+    return Restore(RestoreOutcome.TAKEN, detail)
+
+
+def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject]:
+    """The answered objects that carry CAPI-Pool=`label` and a CAPI-Claim-UID."""
+    parsed = (parse_object(obj_type, raw) for raw in answer)
+    return [o for o in parsed if o is not None and o.claim_uid and o.extattrs.get(EA_POOL) == label]
+
+
+def holding_of(obj: GridObject) -> Holding:
+    marks = obj.extattrs
+    namespace, name = marks.get(EA_CLAIM_NAMESPACE) or "", marks.get(EA_CLAIM_NAME) or ""
+    claim = f"{namespace}/{name}" if namespace and name else ""
+    return Holding(canonical(obj.address) or obj.address, claim, obj.claim_uid or "", obj.ref)
+
+
+def as_listed(obj: GridObject, holding: Holding, label: str) -> bool:
+    """Whether `obj` is still exactly the listed holding."""
+    return (
+        obj.ref == holding.handle
+        and obj.claim_uid == holding.claim_uid
+        and obj.extattrs.get(EA_POOL) == label
+        and same(obj.address, holding.address)
+    )
+
+
+def outside_of(pool: Pool, addresses: Sequence[str]) -> Mapping[str, str]:
+    """Of `addresses`, those the pool cannot hand out as configured now, each with why."""
+    answer: dict[str, str] = {}
+    for address in addresses:
+        why = outside_why(pool, canonical(address)) if canonical(address) else "not an IP address"
+        if why is not None:
+            answer[address] = why
+    return answer
+
+
+def outside_why(pool: Pool, address: str | None) -> str | None:
+    """Why the pool cannot hand out `address`, or None when it can."""
+    if address is None:
+        return "not an IP address"
+    target, why = requested.target_for(pool, address)
+    if target is not None:
+        return None
+    if why:
+        return why
+    names = ", ".join(str(t) for t in pool.targets)
+    return f"in none of the pool's subnets and ranges ({names})"
+
+
+def canonical(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
+
+
+def version(address: str) -> int:
+    return ipaddress.ip_address(address).version
+
+
+def network_view(pool: Pool, connection: Connection) -> str:
+    return pool.spec.network_view or connection.spec.default_network_view
