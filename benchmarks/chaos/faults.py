@@ -43,7 +43,7 @@ CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 HEAVY = ("controller-sigkill", "leader-sigkill", "apiserver-restart", "etcd-restart", "watch-expiry")
 LIGHT = ("force-delete", "delete-behind-back")
 EXPIRY_WAIT = 60.0  # for a controller's resumed watch to be answered 410 through the relay
-RETRY_LATER = 5  # a fault that found nothing to act on goes back in the schedule at most this many times
+RETRY_LATER = 20  # a fault that found nothing to act on goes back in the schedule at most this many times
 
 
 def fault_plan(backend_kinds: tuple[str, ...], operations: int, rng: random.Random) -> list[str]:
