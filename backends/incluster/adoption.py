@@ -6,8 +6,8 @@ Contract of `hold_existing`:
   pool; or it gets AllocationFailed naming who holds the address (claim and pool).
 - A live reservation of the *same pool* held under the claim's namespace/name with another uid (made from the
   IPAddress before the claim existed, or with a uid that predates a restore) is taken over. A reservation of
-  another pool of the uniqueness domain is never taken over, whoever it names: its pool's release and sweeps
-  would no longer find it, and the address could be handed out twice.
+  another pool of the uniqueness domain is never taken over, whoever it names: its pool's release and the repair
+  loop would no longer find it, and the address could be handed out twice.
 """
 
 from __future__ import annotations

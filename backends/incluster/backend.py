@@ -37,9 +37,9 @@ from backends.incluster.pool_spec import InClusterPoolSpec, allocation_policy, p
 from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message
 from backends.incluster.release import release_claim
 from backends.incluster.released import reserve_or_take_over
+from backends.incluster.repair import ReservationRepair
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
 from backends.incluster.reservations import Reservation, ReservationClient
-from backends.incluster.sweeps import Sweeps
 from backends.validation import spec_error
 from ipam_provider.backend.contract import (
     AddressCounts,
@@ -67,8 +67,8 @@ GLOBAL_IN_CLUSTER_POOL = PoolKind(
 )
 
 
-class InClusterBackend:
-    """Serves InClusterIPPool and GlobalInClusterIPPool."""
+class InClusterBackend(ReservationRepair):
+    """Serves InClusterIPPool and GlobalInClusterIPPool; offers the repair capability (see `repair`)."""
 
     concurrent_claims = True
     cross_pool_reports = True  # a pool's report names the pools overlapping it (see `overlap`)
@@ -83,8 +83,8 @@ class InClusterBackend:
             lambda domain: domain_pools(context.kube, self.kinds, context.cached_pools, domain),
         )
         self.cached_addresses = context.cached_addresses
+        self.cached_pools = context.cached_pools
         self.survey = PoolSurvey(self.kinds, context.cached_pools, survey_parse)
-        self.sweeps = Sweeps(context.kube, self.reservations, self.indexes, self.kinds)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -222,8 +222,6 @@ class InClusterBackend:
         policy = allocation_policy(spec, allocatable, pre)
         generation, uid = _generation(pool), _uid(pool)
         await enforce_pool_pins(self.indexes, generation, allocatable, spec, policy, pre, addresses, uid=uid)
-        await self.sweeps.sweep(pool_ref, addresses, uid)
-        await self.sweeps.sweep_orphans()
         collided, waiting = await collisions(pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations)
         total = allocatable.addresses.size
         used_inside = len(addresses) - out_of_range

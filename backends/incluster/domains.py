@@ -10,7 +10,7 @@ Contract:
   create-uniqueness decides between every pool of the domain, across processes and restarts.
 - A domain pool's index is built from every reservation of the domain (listed by the domain's label): addresses
   held by the domain's other pools are used for it too. Each reservation keeps its own pool's label, so a pool's
-  own accounting (its claims, their release, the sweeps of stray reservations and of deleted pools) sees only its
+  own accounting (its claims, their release, its holdings for the repair loop, the sweep of deleted pools) sees only its
   own reservations.
 - A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
   over (`PoolIndex.expired_releases`), so that a pool which no longer allocates does not keep its released

@@ -2,7 +2,8 @@
 
 A pool deleted through the `skip-validate-delete-webhook` annotation (as `clusterctl move` does), whose claims and
 IPAddresses were then removed without their finalizers running, leaves its reservations behind: no claim will ever
-release them, and the per-pool sweep only visits live pools.
+release them, and the repair loop's comparison visits live pools only. The loop calls `sweep_orphans` once per pass
+through the backend's `sweep_orphaned` (see `repair`).
 
 Contract:
 - `sweep_orphans` lists every reservation once and deletes those whose pool (by its group, kind, namespace and name)
@@ -11,7 +12,9 @@ Contract:
   reservation, so that a pool re-created under the same name cannot hand its address out again. A released
   reservation is kept until the reuse grace period recorded on it has passed (the other pools of its uniqueness
   domain honour it too).
-- Reservations of pool kinds the caller does not serve are left alone. Deletion uses the reservation's uid and
+- A pool the caller knows to exist (`known`, from its synced pool caches) is not read again; every other pool is
+  read from the API server before its reservations go. Reservations of pool kinds the caller does not serve are
+  left alone. Deletion uses the reservation's uid and
   resourceVersion preconditions, so one changed meanwhile is kept; several processes may sweep at once.
 - Nothing can be allocated from a pool that does not exist, so no new holder can appear while this runs.
 """
@@ -19,7 +22,7 @@ Contract:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import structlog
 
@@ -64,7 +67,11 @@ def _in_reuse_grace(reservation: Reservation) -> bool:
 
 
 async def sweep_orphans(
-    kube: KubeClient, reservations: ReservationClient, kinds: Sequence[PoolKind], grace_seconds: float
+    kube: KubeClient,
+    reservations: ReservationClient,
+    kinds: Sequence[PoolKind],
+    grace_seconds: float,
+    known: Collection[PoolRef] = (),
 ) -> int:
     """Delete the reservations of pools that are gone (see the module's contract); answer how many."""
     served = {(kind.group, kind.kind): kind for kind in kinds}
@@ -77,6 +84,8 @@ async def sweep_orphans(
     deleted = 0
     for ref, held in by_pool.items():
         kind = served[(ref.group, ref.kind)]
+        if ref in known:
+            continue
         if await kube.get(pool_resource(kind), ref.name, ref.namespace if kind.namespaced else None) is not None:
             continue
         for reservation in held:

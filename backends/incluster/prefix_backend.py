@@ -7,9 +7,9 @@ it has one. IPv6 as in the Go in-cluster provider, IPv4 as well.
 Allocation is the address pools' (`backend.InClusterBackend`), over child numbers instead of addresses (see
 `prefix_allocatable`): a child is held by an InClusterIPReservation named by (pool, the child's first address), so
 etcd's create-uniqueness decides who holds it, exactly as for an address; the pool's index, its concurrency, the
-adoption of IPAddresses without a reservation, release, the stray and orphan sweeps are shared. Prefix pools have no
-reuse grace period. The backend is registered under its own name, `inclusterprefix`, the `backend` label of its
-metrics.
+adoption of IPAddresses without a reservation, release, and the repair capability (`repair`) are shared. Prefix
+pools have no reuse grace period. The backend is registered under its own name, `inclusterprefix`, the `backend`
+label of its metrics.
 """
 
 from __future__ import annotations
@@ -126,8 +126,6 @@ class InClusterPrefixBackend(InClusterBackend):
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid)
         out_of_range = sum(1 for a in addresses if child_of(a.address, a.prefix, allocatable) is None)
-        await self.sweeps.sweep(pool_ref, addresses, _uid(pool))
-        await self.sweeps.sweep_orphans()
         total = allocatable.addresses.size
         counts = AddressCounts(
             total=total,

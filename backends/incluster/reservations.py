@@ -198,10 +198,12 @@ class ReservationClient:
         items, _ = await self.kube.list(RESERVATIONS, label_selector=selector)
         return [Reservation.parse(item) for item in items]
 
-    async def delete(self, reservation: Reservation) -> None:
-        """Delete exactly this reservation (uid and resourceVersion preconditions); gone already is fine."""
+    async def delete(self, reservation: Reservation) -> bool:
+        """Delete exactly this reservation (uid and resourceVersion preconditions); gone already is fine. True when
+        this call deleted it; False when it was gone, or changed since it was read (or was re-created for someone
+        else): then it is left alone."""
         try:
-            await self.kube.delete(
+            return await self.kube.delete(
                 RESERVATIONS,
                 reservation.name,
                 uid=reservation.uid,
@@ -210,7 +212,7 @@ class ReservationClient:
         except ApiError as error:
             if not error.conflict:
                 raise
-            # It changed since we read it (or was re-created for someone else): leave it alone.
+            return False
 
     async def mark_released(self, reservation: Reservation, at: str, grace_seconds: int | None = None) -> Reservation:
         """Keep the address held, without an owner, until the pool's reuse grace period (`grace_seconds`, recorded

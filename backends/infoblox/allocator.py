@@ -3,8 +3,9 @@
 Contract:
 - Steady state is one WAPI request per allocation: a POST of a fixedaddress / ipv6fixedaddress / record:host with
   `func:nextavailableip:<subnet or range>,<network view>`, the ownership attributes and `_return_fields`, so the
-  answer carries the address and no follow-up GET is needed. The grid picks the address atomically, so two claims
-  never get the same one, even from two controllers.
+  answer carries the address and no follow-up GET is needed. A hostRecord pool with configureForDNS false first
+  searches its host name among IPAM-only records (`same_name`): two requests. The grid picks the address
+  atomically, so two claims never get the same one, even from two controllers.
 - Idempotent: the per-pool index (built by one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, and every
   `index_resync_seconds`) maps claim uids to the objects they own; a claim that owns an object gets it back, with no
   request. With `existing` (an IPAddress names the claim's address) the object at that address owned by the claim
@@ -39,7 +40,7 @@ from backends.infoblox import requested
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import GridHealth
-from backends.infoblox.hostname import HostnameError, machine_name
+from backends.infoblox.hostname import HostnameError, host_fqdn, machine_name
 from backends.infoblox.ownership import LateCommits, owned, release_owned, same, take_over, translate
 from backends.infoblox.payloads import (
     FIXED_V4,
@@ -56,6 +57,7 @@ from backends.infoblox.payloads import (
     parse_object,
     types_for_version,
 )
+from backends.infoblox.same_name import same_name
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_HOSTNAME,
@@ -237,6 +239,10 @@ class Allocator:
             assert hostname is not None and pool.spec.host_record is not None
             dns_view = pool.spec.host_record.dns_view or connection.spec.default_dns_view
             payload = host_payload(pool, address, hostname, dns_view, claim_marks(pool, claim, requested=for_request))
+            if not pool.spec.host_record.configure_for_dns:  # NIOS may not refuse a second IPAM-only record
+                found = await same_name(job, hostname, dns_view, None)
+                if found is not None:
+                    return found
         else:
             payload = fixed_payload(pool, address, job.network_view, claim_marks(pool, claim, requested=for_request))
         attempts, resent = self._settings.create_attempts, False
@@ -258,7 +264,9 @@ class Allocator:
                         return found
                     resent = True
                 elif error.problem is Problem.CONFLICT and obj_type == HOST and hostname is not None:
-                    return await self._same_name(job, hostname, payload["view"], error)
+                    found = await same_name(job, hostname, payload["view"], error)
+                    assert found is not None  # given the error, same_name raises rather than answer None
+                    return found
                 elif error.problem is not Problem.UNAVAILABLE:
                     raise
                 if last:
@@ -295,27 +303,6 @@ class Allocator:
         state.by_claim[claim.uid] = found
         log.info("lost allocation found on the grid", claim=str(claim), pool=str(pool.ref), address=found[0].address)
         return found[0]
-
-    async def _same_name(self, job: Allocating, hostname: str, dns_view: str, error: WapiError) -> GridObject:
-        """A host record of this name exists: it is the claim's only if it carries the claim's uid."""
-        state, claim = job.state, job.claim
-        answer = await job.connection.client.search(HOST, RETURN_FIELDS[HOST], {"name": hostname, "view": dns_view})
-        holders = [obj for obj in (parse_object(HOST, raw) for raw in answer) if obj is not None]
-        mine = [obj for obj in holders if obj.claim_uid == claim.uid]
-        if mine:
-            state.by_claim[claim.uid] = mine
-            return mine[0]
-        if not holders:
-            raise error
-        owner = holders[0].extattrs
-        if holders[0].claim_uid:
-            whose = f"it belongs to claim {owner.get('CAPI-Claim-Namespace')}/{owner.get('CAPI-Claim-Name')}"
-        else:
-            whose = "it was not made by this provider and is never adopted"
-        raise AllocationFailedError(
-            f"host record {hostname} already exists in DNS view {dns_view} ({whose}); delete or rename it, or "
-            "change the pool's hostnameSource"
-        )
 
     async def _hold_existing(self, job: Allocating, existing: Allocation) -> Allocation:
         """Make the claim own exactly the address its IPAddress names, and nothing else."""
@@ -380,14 +367,13 @@ class Allocator:
         settings = pool.spec.host_record
         if settings is None or object_type(pool) != HOST:
             return None
-        if settings.hostname_source == "claimName":
-            name = claim.name
-        else:
-            try:
-                name = await machine_name(self._kube, claim, self._settings.owner_depth)
-            except HostnameError as error:
-                raise AllocationFailedError(str(error)) from error
-        return f"{name}.{settings.dns_zone.strip('.')}"
+        try:
+            if settings.hostname_source == "claimName":
+                return host_fqdn(claim.name, settings.dns_zone, claim, "claim name")
+            name = await machine_name(self._kube, claim, self._settings.owner_depth)
+            return host_fqdn(name, settings.dns_zone, claim, "Machine name")
+        except HostnameError as error:
+            raise AllocationFailedError(str(error)) from error
 
     def allocation_of(
         self, pool: Pool, connection: Connection, obj: GridObject, target: Target | None = None

@@ -8,7 +8,9 @@ Contract:
   (`hostRecord.dnsView`, else the instance's `defaultDNSView`; a custom default was already found by the instance
   check, so that one costs nothing, while NIOS's built-in `default` is asked for here) and, with `configureForDNS`,
   an authoritative zone (`zone_auth`) in that view for `dnsZone`, or, only when that is missing, for a parent of it
-  (NIOS puts a record into the closest enclosing zone). Missing ones give `DNSViewNotFound` / `DNSZoneNotFound`.
+  (NIOS puts a record into the closest enclosing zone). Missing ones give `DNSViewNotFound` / `DNSZoneNotFound`;
+  a search the grid answers with a 404 on a view (`View <name> not found`, as NIOS answers a search naming a DNS
+  view it does not have) gives `DNSViewNotFound` (or `NetworkViewNotFound`) too.
   `forget` drops a cached result (after an allocation found the pool's configuration wrong). `DNS_REASONS` are the
   results that make allocations fail before any POST.
 - `usage` counts from the pool's spec and its IPAddresses: total = addresses the subnets and ranges can hand out
@@ -28,6 +30,7 @@ from typing import Any
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth, Health
+from backends.infoblox.ownership import view_missing
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import HOST_RECORD, Pool
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
@@ -67,6 +70,10 @@ class PoolChecks:
             failed = await self._grid.failed(connection, error) if error.problem in INSTANCE_WIDE else None
             ready, reason = False, failed.reason if failed else "WAPIError"
             message = failed.message if failed else f"checking the pool on the grid failed: {error.detail}"
+            if error.problem is Problem.VIEW_NOT_FOUND:  # a search named a view the grid does not have
+                network = error.detail.startswith("Network view")
+                reason = "NetworkViewNotFound" if network else "DNSViewNotFound"
+                message = view_missing(error.detail, "checking the pool")
         result = CheckResult(ready, reason, message, key, time.monotonic())
         self._results[pool.ref] = result
         return result

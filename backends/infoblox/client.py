@@ -306,7 +306,7 @@ def _objects(answer: Any, obj_type: str) -> list[Object]:
 
 
 _VERIFY = re.compile(r"certificate verify failed: ([^'\"()]+)")
-_VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .+ not found")
+_VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .* not found")  # "View  not found": a blank view
 
 
 def classify(error: BaseException) -> WapiError:

@@ -7,6 +7,8 @@ owner that is not a Machine is read from the API server to learn its own owners:
 apiVersion and the plural of its kind (lower case, English plural), in the claim's namespace. Reading it needs
 `get` on that resource (add it to the ClusterRole for your infrastructure provider's kinds); an owner that cannot
 be read is skipped.
+
+The name is lower-cased and must be a DNS name by length (`host_fqdn`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,33 @@ from ipam_provider.kube.resources import CLUSTER_GROUP, Resource
 log = structlog.get_logger(__name__)
 
 
+MAX_LABEL = 63  # RFC 1035: octets in one label
+MAX_NAME = 253  # RFC 1035: 255 octets on the wire, which is 253 characters written out
+
+
 class HostnameError(Exception):
     """No host name can be had for the claim; the message says why."""
+
+
+def host_fqdn(name: str, zone: str, claim: ClaimContext, source: str) -> str:
+    """The host record's name: `name` in `zone`, in lower case (NIOS stores names in lower case, and a search with
+    `=` is case-sensitive). Raises HostnameError, naming the claim and the limit, when the result is not a DNS
+    name: a label longer than 63 characters or a name longer than 253. A name is never shortened: the host name
+    is what people and DNS know the machine by, and a shortened one could be another machine's."""
+    fqdn = f"{name}.{zone.strip('.')}".lower()
+    fix = f"use a shorter {source} or spec.hostRecord.dnsZone"
+    if len(fqdn) > MAX_NAME:
+        raise HostnameError(
+            f"host name {fqdn!r} of claim {claim} is {len(fqdn)} characters, over the {MAX_NAME}-character limit "
+            f"of a DNS name; {fix}"
+        )
+    for label in fqdn.split("."):
+        if not 0 < len(label) <= MAX_LABEL:
+            raise HostnameError(
+                f"host name {fqdn!r} of claim {claim} has a label of {len(label)} characters ({label[:20]}...); a "
+                f"DNS label is 1 to {MAX_LABEL} characters; {fix}"
+            )
+    return fqdn
 
 
 async def machine_name(kube: KubeClient, claim: ClaimContext, depth: int) -> str:

@@ -151,13 +151,25 @@ async def translate(grid: GridHealth, connection: Connection, error: WapiError, 
     if error.problem in INSTANCE_WIDE:
         health = await grid.failed(connection, error)
         return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
-    if error.problem in (Problem.TARGET_NOT_FOUND, Problem.VIEW_NOT_FOUND):
+    if error.problem is Problem.VIEW_NOT_FOUND:
+        return PoolNotReadyError(view_missing(error.detail, what))
+    if error.problem is Problem.TARGET_NOT_FOUND:
         return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
     if error.problem is Problem.UNKNOWN_EA:
         return PoolNotReadyError(f"{error.detail}: define it on the grid or remove it from spec.extensibleAttributes")
     if error.problem in (Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME):
         return AllocationFailedError(f"the grid did not answer ({error.detail}); retrying", retry_after=5.0)
     return AllocationFailedError(f"{what}: the grid refused: {error.detail}")
+
+
+def view_missing(detail: str, what: str) -> str:
+    """The message of a 404 on a view (`View <name> not found` or `Network view <name> not found`)."""
+    if detail.startswith("Network view"):
+        kind, fix = "network view", "spec.networkView or the InfobloxInstance's defaultNetworkView"
+    else:
+        kind, fix = "DNS view", "spec.hostRecord.dnsView or the InfobloxInstance's defaultDNSView"
+    found = f"the grid answered {detail!r}"
+    return f"{what}: the pool's {kind} does not exist on the grid ({found}); create it or fix {fix}"
 
 
 def same(a: str, b: str) -> bool:

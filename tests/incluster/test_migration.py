@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.repair import RepairSettings
 from tests.incluster.test_no_duplicates import assert_unique_and_complete
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, claim, global_pool, wait_address
@@ -46,10 +44,8 @@ def go_provider_address(name: str, claim_uid: str, pool_name: str, address: str)
 
 
 async def test_migrated_ipaddresses_are_never_handed_out_again_by_two_controllers(
-    kube: KubeClient, namespace: str, controller_factory: ControllerFactory, monkeypatch: pytest.MonkeyPatch
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
 ) -> None:
-    monkeypatch.setattr(incluster_sweeps, "SWEEP_INTERVAL", 1.0)  # strays from the overlap go within seconds
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 2.0)
     pool_name = f"migrated-{namespace}"
     await kube.create(GLOBAL_POOLS, global_pool(pool_name, ["10.46.0.10-10.46.0.30"], 24))
     # Two old claims, paused so that both controllers see the new claims first; their IPAddresses hold the two
@@ -64,7 +60,11 @@ async def test_migrated_ipaddresses_are_never_handed_out_again_by_two_controller
             ADDRESSES, go_provider_address(name, created["metadata"]["uid"], pool_name, address), namespace
         )
         old[name] = address
-    async with controller_factory(namespaces=[namespace]), controller_factory(namespaces=[namespace]):
+    fast = RepairSettings(interval=1.0, grace_period=2.0)  # strays from the overlap go within seconds
+    async with (
+        controller_factory(namespaces=[namespace], repair=fast),
+        controller_factory(namespaces=[namespace], repair=fast),
+    ):
         for index in range(6):
             await kube.create(CLAIMS, claim(f"new-{index}", pool_name, kind="GlobalInClusterIPPool"), namespace)
         new = {(await wait_address(kube, namespace, f"new-{i}"))["spec"]["address"] for i in range(6)}

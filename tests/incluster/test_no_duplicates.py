@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
-from ipam_provider.reconcile import pools
+from ipam_provider.repair import RepairSettings
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory, controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address
@@ -45,7 +44,7 @@ async def assert_unique_and_complete(
     assert sum(len(v) for v in by_pool.values()) == expected_claims
 
     async def one_reservation_per_claim() -> bool:
-        # Strays left by overlapping replicas are swept by the pool's periodic report; wait for that.
+        # Strays left by overlapping replicas are released by the repair loop; wait for that.
         reservations, _ = await kube.list(RESERVATIONS)
         mine = [r for r in reservations if r["spec"]["claim"].get("namespace") == namespace]
         per_claim = collections.Counter(r["spec"]["claim"]["uid"] for r in mine)
@@ -61,12 +60,8 @@ async def assert_unique_and_complete(
     return by_pool
 
 
-@pytest.fixture
-def fast_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sweep stray reservations within seconds instead of minutes."""
-    monkeypatch.setattr(incluster_sweeps, "SWEEP_INTERVAL", 1.0)
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 2.0)
-    monkeypatch.setattr(pools, "RESYNC", 1.0)
+# The repair loop (which releases stray reservations) at a test's pace.
+FAST_REPAIR = RepairSettings(interval=1.0, grace_period=2.0)
 
 
 async def create_claims(kube: KubeClient, namespace: str, names_and_pools: list[tuple[str, str]]) -> None:
@@ -172,7 +167,7 @@ class LaggingKubeClient(KubeClient):
 
 
 async def test_no_duplicates_with_three_controllers_one_lagging(
-    kube: KubeClient, kubeconfig: Path, namespace: str, fast_sweeps: None
+    kube: KubeClient, kubeconfig: Path, namespace: str
 ) -> None:
     """Replicas overlapping in the worst way: two controllers allocate from the same pools for different
     claims (split by --watch-filter) with independent indexes, and a third sees every event late."""
@@ -190,7 +185,9 @@ async def test_no_duplicates_with_three_controllers_one_lagging(
             client.__class__ = LaggingKubeClient
         registry = BackendRegistry([create_backend(BackendContext(kube=client))])
         controller = Controller(
-            client, registry, ControllerSettings(namespaces=[namespace], watch_filter=watch_filter, workers=4)
+            client,
+            registry,
+            ControllerSettings(namespaces=[namespace], watch_filter=watch_filter, workers=4, repair=FAST_REPAIR),
         )
         ready = asyncio.Event()
         task = asyncio.create_task(controller.run(ready))
@@ -250,6 +247,8 @@ async def test_a_signal_mid_run_then_restart(
         await kube.create(POOLS, pool(f"k-{index}", [f"10.44.{index}.0/24"], 24), namespace)
     command = [
         *controller_command(kubeconfig, namespace),
+        "--repair-interval=1s",
+        "--repair-grace-period=2s",
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
         "--workers=4",
@@ -278,43 +277,3 @@ async def test_a_signal_mid_run_then_restart(
             if process is not None and process.returncode is None:
                 process.kill()
                 await process.wait()
-
-
-async def test_stray_reservations_are_swept_and_rightful_ones_kept(
-    kube: KubeClient, namespace: str, controller_factory: ControllerFactory, fast_sweeps: None
-) -> None:
-    await kube.create(POOLS, pool("net", ["10.45.0.0/28"], 28), namespace)
-
-    def reservation(address: str, claim_name: str, uid: str) -> dict[str, Any]:
-        return {
-            "apiVersion": RESERVATIONS.api_version,
-            "kind": RESERVATIONS.kind,
-            "metadata": {"name": _reservation_name(namespace, address, "net"), "labels": _labels(namespace, uid)},
-            "spec": {
-                "pool": {
-                    "apiGroup": "ipam.cluster.x-k8s.io",
-                    "kind": "InClusterIPPool",
-                    "namespace": namespace,
-                    "name": "net",
-                },
-                "address": address,
-                "prefix": 28,
-                "claim": {"namespace": namespace, "name": claim_name, "uid": uid},
-            },
-        }
-
-    async with controller_factory(namespaces=[namespace]):
-        await kube.create(CLAIMS, claim("kept", "net"), namespace)
-        kept = await wait_address(kube, namespace, "kept")
-        kept_claim = await kube.get(CLAIMS, "kept", namespace)
-        assert kept_claim is not None
-        # An orphan (its claim never existed) and an extra one held for a live claim with another IPAddress.
-        await kube.create(RESERVATIONS, reservation("10.45.0.9", "ghost", "ghost-uid"))
-        await kube.create(RESERVATIONS, reservation("10.45.0.10", "kept", kept_claim["metadata"]["uid"]))
-
-        async def swept() -> list[str] | None:
-            items, _ = await kube.list(RESERVATIONS)
-            left = sorted(r["spec"]["address"] for r in items if r["spec"]["claim"]["namespace"] == namespace)
-            return left if left == [kept["spec"]["address"]] else None
-
-        await wait_for(swept, timeout=30, message="the stray reservations to be swept, the rightful one kept")

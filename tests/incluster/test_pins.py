@@ -53,9 +53,8 @@ async def reservation(backend: InClusterBackend, ref: PoolRef, address: str) -> 
 
 
 async def test_a_pin_is_reserved_so_a_process_with_a_stale_spec_cannot_take_it(
-    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+    kube: KubeClient, namespace: str
 ) -> None:
-    monkeypatch.setattr("backends.incluster.sweeps.STRAY_GRACE", 0.0)  # the stray sweep looks at every reservation
     old = await kube.create(POOLS, pool("pins", ["10.73.0.10-10.73.0.13"], 24), namespace)
     ref = IN_CLUSTER_POOL.ref(namespace, "pins")
     stale = InClusterBackend(BackendContext(kube=kube))  # its cache never sees the pin

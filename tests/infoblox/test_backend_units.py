@@ -125,6 +125,12 @@ async def test_client_errors_map_to_problems(wapi_simulator: WapiSimulator) -> N
             await wapi.create(obj_type, payload, ["comment"])
         assert caught.value.problem is problem, (payload, caught.value)
         assert text in caught.value.detail
+    for view, detail in (("nope", "View nope not found"), (" ", "View  not found")):  # a search: 404, not []
+        sim.request_log.reset()
+        with pytest.raises(WapiError) as caught:
+            await wapi.search("record:host", ["name"], {"name": "a.b", "view": view})
+        assert (caught.value.problem, caught.value.detail, caught.value.status) == (Problem.VIEW_NOT_FOUND, detail, 404)
+        assert sim.request_log.count("GET") == 1, "a 404 is an answer: not retried"
     assert await wapi.delete(created[0]["_ref"]) is True
     assert await wapi.delete(created[0]["_ref"]) is False, "404 on DELETE is 'already released'"
     assert await wapi.search("fixedaddress", ["ipv4addr"], extattrs={"CAPI-Claim-UID": "none"}) == []

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.incluster import sweeps as incluster_sweeps
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend, parse_pool
 from backends.incluster.domains import DOMAIN_PATTERN
 from backends.incluster.orphans import pool_resource, sweep_orphans
@@ -181,6 +180,16 @@ async def test_the_orphan_sweep_keeps_releases_until_their_recorded_grace_period
     assert [r.address for r in stored_reservations(kube)] == ["10.0.0.1"], "its grace period of an hour is not over"
 
 
+async def test_the_orphan_sweep_trusts_the_pool_caches_for_pools_that_exist_and_reads_the_others() -> None:
+    kube = FakeKube()
+    backend = backend_of(kube, pools=[pool("a", domain=None)])  # a is cached (the API server read is skipped)
+    kube.put(pool_resource(IN_CLUSTER_POOL), pool("b", domain=None))  # b is not cached, but exists
+    for ref, address in ((A, "10.0.0.1"), (B, "10.0.0.2"), (IN_CLUSTER_POOL.ref("ns", "gone"), "10.0.0.3")):
+        assert await backend.reservations.create(ref, address, 24, None, "ns", f"c-{address}", f"U-{address}")
+    assert await backend.sweep_orphaned(0.0) == 1
+    assert sorted(r.address for r in stored_reservations(kube)) == ["10.0.0.1", "10.0.0.2"]
+
+
 async def test_an_invalid_pool_reports_that_it_overlaps_nothing() -> None:
     kube = FakeKube()
     invalid = pool("a", addresses=["10.0.0.0/29", "10.9.0.1"])  # two subnets
@@ -232,17 +241,6 @@ async def test_a_prepared_index_of_an_older_pool_object_is_rebuilt() -> None:
         A, pool("a", domain=None, uid="u2", addresses=["10.9.0.0/29"]), ClaimContext("ns", "c", "U")
     )
     assert got.address == "10.9.0.1"
-
-
-async def test_a_pool_recreated_under_the_same_name_is_swept_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(incluster_sweeps, "STRAY_GRACE", 0.0)
-    kube = FakeKube()
-    backend = backend_of(kube)
-    await backend.report(A, pool("a", domain=None, uid="u1"), [])  # swept: nothing stray yet
-    stray = await backend.reservations.create(A, "10.0.0.4", 24, None, "ns", "gone", "U-gone")  # no such claim
-    assert stray is not None
-    await backend.report(A, pool("a", domain=None, uid="u2"), [])
-    assert stored_reservations(kube) == [], "the new pool object's first report sweeps"
 
 
 async def test_a_prefix_pools_prepared_index_serves_its_first_allocation() -> None:

@@ -8,7 +8,8 @@ paging, the NIOS error bodies, HTTP basic authentication with the ``ibapauth`` c
 Objects: ``networkview``, ``network``, ``ipv6network``, ``range``, ``fixedaddress``, ``ipv6fixedaddress``,
 ``record:host`` and ``extensibleattributedef``, plus the read-only ``view`` (DNS view) and ``zone_auth``
 (authoritative zone), seeded with ``state.add_dns_view`` / ``state.add_zone``.  The module docstrings state each
-contract: :mod:`.rules` (per-type rules), :mod:`.dns` (DNS views and zones), :mod:`.allocation` (next available
+contract: :mod:`.rules` (per-type rules), :mod:`.dns` (DNS views and zones), :mod:`.names` (lower-case DNS names,
+their length limits, IPAM-only host records' blank view), :mod:`.allocation` (next available
 address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`,
 :mod:`.server`.
 

@@ -6,8 +6,8 @@ Contract (the caller holds ``store.lock``; every refusal is raised before anythi
   network view must exist (``Network view <name> not found``, 404); it is never the default view unless it is
   the one the store starts with; renaming a view or moving it to another network view is refused (not
   simulated); deleting the default view is refused; deleting a view deletes its zones and host records;
-* ``zone_auth``: ``fqdn`` is stored in lower case without a trailing dot and must be a non-empty name; its DNS
-  view must exist (``View <name> not found``, 404); ``fqdn`` is unique per view
+* ``zone_auth``: ``fqdn`` is stored in lower case without a trailing dot and must be a DNS name by length
+  (see :mod:`.names`); its DNS view must exist (``View <name> not found``, 404); ``fqdn`` is unique per view
   (``Duplicate object '<fqdn>' of type zone exists in the database.``); deleting a zone deletes the host records
   whose enclosing zone it is;
 * a new network view gets a DNS view ``default.<name>`` (:func:`add_default_view`); deleting a network view
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import errors
+from . import errors, names
 from .changes import Modifiers, is_other, merge
 from .store import ObjectStore, StoredObject
 
@@ -44,9 +44,8 @@ def finish_zone(
 ) -> None:
     """Apply a create or update of an authoritative zone (see module docstring)."""
     merge(fields, changes, modifiers)
-    fqdn = fields["fqdn"] = fields["fqdn"].lower().rstrip(".")
-    if not fqdn:
-        raise errors.invalid_value("fqdn", fqdn, "Must be a non-empty domain name")
+    fqdn = fields["fqdn"] = names.normalise(fields["fqdn"])
+    names.check_dns_name("fqdn", fqdn)
     view = fields.setdefault("view", "default")
     if store.dns_view_network_view(view) is None:
         raise errors.not_found(f"View {view} not found")

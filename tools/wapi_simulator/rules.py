@@ -15,11 +15,13 @@ Contract (the caller holds ``store.lock``; every refusal is raised before anythi
   ``MAC_ADDRESS`` (the default), ``duid`` always for IPv6; an address already held by another fixed address
   or DHCP-enabled host address is a ``Client.Ibap.Data.Conflict``; the network and broadcast addresses are
   refused; the ``network`` field is derived;
-* ``record:host``: the DNS view must exist (``View <name> not found``, 404); the name is unique per DNS view
+* ``record:host``: the DNS view must exist (``View <name> not found``, 404); the name is stored in lower case
+  and must be a DNS name by length (see :mod:`.names`); the name is unique per DNS view
   (``The record '<name>' already exists.``); with ``configure_for_dns`` (default true) an authoritative zone
-  must enclose the name; at least one address; addresses may be ``func:nextavailableip``; a DHCP-enabled
-  address needs a ``mac`` (IPv4) or ``duid`` (IPv6), a network, and no other DHCP holder; addresses without
-  DHCP may be shared with other objects, as on NIOS;
+  must enclose the name, without it the record is IPAM-only and kept in the blank pseudo-view (see
+  :mod:`.names`; unique among IPAM-only records, a choice: NIOS's rule is not public); at least one address;
+  addresses may be ``func:nextavailableip``; a DHCP-enabled address needs a ``mac`` (IPv4) or ``duid`` (IPv6),
+  a network, and no other DHCP holder; addresses without DHCP may be shared with other objects, as on NIOS;
 * ``extensibleattributedef``: unique name; ``ENUM`` needs ``list_values``; a rename or delete is applied to
   every object's ``extattrs``;
 * ``view`` / ``zone_auth``: see :mod:`.dns`.
@@ -31,7 +33,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
-from . import dns, errors
+from . import dns, errors, names
 from .addressing import NEXT_AVAILABLE_PREFIX, parse_address, parse_next_available
 from .allocation import Pending, allocate
 from .changes import Modifiers
@@ -233,16 +235,21 @@ def _finish_host(
     raw_lists = {name: changes.pop(name, None) for name in ("ipv4addrs", "ipv6addrs")}
     list_mods = {name: modifiers.pop(name, None) for name in ("ipv4addrs", "ipv6addrs")}
     _merge(fields, changes, modifiers)
+    in_dns = fields.get("configure_for_dns", True)
+    kept_ipam_only = old is not None and names.is_ipam_only(old) and "view" not in changes
     view = fields.setdefault("view", "default")
-    host_view = store.dns_view_network_view(view)
+    host_view = names.host_network_view(store, old) if kept_ipam_only and old else store.dns_view_network_view(view)
     if host_view is None:
-        raise errors.not_found(f"View {view} not found")
-    name = fields["name"] = fields["name"].rstrip(".")
-    if not name:
-        raise errors.invalid_value("name", name, "Must be a non-empty domain name")
-    if _other(store.by_key("record:host", f"{view}/{name.lower()}"), old):
+        raise names.missing_view(view)
+    name = fields["name"] = names.normalise(fields["name"])
+    names.check_dns_name("name", name)
+    if in_dns and kept_ipam_only:
+        raise errors.proto("Moving an IPAM-only host record into DNS is not supported by the WAPI simulator")
+    if not in_dns:
+        view = fields["view"] = names.IPAM_ONLY_VIEW
+    if _other(store.by_key("record:host", f"{view}/{name}"), old):
         raise errors.conflict(f"The record '{name}' already exists.")
-    if fields.get("configure_for_dns", True) and store.zone_for(view, name) is None:
+    if in_dns and store.zone_for(view, name) is None:
         raise errors.parent_not_found()
     pending: Pending = {}
     for version, list_name in ((4, "ipv4addrs"), (6, "ipv6addrs")):
@@ -338,7 +345,8 @@ def delete(store: ObjectStore, obj: StoredObject) -> None:
         views = set(store.dns_views_of(name))
         for other in store.all_objects():
             in_view = other.obj_type in ("record:host", "zone_auth") and other.get("view") in views
-            if other.get("network_view") == name or in_view:
+            ipam_only = other.obj_type == "record:host" and names.host_network_view(store, other) == name
+            if other.get("network_view") == name or in_view or ipam_only:
                 store.remove(other.ref)
     elif obj.obj_type in ("view", "zone_auth"):
         for other in dns.dependants(store, obj):
@@ -373,7 +381,7 @@ def derived_value(store: ObjectStore, obj: StoredObject, name: str) -> Any:
         return derived.get(name)
     if obj.obj_type == "record:host":
         if name == "network_view":
-            return store.dns_view_network_view(obj.get("view"))
+            return names.host_network_view(store, obj)
         if name == "zone":
             return store.zone_for(obj.get("view"), obj.get("name"))
         if name == "dns_name":

@@ -10,7 +10,10 @@ Contract:
   (case-insensitive), ``~`` (regular expression), ``:~``, ``<`` / ``>`` (<= / >=, numeric for addresses);
   extensible attributes are searched as ``*<name><modifier>=<value>`` and must be defined
   (``Unknown extensible attribute``); a field that exists but is not searchable answers
-  ``Field is not searchable: <name>``; repeated filters must all match; an equality search on an address,
+  ``Field is not searchable: <name>``; an equality search on ``view`` naming a DNS view that does not exist
+  answers 404 ``View <name> not found`` (so does ``view=`` or ``view= ``: the blank pseudo-view of IPAM-only
+  host records cannot be searched for); ``=`` compares case-sensitively, ``:=`` does not (names are stored in
+  lower case, see :mod:`.names`); repeated filters must all match; an equality search on an address,
   network or MAC field must carry a valid value of that kind (so ``ipv4addr=func:nextavailableip:...``, what
   infoblox-client's ``check_if_exists=True`` sends for an allocation, is refused with ``Invalid value``);
 * :func:`return_field_names` answers the fields to render: the basic fields, or exactly ``_return_fields``,
@@ -32,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import errors, handlers, rules
+from . import errors, handlers, names, rules
 from .addressing import parse_address
 from .fields import Field, check_value
 from .schema import ObjectSchema
@@ -139,6 +142,8 @@ def _parse_filters(store: ObjectStore, schema: ObjectSchema, arguments: list[tup
         spec = schema.field(stripped)
         if not spec.searchable and not spec.search_only:
             raise errors.proto(f"Field is not searchable: {stripped}")
+        if stripped == "view" and op == "" and store.dns_view_network_view(value) is None:
+            raise names.missing_view(value)
         if op in ("", "!") and spec.kind in _TYPED_SEARCH_KINDS:
             value = check_value(stripped, Field(spec.kind), value)
         if op and "~" in op:

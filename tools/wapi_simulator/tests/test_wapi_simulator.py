@@ -182,7 +182,7 @@ def test_host_record_nextavailableip_and_duplicate_name(sim: WapiSimulator) -> N
         extattrs=ib.EA({"Claim": "uid-7"}),
     )
     assert host.ipv4addrs[0].ip == "10.0.0.1"
-    assert host.ref.startswith("record:host/") and host.ref.endswith(":node-1.example.com/default")
+    assert host.ref.startswith("record:host/") and host.ref.endswith(":node-1.example.com/%20")  # IPAM-only
     entry = conn.get_object(host.ref, return_fields=["ipv4addrs"])["ipv4addrs"][0]
     assert entry == {
         "_ref": entry["_ref"],
@@ -191,7 +191,7 @@ def test_host_record_nextavailableip_and_duplicate_name(sim: WapiSimulator) -> N
         "ipv4addr": "10.0.0.1",
     }
     assert entry["_ref"].startswith("record:host_ipv4addr/") and entry["_ref"].endswith(
-        ":10.0.0.1/node-1.example.com/default"
+        ":10.0.0.1/node-1.example.com/%20"
     )
     body = {
         "name": "node-2.example.com",
@@ -211,10 +211,10 @@ def test_host_record_nextavailableip_and_duplicate_name(sim: WapiSimulator) -> N
             ip=[ib.IPv4(ip="10.0.0.99")],
         )
     assert failure.value.response == {
-        "Error": "AdmConDataError: None (IBDataConflictError: IB.Data.Conflict:The record 'NODE-1.example.com' "
+        "Error": "AdmConDataError: None (IBDataConflictError: IB.Data.Conflict:The record 'node-1.example.com' "
         "already exists.)",
         "code": "Client.Ibap.Data.Conflict",
-        "text": "The record 'NODE-1.example.com' already exists.",
+        "text": "The record 'node-1.example.com' already exists.",
     }
 
 
@@ -297,7 +297,7 @@ CRUD_CASES = [
     (
         "record:host",
         {"name": "h1.example.com", "configure_for_dns": False, "ipv4addrs": [{"ipv4addr": "10.0.0.7"}]},
-        "h1.example.com/default",
+        "h1.example.com/%20",  # IPAM-only: the blank pseudo-view
     ),
 ]
 
