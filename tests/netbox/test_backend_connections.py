@@ -32,7 +32,7 @@ from tests.netbox.conftest import (
     unique_name,
     user_token,
 )
-from tests.netbox.proxy import NetboxProxy
+from tools.netbox_proxy import NetboxProxy
 from tests.support.cluster import wait_for
 
 if TYPE_CHECKING:

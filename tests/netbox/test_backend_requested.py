@@ -40,7 +40,7 @@ from tests.netbox.conftest import (
     record_gateway,
     unique_name,
 )
-from tests.netbox.proxy import NetboxProxy
+from tools.netbox_proxy import NetboxProxy
 from tests.support.objects import wait_address, wait_claim_reason
 
 if TYPE_CHECKING:
