@@ -4,9 +4,9 @@ read from NetBox itself.
 Contract (the `ChaosBackend` of benchmarks/chaos/backends.py, plus what is said here):
 - Which NetBox: `NetboxChaos(url=..., token=..., run_dir=...)` attaches to that one; without `url`, NETBOX_URL and
   NETBOX_TOKEN (and NETBOX_RUN_DIR, as sourcing a run dir's netbox.env sets them) name it; without those, `start()`
-  runs hack/netbox/install.sh and start.sh in a new run dir and `stop()` runs stop.sh. An attached NetBox is never
-  stopped. `netbox-restart` restarts gunicorn through hack/netbox/web.sh, so it needs a run dir: attached without
-  one, it is left out of `fault_kinds`.
+  runs hack/netbox/install.sh and start.sh in the run dir `<workdir>/netbox` (a new temporary directory without
+  `workdir`) and `stop()` runs stop.sh. An attached NetBox is never stopped. `netbox-restart` restarts gunicorn
+  through hack/netbox/web.sh, so it needs a run dir: attached without one, it is left out of `fault_kinds`.
 - `start()` prepares, directly in NetBox: the owner tag and the two custom fields, as the backend would create them;
   a user with the rights examples/netbox/10-secret.yaml lists (no rights on tags or custom fields) and a v2 token
   for the pools' Secret (deleted by `stop()`); and `max_pools` slots. Slot s is the network 10.77.s.0/24, holding
@@ -153,6 +153,7 @@ class NetboxChaos:
         max_pools: int = 8,
         request_timeout: float = ClientSettings().read_timeout,
         fault_window: float = 20.0,
+        workdir: Path | None = None,
     ) -> None:
         if url is None and os.environ.get("NETBOX_URL"):
             url, token = os.environ["NETBOX_URL"], os.environ.get("NETBOX_TOKEN", "")
@@ -160,7 +161,7 @@ class NetboxChaos:
         if url is not None and not token:
             raise ValueError("a NetBox URL needs its token (NETBOX_TOKEN)")
         self._url, self._admin_token, self._run_dir = url, token or "", run_dir
-        self._owned = url is None
+        self._owned, self._workdir = url is None, workdir
         can_restart = self._owned or run_dir is not None
         self.fault_kinds: Sequence[str] = FAULT_KINDS if can_restart else FAULT_KINDS[:-1]
         self.max_pools, self.request_timeout, self.fault_window = max_pools, request_timeout, fault_window
@@ -185,7 +186,7 @@ class NetboxChaos:
         self._proxy = NetboxProxy(self._url).__enter__()
 
     def _start_own(self) -> None:
-        run_dir = Path(tempfile.mkdtemp(prefix="chaos-netbox-"))
+        run_dir = self._workdir / "netbox" if self._workdir else Path(tempfile.mkdtemp(prefix="chaos-netbox-"))
         run_script("install.sh", timeout=1800)
         run_script("start.sh", str(run_dir))
         env = read_env_file(run_dir / "netbox.env")
