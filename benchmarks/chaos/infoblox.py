@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from backends.infoblox.spec import EA_CLAIM_UID, EA_POOL, INFOBLOX_POOL, INSTANCES, OWNERSHIP_EAS
 from benchmarks.chaos.backends import TruthRecord
 from tools.wapi_simulator import FaultRule, WapiSimulator
@@ -46,6 +48,7 @@ INSTANCE_PREFIX = "chaos-infoblox-"
 POOL_PREFIX = "chaos-infoblox-"
 OBJECT_TYPES = ("fixedaddress", "ipv6fixedaddress", "record:host")
 Object = dict[str, Any]
+log = structlog.get_logger(__name__)
 
 
 def slot_base(slot: int) -> str:
@@ -174,6 +177,8 @@ class InfobloxChaos:
             rule = faults.drop_reply_after_commit(1, methods=["POST", "DELETE"])
         if await self._fire(rule):
             self.fired[kind] += 1
+        else:
+            log.warning("fault met no request", kind=kind, window=self.fault_window)
 
     async def _fire(self, rule: FaultRule) -> bool:
         """Waits until `rule` fired fully or `fault_window` passed, then removes it; answers whether it fired."""

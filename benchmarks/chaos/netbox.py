@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import structlog
 
 from backends.netbox.calls import CLAIM_REF_FIELD_BODY, CLAIM_UID_FIELD_BODY, OWNER_TAG_BODY
 from backends.netbox.client import ClientSettings
@@ -63,6 +64,7 @@ USERNAME = "capi-ipam-chaos"
 VIEW_TYPES = ("ipam.prefix", "ipam.iprange", "ipam.vrf", "tenancy.tenant", "extras.tag", "extras.customfield")
 SERVING_TIMEOUT_S = 300.0
 Object = dict[str, Any]
+log = structlog.get_logger(__name__)
 
 
 def slot_network(slot: int) -> str:
@@ -305,6 +307,8 @@ class NetboxChaos:
             return
         if await self._fire(proxy, fault):
             self.fired[kind] += 1
+        else:
+            log.warning("fault met no request", kind=kind, window=self.fault_window)
 
     async def _fire(self, proxy: NetboxProxy, fault: Fault) -> bool:
         """Waits until `fault` met a request or `fault_window` passed, then takes back what is left of it; answers
