@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http.server
 import random
 import threading
 import uuid
@@ -27,6 +28,7 @@ from benchmarks.chaos.netbox import FAULT_KINDS, NetboxChaos
 from ipam_provider.backend.contract import Allocation, BackendError, ClaimContext, PoolRef
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import SECRETS
+from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
@@ -106,6 +108,44 @@ def status_loop(harness: NetboxChaos, netbox: NetBoxServer) -> Callable[[threadi
         return seen
 
     return run
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """Answers 200 to anything: a stand-in upstream for the proxy's own bookkeeping, never for NetBox."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_DELETE = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_proxy_faults_can_be_watched_and_withdrawn() -> None:
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        with NetboxProxy(f"http://127.0.0.1:{upstream.server_address[1]}") as proxy, requests.Session() as session:
+            burst = proxy.answer_next(503, count=3)
+            assert session.get(f"{proxy.url}/api/status/", timeout=30).status_code == 503
+            assert proxy.pending(burst) == 2 and proxy.withdraw(burst) == 2 and proxy.pending(burst) == 0
+            lost = proxy.lose_next(None, "/api/ipam/")  # any method
+            assert proxy.pending(lost) == 1
+            with pytest.raises(requests.ConnectionError):
+                session.delete(f"{proxy.url}/api/ipam/ip-addresses/1/", timeout=30)
+            assert proxy.pending(lost) == 0 and proxy.withdraw(lost) == 0
+            late = proxy.delay_next(None, "/api/", 600.0)
+            assert proxy.withdraw(late) == 1 and proxy.pending(late) == 0
+            answers = [session.post(f"{proxy.url}/api/ipam/x/", timeout=30).status_code for _ in range(3)]
+            assert answers == [200, 200, 200], "a withdrawn fault meets no request"
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
 
 
 def test_restart_is_left_out_without_a_run_dir() -> None:
