@@ -55,9 +55,19 @@ def integer(description: str, minimum: int, maximum: int | None = None) -> Schem
     return schema
 
 
-def rules(*pairs: tuple[str, str]) -> list[Schema]:
-    """CEL rules as `x-kubernetes-validations` entries, from (rule, message) pairs."""
-    return [{"rule": rule, "message": message} for rule, message in pairs]
+def rules(*entries: tuple[str, str] | tuple[str, str, str]) -> list[Schema]:
+    """CEL rules as `x-kubernetes-validations` entries, from (rule, message) or (rule, message, fieldPath) tuples.
+    A `fieldPath` (relative to the object the rule is on, e.g. `.addresses`) is the field the API server's refusal
+    names instead of that object."""
+    return [rule(*entry) for entry in entries]
+
+
+def rule(text: str, message: str, field_path: str | None = None) -> Schema:
+    """One CEL rule (see `rules`)."""
+    entry: Schema = {"rule": text, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    return entry
 
 
 def conditions(description: str) -> Schema:

@@ -137,10 +137,11 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
             },
         },
         "x-kubernetes-validations": [
-            {"rule": "self.addresses.size() > 0", "message": "addresses is required"},
+            {"rule": "self.addresses.size() > 0", "message": "addresses is required", "fieldPath": ".addresses"},
             {
                 "rule": "self.addresses.all(a, a.contains(':')) || self.addresses.all(a, !a.contains(':'))",
                 "message": "provided addresses are of mixed IP families",
+                "fieldPath": ".addresses",
             },
             {
                 "rule": (
@@ -148,6 +149,7 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                     f"self.gateway.contains(':') == {family_v6}"
                 ),
                 "message": "provided gateway and addresses are of mixed IP families",
+                "fieldPath": ".gateway",
             },
             {
                 "rule": (
@@ -155,12 +157,18 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
                     f"self.excludedAddresses.all(e, e.contains(':') == {family_v6})"
                 ),
                 "message": "addresses and excluded addresses are of mixed IP families",
+                "fieldPath": ".excludedAddresses",
             },
             {
                 "rule": f"self.addresses.size() == 0 || {family_v6} || self.prefix <= 32",
                 "message": "provided prefix is not valid",
+                "fieldPath": ".prefix",
             },
-            {"rule": DOMAIN_IMMUTABLE, "message": "uniquenessDomain cannot change: create a new pool instead"},
+            {
+                "rule": DOMAIN_IMMUTABLE,
+                "message": "uniquenessDomain cannot change: create a new pool instead",
+                "fieldPath": ".uniquenessDomain",
+            },
         ],
     }
     count = {"type": "integer", "format": "int64"}

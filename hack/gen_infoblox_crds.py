@@ -154,11 +154,13 @@ def subnet_schema() -> Schema:
             (
                 "!isCIDR(self.cidr) || cidr(self.cidr).masked() == cidr(self.cidr)",
                 "cidr must name the network address (10.0.0.0/24, not 10.0.0.5/24)",
+                ".cidr",
             ),
             (
                 "!has(self.gateway) || !isCIDR(self.cidr) || !isIP(self.gateway) || "
                 "cidr(self.cidr).containsIP(self.gateway)",
                 "gateway must lie inside cidr",
+                ".gateway",
             ),
         ),
     }
@@ -258,17 +260,24 @@ def pool_schema() -> Schema:
             (
                 "(has(self.subnets) && self.subnets.size() > 0) || (has(self.ranges) && self.ranges.size() > 0)",
                 "set at least one subnet or range",
+                ".subnets",
             ),
             (
                 "!has(self.subnets) || self.subnets.all(s, s.cidr.contains(':')) || "
                 "self.subnets.all(s, !s.cidr.contains(':'))",
                 "subnets are of mixed IP families; use one pool per family",
+                ".subnets",
             ),
             (
                 "!has(self.ranges) || !has(self.subnets) || self.subnets.all(s, !s.cidr.contains(':'))",
                 "ranges are IPv4: they cannot join IPv6 subnets",
+                ".ranges",
             ),
-            ("self.mode != 'hostRecord' || has(self.hostRecord)", "mode hostRecord needs hostRecord.dnsZone"),
+            (
+                "self.mode != 'hostRecord' || has(self.hostRecord)",
+                "mode hostRecord needs hostRecord.dnsZone",
+                ".hostRecord",
+            ),
         ),
     }
     count = {"type": "integer", "format": "int64"}

@@ -41,6 +41,7 @@ def spec_rules() -> list[dict[str, Any]]:
     too_long = {
         "rule": f"self.prefixes.all(p, !isCIDR(p) || cidr(p).prefixLength() <= {ALLOCATION})",
         "message": "CIDR prefix length must be <= allocationPrefixLength",
+        "fieldPath": ".prefixes",
     }
     gateway_of_family = (
         "!has(self.gateway) || self.gateway == '' || !isIP(self.gateway) || "
@@ -49,10 +50,11 @@ def spec_rules() -> list[dict[str, Any]]:
     excluded_of_family = f"!has(self.excludedPrefixes) || {not_empty} || "
     return [
         *rules(
-            ("self.prefixes.size() > 0", "prefixes is required"),
+            ("self.prefixes.size() > 0", "prefixes is required", ".prefixes"),
             (
                 "self.prefixes.all(p, p.contains(':')) || self.prefixes.all(p, !p.contains(':'))",
                 "provided prefixes are of mixed IP families",
+                ".prefixes",
             ),
         ),
         too_long,
@@ -60,16 +62,19 @@ def spec_rules() -> list[dict[str, Any]]:
             (
                 f"{not_empty} || {V6_POOL} || {ALLOCATION} <= 32",
                 "allocationPrefixLength must be between 1 and 32 for IPv4 prefixes",
+                ".allocationPrefixLength",
             ),
-            (f"{gateway_of_family} || !{V6_POOL}", "provided gateway must be IPv6"),
-            (f"{gateway_of_family} || {V6_POOL}", "provided gateway must be IPv4"),
+            (f"{gateway_of_family} || !{V6_POOL}", "provided gateway must be IPv6", ".gateway"),
+            (f"{gateway_of_family} || {V6_POOL}", "provided gateway must be IPv4", ".gateway"),
             (
                 excluded_of_family + f"!{V6_POOL} || self.excludedPrefixes.all(e, e.contains(':'))",
                 "only IPv6 excluded prefixes are supported",
+                ".excludedPrefixes",
             ),
             (
                 excluded_of_family + f"{V6_POOL} || self.excludedPrefixes.all(e, !e.contains(':'))",
                 "only IPv4 excluded prefixes are supported",
+                ".excludedPrefixes",
             ),
         ),
     ]

@@ -171,7 +171,10 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
     context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
     registry = load_registry(context, options.backends)
     settings = ControllerSettings(
-        namespaces=options.namespaces, watch_filter=options.watch_filter, workers=options.workers
+        namespaces=options.namespaces,
+        watch_filter=options.watch_filter,
+        workers=options.workers,
+        repair=options.repair,
     )
     controller = view.controller = Controller(kube, registry, settings)
     endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools))  # every replica

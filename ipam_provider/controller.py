@@ -2,8 +2,9 @@
 
 Informers feed the caches and hand every change to the event handlers (`watch/handlers.py`), which enqueue the
 claim and pool keys it affects; workers take keys from the queue (pools in turn; several claims of one pool at
-once, each claim by one worker at a time) and run the reconcilers. `stop()` stops taking new keys, lets
-in-flight reconciles finish, then stops the watches.
+once, each claim by one worker at a time) and run the reconcilers. Once the caches have synced, the repair loop
+(`ipam_provider/repair`) runs beside them, unless its interval is 0. `stop()` stops taking new keys, lets
+in-flight reconciles finish, then stops the repair loop and the watches.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
+from ipam_provider.repair import RepairLoop, RepairSettings
+from ipam_provider.repair.live import Scope
 from ipam_provider.telemetry import controller as telemetry
 from ipam_provider.watch.caches import POOL, Caches
 from ipam_provider.watch.handlers import EventHandlers
@@ -48,6 +51,7 @@ class ControllerSettings:
     watch_filter: str | None = None
     workers: int = 8
     component: str = "capi-ipam-provider-py"
+    repair: RepairSettings = field(default_factory=RepairSettings)
 
 
 class Controller:
@@ -63,6 +67,9 @@ class Controller:
         )
         self.claims = ClaimReconciler(self.context)
         self.pools = PoolReconciler(self.context)
+        self.context.repair_releases = settings.repair.enabled and not settings.repair.report_only
+        scope = Scope(settings.namespaces, settings.watch_filter)
+        self.repair = RepairLoop(self.context, scope, settings.repair, self.queue.busy)
         self.informers = self._informers()
         self._stopping = asyncio.Event()
         self._traced: dict[QueueKey, str] = {}  # keys failing now → the error type whose traceback was logged
@@ -125,9 +132,14 @@ class Controller:
             names = [CLAIM_CONTROLLER, *(kind.kind.lower() for kind in self.registry.kinds)]
             telemetry.set_max_concurrent_reconciles(names, self.settings.workers)
             workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
+            # run() is called in the leader only, and so is the repair loop
+            repair = asyncio.create_task(self.repair.run()) if self.settings.repair.enabled else None
             if ready is not None:
                 ready.set()
             await self._stopping.wait()
+            if repair is not None:  # first: it asks the queue which claims are being reconciled
+                repair.cancel()
+                await asyncio.gather(repair, return_exceptions=True)
             self.queue.shutdown()
             await asyncio.gather(*workers)
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ipam_provider.flagforms import (
     CLAIM_KIND,
@@ -26,6 +26,7 @@ from ipam_provider.flagforms import (
 )
 from ipam_provider.leader import JITTER_FACTOR
 from ipam_provider.logconfig import library_level
+from ipam_provider.repair.settings import RepairSettings, add_repair_flags, repair_settings
 from ipam_provider.serving.certificates import CertificateFiles
 from ipam_provider.serving.options import (
     WebhookServing,
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
 
     _add_leader_election_flags(run)
+    add_repair_flags(run)
     add_serving_flags(run)
     add_webhook_flags(run)
     _add_logging_flags(run)
@@ -236,6 +238,7 @@ class RunOptions:
     log_level: str
     not_acted_on: tuple[str, ...]
     library_log_level: str = "warning"  # the HTTP and client libraries' stdlib loggers (see logconfig.py)
+    repair: RepairSettings = field(default_factory=RepairSettings)
 
     @property
     def metrics_bind(self) -> tuple[str, int] | None:
@@ -274,6 +277,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         log_level=log_level,
         not_acted_on=tuple(ignored),
         library_log_level=library_log_level,
+        repair=repair_settings(args),
     )
 
 

@@ -64,7 +64,7 @@ def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: 
     if raw is None:
         return []
     if not isinstance(raw, Mapping):
-        return ["preAllocations must map claim names to addresses"]
+        return ["spec.preAllocations must map claim names to addresses"]
     entries = {str(name): str(address) for name, address in raw.items()}
     problems = pre_allocation_problems(entries, allocatable)
     holders: dict[str, list[AddressInUse]] = {}
@@ -76,7 +76,7 @@ def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: 
             holder_namespace, _, holder_name = holder.claim.partition("/")
             if claim_key(ref, holder_namespace, holder_name) != claim_name:
                 problems.append(
-                    f"preAllocations[{claim_name}]: {normalized_address(text)} is already held by claim "
+                    f"spec.preAllocations[{claim_name}]: {normalized_address(text)} is already held by claim "
                     f"{holder.claim} (IPAddress {holder}); pre-allocate another address or release that one first"
                 )
     return problems

@@ -12,12 +12,13 @@ Blanks around an entry are ignored. Netmask notation (`10.0.0.0/255.255.255.0`) 
 address, so a /16 IPv4 or /48 IPv6 pool is as cheap as a /30.
 
 Validation messages start with the exact text of the Go in-cluster provider's webhook, optionally followed by
-`: <offending entry>`.
+`: <offending entry>`, and end with the field they are about in parentheses: `(spec.addresses[1])`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,15 @@ DIFFERENT_SUBNET = "provided address belongs to a different subnet than others"
 INVALID_GATEWAY = "provided gateway is not a valid IP address"
 
 ADDRESS_BITS = {4: 32, 6: 128}
+
+
+FIELD_SUFFIX = re.compile(r" \(spec\.[A-Za-z.]+(\[\d+\])?\)$")
+
+
+def without_field(message: str) -> str:
+    """A validation message without the field it ends with, so that one problem is recognised again when its
+    entry moved to another index."""
+    return FIELD_SUFFIX.sub("", message)
 
 
 class PoolSpecError(ValueError):
@@ -109,13 +119,15 @@ def parse_address_entry(text: str) -> AddressEntry:
         raise PoolSpecError([f"{INVALID_ADDRESS}: {entry}"]) from None
 
 
-def _parse_entries(entries: Sequence[str], errors: list[str]) -> list[AddressEntry]:
+def _parse_entries(entries: Sequence[str], errors: list[str], field: str) -> list[AddressEntry]:
+    """The parsed entries of the list `field` (`spec.addresses`); a problem per entry that does not parse, naming
+    it by its index."""
     parsed: list[AddressEntry] = []
-    for text in entries:
+    for position, text in enumerate(entries):
         try:
             parsed.append(parse_address_entry(text))
         except PoolSpecError as error:
-            errors.extend(error.messages)
+            errors.extend(f"{message} ({field}[{position}])" for message in error.messages)
     return parsed
 
 
@@ -133,41 +145,41 @@ def _check_spec(
 ) -> tuple[list[AddressEntry], list[AddressEntry], int | None, int]:
     """Validate a pool spec; return its parsed addresses, exclusions, gateway and family, or raise."""
     if not addresses:
-        raise PoolSpecError([ADDRESSES_REQUIRED])
+        raise PoolSpecError([f"{ADDRESSES_REQUIRED} (spec.addresses)"])
     errors: list[str] = []
-    entries = _parse_entries(addresses, errors)
+    entries = _parse_entries(addresses, errors, "spec.addresses")
     if errors:
         raise PoolSpecError(errors)
-    exclusions = _parse_entries(excluded_addresses, errors)
+    exclusions = _parse_entries(excluded_addresses, errors, "spec.excludedAddresses")
     if errors:
         raise PoolSpecError(errors)
 
     family = entries[0].family
     mixed = [entry.text for entry in entries if entry.family != family]
     if mixed:
-        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(mixed)}"])
+        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(mixed)} (spec.addresses)"])
 
     gateway_value: int | None = None
     if gateway is not None and gateway.strip():
         try:
             gateway_family, gateway_value = _parse_ip(gateway)
         except ValueError:
-            errors.append(f"{INVALID_GATEWAY}: {gateway.strip()}")
+            errors.append(f"{INVALID_GATEWAY}: {gateway.strip()} (spec.gateway)")
         else:
             if gateway_family != family:
-                errors.append(f"{GATEWAY_MIXED_FAMILIES}: {gateway.strip()}")
+                errors.append(f"{GATEWAY_MIXED_FAMILIES}: {gateway.strip()} (spec.gateway)")
 
     mixed_exclusions = [entry.text for entry in exclusions if entry.family != family]
     if mixed_exclusions:
-        errors.append(f"{EXCLUDED_MIXED_FAMILIES}: {', '.join(mixed_exclusions)}")
+        errors.append(f"{EXCLUDED_MIXED_FAMILIES}: {', '.join(mixed_exclusions)} (spec.excludedAddresses)")
 
     if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= ADDRESS_BITS[family]:
-        errors.append(f"{INVALID_PREFIX}: {prefix!r}")
+        errors.append(f"{INVALID_PREFIX}: {prefix!r} (spec.prefix)")
     else:
         subnet_first, subnet_last = _subnet_bounds(entries[0].first, prefix, family)
         errors.extend(
-            f"{DIFFERENT_SUBNET}: {entry.text}"
-            for entry in entries
+            f"{DIFFERENT_SUBNET}: {entry.text} (spec.addresses[{position}])"
+            for position, entry in enumerate(entries)
             if entry.first < subnet_first or entry.last > subnet_last
         )
     if errors:
@@ -233,16 +245,18 @@ def pre_allocation_problems(pre_allocations: Mapping[str, str], allocatable: All
         try:
             family, value = _parse_ip(str(text))
         except ValueError:
-            problems.append(f"preAllocations[{claim_name}]: {text!r} is not an IP address")
+            problems.append(f"spec.preAllocations[{claim_name}]: {text!r} is not an IP address")
             continue
         if family != allocatable.family:
-            problems.append(f"preAllocations[{claim_name}]: {text} is not an IPv{allocatable.family} address")
+            problems.append(f"spec.preAllocations[{claim_name}]: {text} is not an IPv{allocatable.family} address")
         elif value not in allocatable.addresses:
-            problems.append(f"preAllocations[{claim_name}]: {text} is not an allocatable address of the pool")
+            problems.append(f"spec.preAllocations[{claim_name}]: {text} is not an allocatable address of the pool")
         else:
             claims_of.setdefault(value, []).append(claim_name)
     for value, names in sorted(claims_of.items()):
         if len(names) > 1:
             address = int_to_address(value, allocatable.family)
-            problems.append(f"preAllocations: {address} is pre-allocated to more than one claim: {', '.join(names)}")
+            problems.append(
+                f"spec.preAllocations: {address} is pre-allocated to more than one claim: {', '.join(names)}"
+            )
     return problems

@@ -25,6 +25,7 @@ import structlog
 from pydantic import ValidationError
 
 from backends.incluster.adoption import hold_existing
+from backends.incluster.advisories import address_pool_advisories, consistency_condition
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError
 from backends.incluster.domains import domain_pools, unheld_pinned
 from backends.incluster.indexes import PoolIndexes
@@ -245,7 +246,11 @@ class InClusterBackend:
         if problems:
             message = f"{pool_ref} has invalid preAllocations: {'; '.join(problems)}; fix spec.preAllocations"
             reason = "InvalidConfiguration"
-        return PoolReport(ready, reason, message, counts=counts, conditions=cross.conditions, related=cross.related)
+        advisories = address_pool_advisories(
+            spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved, allocatable
+        )
+        conditions = [*cross.conditions, consistency_condition(advisories)]
+        return PoolReport(ready, reason, message, counts=counts, conditions=conditions, related=cross.related)
 
     async def close(self) -> None:
         self.indexes.clear()

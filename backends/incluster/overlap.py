@@ -102,8 +102,8 @@ def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> Report
     if unsafe:
         parts.append(
             f"shares addresses with {_describe(unsafe)}: two claims may be given the same address; make the "
-            "addresses disjoint (for example with excludedAddresses), or create the pools anew with one "
-            "spec.uniquenessDomain"
+            "pools' spec.addresses disjoint (for example with spec.excludedAddresses), or create the pools anew "
+            "with one spec.uniquenessDomain"
         )
     if safe:
         parts.append(

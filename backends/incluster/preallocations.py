@@ -35,9 +35,9 @@ def claim_key(ref: PoolRef, namespace: str, name: str) -> str:
 
 def _key_problem(ref: PoolRef, key: str) -> str | None:
     if ref.namespace is not None:
-        return None if "/" not in key else f"preAllocations[{key}]: {NAMESPACED_KEY}"
+        return None if "/" not in key else f"spec.preAllocations[{key}]: {NAMESPACED_KEY}"
     namespace, slash, name = key.partition("/")
-    return None if slash and namespace and name and "/" not in name else f"preAllocations[{key}]: {GLOBAL_KEY}"
+    return None if slash and namespace and name and "/" not in name else f"spec.preAllocations[{key}]: {GLOBAL_KEY}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,9 @@ class PreAllocations:
             if value is not None and value in allocatable.addresses:
                 pinned[value] = (*pinned.get(value, ()), key)
         problems = [
-            f"preAllocations[{key}]: {entries[key]!r} is not a string" for key in sorted(entries) if key not in texts
+            f"spec.preAllocations[{key}]: {entries[key]!r} is not a string"
+            for key in sorted(entries)
+            if key not in texts
         ]
         problems += pre_allocation_problems(texts, allocatable)
         problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
@@ -78,8 +80,8 @@ class PreAllocations:
             return None
         value = address_value(text, self.family) if isinstance(text, str) else None
         if value is None or value not in self.pinned:
-            own = [p for p in self.problems if p.startswith(f"preAllocations[{key}]")]
-            detail = "; ".join(own) or f"preAllocations[{key}]: {text!r} is not usable"
+            own = [p for p in self.problems if p.startswith(f"spec.preAllocations[{key}]")]
+            detail = "; ".join(own) or f"spec.preAllocations[{key}]: {text!r} is not usable"
             raise AllocationFailedError(
                 f"{self.ref} pre-allocates an address to this claim, but {detail}; fix the pool"
             )
@@ -156,7 +158,7 @@ async def collisions(
             holder = holders.get(text)
             if holder is not None and not pre.held_by_named(value, holder):
                 keys = ", ".join(pre.pinned[value])
-                problems.append(f"preAllocations[{keys}]: {text} is already held by claim {holder}")
+                problems.append(f"spec.preAllocations[{keys}]: {text} is already held by claim {holder}")
     return problems, len(pre.pinned) - len(taken)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
+from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError, without_field
 from backends.incluster.prefix_allocatable import child_of
 from backends.incluster.prefix_backend import parse_prefix_pool
 from backends.validation import spec_error
@@ -39,7 +39,8 @@ def prefix_pool_change_problems(old: Object | None, new: Object | None, in_use: 
         return []
     allocatable, problems = _parsed(new)
     previous, known = _parsed(old) if old is not None else (None, [])
-    problems = [problem for problem in problems if problem not in known]
+    known = [without_field(problem) for problem in known]
+    problems = [problem for problem in problems if without_field(problem) not in known]
     if problems:
         return [f"the pool's spec is invalid: {'; '.join(problems)}"]
     if old is None or allocatable is None:

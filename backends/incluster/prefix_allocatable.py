@@ -14,6 +14,7 @@ number maps back to the child's first address with `<< host_bits`.
 
 Validation messages start with the exact text of the Go in-cluster provider's webhook where it has one (IPv6), and
 use the same shape for IPv4, which the Go provider does not serve; the CRD checks the same rules with CEL first.
+Each ends with the field it is about in parentheses: `(spec.excludedPrefixes[0])`.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 def _parse_prefixes(prefixes: Sequence[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     errors: list[str] = []
     networks = []
-    for text in prefixes:
+    for position, text in enumerate(prefixes):
         try:
             networks.append(_parse_cidr(text))
         except PoolSpecError as error:
-            errors.extend(error.messages)
+            errors.extend(f"{message} (spec.prefixes[{position}])" for message in error.messages)
     if errors:
         raise PoolSpecError(errors)
     if len({network.version for network in networks}) > 1:
-        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(str(p).strip() for p in prefixes)}"])
+        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(str(p).strip() for p in prefixes)} (spec.prefixes)"])
     return networks
 
 
@@ -84,9 +85,9 @@ def _gateway_problems(gateway: str | None, family: int) -> list[str]:
     try:
         parsed = ipaddress.ip_address(gateway.strip())
     except ValueError:
-        return [f"{INVALID_GATEWAY}: {gateway.strip()}"]
+        return [f"{INVALID_GATEWAY}: {gateway.strip()} (spec.gateway)"]
     if parsed.version != family:
-        return [f"{GATEWAY_FAMILY.format(family=family)}: {gateway.strip()}"]
+        return [f"{GATEWAY_FAMILY.format(family=family)}: {gateway.strip()} (spec.gateway)"]
     return []
 
 
@@ -102,29 +103,29 @@ def build_prefix_set(
     subnet bounds are the first and last allocatable-or-not child numbers of the pool's prefixes.
     """
     if not prefixes:
-        raise PoolSpecError([PREFIXES_REQUIRED])
+        raise PoolSpecError([f"{PREFIXES_REQUIRED} (spec.prefixes)"])
     if isinstance(allocation_length, bool) or not 1 <= allocation_length <= 128:
-        raise PoolSpecError([f"{ALLOCATION_LENGTH}: {allocation_length!r}"])
+        raise PoolSpecError([f"{ALLOCATION_LENGTH}: {allocation_length!r} (spec.allocationPrefixLength)"])
     networks = _parse_prefixes(prefixes)
     family = networks[0].version
     errors: list[str] = []
     if family == 4 and allocation_length > ADDRESS_BITS[4]:
-        errors.append(f"{ALLOCATION_LENGTH_V4}: {allocation_length}")
+        errors.append(f"{ALLOCATION_LENGTH_V4}: {allocation_length} (spec.allocationPrefixLength)")
     errors.extend(
-        f"{LONGER_THAN_ALLOCATION.format(length=allocation_length)}: {network}"
-        for network in networks
+        f"{LONGER_THAN_ALLOCATION.format(length=allocation_length)}: {network} (spec.prefixes[{position}])"
+        for position, network in enumerate(networks)
         if network.prefixlen > allocation_length
     )
     errors.extend(_gateway_problems(gateway, family))
     exclusions = []
-    for text in excluded:
+    for position, text in enumerate(excluded):
         try:
             entry = parse_address_entry(text)
         except PoolSpecError:
-            errors.append(f"{INVALID_EXCLUDED}: {str(text).strip()}")
+            errors.append(f"{INVALID_EXCLUDED}: {str(text).strip()} (spec.excludedPrefixes[{position}])")
             continue
         if entry.family != family:
-            errors.append(f"{EXCLUDED_FAMILY.format(family=family)}: {entry.text}")
+            errors.append(f"{EXCLUDED_FAMILY.format(family=family)}: {entry.text} (spec.excludedPrefixes[{position}])")
         exclusions.append(entry)
     if errors:
         raise PoolSpecError(errors)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, ValidationError
 
+from backends.incluster.advisories import consistency_condition, prefix_pool_advisories
 from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
 from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation, _uid
 from backends.incluster.intervals import address_to_int
@@ -138,7 +139,8 @@ class InClusterPrefixBackend(InClusterBackend):
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} /{length} prefixes free"
         if out_of_range:
             message += f"; {out_of_range} allocated prefixes are not ones the pool would hand out now"
-        return PoolReport(True, "PoolReady", message, counts=counts)
+        conditions = [consistency_condition(prefix_pool_advisories(allocatable))]
+        return PoolReport(True, "PoolReady", message, counts=counts, conditions=conditions)
 
 
 def create_backend(context: BackendContext) -> InClusterPrefixBackend:

@@ -76,18 +76,18 @@ def why_not_allocatable(spec: InClusterPoolSpec, allocatable: AllocatableSet, te
     try:
         value = address_to_int(text, family)
     except ValueError:
-        return f"it is not an IPv{family} address"
+        return f"it is not an IPv{family} address, as spec.addresses are"
     if value in allocatable.addresses:
         return None
     if not any(entry.first <= value <= entry.last for entry in map(parse_address_entry, spec.addresses)):
         return "it is not in spec.addresses"
     if spec.gateway is not None and value == address_to_int(spec.gateway, family):
-        return "it is the pool's gateway"
+        return "it is the pool's gateway, spec.gateway"
     if not spec.allocate_reserved and value == allocatable.subnet_first:
         name = "network address" if family == 4 else "subnet-router anycast address"
-        return f"it is the subnet's {name}, reserved unless allocateReservedIPAddresses is true"
+        return f"it is the subnet's {name}, reserved unless spec.allocateReservedIPAddresses is true"
     if not spec.allocate_reserved and family == 4 and value == allocatable.subnet_last:
-        return "it is the subnet's broadcast address, reserved unless allocateReservedIPAddresses is true"
+        return "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"
     return "it is in spec.excludedAddresses"
 
 

@@ -63,7 +63,9 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
     secret_label = f"{ref.namespace}/{ref.name}"
     secret = await kube.get(SECRETS, ref.name, ref.namespace)
     if secret is None:
-        raise InstanceProblem("CredentialsNotFound", f"Secret {secret_label} was not found; create it")
+        raise InstanceProblem(
+            "CredentialsNotFound", f"Secret {secret_label} (spec.credentialsSecretRef) was not found; create it"
+        )
     data = _decode(secret)
     pem, ca_version = (None, "") if spec.insecure_skip_verify else await _ca_bundle(kube, spec)
     if pem is not None:
@@ -78,7 +80,8 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
     if not use_password and not (cert and key):
         raise InstanceProblem(
             "InvalidCredentials",
-            f"Secret {secret_label} holds neither username and password nor clientCert and clientKey",
+            f"Secret {secret_label} (spec.credentialsSecretRef) holds neither username and password nor clientCert "
+            "and clientKey",
         )
     files = None
     if pem is not None or not use_password:

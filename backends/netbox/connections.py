@@ -119,7 +119,7 @@ class Connections:
         self._secrets.pop((pool.secret_namespace, pool.secret_name), None)
 
     async def _read(self, pool: Pool) -> _SecretData:
-        where = f"Secret {pool.secret_namespace}/{pool.secret_name}"
+        where = f"Secret {pool.secret_namespace}/{pool.secret_name} (spec.connection.secretRef)"
         try:
             secret = await self.kube.get(SECRETS, pool.secret_name, pool.secret_namespace)
         except ApiError as error:

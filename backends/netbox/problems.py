@@ -50,7 +50,8 @@ def from_netbox(error: NetboxError, context: str) -> Problem:
             )
         return Problem(
             UNREACHABLE,
-            f"{context}: {error.message}; check that NetBox is running and reachable from the controller",
+            f"{context}: {error.message}; check that NetBox is running and reachable from the controller at the "
+            "`url` of the pool's Secret (spec.connection.secretRef)",
             retry_after=RETRY_UNREACHABLE,
         )
     if isinstance(error, ClientClosedError):

@@ -256,7 +256,9 @@ class ReleaseImpossibleError(BackendError):
     """The address can never be released by this backend (for example its pool and credentials are gone).
 
     The reconciler records a Warning Event with the message and lets the claim go, so that the owning machine can
-    be deleted. Transient failures must raise another BackendError (or any exception) instead, to be retried.
+    be deleted; what the backend still holds for the claim is left to the repair loop, which releases it once the
+    backend can be used again (see `backend/repair.py`). Transient failures must raise another BackendError (or
+    any exception) instead, to be retried.
     """
 
     reason = "ReleaseFailed"

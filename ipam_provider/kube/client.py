@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -153,11 +153,15 @@ class KubeClient:
         *,
         label_selector: str | None = None,
         limit: int = 500,
-    ) -> AsyncIterator[Page]:
+        before_page: Callable[[], Awaitable[None]] | None = None,
+    ) -> AsyncGenerator[Page, None]:
         """The list page by page (at most `limit` objects each), each with the list's resourceVersion, so that a
-        caller can digest a page before the next one is read."""
+        caller can digest a page before the next one is read. `before_page` is awaited before each page's request
+        (to pace them)."""
         token: str | None = None
         while True:
+            if before_page is not None:
+                await before_page()
             page = await self._json(
                 "GET",
                 resource.path(namespace),
@@ -173,8 +177,18 @@ class KubeClient:
             if not token:
                 return
 
-    async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
-        return await self._json("POST", resource.path(namespace), body=dict(body), query=_WRITE_QUERY)
+    async def create(
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_validation: str | None = None,
+    ) -> Object:
+        """Create an object. `field_validation` is the API server's `fieldValidation` (Strict, as kubectl sends it,
+        refuses unknown fields; by default the API server prunes them with a warning)."""
+        query = {**_WRITE_QUERY, "fieldValidation": field_validation}
+        return await self._json("POST", resource.path(namespace), body=dict(body), query=query)
 
     async def create_subresource(
         self, resource: Resource, name: str, subresource: str, body: Mapping[str, Any], namespace: str | None = None

@@ -11,6 +11,8 @@ Contract:
   a shard, keys are handed out in the order they were added.
 - `add_rate_limited` re-adds a failed key after a per-key exponential backoff; `forget` resets it.
 - `add_after` re-adds a key after a delay; the earliest pending delay wins.
+- `busy(key)` tells whether a key is waiting, being processed or due after a delay (the repair loop leaves
+  such claims to their reconcile).
 - After `shutdown`, `get` returns None once no key is ready; keys being processed are finished by their workers.
 - A queue given a `name` reports the `workqueue_*` series under it (`ipam_provider.telemetry.controller`).
 """
@@ -132,6 +134,10 @@ class WorkQueue(Generic[K]):
         delay = float(min(self.max_delay, self.base_delay * (2**failures)))
         self.add_after(key, delay, shard)
         return delay
+
+    def busy(self, key: K) -> bool:
+        """Whether `key` is waiting, being processed, or due to be added again after a delay."""
+        return key in self._queued or key in self._processing or key in self._timers
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)

@@ -143,7 +143,7 @@ class ClaimReconciler:
             if await self._keep_fulfilled(work):
                 return None
             state = "was not found" if pool is None else "is being deleted"
-            message = f"{work.pool_ref} {state}; create it or point the claim at another pool"
+            message = f"{work.pool_ref} {state}; create it or point the claim's spec.poolRef at another pool"
             await self._set_ready(work, False, REASON_POOL_NOT_READY, message)
             return None
         return await self._allocate(work, pool, confirmed)

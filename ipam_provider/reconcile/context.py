@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 import structlog
 
 from ipam_provider.api.capi import READY, IPAddressClaim
-from ipam_provider.backend.contract import Backend, ClaimContext, PoolKind, PoolRef, serves_claims_concurrently
+from ipam_provider.backend.contract import (
+    Backend,
+    ClaimContext,
+    PoolKind,
+    PoolRef,
+    ReportCondition,
+    serves_claims_concurrently,
+)
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
@@ -36,6 +43,10 @@ class ReconcileContext:
     registry: BackendRegistry
     recorder: EventRecorder
     pool_changed: Callable[[PoolRef], None] = lambda ref: None
+    # The repair loop's findings per pool (the AddressesRecorded condition), which the pool reconciler writes with
+    # the conditions of its backend's report.
+    repair_conditions: dict[PoolRef, ReportCondition] = field(default_factory=dict)
+    repair_releases: bool = True  # whether the repair loop releases leaks (for the messages that rely on it)
     _pool_locks: weakref.WeakValueDictionary[PoolRef, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
     _allocating: collections.Counter[PoolRef] = field(default_factory=collections.Counter)
 
@@ -146,13 +157,17 @@ class ClaimWork:
 
     def context(self) -> ClaimContext:
         """What the backend may know about the claim."""
-        claim = self.claim
-        return ClaimContext(
-            namespace=self.namespace,
-            name=self.name,
-            uid=claim.metadata.uid,
-            cluster_name=claim.cluster_name,
-            labels=dict(claim.metadata.labels),
-            annotations=dict(claim.metadata.annotations),
-            owner_references=[ref.wire() for ref in claim.metadata.owner_references],
-        )
+        return claim_context(self.claim)
+
+
+def claim_context(claim: IPAddressClaim) -> ClaimContext:
+    """What a backend may know about a claim."""
+    return ClaimContext(
+        namespace=claim.metadata.namespace or "",
+        name=claim.metadata.name,
+        uid=claim.metadata.uid,
+        cluster_name=claim.cluster_name,
+        labels=dict(claim.metadata.labels),
+        annotations=dict(claim.metadata.annotations),
+        owner_references=[ref.wire() for ref in claim.metadata.owner_references],
+    )

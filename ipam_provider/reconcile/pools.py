@@ -12,12 +12,16 @@ Contract:
 - A pool clusterctl is moving (delete-for-move) is neither reported nor tidied up by its backend: its copy at the
   target owns its addresses now.
 - A paused pool is left alone.
+- The repair loop's finding for the pool (`ReconcileContext.repair_conditions`: the `AddressesRecorded`
+  condition) is written with the report's conditions.
 - Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.telemetry.pools`) from the report the
   status is written from, and counts the cached claims of the pool still waiting for an address; a pool found gone
   loses all of its series.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import structlog
 from pydantic import ValidationError
@@ -72,6 +76,7 @@ class PoolReconciler:
             return None
         if raw is None:
             pool_metrics.forget_pool(self._labels(ref))
+            self.ctx.repair_conditions.pop(ref, None)
             return None
         backend, kind = found
         meta = raw["metadata"]
@@ -88,6 +93,9 @@ class PoolReconciler:
             raw = await self.ctx.patch_cached(store, resource, raw, patch)
         async with self.ctx.backend_turn(backend, ref):
             report = await backend.report(ref, raw, self.addresses_of(ref))
+        found_by_repair = self.ctx.repair_conditions.get(ref)
+        if found_by_repair is not None:
+            report = dataclasses.replace(report, conditions=[*report.conditions, found_by_repair])
         if await self._write_status(raw, store, resource, report, event=not report.ready):
             for other in report.related:
                 self.ctx.pool_changed(other)

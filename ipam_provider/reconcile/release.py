@@ -2,9 +2,10 @@
 
 The IPAddress is read fresh from the API server, not from the cache, so that a lagging watch cannot leave an
 IPAddress behind once the claim is gone. While another finalizer keeps the deleted IPAddress in existence, the
-backend is not asked to release: the address stays held until no IPAddress names it. A backend that can never
-release (ReleaseImpossibleError) gets a Warning Event and the claim is let go; any other failure keeps the
-finalizer and is retried.
+backend is not asked to release: the address stays held until no IPAddress names it. A backend that cannot
+release (ReleaseImpossibleError) gets a Warning Event and the claim is let go: what the backend still holds for it
+is left to the repair loop (`ipam_provider/repair`), which releases it once the backend can be used again, as it
+does for a claim deleted without this finalizer. Any other failure keeps the finalizer and is retried.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import WARNING
 
 RETRY_LINGERING = 30.0
+LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
+LEFT_WITHOUT_REPAIR = (
+    "the repair loop would release it once the pool's backend can be reached again, but it does not release "
+    "(--repair-interval=0 or --repair-report-only)"
+)
 
 
 async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
@@ -36,7 +42,8 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
         async with ctx.backend_turn(work.backend, work.pool_ref):
             await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
-        ctx.recorder.record(work.raw, WARNING, error.reason, error.message, related=work.pool)
+        message = f"{error.message}; {LEFT_TO_REPAIR if ctx.repair_releases else LEFT_WITHOUT_REPAIR}"
+        ctx.recorder.record(work.raw, WARNING, error.reason, message, related=work.pool)
     finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
     try:
         await ctx.patch_cached(ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": finalizers}})

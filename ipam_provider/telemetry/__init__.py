@@ -4,7 +4,9 @@
 - `controller`: the work queue's `workqueue_*` and the reconcilers' `controller_runtime_*` series;
 - `clients`: the API client's `rest_client_*` series and `leader_election_master_status`;
 - `backends`: `observe_request`, with which a backend counts its requests to an external system;
-- `events`: `ipam_provider_events_total`, the Kubernetes Events recorded and what became of them.
+- `events`: `ipam_provider_events_total`, the Kubernetes Events recorded and what became of them;
+- `repair`: the repair loop's `ipam_provider_repair_*` series (passes, suspected leaks, releases, restores,
+  duplicates, addresses outside their pool).
 
 Every series lives in prometheus-client's default registry, served by the metrics endpoint. Counters are exposed
 without prometheus-client's `*_created` companions, as Go's client exposes them.

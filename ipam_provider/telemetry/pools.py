@@ -129,7 +129,10 @@ def count_release(pool: PoolLabels) -> None:
 
 
 def forget_pool(pool: PoolLabels) -> None:
-    """Remove every series of the pool (it is gone)."""
+    """Remove every series of the pool (it is gone), the repair loop's (`telemetry.repair`) included."""
+    from ipam_provider.telemetry import repair  # it builds on this module's labels
+
+    repair.forget_pool(pool)
     for plain in _PLAIN:
         _remove(plain, *pool.values())
     for reasoned in _REASONED:

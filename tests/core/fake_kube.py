@@ -1,7 +1,8 @@
 """An in-memory API server behind the `KubeClient` interface, for the reconcilers' unit tests.
 
-It serves the calls the core makes (`get`, `list`, `create`, `patch`, `delete`) with the API server's semantics
-for what the reconcilers rely on, and fails like the real client, with `ApiError` carrying a Status:
+It serves the calls the core makes (`get`, `list`, `list_pages`, `create`, `patch`, `delete`) with the API
+server's semantics for what the reconcilers rely on, and fails like the real client, with `ApiError` carrying a
+Status:
 
 - every write takes the next resourceVersion (one counter, as etcd's); a write that changes nothing (a no-op merge
   patch) keeps the object's resourceVersion; `metadata.generation` moves when anything but metadata (and status,
@@ -28,13 +29,13 @@ import builtins
 import copy
 import datetime
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from ipam_provider.kube.client import MERGE_PATCH, KubeClient
+from ipam_provider.kube.client import MERGE_PATCH, KubeClient, Page
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import Resource
 
@@ -180,7 +181,14 @@ class FakeKube(KubeClient):
         self._record("get", resource, namespace, name)
         return self.stored(resource, name, namespace)
 
-    async def create(self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
+    async def create(
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_validation: str | None = None,
+    ) -> Object:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
         namespace = namespace if resource.namespaced else None
@@ -315,6 +323,25 @@ class FakeKube(KubeClient):
         self._record("list", resource, namespace, None)
         items = [obj for obj in self.stored_all(resource, namespace) if _selected(obj, label_selector)]
         return items, str(self._version)
+
+    async def list_pages(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        limit: int = 500,
+        before_page: Callable[[], Awaitable[None]] | None = None,
+    ) -> AsyncGenerator[Page, None]:
+        """The list as of the first page, `limit` objects a page; each page is one request, `before_page` awaited
+        before it."""
+        items = [obj for obj in self.stored_all(resource, namespace) if _selected(obj, label_selector)]
+        version = str(self._version)
+        for start in range(0, max(len(items), 1), limit):
+            if before_page is not None:
+                await before_page()
+            self._record("list", resource, namespace, None)
+            yield items[start : start + limit], version
 
     # --- internals ----------------------------------------------------------------------------------------------
 

@@ -152,7 +152,7 @@ async def test_malformed_reviews_are_400_logged_and_the_server_serves_on(served:
     assert answer["response"]["allowed"] is False and (status["code"], status["reason"]) == (422, "Invalid")
     assert status["message"] == (
         "InClusterIPPool net: the pool's spec is invalid: "
-        "provided address belongs to a different subnet than others: 10.0.1.5"
+        "provided address belongs to a different subnet than others: 10.0.1.5 (spec.addresses[1])"
     )
 
 

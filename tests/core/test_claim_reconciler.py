@@ -384,7 +384,22 @@ async def test_a_release_that_can_never_succeed_lets_the_claim_go_with_a_warning
     assert world.kube.stored(CLAIMS, "m1", NS) is None and world.address("m1") is None
     assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
     event = world.kube.stored_all(EVENTS, NS)[-1]
-    assert event["message"] == "the pool and its credentials are gone"
+    assert event["message"] == (
+        "the pool and its credentials are gone; the repair loop releases the address once the pool's backend can be "
+        "reached again"
+    )
+
+
+async def test_a_release_that_can_never_succeed_says_when_the_repair_loop_does_not_release(world: World) -> None:
+    world.ctx.repair_releases = False  # --repair-interval=0 or --repair-report-only
+    await fulfilled(world)
+    await delete_claim(world)
+    world.backend.fail("release", ReleaseImpossibleError("the pool and its credentials are gone"))
+
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
+    message = world.kube.stored_all(EVENTS, NS)[-1]["message"]
+    assert message.startswith("the pool and its credentials are gone; ") and "--repair-report-only" in message
 
 
 @pytest.mark.parametrize(
@@ -578,7 +593,10 @@ async def test_a_claim_without_its_pool_waits_with_pool_not_ready(world: World) 
     assert stored["metadata"]["finalizers"] == [FINALIZER_RELEASE_ADDRESS]
     ready = ready_of(stored)
     assert ready is not None and (ready["status"], ready["reason"]) == ("False", "PoolNotReady")
-    assert ready["message"] == "FakeIPPool/ns/net was not found; create it or point the claim at another pool"
+    assert (
+        ready["message"]
+        == "FakeIPPool/ns/net was not found; create it or point the claim's spec.poolRef at another pool"
+    )
     assert world.backend.calls == []
     assert (await world.events()) == [("Warning", "PoolNotReady", "IPAddressClaim", "m1")]
 

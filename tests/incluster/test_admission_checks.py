@@ -53,7 +53,7 @@ def test_pre_allocations() -> None:
     (not_a_map,) = pool_change_problems(None, pool(["10.0.0.10-10.0.0.20"], preAllocations=["x"]), in_use)
     assert not_a_map.startswith("the pool's spec is invalid: ") and "preAllocations" in not_a_map
     (held,) = pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"other": "10.0.0.10"}), in_use)
-    assert held.startswith("preAllocations[other]: 10.0.0.10 is already held by claim ns/m0 (IPAddress ns/m0)")
+    assert held.startswith("spec.preAllocations[other]: 10.0.0.10 is already held by claim ns/m0 (IPAddress ns/m0)")
     assert pool_change_problems(base, pool(["10.0.0.10-10.0.0.20"], preAllocations={"m0": "10.0.0.10"}), in_use) == []
     # A problem the old spec had already is not a reason to refuse another change.
     broken = pool(["10.0.0.10-10.0.0.20"], preAllocations={"other": "10.0.0.10"})
@@ -66,14 +66,15 @@ def test_pre_allocations() -> None:
     assert pool_change_problems(None, global_pool, in_use) == []
     global_pool["spec"]["preAllocations"] = {"other/m0": "10.0.0.10"}
     (held_elsewhere,) = pool_change_problems(None, global_pool, in_use)
-    assert held_elsewhere.startswith("preAllocations[other/m0]: 10.0.0.10 is already held by claim ns/m0")
+    assert held_elsewhere.startswith("spec.preAllocations[other/m0]: 10.0.0.10 is already held by claim ns/m0")
 
 
 def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
     (problem,) = pool_change_problems(None, pool(["10.0.0.20-10.0.0.10"]), [])
     assert (
         problem
-        == "the pool's spec is invalid: provided address is not a valid IP, range, nor CIDR: 10.0.0.20-10.0.0.10"
+        == "the pool's spec is invalid: provided address is not a valid IP, range, nor CIDR: 10.0.0.20-10.0.0.10 "
+        "(spec.addresses[0])"
     )
     (problem,) = pool_change_problems(None, pool(["10.0.0.1"], prefix="x"), [])  # type: ignore[arg-type]
     assert problem.startswith("the pool's spec is invalid: ")

@@ -184,8 +184,8 @@ async def test_collisions_without_a_cache_read_the_pool_s_reservations_once(kube
     used = [Allocation(address, 24, None) for address in ("10.76.0.10", "10.76.0.11", "10.76.0.12")]
     problems, waiting = await collisions(pre, used, None, counting)
     assert problems == [
-        f"preAllocations[a]: 10.76.0.10 is already held by claim {namespace}/x",
-        f"preAllocations[c]: 10.76.0.12 is already held by claim {namespace}/y",
+        f"spec.preAllocations[a]: 10.76.0.10 is already held by claim {namespace}/x",
+        f"spec.preAllocations[c]: 10.76.0.12 is already held by claim {namespace}/y",
     ]
     assert waiting == 1
     assert (counting.gets, counting.lists) == (0, 1)

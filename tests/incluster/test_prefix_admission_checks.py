@@ -75,7 +75,9 @@ def test_ipv4_and_many_holders() -> None:
 
 def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
     reversed_range = pool(["fd00::/62"], excludedPrefixes=["fd00::9-fd00::1"])
-    assert prefix_pool_change_problems(None, reversed_range, []) == [f"the pool's spec is invalid: {REVERSED}"]
+    assert prefix_pool_change_problems(None, reversed_range, []) == [
+        f"the pool's spec is invalid: {REVERSED} (spec.excludedPrefixes[0])"
+    ]
     (problem,) = prefix_pool_change_problems(None, pool(["fd00::/62"], allocationPrefixLength="x"), [])
     assert problem.startswith("the pool's spec is invalid: spec.allocationPrefixLength: ")
     # On UPDATE, a problem the old spec had already does not block another change; a new one does, alone.
@@ -83,7 +85,8 @@ def test_an_unusable_spec_is_refused_with_the_backends_message() -> None:
     assert prefix_pool_change_problems(reversed_range, widened, used("fd00::")) == []
     worse = pool(["fd00::/60"], excludedPrefixes=["fd00::9-fd00::1", "fd00::7-fd00::2"])
     assert prefix_pool_change_problems(reversed_range, worse, []) == [
-        "the pool's spec is invalid: provided entry is not a valid IP, range, nor CIDR: fd00::7-fd00::2"
+        "the pool's spec is invalid: provided entry is not a valid IP, range, nor CIDR: fd00::7-fd00::2 "
+        "(spec.excludedPrefixes[1])"
     ]
     assert prefix_pool_change_problems(pool(["fd00::/62"]), None, used("fd00::")) == []  # DELETE: the core's
 

@@ -94,7 +94,10 @@ async def test_addresses_the_pool_may_not_hand_out_fail_with_the_reason(
         "elsewhere": ("10.63.0.5", "it is not in spec.addresses"),
         "excluded": ("10.62.0.105", "it is in spec.excludedAddresses"),
         "gateway": ("10.62.0.1", "it is the pool's gateway"),
-        "network": ("10.62.0.0", "it is the subnet's network address, reserved unless allocateReservedIPAddresses"),
+        "network": (
+            "10.62.0.0",
+            "it is the subnet's network address, reserved unless spec.allocateReservedIPAddresses",
+        ),
         "broadcast": ("10.62.0.255", "it is the subnet's broadcast address"),
         "family": ("fd00::5", "it is not an IPv4 address"),
     }

@@ -29,6 +29,7 @@ EXPECTED_ALERTS = {
     "IPAMAllocationErrors",
     "IPAMBackendUnreachable",
     "IPAMNoLeader",
+    "IPAMDuplicateAddress",
 }
 
 

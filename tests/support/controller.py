@@ -2,8 +2,9 @@
 
 `run_controller(**settings)` (an async context manager, from the `controller_factory` fixture) starts a
 controller with the in-cluster backends (address and prefix pools) plus any extra backends, waits until its caches
-are synced, and stops it cleanly afterwards. `in_process_controller` is the common case: one controller for one
-test's namespace.
+are synced, and stops it cleanly afterwards; `**settings` are `ControllerSettings` fields (for example
+`repair=RepairSettings(interval=1.0, grace_period=2.0)` runs the repair loop at a test's pace, `interval=0` turns
+it off). `in_process_controller` is the common case: one controller for one test's namespace.
 """
 
 from __future__ import annotations

@@ -133,7 +133,10 @@ def test_validation_reports_every_bad_entry_and_is_a_value_error() -> None:
     with pytest.raises(ValueError) as caught:
         validate_pool_spec(["x", "10.0.0.1", "y"], 24)
     assert isinstance(caught.value, PoolSpecError)
-    assert caught.value.messages == (f"{INVALID_ADDRESS}: x", f"{INVALID_ADDRESS}: y")
+    assert caught.value.messages == (
+        f"{INVALID_ADDRESS}: x (spec.addresses[0])",
+        f"{INVALID_ADDRESS}: y (spec.addresses[2])",
+    )
 
 
 def test_valid_specs_pass() -> None:

@@ -95,7 +95,7 @@ def test_global_pools_name_claims_as_namespace_slash_name() -> None:
     assert wanted_address(ClaimContext("team-a", "vip", "u1"), pre) == "10.0.0.1"
     assert wanted_address(ClaimContext("team-b", "vip", "u2"), pre) is None
     assert pre.pinned_for_others(ip("10.0.0.1"), ClaimContext("team-b", "vip", "u2")) == ("team-a/vip",)
-    assert pre.problems == ("preAllocations[vip]: a GlobalInClusterIPPool names claims as namespace/name",)
+    assert pre.problems == ("spec.preAllocations[vip]: a GlobalInClusterIPPool names claims as namespace/name",)
     assert pool_spec.pre_allocations == {}
 
 
@@ -104,10 +104,10 @@ def test_global_pools_name_claims_as_namespace_slash_name() -> None:
     [
         ("10.0.0.5", None),
         ("10.0.1.5", "it is not in spec.addresses"),
-        ("fd00::5", "it is not an IPv4 address"),
-        ("10.0.0.1", "it is the pool's gateway"),
-        ("10.0.0.0", "it is the subnet's network address, reserved unless allocateReservedIPAddresses is true"),
-        ("10.0.0.15", "it is the subnet's broadcast address, reserved unless allocateReservedIPAddresses is true"),
+        ("fd00::5", "it is not an IPv4 address, as spec.addresses are"),
+        ("10.0.0.1", "it is the pool's gateway, spec.gateway"),
+        ("10.0.0.0", "it is the subnet's network address, reserved unless spec.allocateReservedIPAddresses is true"),
+        ("10.0.0.15", "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"),
         ("10.0.0.12", "it is in spec.excludedAddresses"),
     ],
 )
@@ -123,8 +123,8 @@ def test_why_an_address_is_not_allocatable(address: str, why: str | None) -> Non
 def test_an_entry_that_is_not_a_string_is_a_problem_of_its_own_not_of_the_whole_pool() -> None:
     _, _, pre = parsed(preAllocations={"bad": 5, "list": ["10.0.0.3"], "good": "10.0.0.2"})
     assert pre.pinned == {ip("10.0.0.2"): ("good",)}
-    assert "preAllocations[bad]: 5 is not a string" in pre.problems
-    assert "preAllocations[list]: ['10.0.0.3'] is not a string" in pre.problems
+    assert "spec.preAllocations[bad]: 5 is not a string" in pre.problems
+    assert "spec.preAllocations[list]: ['10.0.0.3'] is not a string" in pre.problems
     with pytest.raises(AllocationFailedError, match=r"preAllocations\[bad\]: 5 is not a string"):
         pre.address_of(ClaimContext("ns", "bad", "uid-bad"))
     assert pre.address_of(ClaimContext("ns", "good", "uid-good")) == "10.0.0.2"

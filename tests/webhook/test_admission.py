@@ -109,10 +109,13 @@ async def registered(kube: KubeClient, body: Object, namespace: str) -> AsyncIte
 
 
 @contextlib.asynccontextmanager
-async def webhook(kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path) -> AsyncIterator[str]:
-    """The controller serving `namespace`, its webhook on loopback and registered; yields the test's label."""
+async def webhook(
+    kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path, **settings: Any
+) -> AsyncIterator[str]:
+    """The controller serving `namespace` (`settings`: further arguments of `run_controller`, such as
+    `extra_backends`), its webhook on loopback and registered; yields the test's label."""
     files, ca = serving_pki(tmp_path)
-    async with run_controller(kubeconfig, namespaces=[namespace]) as controller:
+    async with run_controller(kubeconfig, namespaces=[namespace], **settings) as controller:
         server = WebhookServer(ServingCertificate.load(files))
         await server.start("127.0.0.1", 0)
         try:

@@ -1,0 +1,115 @@
+"""The comparison of one pool's holdings with the live IPAddresses and claims (no I/O).
+
+- A holding (with a claim uid) is accounted for by a live IPAddress that names the pool and its address and
+  names its claim (by `namespace/name`, or by the claim's uid among its owner references).
+- An unaccounted holding is a suspected leak when its claim is gone (not found, or found with another uid), or
+  when its claim lives with that uid but its IPAddress names another address. It is left alone when its claim
+  lives and has no IPAddress yet (an allocation under way), when its claim is not one this controller serves,
+  when its claim's namespace is not watched, and when it names no claim (its namespace cannot be known).
+- A live IPAddress (not being deleted) that names the pool is to be restored when no holding holds its address
+  for its claim, its claim lives (not being deleted, not paused) with the uid of the IPAddress's owner reference
+  (when it has one), and the claim is one this controller serves. (A claim whose Cluster is paused is left alone
+  too; `pool.py` asks the watch cache about Clusters.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ipam_provider.api.capi import ANNOTATION_PAUSED
+from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.repair import Holding
+from ipam_provider.common import Object
+from ipam_provider.repair.live import (
+    LiveState,
+    Scope,
+    address_text,
+    canonical,
+    claim_of_address,
+    deleting,
+    owner_claim_uid,
+)
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A live IPAddress whose address the backend does not hold for its claim, with that claim."""
+
+    address: Object
+    claim: Object
+
+    @property
+    def name(self) -> str:
+        meta = self.address["metadata"]
+        return f"{meta.get('namespace')}/{meta['name']}"
+
+
+@dataclass
+class PoolComparison:
+    suspected: list[Holding] = field(default_factory=list)
+    unrecorded: list[Unrecorded] = field(default_factory=list)
+    in_use: list[str] = field(default_factory=list)  # addresses of the pool's live IPAddresses (canonical, unique)
+
+
+def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
+    """Compare the pool's holdings with the live state (see the module's contract)."""
+    addresses = [(address, address_text(address)) for address in live.addresses_of(pool)]
+    by_name: set[tuple[str, str]] = set()
+    by_uid: set[tuple[str, str]] = set()
+    for address, text in addresses:
+        namespace, name = claim_of_address(address)
+        by_name.add((text, f"{namespace}/{name}"))
+        uid = owner_claim_uid(address)
+        if uid:
+            by_uid.add((text, uid))
+    result = PoolComparison()
+    held: set[tuple[str, str]] = set()
+    for holding in holdings:
+        text = canonical(holding.address)
+        held.add((text, holding.claim_uid))
+        if not holding.claim_uid or (text, holding.claim) in by_name or (text, holding.claim_uid) in by_uid:
+            continue
+        if leak_suspected(holding, text, live, scope):
+            result.suspected.append(holding)
+    in_use: set[str] = set()
+    for address, text in addresses:
+        if deleting(address):
+            continue
+        in_use.add(text)
+        claim = restorable_claim(address, live, scope)
+        if claim is not None and (text, claim["metadata"].get("uid")) not in held:
+            result.unrecorded.append(Unrecorded(address, claim))
+    result.in_use = sorted(in_use)
+    return result
+
+
+def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -> bool:
+    """Whether an unaccounted holding (at canonical address `text`) is a suspected leak (see the module's
+    contract)."""
+    namespace = holding.claim_namespace
+    if not namespace or not scope.watches(namespace):
+        return False
+    name = holding.claim.partition("/")[2]
+    claim = live.claims.get((namespace, name))
+    if claim is None or claim["metadata"].get("uid") != holding.claim_uid:
+        return True  # the claim is gone (or another claim has its name now)
+    if not scope.serves(claim):
+        return False
+    own = live.claim_addresses((namespace, name))
+    if not own:
+        return False  # an allocation under way: its IPAddress is not written yet
+    return not any(address_text(address) == text for address in own)
+
+
+def restorable_claim(address: Object, live: LiveState, scope: Scope) -> Object | None:
+    """The live, served, unpaused claim of the IPAddress, when the IPAddress is the claim's; else None."""
+    claim = live.claims.get(claim_of_address(address))
+    if claim is None or deleting(claim) or not scope.serves(claim):
+        return None
+    if ANNOTATION_PAUSED in (claim["metadata"].get("annotations") or {}):
+        return None
+    owner = owner_claim_uid(address)
+    if owner and owner != claim["metadata"].get("uid"):
+        return None
+    return claim

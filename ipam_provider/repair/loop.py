@@ -1,0 +1,171 @@
+"""The repair loop: now and then, every pool's backend holdings compared with the live IPAddresses and claims.
+
+Contract:
+- `run()` makes a first pass soon after it starts (the controller starts it, in the leader only, once its caches
+  have synced), then one every `settings.interval` seconds, until cancelled.
+- A pass goes backend by backend, for those that offer the repair capability (`repairer_of`). For each: the
+  holdings of every pool it serves (from the watch cache of pools; paused pools and pools clusterctl is moving
+  are left alone) are listed first, THEN the live IPAddresses and claims are read fresh from the API server, and
+  each pool is compared and repaired (`pool.py`). Reading the API server after the backend means that an
+  allocation completing meanwhile shows its IPAddress, so it is never taken for a leak.
+- Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
+- A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception is logged
+  with its traceback and skips the pool too (or, when the API server cannot be read, the backend's pass). Neither
+  stops the loop. Each backend's pass is counted by
+  result (`ipam_provider_repair_passes_total`) and timed.
+- When releasing is on, the backend's `sweep_orphaned(grace)` (if it has one) runs once per pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
+from ipam_provider.backend.contract import Backend, BackendError
+from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, repairer_of
+from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.reconcile.context import ReconcileContext
+from ipam_provider.repair.live import Scope, read_live
+from ipam_provider.repair.pacer import RatePacer
+from ipam_provider.repair.pool import PoolRepairs, PoolTarget
+from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.telemetry import repair as metrics
+from ipam_provider.telemetry.pools import PoolLabels
+
+log = structlog.get_logger(__name__)
+
+FIRST_PASS_DELAY = 5.0  # the first pass comes this long after the start (or after one interval, if shorter)
+
+
+@dataclass(frozen=True)
+class BackendPass:
+    """One backend's share of a pass: its name (the metrics' `backend` label) and its pools."""
+
+    name: str
+    backend: Backend
+    repairer: Repairable
+    targets: list[PoolTarget]
+
+
+class RepairLoop:
+    def __init__(
+        self,
+        ctx: ReconcileContext,
+        scope: Scope,
+        settings: RepairSettings,
+        busy: Callable[[ClaimKey], bool],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        pacer: Pacer | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.scope = scope
+        self.settings = settings
+        self.clock = clock
+        self._pacer = pacer
+        self.pools = PoolRepairs(ctx, scope, settings, busy, clock)
+        self.passes = 0
+
+    @property
+    def pacer(self) -> Pacer:
+        if self._pacer is None:  # made on the loop that uses it
+            self._pacer = RatePacer(self.settings.requests_per_second)
+        return self._pacer
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled (see the module's contract)."""
+        log.info(
+            "repair loop started",
+            interval=self.settings.interval,
+            grace_period=self.settings.grace_period,
+            report_only=self.settings.report_only,
+        )
+        await asyncio.sleep(min(self.settings.interval, FIRST_PASS_DELAY))
+        while True:
+            try:
+                await self.run_pass()
+            except Exception:  # run_pass catches per backend; this is the last line of defence
+                log.exception("repair pass failed; trying again on the next")
+            await asyncio.sleep(self.settings.interval)
+
+    async def run_pass(self) -> None:
+        """One pass over every backend that offers the repair capability. Never raises but for cancellation."""
+        self.passes += 1
+        backends = self._backend_passes()
+        self.pools.forget_others({target.ref for one in backends for target in one.targets})
+        for one in backends:
+            started = time.perf_counter()
+            result = metrics.ERROR
+            try:
+                result = await self._backend_pass(one)
+            except Exception:
+                log.exception("repair pass failed; trying again on the next", backend=one.name)
+            finally:
+                metrics.count_pass(one.name, result, time.perf_counter() - started)
+
+    def _backend_passes(self) -> list[BackendPass]:
+        """The backends that offer the repair capability, each with the pools it serves now."""
+        registry = self.ctx.registry
+        passes = []
+        for backend in registry.backends:
+            repairer = repairer_of(backend)
+            if repairer is None or not backend.kinds:
+                continue
+            name = registry.name_of(backend.kinds[0].group, backend.kinds[0].kind)
+            targets = []
+            for kind in backend.kinds:
+                for raw in self.ctx.caches.pools[(kind.group, kind.kind)].items():
+                    annotations = raw["metadata"].get("annotations") or {}
+                    if ANNOTATION_PAUSED in annotations or ANNOTATION_DELETE_FOR_MOVE in annotations:
+                        continue
+                    ref = kind.ref(raw["metadata"].get("namespace"), raw["metadata"]["name"])
+                    targets.append(PoolTarget(ref, raw, backend, repairer, PoolLabels.of(name, ref)))
+            passes.append(BackendPass(name, backend, repairer, targets))
+        return passes
+
+    async def _backend_pass(self, one: BackendPass) -> str:
+        """Holdings first, then the API server, then each pool; answers the pass's result label."""
+        result = metrics.OK
+        listed: list[tuple[PoolTarget, list[Holding]]] = []
+        for target in one.targets:
+            try:
+                listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
+            except BackendError as error:
+                result = metrics.BACKEND_ERROR
+                _skipped(target, "listing", error)
+        live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
+        for target, holdings in listed:
+            try:
+                await self.pools.repair(target, holdings, live)
+            except BackendError as error:
+                result = metrics.BACKEND_ERROR if result == metrics.OK else result
+                _skipped(target, "repair", error)
+            except Exception:
+                result = metrics.ERROR
+                log.exception("pool repair failed; trying again on the next pass", pool=str(target.ref))
+        sweep = orphan_sweeper_of(one.backend)
+        if sweep is not None and not self.settings.report_only:
+            try:
+                swept = await sweep(self.settings.grace_period)
+            except BackendError as error:
+                result = metrics.BACKEND_ERROR
+                log.warning("orphan sweep skipped", backend=one.name, error=error.message)
+            else:
+                if swept:
+                    log.info("holdings of deleted pools released", backend=one.name, released=swept)
+        return result
+
+
+def _skipped(target: PoolTarget, step: str, error: BackendError) -> None:
+    log.warning(
+        "pool skipped by this repair pass; trying again on the next",
+        pool=str(target.ref),
+        step=step,
+        reason=error.reason,
+        error=error.message,
+    )

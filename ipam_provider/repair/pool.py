@@ -1,0 +1,293 @@
+"""One pool's share of a repair pass: suspected leaks released (or reported), unrecorded addresses restored,
+duplicates and addresses outside the pool reported.
+
+Contract (the comparison itself is `compare.py`'s):
+- A suspect enters the book (`book.py`) with a `RepairSuspectedLeak` Event on the pool. One that the book finds
+  releasable is released with `release_holding` (the pool's backend turn held) only when releasing is on, its
+  claim is neither queued nor being reconciled, and fresh GETs of its claim and of the claim's IPAddress, made
+  just before, still show it unaccounted for; then `ipam_provider_repair_releases_total` and a
+  `RepairReleasedLeak` Event on the pool.
+- An unrecorded IPAddress whose claim is neither queued nor being reconciled, and which fresh GETs show unchanged,
+  is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool and
+  `ipam_provider_repair_restored_total`; TAKEN a duplicate (a `DuplicateAddress` Warning on the claim and the
+  pool when it is new); OUTSIDE an address outside the pool.
+- `outside_pool` answers are reported with one `AddressOutsidePool` Warning on the pool each time the set of
+  such addresses changes (and is not empty).
+- The pool's `AddressesRecorded` condition (False/`DuplicateAddress` naming each duplicate IPAddress and its
+  holder, else True/`Recorded`) goes to `ReconcileContext.repair_conditions`; the pool is enqueued when it
+  changes, and the pool reconciler writes it.
+- A deleting IPAddress that carries our ProtectAddress finalizer while its claim is gone (force-deleted) loses
+  that finalizer when releasing is on, so that it can go; its holding then takes the leak path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import ValidationError
+
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
+from ipam_provider.api.pools import names_pool
+from ipam_provider.backend.contract import Backend, PoolRef, ReportCondition
+from ipam_provider.backend.repair import Holding, Repairable, RestoreOutcome
+from ipam_provider.common import Object, normalized_address
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.reconcile.addresses import allocation_of
+from ipam_provider.reconcile.context import ReconcileContext, claim_context
+from ipam_provider.reconcile.events import NORMAL, WARNING
+from ipam_provider.repair.book import SuspectedLeaks
+from ipam_provider.repair.compare import Unrecorded, compare_pool
+from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
+from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.telemetry import repair as metrics
+from ipam_provider.telemetry.pools import PoolLabels
+
+log = structlog.get_logger(__name__)
+
+ADDRESSES_RECORDED = "AddressesRecorded"
+REASON_RECORDED = "Recorded"
+REASON_DUPLICATE = "DuplicateAddress"
+REASON_SUSPECTED_LEAK = "RepairSuspectedLeak"
+REASON_RELEASED_LEAK = "RepairReleasedLeak"
+REASON_RESTORED = "RepairRestoredAllocation"
+REASON_OUTSIDE = "AddressOutsidePool"
+LISTED_AT_MOST = 5  # addresses named in one message
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """A pool to repair: its identity, its object (from the watch cache), its backend and the metrics labels."""
+
+    ref: PoolRef
+    raw: Object
+    backend: Backend
+    repairer: Repairable
+    labels: PoolLabels
+
+
+@dataclass
+class PoolFindings:
+    """What the last completed pass of a pool found: duplicates (IPAddress `namespace/name` → who else holds its
+    address) and addresses outside the pool (address → why)."""
+
+    duplicates: dict[str, str] = field(default_factory=dict)
+    outside: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PoolRepairs:
+    ctx: ReconcileContext
+    scope: Scope
+    settings: RepairSettings
+    busy: Callable[[ClaimKey], bool]
+    clock: Callable[[], float] = time.monotonic
+    book: SuspectedLeaks = field(default_factory=SuspectedLeaks)
+    findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
+    labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
+
+    @property
+    def releasing(self) -> bool:
+        return not self.settings.report_only
+
+    def forget_others(self, pools: set[PoolRef]) -> None:
+        """Forget what was found of every pool not in `pools` (gone, paused, or no longer served), and remove its
+        repair series."""
+        self.book.keep_only(pools)
+        for ref in [ref for ref in self.findings if ref not in pools]:
+            del self.findings[ref]
+            self.ctx.repair_conditions.pop(ref, None)
+        for ref in [ref for ref in self.labels if ref not in pools]:
+            metrics.forget_pool(self.labels.pop(ref))
+
+    async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
+        """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
+        stay as they were until a pass completes."""
+        # In a thread: for a pool of 100,000 addresses the comparison takes about a second of CPU.
+        comparison = await asyncio.to_thread(compare_pool, target.ref, holdings, live, self.scope)
+        if self.releasing:
+            await self._let_go_orphaned_addresses(target, live)
+        suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]
+        for holding in self.book.observe(target.ref, suspects, self.clock()):
+            self._suspected(target, holding)
+        if self.releasing:
+            for holding in self.book.releasable(target.ref, self.clock(), self.settings.grace_period):
+                await self._release(target, holding)
+        previous = self.findings.get(target.ref, PoolFindings())
+        found = PoolFindings()
+        outside = await target.repairer.outside_pool(target.ref, target.raw, comparison.in_use)
+        found.outside.update(outside)
+        for item in comparison.unrecorded:
+            await self._restore(target, item, previous, found)
+        self._report(target, previous, found)
+        self.findings[target.ref] = found
+        self.labels[target.ref] = target.labels
+        metrics.record_pool(
+            target.labels,
+            suspected=self.book.count(target.ref),
+            duplicates=len(found.duplicates),
+            outside=len(found.outside),
+        )
+
+    # --- leaks ----------------------------------------------------------------------------------------------------
+
+    def _suspected(self, target: PoolTarget, holding: Holding) -> None:
+        action = "reported only" if not self.releasing else f"released after {self.settings.grace_period:g}s"
+        message = (
+            f"{holding.address} is held in the backend ({holding.handle}) for claim {holding.claim or '?'} "
+            f"(uid {holding.claim_uid}), which no live IPAddress or claim accounts for; suspected leak, {action} "
+            "if it stays unaccounted for"
+        )
+        log.info("suspected leak", pool=str(target.ref), address=holding.address, handle=holding.handle)
+        self.ctx.recorder.record(target.raw, NORMAL, REASON_SUSPECTED_LEAK, message)
+
+    async def _release(self, target: PoolTarget, holding: Holding) -> None:
+        if self.busy(_claim_key(holding)):
+            return
+        if not await self._still_unaccounted(target.ref, holding):
+            log.info("suspected leak accounted for by a fresh read", pool=str(target.ref), handle=holding.handle)
+            self.book.forget(target.ref, holding)
+            return
+        async with self.ctx.backend_turn(target.backend, target.ref):
+            released = await target.repairer.release_holding(target.ref, target.raw, holding)
+        self.book.forget(target.ref, holding)
+        if not released:
+            log.info("suspected leak had changed; not released", pool=str(target.ref), handle=holding.handle)
+            return
+        metrics.count_release(target.labels)
+        log.info("leak released", pool=str(target.ref), address=holding.address, handle=holding.handle)
+        message = (
+            f"{holding.address} released from the backend ({holding.handle}): it was held for claim "
+            f"{holding.claim} (uid {holding.claim_uid}), which no live IPAddress or claim accounted for"
+        )
+        self.ctx.recorder.record(target.raw, NORMAL, REASON_RELEASED_LEAK, message)
+
+    async def _still_unaccounted(self, ref: PoolRef, holding: Holding) -> bool:
+        """Fresh GETs of the holding's claim and of the IPAddress of the claim's name: whether the holding is still
+        a leak (its claim gone, or live with an IPAddress of another address)."""
+        namespace, _, name = holding.claim.partition("/")
+        claim = await self.ctx.kube.get(CLAIMS, name, namespace)
+        address = await self.ctx.kube.get(ADDRESSES, name, namespace)
+        claim_lives = claim is not None and claim["metadata"].get("uid") == holding.claim_uid
+        if address is None:
+            return not claim_lives  # a live claim without an IPAddress is being allocated
+        accounts = names_pool(address, ref) and address_text(address) == normalized_address(holding.address)
+        return not accounts
+
+    async def _let_go_orphaned_addresses(self, target: PoolTarget, live: LiveState) -> None:
+        """Remove our finalizer from the pool's deleting IPAddresses whose claim is gone: nothing else would."""
+        for address in live.addresses_of(target.ref):
+            meta = address["metadata"]
+            finalizers = list(meta.get("finalizers") or [])
+            if not deleting(address) or FINALIZER_PROTECT_ADDRESS not in finalizers:
+                continue
+            claim = live.claims.get(claim_of_address(address))
+            owner = owner_claim_uid(address)
+            if claim is not None and (not owner or claim["metadata"].get("uid") == owner):
+                continue
+            if not self.scope.watches(meta.get("namespace") or ""):
+                continue
+            remaining = [f for f in finalizers if f != FINALIZER_PROTECT_ADDRESS]
+            patch = {"metadata": {"finalizers": remaining, "resourceVersion": meta["resourceVersion"]}}
+            try:
+                await self.ctx.kube.patch(ADDRESSES, meta["name"], patch, meta["namespace"])
+            except ApiError as error:
+                if not (error.conflict or error.not_found):
+                    raise
+                continue
+            log.info("finalizer removed from a deleted IPAddress whose claim is gone", address=_name(address))
+
+    # --- restores -------------------------------------------------------------------------------------------------
+
+    async def _restore(self, target: PoolTarget, item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
+        claim_meta = item.claim["metadata"]
+        if self.busy(ClaimKey(claim_meta["namespace"], claim_meta["name"])) or not await self._unchanged(item):
+            if item.name in previous.duplicates:  # looked at again on the next pass
+                found.duplicates[item.name] = previous.duplicates[item.name]
+            return
+        try:
+            claim = IPAddressClaim.model_validate(item.claim)
+            allocation = allocation_of(IPAddress.model_validate(item.address))
+        except ValidationError as error:
+            log.warning("IPAddress or claim does not parse; not restored", address=item.name, error=str(error))
+            return
+        if self._cluster_paused(claim):  # no allocation for a paused Cluster's claim, as on the claim's own path
+            if item.name in previous.duplicates:
+                found.duplicates[item.name] = previous.duplicates[item.name]
+            return
+        async with self.ctx.backend_turn(target.backend, target.ref):
+            answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
+        text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
+        if answer.outcome == RestoreOutcome.RECORDED:
+            metrics.count_restored(target.labels)
+            log.info("allocation restored", pool=str(target.ref), address=item.name, ip=allocation.address)
+            message = f"{text} recorded again in {target.ref}: the backend no longer held it"
+            self.ctx.recorder.record(item.claim, NORMAL, REASON_RESTORED, message, related=target.raw)
+            self.ctx.recorder.record(target.raw, NORMAL, REASON_RESTORED, message)
+        elif answer.outcome == RestoreOutcome.TAKEN:
+            holder = answer.detail or "another holder"
+            found.duplicates[item.name] = f"{allocation.address} held by {holder}"
+            if previous.duplicates.get(item.name) != found.duplicates[item.name]:
+                log.warning("duplicate address", pool=str(target.ref), address=item.name, holder=holder)
+                message = (
+                    f"{text} is held in {target.ref} by {holder}: the address is in use twice; it is not handed out "
+                    "again. Free it where it is held wrongly, or delete the claim to get another address"
+                )
+                self.ctx.recorder.record(item.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
+                self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
+        elif answer.outcome == RestoreOutcome.OUTSIDE:
+            found.outside[allocation.address] = answer.detail or "not an address of the pool"
+
+    def _cluster_paused(self, claim: IPAddressClaim) -> bool:
+        """Whether the claim's Cluster, as the watch cache has it, is paused."""
+        name = claim.cluster_name
+        raw = self.ctx.caches.clusters.get(claim.metadata.namespace or "", name) if name else None
+        try:
+            return raw is not None and Cluster.model_validate(raw).paused
+        except ValidationError:
+            return False
+
+    async def _unchanged(self, item: Unrecorded) -> bool:
+        """Fresh GETs: the IPAddress and its claim are still as listed (neither gone, replaced nor deleting)."""
+        meta, claim_meta = item.address["metadata"], item.claim["metadata"]
+        address = await self.ctx.kube.get(ADDRESSES, meta["name"], meta["namespace"])
+        claim = await self.ctx.kube.get(CLAIMS, claim_meta["name"], claim_meta["namespace"])
+        if address is None or claim is None or deleting(address) or deleting(claim):
+            return False
+        same_address = address["metadata"].get("uid") == meta.get("uid")
+        return same_address and bool(claim["metadata"].get("uid") == claim_meta.get("uid"))
+
+    # --- reports --------------------------------------------------------------------------------------------------
+
+    def _report(self, target: PoolTarget, previous: PoolFindings, found: PoolFindings) -> None:
+        if found.outside and found.outside != previous.outside:
+            listed = ", ".join(f"{a} ({why})" for a, why in sorted(found.outside.items())[:LISTED_AT_MOST])
+            more = len(found.outside) - LISTED_AT_MOST
+            message = f"{len(found.outside)} live IPAddress(es) name addresses outside {target.ref}: {listed}"
+            message += f" and {more} more" if more > 0 else ""
+            self.ctx.recorder.record(target.raw, WARNING, REASON_OUTSIDE, message)
+        if found.duplicates:
+            listed = "; ".join(f"IPAddress {n}: {d}" for n, d in sorted(found.duplicates.items())[:LISTED_AT_MOST])
+            more = len(found.duplicates) - LISTED_AT_MOST
+            message = f"addresses in use twice: {listed}" + (f"; and {more} more" if more > 0 else "")
+            condition = ReportCondition(ADDRESSES_RECORDED, False, REASON_DUPLICATE, message)
+        else:
+            message = "every live IPAddress's address is held in the backend for its claim"
+            condition = ReportCondition(ADDRESSES_RECORDED, True, REASON_RECORDED, message)
+        if self.ctx.repair_conditions.get(target.ref) != condition:
+            self.ctx.repair_conditions[target.ref] = condition
+            self.ctx.pool_changed(target.ref)
+
+
+def _claim_key(holding: Holding) -> ClaimKey:
+    namespace, _, name = holding.claim.partition("/")
+    return ClaimKey(namespace, name)
+
+
+def _name(obj: Object) -> str:
+    return f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"

@@ -1,0 +1,190 @@
+"""The repair loop through the real controller and the real API server, with a small repairable backend of the
+example plugin's `StaticIPPool` kind that keeps its records in memory (so the test can change them behind the
+controller's back): a claim force-deleted without its finalizer leaves a record that the loop releases, and a
+record deleted behind the controller's back is recorded again for its live IPAddress. Without the loop
+(`interval=0`) neither happens and the test fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from ipam_provider.backend.contract import (
+    AddressCounts,
+    Allocation,
+    BackendContext,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolKind,
+    PoolRef,
+    PoolReport,
+)
+from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
+from ipam_provider.repair import RepairSettings
+from tests.support.cluster import wait_for
+from tests.support.controller import ControllerFactory
+from tests.support.objects import claim, wait_address
+from tools.controlplane.crds import install_crds
+
+PLUGIN_CRD = Path(__file__).resolve().parents[1] / "plugin_package" / "ipam_static_pool" / "crd.yaml"
+STATIC_POOL = PoolKind("ipam.example.com", "v1alpha1", "StaticIPPool", "staticippools", namespaced=True)
+STATIC_POOLS = Resource("ipam.example.com", "v1alpha1", "staticippools", "StaticIPPool", namespaced=True)
+REPAIR = RepairSettings(interval=1.0, grace_period=2.0)
+
+
+@dataclass
+class Record:
+    address: str
+    claim: str
+    claim_uid: str
+
+
+class RecordingStaticBackend:
+    """Hands out the pool's listed addresses; one record per held address, by handle."""
+
+    name = "static-repairable"
+
+    def __init__(self) -> None:
+        self.records: dict[str, Record] = {}
+        self._handles = 0
+
+    @property
+    def kinds(self) -> Sequence[PoolKind]:
+        return (STATIC_POOL,)
+
+    def _add(self, address: str, claim: str, uid: str) -> None:
+        self._handles += 1
+        self.records[f"r{self._handles}"] = Record(address, claim, uid)
+
+    def held_for(self, uid: str) -> list[str]:
+        return [r.address for r in self.records.values() if r.claim_uid == uid]
+
+    async def allocate(
+        self, pool_ref: PoolRef, pool: Mapping[str, Any], claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        prefix = int(pool["spec"].get("prefix", 32))
+        held = self.held_for(claim.uid)
+        if not held:
+            taken = {r.address for r in self.records.values()}
+            free = [existing.address] if existing else [a for a in pool["spec"]["addresses"] if a not in taken]
+            if not free:
+                raise PoolExhaustedError("no free address")
+            self._add(free[0], str(claim), claim.uid)
+            held = free[:1]
+        return Allocation(held[0], prefix)
+
+    async def release(
+        self, pool_ref: PoolRef, pool: Mapping[str, Any] | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        self.records = {h: r for h, r in self.records.items() if r.claim_uid != claim.uid}
+
+    async def report(self, pool_ref: PoolRef, pool: Mapping[str, Any], addresses: Sequence[Allocation]) -> PoolReport:
+        total = len(pool["spec"]["addresses"])
+        return PoolReport(
+            True, "PoolReady", "ready", counts=AddressCounts(total, len(addresses), total - len(addresses))
+        )
+
+    async def close(self) -> None:
+        return None
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Mapping[str, Any], pacer: Pacer) -> Sequence[Holding]:
+        await pacer.wait()
+        return [Holding(r.address, r.claim, r.claim_uid, handle) for handle, r in self.records.items()]
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Mapping[str, Any], holding: Holding) -> bool:
+        record = self.records.get(holding.handle)
+        if record is None or record.claim_uid != holding.claim_uid:
+            return False
+        del self.records[holding.handle]
+        return True
+
+    async def restore(
+        self, pool_ref: PoolRef, pool: Mapping[str, Any], claim: ClaimContext, allocation: Allocation
+    ) -> Restore:
+        for record in self.records.values():
+            if record.address == allocation.address:
+                same = record.claim_uid == claim.uid
+                return Restore(RestoreOutcome.HELD) if same else Restore(RestoreOutcome.TAKEN, f"claim {record.claim}")
+        self._add(allocation.address, str(claim), claim.uid)
+        return Restore(RestoreOutcome.RECORDED)
+
+    async def outside_pool(
+        self, pool_ref: PoolRef, pool: Mapping[str, Any], addresses: Sequence[str]
+    ) -> Mapping[str, str]:
+        return {a: "not listed in the pool" for a in addresses if a not in pool["spec"]["addresses"]}
+
+
+async def test_the_repair_loop_releases_a_leak_and_restores_a_lost_record(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    await install_crds(kube, [PLUGIN_CRD])
+    pool = {
+        "apiVersion": STATIC_POOL.api_version,
+        "kind": STATIC_POOL.kind,
+        "metadata": {"name": "static"},
+        "spec": {"addresses": ["192.0.2.7", "192.0.2.8", "192.0.2.9"], "prefix": 24},
+    }
+    await kube.create(STATIC_POOLS, pool, namespace)
+    backend = RecordingStaticBackend()
+
+    def factory(context: BackendContext) -> RecordingStaticBackend:
+        return backend
+
+    async with controller_factory(namespaces=[namespace], extra_backends=[factory], repair=REPAIR):
+        for name in ("kept", "forced"):
+            await kube.create(CLAIMS, claim(name, "static", kind="StaticIPPool", group="ipam.example.com"), namespace)
+        kept, forced = [await wait_address(kube, namespace, name) for name in ("kept", "forced")]
+
+        # A claim force-deleted without its finalizer; its IPAddress deleted by the garbage collector (which this
+        # control plane does not run) keeps our finalizer: nothing but the repair loop lets either go.
+        forced_claim = await kube.get(CLAIMS, "forced", namespace)
+        assert forced_claim is not None
+        await kube.patch(CLAIMS, "forced", {"metadata": {"finalizers": None}}, namespace)
+        await kube.delete(CLAIMS, "forced", namespace)
+        await kube.delete(ADDRESSES, "forced", namespace)
+        # The record of the other claim's address is deleted behind the controller's back.
+        backend.records = {h: r for h, r in backend.records.items() if r.claim != f"{namespace}/kept"}
+
+        async def leak_released() -> bool:
+            return not backend.held_for(forced_claim["metadata"]["uid"])
+
+        async def restored() -> list[str]:
+            kept_uid = (await kube.get(CLAIMS, "kept", namespace) or {})["metadata"]["uid"]
+            return backend.held_for(kept_uid)
+
+        await wait_for(leak_released, timeout=60, message="the force-deleted claim's record to be released")
+        assert await wait_for(restored, timeout=60, message="the lost record to be restored") == [
+            kept["spec"]["address"]
+        ]
+        assert await kube.get(ADDRESSES, "forced", namespace) is None
+        assert forced["spec"]["address"] not in {r.address for r in backend.records.values()}
+
+        async def reasons() -> set[str]:
+            events, _ = await kube.list(EVENTS, namespace)
+            found = {e["reason"] for e in events}
+            wanted = {"RepairSuspectedLeak", "RepairReleasedLeak", "RepairRestoredAllocation"}
+            return found if wanted <= found else set()
+
+        await wait_for(reasons, timeout=30, message="the repair loop's Events")
+
+        async def recorded() -> bool:
+            stored = await kube.get(STATIC_POOLS, "static", namespace) or {}
+            conditions = (stored.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "AddressesRecorded" and c["status"] == "True" for c in conditions)
+
+        await wait_for(recorded, timeout=30, message="the pool's AddressesRecorded=True condition")
+
+        pool_labels = {"backend": RecordingStaticBackend.name, "kind": STATIC_POOL.kind, "namespace": namespace}
+        pool_labels["name"] = "static"
+        assert REGISTRY.get_sample_value("ipam_provider_repair_releases_total", pool_labels) == 1
+        assert REGISTRY.get_sample_value("ipam_provider_repair_restored_total", pool_labels) == 1
+        assert REGISTRY.get_sample_value("ipam_provider_repair_duplicates", pool_labels) == 0
+        passes = {"backend": RecordingStaticBackend.name, "result": "ok"}
+        assert (REGISTRY.get_sample_value("ipam_provider_repair_passes_total", passes) or 0) >= 3
