@@ -5,10 +5,10 @@ Kubernetes-side kinds (every backend):
 - `leader-sigkill`: SIGKILL the replica holding the leader lease; a standby takes over once the lease expires.
 - `apiserver-restart`: stop kube-apiserver (SIGTERM, or SIGKILL half the time) and start it again.
 - `etcd-restart`: stop etcd (SIGTERM, or SIGKILL half the time) and start it again on the same data.
-- `watch-expiry`: compact etcd up to its current revision (its v3 HTTP gateway, `/v3/kv/compaction`), then cut
-  every connection between the controllers and the API server; the API server runs without a watch cache, so
-  each watch resumed from a resourceVersion older than the compaction is answered 410 Gone by etcd through the
-  API server. Counted only once the runner's own watch from before the compaction got that 410.
+- `watch-expiry`: compact etcd up to its current revision (its v3 HTTP gateway, `/v3/kv/compaction`), then end
+  every controller watch cleanly at the relay (as a watch timeout does); the API server runs without a watch
+  cache, so each watch resumed from a resourceVersion older than the compaction is answered 410 Gone. Counted
+  only once a controller's resumed watch was seen answered 410 through the relay.
 - `force-delete`: a live claim goes without its release (finalizers stripped).
 - `delete-behind-back`: the backend deletes one of our allocations directly (`ChaosBackend.delete_behind_back`).
 The backend's own kinds (`ChaosBackend.fault_kinds`) go to `ChaosBackend.inject`.
@@ -17,6 +17,7 @@ The backend's own kinds (`ChaosBackend.fault_kinds`) go to `ChaosBackend.inject`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -41,6 +42,7 @@ log = structlog.get_logger(__name__)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 HEAVY = ("controller-sigkill", "leader-sigkill", "apiserver-restart", "etcd-restart", "watch-expiry")
 LIGHT = ("force-delete", "delete-behind-back")
+EXPIRY_WAIT = 60.0  # for a controller's resumed watch to be answered 410 through the relay
 RETRY_LATER = 5  # a fault that found nothing to act on goes back in the schedule at most this many times
 
 
@@ -133,10 +135,15 @@ class Injector:
         status = await asyncio.to_thread(self._etcd, "/v3/maintenance/status", {})
         current = int(status["header"]["revision"])
         await asyncio.to_thread(self._etcd, "/v3/kv/compaction", {"revision": current, "physical": True})
-        cut = self.link.cut()
-        expired = await self._watch_is_gone(before)
-        log.info("watch expiry", compacted_to=current, connections_cut=cut, confirmed_410=expired)
-        return expired
+        if not await self._watch_is_gone(before):
+            return False
+        seen = self.link.expired
+        self.link.expiry_seen.clear()
+        ended = self.link.end_watches()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.link.expiry_seen.wait(), EXPIRY_WAIT)
+        log.info("watch expiry", compacted_to=current, watches_ended=ended, answered_410=self.link.expired - seen)
+        return self.link.expired > seen
 
     async def _claims_version(self) -> str:
         _, version = await self.kube.list(CLAIMS, self.namespace, limit=1)

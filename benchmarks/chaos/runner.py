@@ -38,7 +38,7 @@ from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import NAMESPACES
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
-from tools.controlplane.cluster import LocalControlPlane
+from tools.controlplane.cluster import PKI_FILES, LocalControlPlane
 from tools.controlplane.crds import install_crds
 from tools.controlplane.versions import load_versions
 
@@ -108,7 +108,8 @@ async def _run_on(plane: LocalControlPlane, name: str, options: Options, result:
     kube = await KubeClient.from_kubeconfig(str(plane.kubeconfig_path))
     context = {"kubeconfig": plane.kubeconfig_path, "workdir": workdir, "seed": options.seed, "namespace": NAMESPACE}
     backend = loader.load(name, **context)
-    link = Link(plane.state.apiserver_port)
+    pki = plane.directory / "pki"
+    link = Link(plane.state.server, pki / PKI_FILES["ca"], pki / PKI_FILES["cert"], pki / PKI_FILES["key"])
     replicas: Replicas | None = None
     try:
         await install_crds(kube, crds)
