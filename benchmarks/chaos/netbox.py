@@ -189,10 +189,11 @@ class NetboxChaos:
 
     def _start_own(self) -> None:
         run_dir = self._workdir / "netbox" if self._workdir else Path(tempfile.mkdtemp(prefix="chaos-netbox-"))
+        self._run_dir = run_dir  # from here on, stop() runs stop.sh (safe when nothing started)
         run_script("install.sh", timeout=1800)
         run_script("start.sh", str(run_dir))
         env = read_env_file(run_dir / "netbox.env")
-        self._url, self._admin_token, self._run_dir = env["NETBOX_URL"], env["NETBOX_TOKEN"], run_dir
+        self._url, self._admin_token = env["NETBOX_URL"], env["NETBOX_TOKEN"]
 
     async def stop(self) -> None:
         if self._proxy is not None:
@@ -200,10 +201,14 @@ class NetboxChaos:
             self._proxy = None
         if self._api is not None:
             api, self._api = self._api, None
-            if self._token_id:
-                await asyncio.to_thread(api.call, "DELETE", f"users/tokens/{self._token_id}/")
+            try:
+                if self._token_id and not self._owned:  # an owned NetBox goes with its database
+                    await asyncio.to_thread(api.call, "DELETE", f"users/tokens/{self._token_id}/")
+            except requests.RequestException as error:
+                log.warning("could not delete the chaos token in NetBox; delete it by hand", error=str(error))
+            finally:
                 self._token_id = 0
-            api.close()
+                api.close()
         if self._owned and self._run_dir is not None:
             await asyncio.to_thread(run_script, "stop.sh", str(self._run_dir))
             self._url, self._run_dir = None, None
