@@ -20,9 +20,10 @@ Contract (the `ChaosBackend` of benchmarks/chaos/backends.py, plus what is said 
   back): `netbox-5xx` answers the next 3-10 requests 502 or 503 from the proxy (NetBox does nothing);
   `netbox-timeout` holds the next request back `request_timeout` + 3 s (by default the backend's read timeout), at
   random before it reaches NetBox (NetBox carries it out after the client gave up) or after (the answer comes too
-  late); `netbox-lost-reply` forwards the next POST (2 in 3) or DELETE, then closes the connection unanswered;
-  `netbox-restart` stops gunicorn (its quick shutdown, or SIGKILL like a crash) and starts it again, returning once
-  NetBox answers. `fired` counts the faults that met a request (or restarts done), by kind.
+  late); `netbox-lost-reply` forwards the next POST (2 in 3) or DELETE (or, when none came within half the
+  window, the next request of any kind), then closes the connection unanswered; `netbox-restart` stops gunicorn
+  (its quick shutdown, or SIGKILL like a crash) and starts it again, returning once NetBox answers. `fired` counts
+  the faults that met a request (or restarts done), by kind; one that met none is logged.
 - `truth()`: per slot handed to a pool, every IP address with the owner tag whose address lies in the slot's
   network (`?tag=capi-ipam&parent=10.77.s.0/24`, 1000 a page, following `next`), mapped to that slot's pool;
   claim uid = the custom field capi_claim_uid, handle = the NetBox id. A pool allocates only from its own sources,
@@ -299,27 +300,30 @@ class NetboxChaos:
     async def inject(self, kind: str, rng: random.Random) -> None:
         if kind not in self.fault_kinds:
             raise ValueError(f"unknown NetBox fault kind {kind!r}; expected one of {', '.join(self.fault_kinds)}")
-        proxy = self.proxy
+        proxy, window = self.proxy, self.fault_window
         if kind == "netbox-5xx":
-            fault = proxy.answer_next(rng.choice((502, 503)), count=rng.randint(3, 10))
+            fired = await self._fire(proxy.answer_next(rng.choice((502, 503)), count=rng.randint(3, 10)), window)
         elif kind == "netbox-timeout":
-            fault = proxy.delay_next(None, "/api/", self.request_timeout + 3.0, before=rng.random() < 0.5)
+            delay = self.request_timeout + 3.0
+            fired = await self._fire(proxy.delay_next(None, "/api/", delay, before=rng.random() < 0.5), window)
         elif kind == "netbox-lost-reply":
-            fault = proxy.lose_next("POST" if rng.random() < 2 / 3 else "DELETE", "/api/ipam/")
+            method = "POST" if rng.random() < 2 / 3 else "DELETE"
+            fired = await self._fire(proxy.lose_next(method, "/api/ipam/"), window / 2)
+            fired = fired or await self._fire(proxy.lose_next(None, "/api/"), window / 2)
         else:
             await self._restart(kill=rng.random() < 0.5)
-            self.fired[kind] += 1
-            return
-        if await self._fire(proxy, fault):
+            fired = True
+        if fired:
             self.fired[kind] += 1
         else:
-            log.warning("fault met no request", kind=kind, window=self.fault_window)
+            log.warning("fault met no request", kind=kind, window=window)
 
-    async def _fire(self, proxy: NetboxProxy, fault: Fault) -> bool:
-        """Waits until `fault` met a request or `fault_window` passed, then takes back what is left of it; answers
-        whether it met at least one request."""
+    async def _fire(self, fault: Fault, window: float) -> bool:
+        """Waits until `fault` met every request it was queued for or `window` seconds passed, then takes back what
+        is left of it; answers whether it met at least one request."""
+        proxy = self.proxy
         uses = proxy.pending(fault)
-        deadline = time.monotonic() + self.fault_window
+        deadline = time.monotonic() + window
         while time.monotonic() < deadline:  # the proxy's threads take the fault: poll, there is nothing to await
             if proxy.pending(fault) == 0:
                 break

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import ipaddress
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -152,6 +153,29 @@ async def test_each_fault_fires_and_ends(
     calls = len(log)
     await backend.allocate(PoolRef.from_object(pool), pool, claim(namespace))  # answers normally afterwards
     assert all(e.fault is None for e in harness.simulator.request_log.entries[calls:])
+
+
+async def test_a_lost_reply_falls_back_to_any_request_when_nothing_is_written() -> None:
+    chaos = InfobloxChaos(fault_window=4.0)
+    await chaos.start()
+    done = threading.Event()
+
+    def reads() -> None:
+        connector = chaos.simulator.connector()
+        while not done.is_set():
+            connector.get_object("network")  # urllib3 sends a GET whose answer was lost once more
+
+    try:
+        reader = asyncio.create_task(asyncio.to_thread(reads))
+        await chaos.inject("wapi-lost-reply", random.Random(15))
+        done.set()
+        await reader
+        lost = [e.method for e in chaos.simulator.request_log.entries if e.fault == "drop_after_commit"]
+        assert lost == ["GET"] and chaos.fired["wapi-lost-reply"] == 1
+        assert chaos.simulator.faults.rules == []
+    finally:
+        done.set()
+        await chaos.stop()
 
 
 async def test_an_unknown_fault_kind_is_refused() -> None:

@@ -40,7 +40,12 @@ REQUEST_TIMEOUT = 2.0  # the client timeout the `netbox-timeout` fault outlasts 
 @pytest_asyncio.fixture
 async def harness(netbox: NetBoxServer) -> AsyncIterator[NetboxChaos]:
     chaos = NetboxChaos(
-        url=netbox.url, token=netbox.token, run_dir=netbox.run_dir, max_pools=2, request_timeout=REQUEST_TIMEOUT
+        url=netbox.url,
+        token=netbox.token,
+        run_dir=netbox.run_dir,
+        max_pools=2,
+        request_timeout=REQUEST_TIMEOUT,
+        fault_window=6.0,
     )
     await chaos.start()
     yield chaos
@@ -234,6 +239,15 @@ async def test_a_lost_reply_is_carried_out_and_ends(
     truth = await harness.truth()
     assert {(r.claim_uid, r.address) for r in truth} == {(uid, a.address) for uid, (_, a) in held.items()}
     await backend.allocate(ref, pool, claim(namespace))  # answers normally afterwards
+
+
+async def test_a_lost_reply_falls_back_to_any_request_when_nothing_is_written(
+    harness: NetboxChaos, netbox: NetBoxServer
+) -> None:
+    seen = await during(harness, "netbox-lost-reply", status_loop(harness, netbox))
+    assert harness.fired["netbox-lost-reply"] == 1 and "ConnectionError" in seen
+    assert [e.method for e in harness.proxy.events() if e.outcome == "lost"] == ["GET"]
+    assert status_through_proxy(harness, netbox) == 200
 
 
 async def test_a_restart_restarts_the_web_server_and_ends(harness: NetboxChaos, netbox: NetBoxServer) -> None:
