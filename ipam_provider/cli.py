@@ -244,6 +244,7 @@ async def lead_and_run(controller: Controller, elector: LeaderElector, standby: 
     if not acquire.done():
         acquire.cancel()
         return 0
+    acquire.result()  # an error that ended the wait is fatal: never run without the lease
     standby.clear()
     keeper = asyncio.create_task(elector.keep())
     keeper.add_done_callback(lambda _: controller.stop())

@@ -20,6 +20,7 @@ import math
 import socket
 import uuid
 
+import aiohttp
 import structlog
 
 from ipam_provider.kube.client import KubeClient
@@ -130,6 +131,8 @@ class LeaderElector:
                     return
             except ApiError as error:
                 log.warning("leader election failed", error=error.message)
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:  # the API server is away: try again
+                log.warning("leader election failed", error=str(error) or type(error).__name__)
             await asyncio.sleep(self.retry_seconds)
 
     async def keep(self) -> None:

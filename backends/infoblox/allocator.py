@@ -250,6 +250,8 @@ class Allocator:
                     return found
         else:
             payload = fixed_payload(pool, address, job.network_view, marks)
+        if obj_type == HOST:  # as real clients do; the grid refuses it unless the DNS view belongs to it
+            payload["network_view"] = job.network_view
         attempts, resent = self._settings.create_attempts, False
         for attempt in range(attempts):
             try:

@@ -17,6 +17,10 @@ Contract:
   (network, broadcast, subnet-router anycast and gateway excluded; a range inside a subnet counted once), used =
   IPAddresses of the pool, free = the difference. Objects others hold in the same networks are not subtracted: the
   grid, not this count, decides.
+- Bindings (`bindings`): each check also asks the extensible-attribute definitions (one paged search) and gives
+  `ExtensibleAttributeNotAllowed` when one restricts an attribute the pool writes to other object types; a
+  hostRecord pool's DNS view must belong to the pool's network view (`DNSViewNotInNetworkView`, read from the
+  same search that finds the view, or from the instance check for a custom default DNS view).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backends.infoblox.bindings import restricted_attribute, view_binding
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth, Health
@@ -35,7 +40,7 @@ from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import HOST_RECORD, Pool
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
-DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound"})
+DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound", "DNSViewNotInNetworkView"})
 Verdict = tuple[bool, str, str]
 
 
@@ -124,7 +129,10 @@ class PoolChecks:
                     "remove them"
                 ),
             )
-        dns = await _dns(pool, connection)
+        restricted = await restricted_attribute(pool, client)
+        if restricted is not None:
+            return restricted
+        dns = await _dns(pool, connection, health)
         if dns is not None and not dns[0]:
             return dns
         kinds = f"{len(pool.targets)} subnet(s)/range(s)"
@@ -132,7 +140,7 @@ class PoolChecks:
         return True, "PoolReady", f"{where} of InfobloxInstance {connection.name}"
 
 
-async def _dns(pool: Pool, connection: Connection) -> Verdict | None:
+async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | None:
     """A hostRecord pool's DNS view and zone (None in fixedAddress mode); when found, the message part says what."""
     settings = pool.spec.host_record
     if pool.spec.mode != HOST_RECORD or settings is None:
@@ -146,8 +154,16 @@ async def _dns(pool: Pool, connection: Connection) -> Verdict | None:
         f"DNS view {view!r} does not exist on the grid; create it or fix {field}",
     )
     checked_by_instance = view == connection.spec.default_dns_view and view != BUILTIN_DNS_VIEW
-    if not checked_by_instance and not await client.search("view", ["name"], {"name": view}):
-        return view_missing
+    bound: object = health.dns_view_network_view if checked_by_instance else None
+    if not checked_by_instance:
+        found = await client.search("view", ["name", "network_view"], {"name": view})
+        if not found:
+            return view_missing
+        bound = found[0].get("network_view")
+    network_view = pool.spec.network_view or connection.spec.default_network_view
+    elsewhere = view_binding(view, bound, network_view, field)
+    if elsewhere is not None:
+        return elsewhere
     if not settings.configure_for_dns:
         return True, "PoolReady", f", DNS view {view!r}"
     zone = settings.dns_zone.strip(".").lower()

@@ -69,6 +69,7 @@ class Problem(enum.Enum):
     EXHAUSTED = "Exhausted"
     TARGET_NOT_FOUND = "TargetNotFound"  # func:nextavailableip names no network/range of the view
     UNKNOWN_EA = "UnknownExtensibleAttribute"
+    EA_NOT_ALLOWED = "ExtensibleAttributeNotAllowed"  # the attribute's definition does not allow the object's type
     VIEW_NOT_FOUND = "ViewNotFound"
     CONFLICT = "Conflict"
     REFUSED = "Refused"  # any other error answer
@@ -352,6 +353,10 @@ def _connection_error(reason: Any) -> WapiError:
     return WapiError(Problem.UNKNOWN_OUTCOME, "the connection was lost before the grid answered")
 
 
+# The grid's refusal of an attribute whose definition's allowed_object_types excludes the object's type.
+_EA_NOT_ALLOWED = re.compile(r"^Extensible attribute '.+' is not allowed for this operation")
+
+
 def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
     """An error answer from the grid, by HTTP status and the WAPI error body."""
     code = str((body or {}).get("code", ""))
@@ -370,6 +375,8 @@ def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
         return WapiError(Problem.VIEW_NOT_FOUND, text, status)
     if status == 404:
         return WapiError(Problem.NOT_FOUND, text, status)
+    if code == "Client.Ibap.Data.Conflict" and _EA_NOT_ALLOWED.match(text):
+        return WapiError(Problem.EA_NOT_ALLOWED, text, status)
     if code == "Client.Ibap.Data.Conflict":
         return WapiError(Problem.CONFLICT, text, status)
     if status is not None and status >= 500:

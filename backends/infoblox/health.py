@@ -45,6 +45,7 @@ class Health:
     message: str
     checked_at: float
     ea_names: frozenset[str] = frozenset()
+    dns_view_network_view: str | None = None  # the network view of a custom defaultDNSView
 
 
 class GridHealth:
@@ -111,9 +112,15 @@ class GridHealth:
             # NIOS's built-in DNS view "default" is not asked for here, so that an API user without DNS
             # permissions (fixedAddress pools only) is not refused; hostRecord pools check their view themselves.
             custom_view = spec.default_dns_view != BUILTIN_DNS_VIEW
-            if custom_view and not await client.search("view", ["name"], {"name": spec.default_dns_view}):
+            dns_views = (
+                await client.search("view", ["name", "network_view"], {"name": spec.default_dns_view})
+                if custom_view
+                else []
+            )
+            if custom_view and not dns_views:
                 message = f"DNS view {spec.default_dns_view!r} does not exist on the grid; create it or fix "
                 return Health(False, "DNSViewNotFound", message + "spec.defaultDNSView", now)
+            bound = dns_views[0].get("network_view") if dns_views else None
             names = {str(d.get("name")) for d in await client.search("extensibleattributedef", ["name"], paging=True)}
             missing = [name for name in OWNERSHIP_EAS if name not in names]
             absent = missing + [name for name in OPTIONAL_EAS if name not in names]
@@ -139,7 +146,8 @@ class GridHealth:
             f" and DNS view {spec.default_dns_view!r} exist" if custom_view else " exists"
         )
         message = f"WAPI {spec.wapi_version} at {spec.netloc} answers; {views}"
-        return Health(True, "Connected", message, now, frozenset(names))
+        bound_view = bound if isinstance(bound, str) else None
+        return Health(True, "Connected", message, now, frozenset(names), bound_view)
 
 
 def problem_condition(connection: Connection, error: WapiError) -> tuple[str, str]:

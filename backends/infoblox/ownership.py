@@ -157,6 +157,12 @@ async def translate(grid: GridHealth, connection: Connection, error: WapiError, 
         return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
     if error.problem is Problem.UNKNOWN_EA:
         return PoolNotReadyError(f"{error.detail}: define it on the grid or remove it from spec.extensibleAttributes")
+    if error.problem is Problem.EA_NOT_ALLOWED:
+        return PoolNotReadyError(
+            f"{what}: the grid refused an extensible attribute the pool writes: {error.detail}; allow the object "
+            "type in the attribute definition's allowed_object_types, or remove the attribute from "
+            "spec.extensibleAttributes if it is the pool's own"
+        )
     if error.problem in (Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME):
         return AllocationFailedError(f"the grid did not answer ({error.detail}); retrying", retry_after=5.0)
     return AllocationFailedError(f"{what}: the grid refused: {error.detail}")

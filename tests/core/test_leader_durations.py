@@ -8,6 +8,7 @@ import asyncio
 import copy
 from typing import Any, cast
 
+import aiohttp
 import pytest
 
 from ipam_provider.kube.client import KubeClient
@@ -27,9 +28,17 @@ class FakeLeases:
         self.reads = 0
         self.fail = False
         self.hang = False
+        self.unreachable = False
+        self.refused = 0
+        self.refused_thrice = asyncio.Event()
 
     async def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         self.reads += 1
+        if self.unreachable:
+            self.refused += 1
+            if self.refused >= 3:
+                self.refused_thrice.set()
+            raise aiohttp.ClientConnectionError("connection reset by peer")
         lease = self.leases.get((namespace or "", name))
         return copy.deepcopy(lease)
 
@@ -126,3 +135,19 @@ async def test_the_leader_stops_at_once_when_another_holds_the_lease() -> None:
     spec["holderIdentity"] = "someone-else"
     spec["renewTime"] = "2030-01-01T00:00:00.000000Z"
     await asyncio.wait_for(leader.keep(), 1)
+
+
+async def test_a_candidate_keeps_trying_while_the_api_server_is_unreachable() -> None:
+    """A connection error while waiting for the lease is retried like an API error: it never ends the wait (which
+    would let the caller run as leader without the lease)."""
+    leases = FakeLeases()
+    leases.unreachable = True
+    candidate = elector(leases, lease_seconds=5, renew_deadline_seconds=3, retry_seconds=0.05)
+    waiting = asyncio.create_task(candidate.acquire())
+    refused = asyncio.create_task(leases.refused_thrice.wait())
+    await asyncio.wait({waiting, refused}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    refused.cancel()
+    assert not waiting.done(), waiting.exception() if waiting.done() else None
+    leases.unreachable = False
+    await asyncio.wait_for(waiting, 30)
+    assert leases.leases[("ns", "lock")]["spec"]["holderIdentity"] == candidate.identity

@@ -99,6 +99,7 @@ async def test_client_errors_map_to_problems(wapi_simulator: WapiSimulator) -> N
     sim = wapi_simulator
     sim.state.add_network("10.0.0.0/30")
     sim.state.add_ea_definition("CAPI-Claim-UID")
+    sim.state.add_ea_definition("Net-Only", allowed_object_types=["Network"])
     wapi = client(sim)
     body = {"ipv4addr": "func:nextavailableip:10.0.0.0/30,default", "mac": "00:00:00:00:00:00"}
     created = [await wapi.create("fixedaddress", body, ["ipv4addr"]) for _ in range(2)]
@@ -112,6 +113,7 @@ async def test_client_errors_map_to_problems(wapi_simulator: WapiSimulator) -> N
             "",
         ),
         ("fixedaddress", {**body, "extattrs": {"Nope": {"value": "x"}}}, Problem.UNKNOWN_EA, "Nope"),
+        ("fixedaddress", {**body, "extattrs": {"Net-Only": {"value": "x"}}}, Problem.EA_NOT_ALLOWED, "'Net-Only'"),
         ("fixedaddress", {**body, "ipv4addr": "10.0.0.1"}, Problem.CONFLICT, "already used"),
         (
             "record:host",

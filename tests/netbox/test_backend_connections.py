@@ -32,8 +32,8 @@ from tests.netbox.conftest import (
     unique_name,
     user_token,
 )
-from tests.netbox.proxy import NetboxProxy
 from tests.support.cluster import wait_for
+from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

@@ -40,7 +40,7 @@ from tests.netbox.conftest import (
     unique_name,
     user_token,
 )
-from tests.netbox.proxy import NetboxProxy
+from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

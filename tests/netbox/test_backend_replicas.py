@@ -24,7 +24,7 @@ from tests.netbox.conftest import (
     pool_of,
     prefix,
 )
-from tests.netbox.proxy import NetboxProxy
+from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

@@ -40,8 +40,8 @@ from tests.netbox.conftest import (
     record_gateway,
     unique_name,
 )
-from tests.netbox.proxy import NetboxProxy
 from tests.support.objects import wait_address, wait_claim_reason
+from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

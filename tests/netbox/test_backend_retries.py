@@ -1,4 +1,4 @@
-"""Retries against the real NetBox, with faults injected by the proxy of tests/netbox/proxy.py.
+"""Retries against the real NetBox, with faults injected by the proxy of tools/netbox_proxy.py.
 
 The intent (backends/netbox/client.py and allocator.py): idempotent calls (GETs, DELETE, PATCH) are retried with
 exponential backoff on 5xx answers and connection errors, up to `ClientSettings.attempts`; a burst longer than that
@@ -34,7 +34,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.kube.client import KubeClient
 from tests.netbox.conftest import create_secret, fast_settings, marked, new_claim, pool_of, prefix
-from tests.netbox.proxy import Event, NetboxProxy
+from tools.netbox_proxy import Event, NetboxProxy
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

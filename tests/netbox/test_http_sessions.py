@@ -1,4 +1,4 @@
-"""The tests' own sessions to NetBox (tests/support/sessions.py): an idempotent request whose reused keep-alive
+"""The tests' own sessions to NetBox (tools/netbox_sessions.py): an idempotent request whose reused keep-alive
 connection the server closed under it is sent once more on a new connection; a POST never is, and neither is a
 request that timed out.
 
@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from tests.support.netbox import NetBoxServer
-from tests.support.sessions import netbox_session
+from tools.netbox_sessions import netbox_session
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

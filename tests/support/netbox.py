@@ -60,7 +60,7 @@ import pynetbox
 import pytest
 import requests
 
-from tests.support.sessions import netbox_session
+from tools.netbox_sessions import netbox_session
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "hack" / "netbox"
@@ -144,7 +144,7 @@ class NetBoxServer:
         A new client per call: a ``requests.Session`` is not documented as thread-safe, so give each thread
         its own client. Its session keeps connections open between calls; an idempotent request whose reused
         connection the server closed under it is sent once more, nothing else is retried (see
-        :mod:`tests.support.sessions`).
+        :mod:`tools.netbox_sessions`).
         """
         api = pynetbox.api(self.url, token=self.token)
         api.http_session = netbox_session()

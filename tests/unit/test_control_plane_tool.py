@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.controlplane.assets import AssetError, cert_manager_crd_paths
-from tools.controlplane.cluster import _alive
+from tools.controlplane.assets import AssetError, binaries_dir, cert_manager_crd_paths
+from tools.controlplane.cluster import LocalControlPlane, _alive
 from tools.controlplane.versions import REPO_ROOT, load_versions
 
 BUILD = REPO_ROOT / "hack" / "control-plane" / "build-binaries.sh"
@@ -141,3 +142,33 @@ def test_external_install_leaves_existing_capi_crds_alone_and_up_replaces_a_dead
         subprocess.run([*kubectl, "get", "--raw=/readyz"], check=True, capture_output=True)
     finally:
         _cli("down", "--dir", str(directory))
+
+
+@pytest.mark.apiserver  # starts a control plane of its own
+def test_etcd_and_the_api_server_restart_alone_on_their_ports_keeping_the_data(tmp_path: Path) -> None:
+    plane = LocalControlPlane(tmp_path / "plane", binaries_dir())
+    state = plane.start()
+    try:
+        context = ssl.create_default_context(cafile=str(state.ca_path))
+
+        def call(method: str, path: str, body: bytes | None = None) -> int:
+            request = urllib.request.Request(f"{state.server}{path}", data=body, method=method)
+            request.add_header("Authorization", f"Bearer {state.admin_token}")
+            request.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as error:
+                return int(error.code)
+
+        namespace = json.dumps({"metadata": {"name": "kept"}}).encode()
+        assert call("POST", "/api/v1/namespaces", namespace) == 201
+        pids = (state.etcd_pid, state.apiserver_pid)
+        plane.restart_etcd(kill=True)
+        assert state.etcd_pid != pids[0] and state.apiserver_pid == pids[1], "only etcd was restarted"
+        assert call("GET", "/api/v1/namespaces/kept") == 200, "etcd kept its data"
+        plane.restart_apiserver()
+        assert state.apiserver_pid != pids[1] and not _alive(pids[0]) and not _alive(pids[1])
+        assert call("GET", "/api/v1/namespaces/kept") == 200, "the API server came back on its port"
+    finally:
+        plane.stop()

@@ -2,6 +2,7 @@
 
 Each instance lives in its own state directory (ports, data, certificates, logs, pids), so several instances can
 run side by side. `stop()` leaves no process and, for a temporary instance, no directory behind.
+`restart_apiserver()` and `restart_etcd()` restart one process on its own ports, keeping etcd's data.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tools.controlplane.pki import write_pki
 ADMIN_USER = "admin"
 CONTROLLER_USER = "system:serviceaccount:capi-ipam-system:capi-ipam-controller-manager"
 READY_TIMEOUT = 90.0
+PKI_FILES = {"ca": "ca.crt", "cert": "server.crt", "key": "server.key", "sa_key": "sa.key", "sa_pub": "sa.pub"}
 
 
 class ControlPlaneError(RuntimeError):
@@ -45,6 +47,7 @@ class ControlPlaneState:
     apiserver_pid: int
     admin_token: str
     controller_token: str
+    etcd_peer_port: int = 0
 
     @property
     def server(self) -> str:
@@ -73,10 +76,14 @@ class LocalControlPlane:
 
     STATE_FILE = "state.json"
 
-    def __init__(self, directory: Path, binaries: Path | None = None) -> None:
+    def __init__(self, directory: Path, binaries: Path | None = None, *, apiserver_flags: tuple[str, ...] = ()) -> None:
+        """`apiserver_flags` are added to kube-apiserver's command line (e.g. `--watch-cache=false`)."""
         self.directory = directory.resolve()
         self.binaries = binaries
+        self.apiserver_flags = apiserver_flags
         self.state: ControlPlaneState | None = None
+        self._preexec: Callable[[], object] | None = _die_with_parent
+        self._pki = {name: self.directory / "pki" / file for name, file in PKI_FILES.items()}
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -93,7 +100,7 @@ class LocalControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
         pki_dir = self.directory / "pki"
         pki_dir.mkdir(exist_ok=True)
-        pki = write_pki(pki_dir)
+        self._pki = write_pki(pki_dir)
         admin_token, controller_token = secrets.token_hex(24), secrets.token_hex(24)
         token_file = pki_dir / "tokens.csv"
         token_file.write_text(
@@ -102,7 +109,37 @@ class LocalControlPlane:
         )
         token_file.chmod(0o600)
         etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
-        preexec = None if detach else _die_with_parent
+        self._preexec = None if detach else _die_with_parent
+        self.state = ControlPlaneState(
+            str(self.directory), api_port, etcd_port, 0, 0, admin_token, controller_token, peer_port
+        )
+        self._start_etcd()
+        self._start_apiserver()
+        self._write_kubeconfig()
+        return self.state
+
+    def restart_apiserver(self, *, kill: bool = False) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after 10 s; with `kill`, SIGKILL at once) and start it again on
+        the same port with the same etcd; return once it serves namespace `default` again."""
+        assert self.state is not None, "not started"
+        _terminate(self.state.apiserver_pid, signal.SIGKILL if kill else signal.SIGTERM)
+        self._start_apiserver()
+
+    def restart_etcd(self, *, kill: bool = False) -> None:
+        """Stop etcd (SIGTERM, SIGKILL after 10 s; with `kill`, SIGKILL at once) and start it again on the same
+        ports with the same data directory, so that everything stored survives; return once its /health answers
+        and the API server is ready again."""
+        assert self.state is not None, "not started"
+        _terminate(self.state.etcd_pid, signal.SIGKILL if kill else signal.SIGTERM)
+        self._start_etcd()
+        assert self.state is not None
+        if _alive(self.state.apiserver_pid):
+            self._wait_ready(None)
+
+    def _start_etcd(self) -> None:
+        assert self.state is not None and self.binaries is not None
+        state = self.state
+        client_url, peer_url = f"http://127.0.0.1:{state.etcd_port}", f"http://127.0.0.1:{state.etcd_peer_port}"
         etcd = self._spawn(
             "etcd",
             [
@@ -110,39 +147,40 @@ class LocalControlPlane:
                 "--data-dir",
                 str(self.directory / "etcd-data"),
                 "--listen-client-urls",
-                f"http://127.0.0.1:{etcd_port}",
+                client_url,
                 "--advertise-client-urls",
-                f"http://127.0.0.1:{etcd_port}",
+                client_url,
                 "--listen-peer-urls",
-                f"http://127.0.0.1:{peer_port}",
+                peer_url,
                 "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{peer_port}",
+                peer_url,
                 "--initial-cluster",
-                f"default=http://127.0.0.1:{peer_port}",
+                f"default={peer_url}",
                 "--unsafe-no-fsync",
                 "--log-level",
                 "warn",
             ],
-            preexec,
         )
-        self.state = ControlPlaneState(
-            str(self.directory), api_port, etcd_port, etcd.pid, 0, admin_token, controller_token
-        )
+        state.etcd_pid = etcd.pid
         self._save_state()
-        self._wait_http(f"http://127.0.0.1:{etcd_port}/health", "etcd", etcd, ctx=None, token=None)
+        self._wait_http(f"{client_url}/health", "etcd", etcd, ctx=None, token=None)
+
+    def _start_apiserver(self) -> None:
+        assert self.state is not None and self.binaries is not None
+        state, pki = self.state, self._pki
         apiserver = self._spawn(
             "kube-apiserver",
             [
                 str(self.binaries / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={api_port}",
+                f"--secure-port={state.apiserver_port}",
                 f"--tls-cert-file={pki['cert']}",
                 f"--tls-private-key-file={pki['key']}",
                 f"--cert-dir={self.directory / 'apiserver-certs'}",
-                f"--token-auth-file={token_file}",
+                f"--token-auth-file={self.directory / 'pki' / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
-                f"--service-account-issuer=https://127.0.0.1:{api_port}",
+                f"--service-account-issuer=https://127.0.0.1:{state.apiserver_port}",
                 f"--service-account-key-file={pki['sa_pub']}",
                 f"--service-account-signing-key-file={pki['sa_key']}",
                 "--service-cluster-ip-range=10.0.0.0/24",
@@ -150,36 +188,37 @@ class LocalControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=0",
+                *self.apiserver_flags,
             ],
-            preexec,
         )
-        self.state.apiserver_pid = apiserver.pid
+        state.apiserver_pid = apiserver.pid
         self._save_state()
-        ctx = ssl.create_default_context(cafile=str(pki["ca"]))
-        server = self.state.server
-        self._wait_http(f"{server}/readyz", "kube-apiserver", apiserver, ctx=ctx, token=admin_token)
-        self._wait_http(
-            f"{server}/api/v1/namespaces/default", "namespace default", apiserver, ctx=ctx, token=admin_token
-        )
-        self._write_kubeconfig()
-        return self.state
+        self._wait_ready(apiserver)
 
-    def _spawn(self, name: str, argv: list[str], preexec: Callable[[], object] | None) -> subprocess.Popen[bytes]:
-        log = (self.directory / f"{name}.log").open("ab")
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
+    def _wait_ready(self, apiserver: subprocess.Popen[bytes] | None) -> None:
+        """Wait until kube-apiserver answers /readyz and serves namespace `default`."""
+        assert self.state is not None
+        ctx = ssl.create_default_context(cafile=str(self.state.ca_path))
+        server, token = self.state.server, self.state.admin_token
+        self._wait_http(f"{server}/readyz", "kube-apiserver", apiserver, ctx=ctx, token=token)
+        self._wait_http(f"{server}/api/v1/namespaces/default", "namespace default", apiserver, ctx=ctx, token=token)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with (self.directory / f"{name}.log").open("ab") as log:
+            return subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=self._preexec,
+            )
 
     def _wait_http(
         self,
         url: str,
         what: str,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | None,
         *,
         ctx: ssl.SSLContext | None,
         token: str | None,
@@ -187,7 +226,7 @@ class LocalControlPlane:
         deadline = time.monotonic() + READY_TIMEOUT
         last = "no answer"
         while time.monotonic() < deadline:
-            if process.poll() is not None:
+            if process is not None and process.poll() is not None:
                 self.stop()
                 raise ControlPlaneError(
                     f"{what} exited with code {process.returncode}; see {self.directory}/*.log:\n{self._log_tail()}"
@@ -265,11 +304,11 @@ class LocalControlPlane:
         self.state = None
 
 
-def _terminate(pid: int) -> None:
+def _terminate(pid: int, first: signal.Signals = signal.SIGTERM) -> None:
     if pid <= 0:
         return
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, first)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + 10

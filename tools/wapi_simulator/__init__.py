@@ -13,6 +13,9 @@ their length limits, IPAM-only host records' blank view), :mod:`.allocation` (ne
 address), :mod:`.search` (query, search, paging), :mod:`.api` (routes), :mod:`.auth`, :mod:`.faults`,
 :mod:`.server`.
 
+Write-time bindings NIOS enforces across objects (attributes restricted to object types, a host record's network
+view) are in :mod:`.bindings`.
+
 In tests::
 
     pytest_plugins = ["tools.wapi_simulator.fixtures"]

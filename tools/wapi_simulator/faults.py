@@ -14,6 +14,7 @@ Contract:
     connection without answering; it fires only for requests that succeeded (2xx);
 
 * ``status`` and ``drop`` rules are checked in the order they were added; the first that fires wins;
+* a rule can be taken back with :meth:`FaultInjector.remove` (the chaos runner ends its faults that way);
 * :class:`RequestLog` records every request that reached the server, with its outcome, and counts them by
   ``(method, object type)`` so tests and benchmarks can count WAPI requests per allocation.
 
@@ -147,6 +148,13 @@ class FaultInjector:
     ) -> FaultRule:
         """The next ``count`` matching successful requests are handled, then left unanswered."""
         return self.add("drop_after_commit", count=count, methods=methods, object_types=object_types)
+
+    def remove(self, rule: FaultRule) -> int:
+        """Remove one rule (as `add` answered it), fired or not; answers how many more times it would have fired
+        (-1 for a rule without a cap)."""
+        with self._lock:
+            self._rules = [r for r in self._rules if r is not rule]
+            return -1 if rule.count is None else max(rule.count - rule.fired, 0)
 
     def clear(self) -> None:
         """Remove every rule."""

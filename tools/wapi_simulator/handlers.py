@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import errors, rules
+from . import bindings, errors, rules
 from .addressing import NEXT_AVAILABLE_PREFIX
 from .fields import Field, check_value
 from .schema import HOST_ADDR_BASIC, SCHEMAS, ObjectSchema
@@ -121,6 +121,8 @@ def read_body(store: ObjectStore, schema: ObjectSchema, body: Any, creating: boo
             checked = _check_extattr_names(store, value)
         else:
             checked = _check_field(store, schema, name, spec, value)
+        if spec.kind == "extattrs" and op != "-":
+            bindings.check_allowed_types(store, schema.name, checked)
         if op:
             modifiers[name] = (op, checked)
         else:

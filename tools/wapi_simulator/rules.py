@@ -24,7 +24,8 @@ Contract (the caller holds ``store.lock``; every refusal is raised before anythi
   a network, and no other DHCP holder; addresses without DHCP may be shared with other objects, as on NIOS;
 * ``extensibleattributedef``: unique name; ``ENUM`` needs ``list_values``; a rename or delete is applied to
   every object's ``extattrs``;
-* ``view`` / ``zone_auth``: see :mod:`.dns`.
+* ``view`` / ``zone_auth``: see :mod:`.dns`;
+* attributes restricted to object types, and a host record's network view: see :mod:`.bindings`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from . import dns, errors, names
 from .addressing import NEXT_AVAILABLE_PREFIX, parse_address, parse_next_available
 from .allocation import Pending, allocate
+from .bindings import check_address_network_view, check_host_network_view
 from .changes import Modifiers
 from .changes import is_other as _other
 from .changes import merge as _merge
@@ -224,6 +226,7 @@ def _host_entries(
             raise errors.invalid_value(address_field, value, "Must be string type")
         target = parse_next_available(value)
         func_view = target.network_view if target is not None else host_view
+        check_address_network_view(address_field, value, func_view, host_view)
         entry[address_field], entry["network_view"] = _resolve(store, value, version, address_field, func_view, pending)
         entries.append(entry)
     return entries
@@ -252,6 +255,7 @@ def _finish_host(
     if in_dns and store.zone_for(view, name) is None:
         raise errors.parent_not_found()
     pending: Pending = {}
+    check_host_network_view(store, changes.get("network_view"), view, host_view)
     for version, list_name in ((4, "ipv4addrs"), (6, "ipv6addrs")):
         address_field = "ipv4addr" if version == 4 else "ipv6addr"
         entries = list(fields.get(list_name) or [])

@@ -275,7 +275,7 @@ SCHEMAS: dict[str, ObjectSchema] = {
             "ddns_protected": Field("bool"),
             "rrset_order": Field("str"),
             "restart_if_needed": Field("bool"),
-            "network_view": _ro("str", searchable=True),
+            "network_view": Field("str", searchable=True, create_only=True),
             "dns_name": _ro("str"),
             "dns_aliases": _ro("strlist"),
             "creation_time": _ro("int"),

@@ -810,6 +810,16 @@ def test_faults_reject_unknown_kinds(sim: WapiSimulator) -> None:
     assert call(sim, "GET", "network").status_code == 200
 
 
+def test_a_removed_rule_fires_no_more(sim: WapiSimulator) -> None:
+    first, second = sim.faults.fail_next(2, methods="GET"), sim.faults.fail_next(5)
+    assert call(sim, "GET", "network").status_code == 503
+    assert sim.faults.remove(first) == 1, "one of its two uses was left"
+    assert call(sim, "GET", "network").status_code == 503  # the second rule now
+    assert sim.faults.remove(second) == 4 and sim.faults.rules == []
+    assert call(sim, "GET", "network").status_code == 200
+    assert (first.fired, second.fired) == (1, 1)
+
+
 # -- concurrency and the command --------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""The ``requests`` sessions the tests use for their own calls to NetBox (pynetbox clients, the fault proxy).
+"""The ``requests`` sessions the tests and benchmarks use for their own calls to NetBox (pynetbox clients, the
+fault proxy).
 
 Contract of :func:`netbox_session`: a request is sent again, once and on a new connection, only when its connection
 was reset or closed before any answer came, and only for methods that are idempotent by definition (GET, HEAD,
