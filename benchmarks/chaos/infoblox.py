@@ -39,7 +39,7 @@ from typing import Any
 
 import structlog
 
-from backends.infoblox.spec import EA_CLAIM_UID, EA_POOL, INFOBLOX_POOL, INSTANCES, OWNERSHIP_EAS
+from backends.infoblox.spec import EA_CLAIM_UID, EA_POOL, INFOBLOX_POOL, INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS
 from benchmarks.chaos.backends import TruthRecord
 from tools.wapi_simulator import FaultRule, WapiSimulator
 
@@ -91,7 +91,7 @@ class InfobloxChaos:
         if self._sim is not None:
             return
         sim = WapiSimulator(password=secrets.token_urlsafe(18), seed=self.seed).start()
-        for name in OWNERSHIP_EAS:
+        for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS):
             sim.state.add_ea_definition(name)
         for slot in range(self.max_pools):
             base = slot_base(slot)

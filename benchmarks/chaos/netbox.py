@@ -7,7 +7,7 @@ Contract (the `ChaosBackend` of benchmarks/chaos/backends.py, plus what is said 
   runs hack/netbox/install.sh and start.sh in the run dir `<workdir>/netbox` (a new temporary directory without
   `workdir`) and `stop()` runs stop.sh. An attached NetBox is never stopped. `netbox-restart` restarts gunicorn
   through hack/netbox/web.sh, so it needs a run dir: attached without one, it is left out of `fault_kinds`.
-- `start()` prepares, directly in NetBox: the owner tag and the two custom fields, as the backend would create them;
+- `start()` prepares, directly in NetBox: the owner tag and the three custom fields, as the backend would create them;
   a user with the rights examples/netbox/10-secret.yaml lists (no rights on tags or custom fields) and a v2 token
   for the pools' Secret (deleted by `stop()`); and `max_pools` slots. Slot s is the network 10.77.s.0/24, holding
   the prefix 10.77.s.0/27 (gateway 10.77.s.1, recorded as an IP address as the backend requires) and the ip-range
@@ -49,7 +49,12 @@ from typing import Any
 import requests
 import structlog
 
-from backends.netbox.calls import CLAIM_REF_FIELD_BODY, CLAIM_UID_FIELD_BODY, OWNER_TAG_BODY
+from backends.netbox.calls import (
+    CLAIM_REF_FIELD_BODY,
+    CLAIM_UID_FIELD_BODY,
+    CLUSTER_IDENTITY_FIELD_BODY,
+    OWNER_TAG_BODY,
+)
 from backends.netbox.client import ClientSettings
 from backends.netbox.spec import CLAIM_UID_FIELD, NETBOX_POOL, OWNER_TAG
 from benchmarks.chaos.backends import TruthRecord
@@ -218,7 +223,7 @@ class NetboxChaos:
         """Ownership marks, the pools' user and token, and every slot (see the module docstring)."""
         api = self._require_api()
         api.ensure("extras/tags/", {"slug": OWNER_TAG}, dict(OWNER_TAG_BODY))
-        for body in (CLAIM_UID_FIELD_BODY, CLAIM_REF_FIELD_BODY):
+        for body in (CLAIM_UID_FIELD_BODY, CLAIM_REF_FIELD_BODY, CLUSTER_IDENTITY_FIELD_BODY):
             api.ensure("extras/custom-fields/", {"name": body["name"]}, dict(body))
         self._prepare_token()
         for slot in range(self.max_pools):
