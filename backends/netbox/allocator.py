@@ -23,9 +23,10 @@ Contract (calls for one pool are serialised by the reconciler; the state here is
   or clusterctl move) happens only when the address records the same claim namespace/name (custom field
   capi_claim_ref): an annotation copied onto another claim's IPAddress can neither steal nor free an address.
 - Release deletes by id after checking both ownership marks for this claim's UID (or for the annotation's UID
-  when the address records this claim's namespace/name; 404 = already released); without an id it deletes what
-  the UID lookup finds with both marks. With `sweep` (a UID field without Unique, or an unknown outcome) it also
-  deletes whatever else the UID lookup finds. An address without our marks is never deleted.
+  when the address records this claim's namespace/name); without an id, or when the id is gone (404: released, or
+  re-recorded under a new id by the repair loop), it deletes what the UID lookup finds with both marks. With
+  `sweep` (a UID field without Unique, or an unknown outcome) it also deletes whatever else the UID lookup finds.
+  An address without our marks is never deleted.
 """
 
 from __future__ import annotations
@@ -318,9 +319,7 @@ class Allocator:
         raw_id = annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
             recorded_uid = annotations.get(ANNOTATION_CLAIM_UID)
-            obj = await client.call(f"GET address #{raw_id}", calls.get_address(int(raw_id)))
-            if obj is None and recorded_uid == claim.uid and not sweep:
-                return  # already released
+            obj = await client.call(f"GET address #{raw_id}", calls.get_address(int(raw_id)))  # None: by UID below
             restored = is_ours(obj or {}, recorded_uid) and claim_ref_of(obj or {}) == claim_ref(claim)
             if obj is not None and (is_ours(obj, claim.uid) or restored):
                 await client.call(f"delete address #{raw_id}", calls.delete_address(int(raw_id)))

@@ -7,7 +7,8 @@ ids (cached per pool generation and client, and refreshed by every report); `all
 Costs in steady state: an already fulfilled claim, nothing (its IPAddress's annotations are trusted); a new claim,
 one `POST …/available-ips/` (a claim asking for one address with the requested-address annotation: a lookup by
 UID, a lookup of the address, a `POST ip-addresses` and a second lookup of the address; see `requested`); a
-release, a GET (to check the marks) and a DELETE; a pool report (every minute), a few GETs per source.
+release, a GET (to check the marks) and a DELETE; a pool report (every minute), a few GETs per source; a repair
+pass, floor(N / page size) + 1 paced GETs per VRF for N addresses of ours in the pool (see `repair`).
 Failures become a `Problem` (pool-level: Ready=False on the pool, PoolNotReady on its claims) or
 AllocationFailedError; messages never contain the token. Data from NetBox the backend cannot use (ValueError,
 KeyError, TypeError) also becomes a Problem: nothing but a BackendError leaves allocate and release.
@@ -30,6 +31,7 @@ from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient, NetboxError
 from backends.netbox.connections import Connections
 from backends.netbox.problems import Problem
+from backends.netbox.repair import NetboxRepair
 from backends.netbox.resolver import Ownership, Resolved
 from backends.netbox.settings import NetboxSettings
 from backends.netbox.spec import (
@@ -52,6 +54,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
     ReleaseImpossibleError,
 )
+from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
@@ -71,6 +74,7 @@ class NetboxBackend:
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         self._ownership_locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[PoolRef, tuple[NetboxClient, Problem]] = {}  # allocation failures the report can't see
+        self._repair = NetboxRepair(self)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -162,9 +166,10 @@ class NetboxBackend:
                 parsed = None
         parsed = parsed or self._known.get(pool_ref)
         if parsed is None:
-            raise ReleaseImpossibleError(
-                f"{pool_ref} is gone and its NetBox connection is unknown to this controller; delete the NetBox IP "
-                f"address whose custom field {CLAIM_UID_FIELD} is {claim.uid} by hand, if it exists"
+            raise ReleaseImpossibleError(  # nothing is touched: the address, if any, is left to the repair loop
+                f"{pool_ref} is gone and its NetBox connection is unknown to this controller; the NetBox IP address "
+                f"whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, stays in NetBox, where the repair "
+                "loop finds it through any pool whose sources cover it (if none does, delete it by hand)"
             )
         context = f"releasing claim {claim} from {parsed.ref}"
         client: NetboxClient | None = None
@@ -219,6 +224,20 @@ class NetboxBackend:
             return PoolReport(False, failed[1].reason, message, status, counts)
         self._failures.pop(parsed.ref, None)  # the token changed since
         return PoolReport(True, problems.READY, message, status, counts)
+
+    # --- the repair capability (backends/netbox/repair.py) ----------------------------------------------------------
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
+        return await self._repair.list_holdings(pool_ref, pool, pacer)
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        return await self._repair.release_holding(pool_ref, pool, holding)
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        return await self._repair.restore(pool_ref, pool, claim, allocation)
+
+    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
+        return await self._repair.outside_pool(pool_ref, pool, addresses)
 
     async def close(self) -> None:
         self._resolved.clear()

@@ -146,6 +146,19 @@ def find_address(address: str, vrf_id: int | None) -> Call:
     return run
 
 
+def list_page(app: str, endpoint: str, filters: Mapping[str, Any], page: Mapping[str, int]) -> Call:
+    """One GET /<app>/<endpoint>/?…&limit=…&(start=…|offset=…): the page as NetBox answers it (`count`, `next`,
+    `results`); never follows `next` (the caller paces its pages)."""
+
+    def run(api: Api) -> Object:
+        base = getattr(getattr(api, app), endpoint).url
+        request = Request(base=base, http_session=api.http_session, filters=dict(filters), token=api.token)
+        answer: Object = request._make_call(add_params=dict(page))  # one request; pynetbox's errors
+        return answer
+
+    return run
+
+
 def patch_address(address_id: int, changes: Mapping[str, Any]) -> Call:
     """PATCH /ipam/ip-addresses/{id}/ with `changes`."""
 

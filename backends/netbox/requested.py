@@ -108,7 +108,7 @@ async def allocate_requested(
             await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
             log.info("claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"])
     if kept is None:
-        holders = await _holders(client, address, source)
+        holders = await holders_at(client, address, source)
         earlier = next((o for o in holders if is_ours(o) and claim_ref_of(o) == claim_ref(claim)), None)
         if earlier is not None:  # this claim's, under its UID before a restore or a move: re-keyed, then checked
             await allocator._rekey(client, pool, claim, earlier)
@@ -139,7 +139,7 @@ async def _populated_range(client: NetboxClient, address: str, source: Source) -
     return None
 
 
-async def _holders(client: NetboxClient, address: str, source: Source) -> list[Object]:
+async def holders_at(client: NetboxClient, address: str, source: Source) -> list[Object]:
     """The NetBox IP addresses at `address` in the source's VRF, oldest (lowest id) first."""
     found: list[Object] = await client.call(f"look up {address}", calls.find_address(address, source.vrf_id))
     return sorted((o for o in found if host_of(o) == address), key=lambda o: int(o["id"]))
@@ -165,7 +165,7 @@ async def _create(
     except HTTPError as error:
         if not error.invalid:
             raise
-        holders = await _holders(client, address, source)  # NetBox's own duplicate check, or our UID taken
+        holders = await holders_at(client, address, source)  # NetBox's own duplicate check, or our UID taken
         found = _pick(holders, claim.uid)
         if found is not None:
             return found
@@ -176,7 +176,7 @@ async def _create(
             "spec.addressFields"
         ) from error
     except OutcomeUnknownError as error:
-        holders = await _holders(client, address, source)
+        holders = await holders_at(client, address, source)
         found = _pick(holders, claim.uid)
         if found is not None:
             return found
@@ -184,6 +184,22 @@ async def _create(
             f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
             retry_after=allocator.unknown_retry_seconds,
         ) from error
+
+
+async def record_alone(
+    allocator: Allocator,
+    client: NetboxClient,
+    pool: Pool,
+    resolved: Resolved,
+    claim: ClaimContext,
+    address: str,
+    source: Source,
+) -> Object:
+    """Create `address` for the claim (as for a requested address) and keep it only if it is alone there (see
+    `keep_if_alone`); AllocationFailedError when another object holds it or NetBox refuses it."""
+    created = await _create(allocator, client, pool, resolved, claim, address, source)
+    await keep_if_alone(client, pool, claim, address, source, created)
+    return created
 
 
 def _pick(holders: Sequence[Object], uid: str) -> Object | None:
@@ -202,7 +218,7 @@ async def keep_if_alone(
     listing alone."""
     deadline = asyncio.get_running_loop().time() + client.settings.read_timeout
     while True:
-        holders = await _holders(client, address, source)
+        holders = await holders_at(client, address, source)
         if not any(o["id"] == kept["id"] for o in holders):
             raise AllocationFailedError(
                 f"NetBox IP address #{kept['id']} made for claim {claim} at {address} is gone again; it is asked again",

@@ -15,3 +15,4 @@ class NetboxSettings:
     full_skip_seconds: float = 30.0  # a source that answered 409 is asked last for this long
     unknown_retry_seconds: float = 2.0  # a claim whose POST had an unknown outcome is looked at again this soon
     uncertain_seconds: float = 120.0  # without a Unique UID field: no second POST this soon after an unknown outcome
+    repair_page_size: int = 1000  # IP addresses per page of a repair listing (NetBox caps it at MAX_PAGE_SIZE)

@@ -1,0 +1,267 @@
+"""The NetBox backend's repair capability (the contract is `ipam_provider.backend.repair`).
+
+Contract:
+- A pool's holdings are the NetBox IP addresses inside its sources (each prefix or ip-range, in the source's VRF)
+  that carry both ownership marks: the owner tag and a claim UID in the custom field. NetBox filters them itself
+  (`tag`, `cf_<uid field>__empty=false`, `parent=<the sources' networks>`, `vrf_id`: one listing per VRF of the
+  pool) and answers only the fields a holding needs (`fields=`; not the tags, which the filter vouches for). The
+  sources, not the whole VRF: that is exact (another pool's addresses in a shared VRF or global table are not
+  listed) and as cheap (NetBox filters by `parent` on its address index). The sources come from the backend's
+  cache (refreshed by every pool report); a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
+- Pages: `limit=NetboxSettings.repair_page_size` (1000 by default; NetBox caps it at its MAX_PAGE_SIZE, 1000 by
+  default, and its `next` link says whether more follow), one `pacer.wait()` before each. Cursor pagination
+  (`start=<last id + 1>`, NetBox 4.6+): no count and no OFFSET scan per page, and an address that exists during
+  the whole listing is listed exactly once. A NetBox that ignores `start` (it answers with a `count`) is paged
+  by `offset` instead. A listing of N addresses costs floor(N / page size) + 1 pages per VRF.
+- `release_holding` reads the address fresh by id and deletes it only if it still carries our tag, the listed
+  claim UID and claim name, at the listed address; gone (404) or changed: False.
+- `restore` reads NetBox fresh (never the allocator's trusted shortcut) at the address in its source's VRF:
+  an object of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a
+  requested address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED;
+  an object of ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed
+  to the claim, RECORDED; anything else there (not ours, another claim's, or a second object beside ours): TAKEN,
+  naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
+  address, a range marked populated): OUTSIDE.
+- `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached.
+- Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from backends.netbox import calls, problems, requested
+from backends.netbox.allocator import claim_ref, claim_ref_of, host_of, is_ours, vrf_id_of
+from backends.netbox.client import NetboxClient
+from backends.netbox.problems import Problem
+from backends.netbox.resolver import Resolved, Source
+from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG, Pool
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    PoolNotReadyError,
+    PoolRef,
+)
+from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.common import Object, normalized_address
+
+if TYPE_CHECKING:
+    from backends.netbox.backend import NetboxBackend
+
+log = structlog.get_logger(__name__)
+
+# Not `tags`: the `tag` filter already selects them, and serialising tags triples NetBox's time per page. A
+# release checks the tag again on a fresh GET.
+HOLDING_FIELDS = "id,address,vrf,custom_fields,created"
+
+
+class NetboxRepair:
+    """The repair capability of one NetboxBackend (its connections, caches and allocator state)."""
+
+    def __init__(self, backend: NetboxBackend) -> None:
+        self.backend = backend
+
+    @contextlib.asynccontextmanager
+    async def _netbox(self, pool_ref: PoolRef, pool: Object, doing: str) -> AsyncIterator[tuple[Pool, NetboxClient]]:
+        """The parsed pool and its client, lent for one operation; failures become PoolNotReadyError."""
+        try:
+            parsed = self.backend._parse(pool_ref, pool)
+            client: NetboxClient | None = None
+            try:
+                async with self.backend.connections.use(parsed) as client:
+                    yield parsed, client
+            except problems.FAILURES as error:
+                token = client.endpoint.token if client is not None else None
+                problem = problems.from_failure(error, f"{doing} {parsed.ref}", token)
+                self.backend._forget(parsed, problem)
+                raise problem from error
+        except Problem as problem:
+            raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
+
+    async def _sources(self, client: NetboxClient, pool: Pool, pacer: Pacer | None = None) -> Resolved:
+        """The pool's resolved sources, from the backend's cache when it holds them."""
+        cached = self.backend._resolved.get(pool.ref)
+        if pacer is not None and (cached is None or cached[0] != pool.generation or cached[1] is not client):
+            await pacer.wait()
+        return await self.backend._resolve(client, pool)
+
+    # --- listing --------------------------------------------------------------------------------------------------
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
+        async with self._netbox(pool_ref, pool, "listing the NetBox addresses of") as (parsed, client):
+            resolved = await self._sources(client, parsed, pacer)
+            found: dict[int, Holding] = {}
+            for vrf_id, sources in _by_vrf(resolved.sources).items():
+                filters = {
+                    "tag": OWNER_TAG,
+                    f"cf_{CLAIM_UID_FIELD}__empty": "false",
+                    "parent": [str(n) for s in sources for n in s.networks()],
+                    "vrf_id": vrf_id if vrf_id is not None else "null",
+                    "fields": HOLDING_FIELDS,
+                }
+                size = self.backend.settings.repair_page_size
+                async for page in _pages(client, filters, size, pacer):
+                    for obj in page:
+                        holding = holding_of(obj)
+                        inside = any(s.contains(holding.address) for s in sources)
+                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id:
+                            found[int(obj["id"])] = holding
+            return sorted(found.values(), key=lambda h: int(h.handle))
+
+    # --- releasing a leak -----------------------------------------------------------------------------------------
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        if not holding.handle.isdigit() or not holding.claim_uid:
+            return False
+        address_id = int(holding.handle)
+        async with self._netbox(pool_ref, pool, "releasing a leaked NetBox address of") as (parsed, client):
+            obj = await client.call(f"GET address #{address_id}", calls.get_address(address_id))
+            unchanged = (
+                obj is not None
+                and is_ours(obj, holding.claim_uid)
+                and (claim_ref_of(obj) or "") == holding.claim
+                and host_of(obj) == holding.address
+            )
+            if not unchanged:
+                log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
+                return False
+            deleted: bool = await client.call(f"delete address #{address_id}", calls.delete_address(address_id))
+            if deleted:
+                state = self.backend.allocator.state(parsed.ref)
+                state.verified.pop(holding.claim_uid, None)
+                state.full_since.clear()  # room was made: try the sources in order again
+                log.info("leaked address released", pool=str(parsed.ref), address=holding.address, id=address_id)
+            return deleted
+
+    # --- restoring an allocation ----------------------------------------------------------------------------------
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        address = normalized_address(allocation.address)
+        async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
+            resolved = await self.backend._resolve(client, parsed, fresh=True)
+            source, why = requested.source_for(resolved, address)
+            if source is None:
+                return Restore(RestoreOutcome.OUTSIDE, why or _nowhere(resolved))
+            holders = await requested.holders_at(client, address, source)
+            outcome = await self._settle(client, parsed, claim, address, holders)
+            if outcome is None:
+                outcome = await self._record(client, parsed, resolved, claim, address, source)
+            log.info(
+                "restore",
+                claim=str(claim),
+                pool=str(parsed.ref),
+                address=address,
+                outcome=outcome.outcome.value,
+                detail=outcome.detail,
+            )
+            return outcome
+
+    async def _settle(
+        self, client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, holders: Sequence[Object]
+    ) -> Restore | None:
+        """What the objects at the address answer; None when there is none (the address is free)."""
+        mine = [o for o in holders if is_ours(o, claim.uid)]
+        others = [o for o in holders if not is_ours(o, claim.uid)]
+        if others:
+            earlier = others[0]
+            if mine or len(others) > 1 or not is_ours(earlier) or claim_ref_of(earlier) != claim_ref(claim):
+                return Restore(RestoreOutcome.TAKEN, holder_of(earlier))
+            await self.backend.allocator._rekey(client, pool, claim, earlier)  # this claim's, under an older UID
+            self._verified(pool, claim, earlier, address)
+            return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {earlier['id']} re-keyed to the claim's UID")
+        if mine:
+            self._verified(pool, claim, mine[0], address)
+            return Restore(RestoreOutcome.HELD, f"NetBox IP address {mine[0]['id']}")
+        return None
+
+    async def _record(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
+    ) -> Restore:
+        allocator = self.backend.allocator
+        try:
+            created = await requested.record_alone(allocator, client, pool, resolved, claim, address, source)
+        except AllocationFailedError:
+            holders = await requested.holders_at(client, address, source)  # who took it meanwhile?
+            taken = [o for o in holders if not is_ours(o, claim.uid)]
+            if taken:
+                return Restore(RestoreOutcome.TAKEN, holder_of(taken[0]))
+            raise
+        self._verified(pool, claim, created, address)
+        return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {created['id']}")
+
+    def _verified(self, pool: Pool, claim: ClaimContext, obj: Mapping[str, Any], address: str) -> None:
+        self.backend.allocator.state(pool.ref).verified[claim.uid] = (int(obj["id"]), address)
+
+    # --- addresses outside the pool -------------------------------------------------------------------------------
+
+    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
+        try:
+            async with self._netbox(pool_ref, pool, "checking the addresses of") as (parsed, client):
+                resolved = await self._sources(client, parsed)
+        except PoolNotReadyError:
+            return {}  # the pool cannot be checked now
+        result: dict[str, str] = {}
+        for address in addresses:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                result[address] = "not an IP address"
+                continue
+            source, why = requested.source_for(resolved, normalized_address(address))
+            if source is None:
+                result[address] = why or _nowhere(resolved)
+        return result
+
+
+async def _pages(
+    client: NetboxClient, filters: Mapping[str, Any], size: int, pacer: Pacer
+) -> AsyncIterator[list[Object]]:
+    """The IP addresses `filters` selects, page by page (see the module contract), one `pacer.wait()` before
+    each request."""
+    page: dict[str, int] = {"limit": size, "start": 0}
+    while True:
+        await pacer.wait()
+        answer = await client.call("list our IP addresses", calls.list_page("ipam", "ip_addresses", filters, page))
+        results: list[Object] = list(answer.get("results") or [])
+        yield results
+        if not answer.get("next") or not results:
+            return
+        if "start" in page and answer.get("count") is None:
+            page = {"limit": size, "start": max(int(o["id"]) for o in results) + 1}
+        else:  # a NetBox without cursor pagination ignored `start` and answered with a count
+            page = {"limit": size, "offset": page.get("offset", 0) + len(results)}
+
+
+def _by_vrf(sources: Sequence[Source]) -> dict[int | None, list[Source]]:
+    grouped: dict[int | None, list[Source]] = {}
+    for source in sources:
+        grouped.setdefault(source.vrf_id, []).append(source)
+    return grouped
+
+
+def holding_of(obj: Mapping[str, Any]) -> Holding:
+    """The Holding for one of our NetBox IP addresses."""
+    created = obj.get("created")
+    created_at = datetime.fromisoformat(str(created)).timestamp() if created else None
+    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
+    return Holding(host_of(obj), claim_ref_of(obj) or "", str(uid or ""), str(obj["id"]), created_at)
+
+
+def holder_of(obj: Mapping[str, Any]) -> str:
+    """Who holds a NetBox IP address, for people: "NetBox IP address 12 (claim ns/name)" or "(not ours)"."""
+    if not is_ours(obj):
+        return f"NetBox IP address {obj['id']} (not ours)"
+    recorded = claim_ref_of(obj)
+    owner = f"claim {recorded}" if recorded else f"claim UID {(obj.get('custom_fields') or {}).get(CLAIM_UID_FIELD)}"
+    return f"NetBox IP address {obj['id']} ({owner})"
+
+
+def _nowhere(resolved: Resolved) -> str:
+    return f"in none of the pool's NetBox sources ({', '.join(s.display for s in resolved.sources)})"
