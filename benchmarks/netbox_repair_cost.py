@@ -7,8 +7,8 @@ comparison it also pages the same addresses by `offset` (what a NetBox without c
 Requests are counted on the backend's client (`NetboxClient.requests_sent`).
 
 Expected: pages = floor(N / page size) + 1 per VRF of the pool (cursor pagination; the last page is empty when N is
-a multiple of the page size), and seconds >= pages / rate when paced, or the sum of NetBox's answer times when
-that is longer.
+a multiple of the page size), and, paced, seconds >= (pages - 1) / rate (the first page goes at once), or the sum
+of NetBox's answer times when that is longer.
 
 NetBox: NETBOX_URL and NETBOX_TOKEN name a running one (the run adds prefixes 10.x.0.0/… that hold nothing yet
 and deletes afterwards exactly the addresses and prefixes it created); otherwise one is started in a temporary

@@ -2,8 +2,8 @@
 
 A pool deleted through the `skip-validate-delete-webhook` annotation (as `clusterctl move` does), whose claims and
 IPAddresses were then removed without their finalizers running, leaves its reservations behind: no claim will ever
-release them, and the repair loop's comparison visits live pools only. The loop calls `sweep_orphans` once per pass
-through the backend's `sweep_orphaned` (see `repair`).
+release them, and the repair loop's comparison visits live pools only. The loop calls the backend's
+`sweep_orphaned` once per pass, which runs `sweep_orphans` at most once every 10 minutes (see `repair`).
 
 Contract:
 - `sweep_orphans` lists every reservation once and deletes those whose pool (by its group, kind, namespace and name)

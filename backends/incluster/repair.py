@@ -19,7 +19,9 @@ fresh from the API server, never from a pool's index, which is a hint only (see 
   release record of the pool -> taken over, guarded by its resourceVersion (Recorded); any other -> Taken, naming
   the holder. It never frees anything: a second reservation of the claim is a leak for the loop to release.
 - `outside_pool` names the addresses the pool would not hand out now, with why (the report's outOfRange).
-- `sweep_orphaned` removes the reservations of pools that are gone (see `orphans`).
+- `sweep_orphaned` removes the reservations of pools that are gone (see `orphans`). It lists every reservation, so
+  it runs at most once per `orphan_sweep_every` seconds (10 minutes) per process, the first time at the loop's
+  first call; a call in between answers 0 at once. A sweep that failed is tried again at the next call.
 API server failures surface as PoolNotReadyError, so that the loop skips the pool for this pass.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import structlog
@@ -54,6 +57,7 @@ from ipam_provider.kube.errors import ApiError
 log = structlog.get_logger(__name__)
 
 PAGE_SIZE = 500  # reservations per page of `list_holdings`
+ORPHAN_SWEEP_EVERY = 600.0  # seconds between two sweeps of the reservations of deleted pools
 RESTORE_ATTEMPTS = 5  # the address's reservation changed this many times under one restore: the next pass retries
 
 
@@ -108,6 +112,9 @@ class ReservationRepair:
     reservations: ReservationClient
     indexes: PoolIndexes
     cached_pools: Callable[[PoolKind], Sequence[Object] | None]  # the controller's pool caches (None: not synced)
+    orphan_sweep_every: float = ORPHAN_SWEEP_EVERY
+    orphan_sweep_clock: Callable[[], float] = time.monotonic
+    _orphans_swept_at: float | None = None  # when the last sweep of deleted pools' reservations completed
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -233,14 +240,20 @@ class ReservationRepair:
 
     async def sweep_orphaned(self, grace_seconds: float) -> int:
         """Remove the reservations of this backend's pools that are gone (see `orphans`); answer how many. The
-        pools in the controller's caches exist: only the others are read from the API server."""
+        pools in the controller's caches exist: only the others are read from the API server. At most once per
+        `orphan_sweep_every` seconds (see the module's contract)."""
+        now = self.orphan_sweep_clock()
+        if self._orphans_swept_at is not None and now - self._orphans_swept_at < self.orphan_sweep_every:
+            return 0
         known: set[PoolRef] = set()
         for kind in self.kinds:
             for pool in self.cached_pools(kind) or ():
                 meta = pool["metadata"]
                 known.add(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
         with _api_server_errors("the reservations of deleted pools"):
-            return await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
+            swept = await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
+        self._orphans_swept_at = now
+        return swept
 
 
 def _still_as_listed(ref: PoolRef, reservation: Reservation, holding: Holding) -> bool:

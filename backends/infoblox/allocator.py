@@ -142,6 +142,13 @@ class Allocator:
         if state is not None:
             state.exhausted.clear()
 
+    def forget_claim(self, ref: PoolRef, claim_uid: str) -> None:
+        """Forget what the index says the claim owns in the pool (an object of it was deleted elsewhere): the claim's
+        next allocation searches the grid instead of trusting the index."""
+        state = self._states.get(ref)
+        if state is not None:
+            state.by_claim.pop(claim_uid, None)
+
     # --- allocation ----------------------------------------------------------------------------------------------
 
     def quick(self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation) -> Allocation | None:

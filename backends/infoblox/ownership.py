@@ -72,13 +72,16 @@ async def owned(connection: Connection, types: Sequence[str], claim_uid: str) ->
 async def release_owned(
     connection: Connection, pool_ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
 ) -> list[GridObject]:
-    """Delete every object the claim owns; answer them. Raises WapiError when the grid fails."""
+    """Delete every object the claim owns; answer them. Raises WapiError when the grid fails. The type of the
+    IPAddress's ref annotation is searched first; when it finds nothing, every other type of the address's family
+    is searched too (the object may have been recorded again as another type since, after the pool's mode
+    changed)."""
     ref = allocation.annotations.get(ANNOTATION_REF) if allocation is not None else None
-    if ref and type_of_ref(ref) in ALL_TYPES:
-        types: Sequence[str] = (type_of_ref(ref),)
-    else:
-        types = types_for_version(version_of(allocation.address) if allocation is not None else None)
-    objects = await owned(connection, types, claim.uid)
+    family = types_for_version(version_of(allocation.address) if allocation is not None else None)
+    first: Sequence[str] = (type_of_ref(ref),) if ref and type_of_ref(ref) in ALL_TYPES else family
+    objects = await owned(connection, first, claim.uid)
+    if not objects and first != family:
+        objects = await owned(connection, [t for t in family if t not in first], claim.uid)
     for obj in objects:
         deleted = await connection.client.delete(obj.ref)
         log.info(

@@ -23,7 +23,8 @@ Contract:
   object -> TAKEN, naming it; nothing -> the object a normal allocation makes (fixed address or host record, the
   claim's attributes, the IPAddress's hostname for host records), posted at that literal address and kept only if
   it is alone there at its check (the requested-address path's create-then-recheck) -> RECORDED. An object that
-  lost the check is deleted, and the holder found is reported (TAKEN). Nothing else is ever deleted or re-keyed.
+  lost the check is deleted, the allocator's index forgets what it recorded for the claim, and the holder found is
+  reported (TAKEN). Nothing else is ever deleted or re-keyed.
 - `outside_pool` sends no request: an address outside every subnet and range of the pool as configured now, or
   one the pool never hands out (a subnet's network, broadcast or subnet-router anycast address, or a gateway).
 - Grid failures become BackendError (`ownership.translate`); an instance whose credentials were refused is not
@@ -188,7 +189,10 @@ class GridRepair:
     async def _after_losing(
         self, pool: Pool, connection: Connection, claim: ClaimContext, address: str, why: str
     ) -> Restore:
-        """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again."""
+        """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again. The
+        allocator's index may still name the object that lost (`create_object` recorded it): it is forgotten, so that
+        the claim's own path searches the grid rather than believe the claim holds the address."""
+        self._backend.allocator.forget_claim(pool.ref, claim.uid)
         found = await requested.holders(connection, pool, network_view(pool, connection), address)
         mine = held_by(found, claim)
         if mine is not None:

@@ -100,8 +100,15 @@ class Injector:
         action = actions.get(kind)
         if action is not None:
             return await action()
+        return await self._backend_fault(kind)
+
+    async def _backend_fault(self, kind: str) -> bool:
+        """One of the backend's own faults. A backend that tallies the faults that met a request (a `fired`
+        counter by kind) is asked whether this one did: a fault no request met is tried again later, not counted."""
+        fired = getattr(self.backend, "fired", None)
+        before = fired[kind] if isinstance(fired, Counter) else None
         await self.backend.inject(kind, self.rng)
-        return True
+        return before is None or bool(fired[kind] > before)  # type: ignore[index]
 
     async def _controller_sigkill(self) -> bool:
         self.replicas.kill_all()

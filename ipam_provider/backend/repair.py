@@ -130,6 +130,7 @@ OrphanSweeper = Callable[[float], Awaitable[int]]
 def orphan_sweeper_of(backend: object) -> OrphanSweeper | None:
     """The backend's optional `async sweep_orphaned(grace_seconds) -> int`, or None: it releases the holdings of
     pools that no longer exist, older than `grace_seconds`, that no live IPAddress names, and answers how many.
-    The repair loop calls it once per pass (only when releasing leaks is on)."""
+    The repair loop calls it once per pass (only when releasing leaks is on); a costly sweep may run less often
+    (answering 0 when it does not run)."""
     sweep = getattr(backend, "sweep_orphaned", None)
     return sweep if callable(sweep) else None

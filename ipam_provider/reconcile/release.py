@@ -5,13 +5,17 @@ IPAddress behind once the claim is gone. While another finalizer keeps the delet
 backend is not asked to release: the address stays held until no IPAddress names it. A backend that cannot
 release (ReleaseImpossibleError) gets a Warning Event and the claim is let go: what the backend still holds for it
 is left to the repair loop (`ipam_provider/repair`), which releases it once the backend can be used again, as it
-does for a claim deleted without this finalizer. Any other failure keeps the finalizer and is retried.
+does for a claim deleted without this finalizer. The Event says so only when the loop can: the backend has the
+repair capability, the loop releases (on, not report-only), and the pool still exists or the backend sweeps the
+holdings of gone pools (`sweep_orphaned`); otherwise it says to release the address in the backend by hand. Any
+other failure keeps the finalizer and is retried.
 """
 
 from __future__ import annotations
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, IPAddress
 from ipam_provider.backend.contract import Allocation, ReleaseImpossibleError
+from ipam_provider.backend.repair import orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
@@ -23,7 +27,12 @@ RETRY_LINGERING = 30.0
 LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
 LEFT_WITHOUT_REPAIR = (
     "the repair loop would release it once the pool's backend can be reached again, but it does not release "
-    "(--repair-interval=0 or --repair-report-only)"
+    "(--repair-interval=0 or --repair-report-only): release the address in the backend by hand"
+)
+NOT_REPAIRABLE = "this backend has no repair loop to release it: release the address in the backend by hand"
+POOL_GONE = (
+    "the pool is gone and the repair loop does not look for this backend's holdings of gone pools: release the "
+    "address in the backend by hand"
 )
 
 
@@ -42,7 +51,7 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
         async with ctx.backend_turn(work.backend, work.pool_ref):
             await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
     except ReleaseImpossibleError as error:
-        message = f"{error.message}; {LEFT_TO_REPAIR if ctx.repair_releases else LEFT_WITHOUT_REPAIR}"
+        message = f"{error.message}; {_left_to(ctx, work)}"
         ctx.recorder.record(work.raw, WARNING, error.reason, message, related=work.pool)
     finalizers = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
     try:
@@ -52,6 +61,15 @@ async def release_claim(ctx: ReconcileContext, work: ClaimWork) -> float | None:
             raise
     ctx.pool_changed(work.pool_ref)
     return None
+
+
+def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
+    """Who releases what the backend could not (see the module's contract), for the Warning Event."""
+    if repairer_of(work.backend) is None:
+        return NOT_REPAIRABLE
+    if work.pool is None and orphan_sweeper_of(work.backend) is None:
+        return POOL_GONE
+    return LEFT_TO_REPAIR if ctx.repair_releases else LEFT_WITHOUT_REPAIR
 
 
 async def _delete_address(ctx: ReconcileContext, address_raw: Object) -> list[str]:

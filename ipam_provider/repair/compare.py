@@ -10,6 +10,10 @@
   for its claim, its claim lives (not being deleted, not paused) with the uid of the IPAddress's owner reference
   (when it has one), and the claim is one this controller serves. (A claim whose Cluster is paused is left alone
   too; `pool.py` asks the watch cache about Clusters.)
+- An address of the pool named by more than one distinct live claim is *shared* (a duplicate), whether or not the
+  backend holds it for them and whether or not the claims are served or paused. A claim names an address through
+  a live IPAddress of the pool (not being deleted, its claim live with the uid of its owner reference), or through
+  a holding recorded with the uid of a live claim that has no IPAddress yet. A shared address is never restored.
 """
 
 from __future__ import annotations
@@ -45,11 +49,26 @@ class Unrecorded:
         return f"{meta.get('namespace')}/{meta['name']}"
 
 
+@dataclass(frozen=True)
+class Sharer:
+    """A live claim that names a shared address: through its IPAddress (`address`), or through a holding of the
+    backend (`address` None: the claim has no IPAddress yet)."""
+
+    claim: Object
+    address: Object | None = None
+
+    @property
+    def claim_name(self) -> str:
+        meta = self.claim["metadata"]
+        return f"{meta.get('namespace')}/{meta['name']}"
+
+
 @dataclass
 class PoolComparison:
     suspected: list[Holding] = field(default_factory=list)
     unrecorded: list[Unrecorded] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)  # addresses of the pool's live IPAddresses (canonical, unique)
+    shared: dict[str, list[Sharer]] = field(default_factory=dict)  # canonical address → the claims naming it
 
 
 def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
@@ -72,16 +91,47 @@ def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, sc
             continue
         if leak_suspected(holding, text, live, scope):
             result.suspected.append(holding)
+    result.shared = shared_addresses(addresses, holdings, live)
     in_use: set[str] = set()
     for address, text in addresses:
         if deleting(address):
             continue
         in_use.add(text)
+        if text in result.shared:
+            continue
         claim = restorable_claim(address, live, scope)
         if claim is not None and (text, claim["metadata"].get("uid")) not in held:
             result.unrecorded.append(Unrecorded(address, claim))
     result.in_use = sorted(in_use)
     return result
+
+
+def shared_addresses(
+    addresses: Sequence[tuple[Object, str]], holdings: Sequence[Holding], live: LiveState
+) -> dict[str, list[Sharer]]:
+    """The addresses (canonical) that more than one distinct live claim names (see the module's contract)."""
+    naming: dict[str, dict[str, Sharer]] = {}
+    for address, text in addresses:
+        claim = live.claims.get(claim_of_address(address))
+        owner = owner_claim_uid(address)
+        if deleting(address) or claim is None or (owner and owner != claim["metadata"].get("uid")):
+            continue
+        naming.setdefault(text, {}).setdefault(str(claim["metadata"].get("uid")), Sharer(claim, address))
+    for holding in holdings:
+        namespace, _, name = holding.claim.partition("/")
+        claim = live.claims.get((namespace, name)) if holding.claim_uid else None
+        if (
+            claim is None
+            or claim["metadata"].get("uid") != holding.claim_uid
+            or live.claim_addresses((namespace, name))
+        ):
+            continue
+        naming.setdefault(canonical(holding.address), {}).setdefault(holding.claim_uid, Sharer(claim))
+    return {
+        text: sorted(sharers.values(), key=lambda sharer: sharer.claim_name)
+        for text, sharers in naming.items()
+        if len(sharers) > 1
+    }
 
 
 def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -> bool:

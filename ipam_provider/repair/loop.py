@@ -9,9 +9,9 @@ Contract:
   each pool is compared and repaired (`pool.py`). Reading the API server after the backend means that an
   allocation completing meanwhile shows its IPAddress, so it is never taken for a leak.
 - Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
-- A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception is logged
-  with its traceback and skips the pool too (or, when the API server cannot be read, the backend's pass). Neither
-  stops the loop. Each backend's pass is counted by
+- A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception, in the
+  pool's listing or its repair, is logged with its traceback and skips the pool too (when the API server cannot be
+  read, the backend's pass). Neither stops the loop nor the backend's other pools. Each backend's pass is counted by
   result (`ipam_provider_repair_passes_total`) and timed.
 - When releasing is on, the backend's `sweep_orphaned(grace)` (if it has one) runs once per pass.
 """
@@ -96,6 +96,7 @@ class RepairLoop:
     async def run_pass(self) -> None:
         """One pass over every backend that offers the repair capability. Never raises but for cancellation."""
         self.passes += 1
+        self.pools.pacer = self.pacer
         backends = self._backend_passes()
         self.pools.forget_others({target.ref for one in backends for target in one.targets})
         for one in backends:
@@ -136,8 +137,11 @@ class RepairLoop:
             try:
                 listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
             except BackendError as error:
-                result = metrics.BACKEND_ERROR
+                result = metrics.BACKEND_ERROR if result == metrics.OK else result
                 _skipped(target, "listing", error)
+            except Exception:  # e.g. the pool's Secret could not be read: the backend's other pools go on
+                result = metrics.ERROR
+                log.exception("pool listing failed; trying again on the next pass", pool=str(target.ref))
         live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
         for target, holdings in listed:
             try:

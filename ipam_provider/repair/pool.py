@@ -12,12 +12,20 @@ Contract (the comparison itself is `compare.py`'s):
 - An unrecorded IPAddress whose claim is neither queued nor being reconciled, and which fresh GETs show unchanged,
   is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool and
   `ipam_provider_repair_restored_total`; TAKEN a duplicate (a `DuplicateAddress` Warning on the claim and the
-  pool when it is new); OUTSIDE an address outside the pool.
+  pool when it is new); OUTSIDE an address outside the pool. A BackendError of one restore is logged, gives a
+  `RepairRestoreFailed` Warning on the claim once per change of its message, and the pass goes on with the other
+  items. An unrecorded IPAddress that is not restored this pass (busy, changed, paused, failed) keeps what the
+  previous pass found of it.
+- An address named by two live claims or more (`compare.py`) is a duplicate: a `DuplicateAddress` Warning on each
+  claim and on the pool when new.
+- Every request a release or a restore makes (the fresh GETs, the backend call, a finalizer's PATCH) waits for
+  the pacer first, so that a pass with many of them does not burst.
 - `outside_pool` answers are reported with one `AddressOutsidePool` Warning on the pool each time the set of
   such addresses changes (and is not empty).
 - The pool's `AddressesRecorded` condition (False/`DuplicateAddress` naming each duplicate IPAddress and its
   holder, else True/`Recorded`) goes to `ReconcileContext.repair_conditions`; the pool is enqueued when it
-  changes, and the pool reconciler writes it.
+  changes, and the pool reconciler writes it. With a watch filter it is not written at all: controllers sharded
+  by `--watch-filter` each see only their own claims, and would overwrite each other's view of the pool.
 - A deleting IPAddress that carries our ProtectAddress finalizer while its claim is gone (force-deleted) loses
   that finalizer when releasing is on, so that it can go; its holding then takes the leak path.
 """
@@ -34,8 +42,8 @@ from pydantic import ValidationError
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import Backend, PoolRef, ReportCondition
-from ipam_provider.backend.repair import Holding, Repairable, RestoreOutcome
+from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
+from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
@@ -44,8 +52,9 @@ from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.repair.book import SuspectedLeaks
-from ipam_provider.repair.compare import Unrecorded, compare_pool
+from ipam_provider.repair.compare import Sharer, Unrecorded, compare_pool
 from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
+from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.repair.settings import RepairSettings
 from ipam_provider.telemetry import repair as metrics
 from ipam_provider.telemetry.pools import PoolLabels
@@ -59,6 +68,11 @@ REASON_SUSPECTED_LEAK = "RepairSuspectedLeak"
 REASON_RELEASED_LEAK = "RepairReleasedLeak"
 REASON_RESTORED = "RepairRestoredAllocation"
 REASON_OUTSIDE = "AddressOutsidePool"
+REASON_RESTORE_FAILED = "RepairRestoreFailed"
+RECORDED_MESSAGE = (
+    "no live IPAddress of the pool was found held in the backend by another claim or record, or sharing its "
+    "address with another claim"
+)
 LISTED_AT_MOST = 5  # addresses named in one message
 
 
@@ -75,11 +89,13 @@ class PoolTarget:
 
 @dataclass
 class PoolFindings:
-    """What the last completed pass of a pool found: duplicates (IPAddress `namespace/name` → who else holds its
-    address) and addresses outside the pool (address → why)."""
+    """What the last completed pass of a pool found: duplicates (`IPAddress namespace/name`, or `claim
+    namespace/name` for a claim without an IPAddress → who else holds or names its address), addresses outside the
+    pool (canonical address → why), and failed restores (IPAddress `namespace/name` → the Event's message)."""
 
     duplicates: dict[str, str] = field(default_factory=dict)
     outside: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -92,6 +108,7 @@ class PoolRepairs:
     book: SuspectedLeaks = field(default_factory=SuspectedLeaks)
     findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
     labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
+    pacer: Pacer = field(default_factory=CountingPacer)  # the loop's, set before each pass
 
     @property
     def releasing(self) -> bool:
@@ -124,6 +141,8 @@ class PoolRepairs:
         found = PoolFindings()
         outside = await target.repairer.outside_pool(target.ref, target.raw, comparison.in_use)
         found.outside.update(outside)
+        for text, sharers in sorted(comparison.shared.items()):
+            self._shared(target, text, sharers, previous, found)
         for item in comparison.unrecorded:
             await self._restore(target, item, previous, found)
         self._report(target, previous, found)
@@ -165,6 +184,7 @@ class PoolRepairs:
             log.info("suspected leak accounted for by a fresh read", pool=str(target.ref), handle=holding.handle)
             self.book.forget(target.ref, holding)
             return
+        await self.pacer.wait()
         async with self.ctx.backend_turn(target.backend, target.ref):
             released = await target.repairer.release_holding(target.ref, target.raw, holding)
         self.book.forget(target.ref, holding)
@@ -183,7 +203,9 @@ class PoolRepairs:
         """Fresh GETs of the holding's claim and of the IPAddress of the claim's name: whether the holding is still
         a leak (its claim gone, or live with an IPAddress of another address)."""
         namespace, _, name = holding.claim.partition("/")
+        await self.pacer.wait()
         claim = await self.ctx.kube.get(CLAIMS, name, namespace)
+        await self.pacer.wait()
         address = await self.ctx.kube.get(ADDRESSES, name, namespace)
         claim_lives = claim is not None and claim["metadata"].get("uid") == holding.claim_uid
         if address is None:
@@ -206,6 +228,7 @@ class PoolRepairs:
                 continue
             remaining = [f for f in finalizers if f != FINALIZER_PROTECT_ADDRESS]
             patch = {"metadata": {"finalizers": remaining, "resourceVersion": meta["resourceVersion"]}}
+            await self.pacer.wait()
             try:
                 await self.ctx.kube.patch(ADDRESSES, meta["name"], patch, meta["namespace"])
             except ApiError as error:
@@ -219,8 +242,7 @@ class PoolRepairs:
     async def _restore(self, target: PoolTarget, item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
         claim_meta = item.claim["metadata"]
         if self.busy(ClaimKey(claim_meta["namespace"], claim_meta["name"])) or not await self._unchanged(item):
-            if item.name in previous.duplicates:  # looked at again on the next pass
-                found.duplicates[item.name] = previous.duplicates[item.name]
+            _keep_previous(item, previous, found)  # looked at again on the next pass
             return
         try:
             claim = IPAddressClaim.model_validate(item.claim)
@@ -229,11 +251,15 @@ class PoolRepairs:
             log.warning("IPAddress or claim does not parse; not restored", address=item.name, error=str(error))
             return
         if self._cluster_paused(claim):  # no allocation for a paused Cluster's claim, as on the claim's own path
-            if item.name in previous.duplicates:
-                found.duplicates[item.name] = previous.duplicates[item.name]
+            _keep_previous(item, previous, found)
             return
-        async with self.ctx.backend_turn(target.backend, target.ref):
-            answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
+        await self.pacer.wait()
+        try:
+            async with self.ctx.backend_turn(target.backend, target.ref):
+                answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
+        except BackendError as error:
+            self._restore_failed(target, item, error, previous, found)
+            return
         text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
         if answer.outcome == RestoreOutcome.RECORDED:
             metrics.count_restored(target.labels)
@@ -243,8 +269,9 @@ class PoolRepairs:
             self.ctx.recorder.record(target.raw, NORMAL, REASON_RESTORED, message)
         elif answer.outcome == RestoreOutcome.TAKEN:
             holder = answer.detail or "another holder"
-            found.duplicates[item.name] = f"{allocation.address} held by {holder}"
-            if previous.duplicates.get(item.name) != found.duplicates[item.name]:
+            subject = f"IPAddress {item.name}"
+            found.duplicates[subject] = f"{allocation.address} held by {holder}"
+            if previous.duplicates.get(subject) != found.duplicates[subject]:
                 log.warning("duplicate address", pool=str(target.ref), address=item.name, holder=holder)
                 message = (
                     f"{text} is held in {target.ref} by {holder}: the address is in use twice; it is not handed out "
@@ -253,7 +280,49 @@ class PoolRepairs:
                 self.ctx.recorder.record(item.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
                 self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
         elif answer.outcome == RestoreOutcome.OUTSIDE:
-            found.outside[allocation.address] = answer.detail or "not an address of the pool"
+            found.outside[address_text(item.address)] = answer.detail or "not an address of the pool"
+
+    def _restore_failed(
+        self, target: PoolTarget, item: Unrecorded, error: BackendError, previous: PoolFindings, found: PoolFindings
+    ) -> None:
+        """One restore could not be made now: keep what was found of the IPAddress, say so once per change."""
+        _keep_previous(item, previous, found)
+        ip = address_text(item.address)
+        message = (
+            f"{ip} of IPAddress {item.name} is not held in {target.ref} and could not be recorded again: "
+            f"{error.message}; the repair loop tries again on its next pass"
+        )
+        found.failures[item.name] = message
+        log.warning("restore failed", pool=str(target.ref), address=item.name, reason=error.reason, error=error.message)
+        if previous.failures.get(item.name) != message:
+            self.ctx.recorder.record(item.claim, WARNING, REASON_RESTORE_FAILED, message, related=target.raw)
+
+    def _shared(
+        self, target: PoolTarget, text: str, sharers: list[Sharer], previous: PoolFindings, found: PoolFindings
+    ) -> None:
+        """An address named by two live claims or more: a duplicate of each, Warnings when new."""
+        subjects = []
+        for sharer in sharers:
+            subject = f"IPAddress {_name(sharer.address)}" if sharer.address else f"claim {sharer.claim_name}"
+            others = ", ".join(f"claim {other.claim_name}" for other in sharers if other is not sharer)
+            found.duplicates[subject] = f"{text} also named by {others}"
+            subjects.append(subject)
+        changed = [
+            sharer
+            for sharer, subject in zip(sharers, subjects, strict=True)
+            if previous.duplicates.get(subject) != found.duplicates[subject]
+        ]
+        if not changed:
+            return
+        named = ", ".join(subjects)
+        log.warning("address named by several claims", pool=str(target.ref), ip=text, named_by=named)
+        message = (
+            f"{text} in {target.ref} is named by {len(sharers)} claims ({named}): the address is in use twice; it is "
+            "not handed out again. Delete the claims that must get another address"
+        )
+        for sharer in changed:
+            self.ctx.recorder.record(sharer.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
+        self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
 
     def _cluster_paused(self, claim: IPAddressClaim) -> bool:
         """Whether the claim's Cluster, as the watch cache has it, is paused."""
@@ -267,7 +336,9 @@ class PoolRepairs:
     async def _unchanged(self, item: Unrecorded) -> bool:
         """Fresh GETs: the IPAddress and its claim are still as listed (neither gone, replaced nor deleting)."""
         meta, claim_meta = item.address["metadata"], item.claim["metadata"]
+        await self.pacer.wait()
         address = await self.ctx.kube.get(ADDRESSES, meta["name"], meta["namespace"])
+        await self.pacer.wait()
         claim = await self.ctx.kube.get(CLAIMS, claim_meta["name"], claim_meta["namespace"])
         if address is None or claim is None or deleting(address) or deleting(claim):
             return False
@@ -284,16 +355,29 @@ class PoolRepairs:
             message += f" and {more} more" if more > 0 else ""
             self.ctx.recorder.record(target.raw, WARNING, REASON_OUTSIDE, message)
         if found.duplicates:
-            listed = "; ".join(f"IPAddress {n}: {d}" for n, d in sorted(found.duplicates.items())[:LISTED_AT_MOST])
+            listed = "; ".join(f"{n}: {d}" for n, d in sorted(found.duplicates.items())[:LISTED_AT_MOST])
             more = len(found.duplicates) - LISTED_AT_MOST
             message = f"addresses in use twice: {listed}" + (f"; and {more} more" if more > 0 else "")
             condition = ReportCondition(ADDRESSES_RECORDED, False, REASON_DUPLICATE, message)
         else:
-            message = "every live IPAddress's address is held in the backend for its claim"
-            condition = ReportCondition(ADDRESSES_RECORDED, True, REASON_RECORDED, message)
+            condition = ReportCondition(ADDRESSES_RECORDED, True, REASON_RECORDED, RECORDED_MESSAGE)
+        if self.scope.watch_filter is not None:
+            return  # each shard sees only its own claims: the condition is left as it is (see the module's contract)
         if self.ctx.repair_conditions.get(target.ref) != condition:
             self.ctx.repair_conditions[target.ref] = condition
             self.ctx.pool_changed(target.ref)
+
+
+def _keep_previous(item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
+    """Carry what the previous pass found of an unrecorded IPAddress not looked at this pass into this one's."""
+    subject = f"IPAddress {item.name}"
+    if subject in previous.duplicates:
+        found.duplicates[subject] = previous.duplicates[subject]
+    if item.name in previous.failures:
+        found.failures[item.name] = previous.failures[item.name]
+    ip = address_text(item.address)
+    if ip in previous.outside:
+        found.outside.setdefault(ip, previous.outside[ip])
 
 
 def _claim_key(holding: Holding) -> ClaimKey:

@@ -30,6 +30,7 @@ from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
 from tests.core.fake_backend import GLOBAL_FAKE_POOL, GROUP, HANDLE
+from tests.core.fake_repair import RepairableFakeBackend
 from tests.core.world import (
     NS,
     POOLS,
@@ -38,6 +39,7 @@ from tests.core.world import (
     address,
     claim,
     cluster,
+    make_world,
     pool,
     ready_of,
     ready_state,
@@ -375,7 +377,8 @@ async def test_release_waits_while_another_finalizer_keeps_the_ipaddress(world: 
     assert world.kube.stored(CLAIMS, "m1", NS) is None
 
 
-async def test_a_release_that_can_never_succeed_lets_the_claim_go_with_a_warning(world: World) -> None:
+async def test_a_release_that_can_never_succeed_lets_the_claim_go_with_a_warning() -> None:
+    world = make_world(RepairableFakeBackend())
     await fulfilled(world)
     await delete_claim(world)
     world.backend.fail("release", ReleaseImpossibleError("the pool and its credentials are gone"))
@@ -390,7 +393,8 @@ async def test_a_release_that_can_never_succeed_lets_the_claim_go_with_a_warning
     )
 
 
-async def test_a_release_that_can_never_succeed_says_when_the_repair_loop_does_not_release(world: World) -> None:
+async def test_a_release_that_can_never_succeed_says_when_the_repair_loop_does_not_release() -> None:
+    world = make_world(RepairableFakeBackend())
     world.ctx.repair_releases = False  # --repair-interval=0 or --repair-report-only
     await fulfilled(world)
     await delete_claim(world)
@@ -400,6 +404,36 @@ async def test_a_release_that_can_never_succeed_says_when_the_repair_loop_does_n
     assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
     message = world.kube.stored_all(EVENTS, NS)[-1]["message"]
     assert message.startswith("the pool and its credentials are gone; ") and "--repair-report-only" in message
+
+
+async def test_a_release_that_can_never_succeed_says_by_hand_without_a_repairable_backend(world: World) -> None:
+    await fulfilled(world)
+    await delete_claim(world)
+    world.backend.fail("release", ReleaseImpossibleError("the pool and its credentials are gone"))
+
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
+    message = world.kube.stored_all(EVENTS, NS)[-1]["message"]
+    assert "repair loop releases" not in message and message.endswith("release the address in the backend by hand")
+
+
+@pytest.mark.parametrize("sweeps", [True, False], ids=["sweeps-gone-pools", "no-sweep"])
+async def test_a_release_impossible_after_the_pool_went_relies_on_the_loop_only_with_a_sweep(sweeps: bool) -> None:
+    backend = RepairableFakeBackend()
+    if not sweeps:
+        setattr(backend, "sweep_orphaned", None)  # noqa: B010  (a repairable backend without the optional sweep)
+    world = make_world(backend)
+    await fulfilled(world)
+    await delete_claim(world)
+    assert await world.kube.delete(POOLS, "net", NS)
+    world.sync()
+    backend.fail("release", ReleaseImpossibleError("the pool and its credentials are gone"))
+
+    assert await world.claims.reconcile(NS, "m1") is None
+    assert (await world.events())[-1] == ("Warning", "ReleaseFailed", "IPAddressClaim", "m1")
+    message = world.kube.stored_all(EVENTS, NS)[-1]["message"]
+    assert ("the repair loop releases the address" in message) is sweeps
+    assert message.endswith("release the address in the backend by hand") is not sweeps
 
 
 @pytest.mark.parametrize(

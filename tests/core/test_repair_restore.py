@@ -11,6 +11,7 @@ from ipam_provider.backend.contract import PoolRef
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.repair.live import Scope
+from ipam_provider.repair.pool import RECORDED_MESSAGE
 from tests.core.repair_world import RepairWorld, make_repair_world, sample
 from tests.core.world import NS, POOLS, Object, address, claim, cluster
 
@@ -64,11 +65,7 @@ async def test_an_address_deleted_in_the_backend_is_recorded_again_for_its_claim
     events = await rw.world.events()
     assert ("Normal", "RepairRestoredAllocation", "IPAddressClaim", "m1") in events
     assert ("Normal", "RepairRestoredAllocation", "FakeIPPool", "net") in events
-    assert await recorded_condition(rw) == (
-        "True",
-        "Recorded",
-        "every live IPAddress's address is held in the backend for its claim",
-    )
+    assert await recorded_condition(rw) == ("True", "Recorded", RECORDED_MESSAGE)
     assert rw.ref in rw.world.pool_changes, "the pool is looked at again to write the condition"
 
     await rw.run_pass(advance=1.0)

@@ -231,6 +231,7 @@ async def test_pools_of_a_uniqueness_domain_never_touch_each_others_reservations
 async def test_reservations_of_deleted_pools_are_swept_unless_an_ipaddress_names_them(
     kube: KubeClient, namespace: str, backend: InClusterBackend
 ) -> None:
+    backend.orphan_sweep_every = 0.0  # every call sweeps
     sweep = orphan_sweeper_of(backend)
     assert sweep is not None
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-away")
@@ -308,3 +309,23 @@ async def test_a_restore_reads_the_address_in_any_text_form(
     assert got.address == "fd00:120::10"
     assert (await repairer(backend).restore(ref, obj, claim, long_form)).outcome is RestoreOutcome.HELD
     assert (await holdings_of(backend, ref, obj)).keys() == {"fd00:120::10"}
+
+
+async def test_the_sweep_of_deleted_pools_runs_at_most_once_per_ten_minutes(
+    kube: KubeClient, namespace: str, backend: InClusterBackend
+) -> None:
+    now = [1000.0]
+    backend.orphan_sweep_clock = lambda: now[0]
+    sweep = orphan_sweeper_of(backend)
+    assert sweep is not None
+    await sweep(0.0)  # the first call sweeps
+    gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "gone-later")
+    await backend.reservations.create(gone, "10.120.11.5", 24, None, namespace, "ghost", "uid-ghost")
+
+    now[0] += 599.0
+    assert await sweep(0.0) == 0
+    assert await stored(kube, gone, "10.120.11.5") is not None, "not swept again within ten minutes"
+
+    now[0] += 2.0
+    assert await sweep(0.0) >= 1
+    assert await stored(kube, gone, "10.120.11.5") is None

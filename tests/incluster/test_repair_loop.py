@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.incluster.backend import IN_CLUSTER_POOL
+from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.reservations import (
     LABEL_POOL,
     RESERVATIONS,
@@ -173,7 +173,10 @@ async def test_reservations_of_a_deleted_pool_go_unless_an_ipaddress_names_them(
         },
     }
     await kube.create(ADDRESSES, body, namespace)
-    async with controller_factory(namespaces=[namespace], repair=REPAIR):
+    async with controller_factory(namespaces=[namespace], repair=REPAIR) as controller:
+        for backend in controller.registry.backends:  # every pass sweeps (else once per ten minutes)
+            if isinstance(backend, InClusterBackend):
+                backend.orphan_sweep_every = 0.0
 
         async def orphan_removed() -> bool:
             return await reservation_of(kube, gone, "10.122.3.5") is None

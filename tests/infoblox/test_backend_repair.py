@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from backends.infoblox.backend import InfobloxBackend
-from backends.infoblox.spec import ANNOTATION_HOSTNAME
+from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_REF
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
 from ipam_provider.kube.client import KubeClient
@@ -171,6 +171,27 @@ async def test_a_host_record_is_restored_with_its_name(backend: InfobloxBackend,
     assert again["name"] == "web-1.nodes.example.com" and again["ipv4addrs"][0]["ipv4addr"] == allocation.address
 
 
+async def test_a_release_finds_an_object_recorded_again_as_another_type(
+    backend: InfobloxBackend, namespace: str, grid: Grid
+) -> None:
+    """The IPAddress's ref annotation names a fixed address (written before the pool became a hostRecord pool); the
+    repair loop recorded the address again as a host record: the claim's release still deletes it."""
+    grid.sim.state.add_zone("nodes.example.com")
+    host = {"dnsZone": "nodes.example.com", "hostnameSource": "claimName"}
+    ref, pool = await pool_of(grid, "moded", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord=host)
+    await backend.allocate(ref, pool, claim_of(namespace, "warm-up"))
+    claim = claim_of(namespace, "web-2")
+    old = Allocation(
+        "10.10.0.44", 24, None, {ANNOTATION_REF: "fixedaddress/ZG5zLmZpeGVkX2FkZHJlc3Mk:10.10.0.44/default"}
+    )
+    assert (await backend.restore(ref, pool, claim, old)).outcome is RestoreOutcome.RECORDED
+    assert len(grid.objects_of(claim.uid, "record:host")) == 1
+
+    await backend.release(ref, pool, claim, old)
+
+    assert grid.objects_of(claim.uid, "record:host") == [] and grid.objects_of(claim.uid) == []
+
+
 async def test_an_address_taken_by_another_object_is_reported_and_never_handed_out(
     backend: InfobloxBackend, namespace: str, grid: Grid
 ) -> None:
@@ -222,6 +243,8 @@ async def test_two_claims_restored_at_one_address_never_both_hold_it(
     taken = answers[1] if winner is first else answers[0]
     assert taken.detail.startswith(f"claim {namespace}/{winner.name} (")
     assert len(grid.objects_of(winner.uid, obj_type)) == 1 and grid.objects_of(loser.uid, obj_type) == []
+    parsed, connection = await backend.pool_connection(ref, pool)
+    assert backend.allocator.quick(parsed, connection, loser, both) is None, "the index forgot the deleted object"
 
 
 async def test_a_moved_claim_takes_its_object_over(backend: InfobloxBackend, namespace: str, grid: Grid) -> None:
