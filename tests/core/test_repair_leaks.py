@@ -229,3 +229,19 @@ async def test_a_pool_that_goes_loses_its_suspects_condition_and_series() -> Non
     assert rw.ref not in rw.world.ctx.repair_conditions
     assert len(rw.loop.pools.book) == 0
     assert ghost.handle in rw.backend.records, "a gone pool's holdings are the orphan sweep's, not the pool pass's"
+
+
+async def test_a_holding_whose_claim_has_an_ipaddress_of_another_pool_at_its_address_is_accounted_for() -> None:
+    # Two pools over the same source: pool "net" lists a holding recorded for claim m1 under an older uid (a
+    # re-key pending after a move or restore), while m1's live IPAddress names pool "other" at that address.
+    rw = make_repair_world(RepairSettings(interval=1.0, grace_period=0.0))
+    rw.world.add(CLAIMS, claim("m1", "other"))
+    rw.world.add(ADDRESSES, address("m1", "m1", "other", "10.0.0.70"))
+    holding = rw.backend.hold(rw.ref, "10.0.0.70", f"{NS}/m1", "uid-before-the-move")
+
+    for _ in range(3):
+        await rw.run_pass(advance=10.0)
+
+    assert holding.handle in rw.backend.records, "the other pool's live address is never released"
+    assert sample(SUSPECTED) == 0
+    assert "RepairSuspectedLeak" not in await rw.reasons()
