@@ -93,7 +93,8 @@ async def sweep_orphans(
                 continue
             if await still_named(kube, reservation, ref):
                 continue
-            await reservations.delete(reservation)
+            if not await reservations.delete(reservation):
+                continue  # gone or changed since it was listed
             deleted += 1
             log.info("reservation of a deleted pool removed", pool=str(ref), address=reservation.address)
     return deleted

@@ -58,7 +58,7 @@ async def release_reservation(
     else:
         deleted = await reservations.delete(reservation)
     index = indexes.get(ref)  # as it is after the write
-    if index is not None:
+    if index is not None and (deleted or changed is not None):  # one that changed meanwhile: its watch tells
         index.drop(reservation)
         if changed is not None:
             index.hold(changed)

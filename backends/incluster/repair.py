@@ -16,8 +16,12 @@ fresh from the API server, never from a pool's index, which is a hint only (see 
 - `restore` makes the claim hold the address its IPAddress names, as adoption does (`adoption.hold_existing`), but
   from a fresh read of the address's reservation: none -> created for the claim (Recorded); the claim's own
   (Held); the pool's own reservation under the claim's namespace/name with another uid, a pin of the claim, or a
-  release record of the pool -> taken over, guarded by its resourceVersion (Recorded); any other -> Taken, naming
-  the holder. It never frees anything: a second reservation of the claim is a leak for the loop to release.
+  release record of the pool -> taken over, guarded by its resourceVersion (Recorded); a release record of another
+  pool of the uniqueness domain (no claim holds the address) -> deleted once its recorded reuse grace period is
+  over, then restored as above; while it runs (or under LeastRecentlyReleased, whose records only their pool
+  reuses), AllocationFailedError naming the pool and the end of the period: the loop reports that restore as
+  failed (a `RepairRestoreFailed` Warning, not a duplicate) and tries again on its next pass; any other -> Taken,
+  naming the holder. It never frees anything: a second reservation of the claim is a leak for the loop to release.
 - `outside_pool` names the addresses the pool would not hand out now, with why (the report's outOfRange).
 - `sweep_orphaned` removes the reservations of pools that are gone (see `orphans`). It lists every reservation, so
   it runs at most once per `orphan_sweep_every` seconds (10 minutes) per process, the first time at the loop's
@@ -39,8 +43,15 @@ from backends.incluster.indexes import PoolIndexes
 from backends.incluster.orphans import sweep_orphans
 from backends.incluster.pool_spec import InClusterPoolSpec
 from backends.incluster.release import ReleaseTerms, release_reservation
-from backends.incluster.released import take_over
-from backends.incluster.reservations import LABEL_POOL, RESERVATIONS, Reservation, ReservationClient, pool_hash
+from backends.incluster.released import released_epoch, take_over
+from backends.incluster.reservations import (
+    LABEL_POOL,
+    RESERVATIONS,
+    Reservation,
+    ReservationClient,
+    age_seconds,
+    pool_hash,
+)
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -194,6 +205,8 @@ class ReservationRepair:
         own = found.pool_label == pool_hash(ref)
         if own and found.claim_uid == claim.uid and not found.released_at:
             return Restore(RestoreOutcome.HELD)
+        if not own and found.released_at:
+            return await self._other_pools_record(found, claim, address)
         if not own or not (found.released_at or found.claim == str(claim)):
             return Restore(RestoreOutcome.TAKEN, holder_text(found))
         taken = await self._take(found, claim, allocation)
@@ -202,6 +215,24 @@ class ReservationRepair:
         self._learn(ref, found, taken)
         log.info("reservation taken over for its IPAddress", pool=str(ref), address=address, claim=str(claim))
         return Restore(RestoreOutcome.RECORDED, f"reservation {taken.name} taken over for claim {claim}")
+
+    async def _other_pools_record(self, found: Reservation, claim: ClaimContext, address: str) -> Restore | None:
+        """A release record of another pool of the domain holds the address for no claim: not a duplicate. Past its
+        recorded reuse grace period any pool of the domain deletes it (then None: look again); else the restore
+        waits for a later pass (AllocationFailedError)."""
+        grace = found.grace_seconds
+        if grace is not None and age_seconds(found.released_at or "") >= grace:
+            await self.reservations.delete(found)
+            return None
+        if grace is None:
+            until = f"{found.pool} reuses it (LeastRecentlyReleased: its records do not expire)"
+        else:
+            end = datetime.datetime.fromtimestamp(released_epoch(found) + grace, datetime.UTC)
+            until = end.strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise AllocationFailedError(
+            f"{address} of IPAddress {claim} is in the reuse grace period of pool {found.pool} until {until} (a "
+            "release record, no claim holds it); it is recorded again on a later repair pass"
+        )
 
     async def _take(self, found: Reservation, claim: ClaimContext, allocation: Allocation) -> Reservation | None:
         """Give the pool's own `found` (a release record, or held under the claim's namespace/name) to the claim,

@@ -24,10 +24,15 @@ Contract:
   an object of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a
   requested address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED;
   an object of ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed
-  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a
-  second object beside ours): TAKEN, naming it. An address no source of the pool could hand out (outside every
-  source, its gateway, a reserved address, a range marked populated): OUTSIDE.
-- `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached.
+  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a second object beside ours): TAKEN,
+  naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
+  address, an ip-range marked populated: the source itself, or one inside a prefix source): OUTSIDE. A created
+  address is listed once more before RECORDED: a second object there by then (another pool's `POST
+  available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by
+  the first restore after the pool's listing (once per pass), from the cache after that, so a restore costs a
+  bounded number of requests (docs/netbox.md).
+- `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached,
+  and those inside a prefix source against the ip-ranges marked populated (one GET per VRF of those prefixes).
 - Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
 """
 
@@ -72,6 +77,8 @@ class NetboxRepair:
 
     def __init__(self, backend: NetboxBackend) -> None:
         self.backend = backend
+        # The pools whose sources a restore resolved afresh since their last listing (one listing per pass).
+        self._resolved_this_pass: set[PoolRef] = set()
 
     @contextlib.asynccontextmanager
     async def _netbox(self, pool_ref: PoolRef, pool: Object, doing: str) -> AsyncIterator[tuple[Pool, NetboxClient]]:
@@ -101,6 +108,7 @@ class NetboxRepair:
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         async with self._netbox(pool_ref, pool, "listing the NetBox addresses of") as (parsed, client):
+            self._resolved_this_pass.discard(parsed.ref)
             resolved = await self._sources(client, parsed, pacer)
             found: dict[int, Holding] = {}
             for vrf_id, sources in _by_vrf(resolved.sources).items():
@@ -152,10 +160,16 @@ class NetboxRepair:
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
         address = normalized_address(allocation.address)
         async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
-            resolved = await self.backend._resolve(client, parsed, fresh=True)
+            # Afresh once per pool and pass (the first restore after the pool's listing), then from the cache.
+            fresh = parsed.ref not in self._resolved_this_pass
+            resolved = await self.backend._resolve(client, parsed, fresh=fresh)
+            self._resolved_this_pass.add(parsed.ref)
             source, why = requested.source_for(resolved, address)
             if source is None:
                 return Restore(RestoreOutcome.OUTSIDE, why or _nowhere(resolved))
+            populated = await requested.populated_range(client, address, source) if source.type == "prefix" else None
+            if populated:
+                return Restore(RestoreOutcome.OUTSIDE, requested.populated_why(populated, source))
             holders = await requested.holders_at(client, address, source)
             outcome = await self._settle(client, parsed, claim, address, holders)
             if outcome is None:
@@ -200,6 +214,14 @@ class NetboxRepair:
             if taken:
                 return Restore(RestoreOutcome.TAKEN, holder_of(taken[0]))
             raise
+        # Once more: another pool over the same prefix may have been handed the address by `POST available-ips`
+        # (which does not check after the fact) since the last listing.
+        holders = await requested.holders_at(client, address, source)
+        others = [o for o in holders if o["id"] != created["id"] and not is_ours(o, claim.uid)]
+        if others:
+            await client.call(f"delete address #{created['id']}", calls.delete_address(int(created["id"])))
+            log.info("restored address taken meanwhile; ours deleted", pool=str(pool.ref), address=address)
+            return Restore(RestoreOutcome.TAKEN, holder_of(others[0]))
         self._verified(pool, claim, created, address)
         return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {created['id']}")
 
@@ -215,6 +237,7 @@ class NetboxRepair:
         except PoolNotReadyError:
             return {}  # the pool cannot be checked now
         result: dict[str, str] = {}
+        inside_prefixes: dict[str, Source] = {}
         for address in addresses:
             try:
                 ipaddress.ip_address(address)
@@ -224,6 +247,31 @@ class NetboxRepair:
             source, why = requested.source_for(resolved, normalized_address(address))
             if source is None:
                 result[address] = why or _nowhere(resolved)
+            elif source.type == "prefix":
+                inside_prefixes[address] = source
+        result.update(await self._in_populated_ranges(pool_ref, pool, inside_prefixes))
+        return result
+
+    async def _in_populated_ranges(
+        self, pool_ref: PoolRef, pool: Object, inside_prefixes: Mapping[str, Source]
+    ) -> dict[str, str]:
+        """The addresses (of prefix sources) inside an ip-range marked populated, each with why: one GET per VRF of
+        those prefixes; {} when NetBox cannot be asked now."""
+        if not inside_prefixes:
+            return {}
+        result: dict[str, str] = {}
+        try:
+            async with self._netbox(pool_ref, pool, "checking the populated ip-ranges of") as (_, client):
+                ranges = {
+                    vrf: await requested.populated_ranges(client, vrf)
+                    for vrf in {source.vrf_id for source in inside_prefixes.values()}
+                }
+        except PoolNotReadyError:
+            return {}
+        for address, source in inside_prefixes.items():
+            populated = requested.range_holding(ranges[source.vrf_id], normalized_address(address))
+            if populated:
+                result[address] = requested.populated_why(populated, source)
         return result
 
 

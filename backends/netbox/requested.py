@@ -95,10 +95,9 @@ async def allocate_requested(
     if source is None:
         raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
     if source.type == "prefix":
-        populated = await _populated_range(client, address, source)
+        populated = await populated_range(client, address, source)
         if populated:
-            why = f"in ip-range {populated} of {source.display}, marked populated: NetBox hands out none of it"
-            raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+            raise AllocationFailedError(requested_address_outside(address, pool.ref, populated_why(populated, source)))
     found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
     mine = [o for o in found if is_ours(o, claim.uid)]
     here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
@@ -125,18 +124,34 @@ async def allocate_requested(
     return allocation
 
 
-async def _populated_range(client: NetboxClient, address: str, source: Source) -> str | None:
+async def populated_range(client: NetboxClient, address: str, source: Source) -> str | None:
     """The ip-range marked populated that holds `address` in the source's VRF ("start-end"), if any: NetBox's
-    available-ips of a prefix skips those addresses, so they are not the pool's to hand out."""
+    available-ips of a prefix skips those addresses, so they are not the pool's to hand out. One GET."""
+    return range_holding(await populated_ranges(client, source.vrf_id), address)
+
+
+async def populated_ranges(client: NetboxClient, vrf_id: int | None) -> list[Object]:
+    """The ip-ranges marked populated in the VRF (None: the global table), with one GET."""
     # Not `contains=`: NetBox compares it with the ranges' masks too, so a bare address misses its range.
-    filters = {"mark_populated": "true", "vrf_id": source.vrf_id if source.vrf_id is not None else "null"}
-    found = await client.call(f"look up ip-ranges at {address}", calls.find("ipam", "ip_ranges", filters, brief=False))
-    value = int(ipaddress.ip_address(address))
-    for obj in found:
+    filters = {"mark_populated": "true", "vrf_id": vrf_id if vrf_id is not None else "null"}
+    found: list[Object] = await client.call(
+        "look up populated ip-ranges", calls.find("ipam", "ip_ranges", filters, brief=False)
+    )
+    return [obj for obj in found if obj.get("mark_populated")]
+
+
+def range_holding(ranges: Sequence[Object], address: str) -> str | None:
+    """The range of `ranges` that holds `address` ("start-end"), if any."""
+    parsed = ipaddress.ip_address(address)
+    for obj in ranges:
         first, last = (ipaddress.ip_interface(str(obj[key])).ip for key in ("start_address", "end_address"))
-        if obj.get("mark_populated") and int(first) <= value <= int(last) and first.version == last.version:
+        if first.version == last.version == parsed.version and int(first) <= int(parsed) <= int(last):
             return f"{first}-{last}"
     return None
+
+
+def populated_why(populated: str, source: Source) -> str:
+    return f"in ip-range {populated} of {source.display}, marked populated: NetBox hands out none of it"
 
 
 async def holders_at(client: NetboxClient, address: str, source: Source) -> list[Object]:

@@ -1,7 +1,10 @@
 """The comparison of one pool's holdings with the live IPAddresses and claims (no I/O).
 
 - A holding (with a claim uid) is accounted for by a live IPAddress that names the pool and its address and
-  names its claim (by `namespace/name`, or by the claim's uid among its owner references).
+  names its claim (by `namespace/name`, or by the claim's uid among its owner references). It is accounted for
+  too by a live IPAddress of its recorded claim `namespace/name` that names its address in any pool, whatever
+  the claim's uid: pools over overlapping sources list each other's holdings, and a holding recorded under an
+  older uid (after a move or a restore) waits for its re-key.
 - An unaccounted holding is a suspected leak when its claim is gone (not found, or found with another uid), or
   when its claim lives with that uid but its IPAddress names another address. It is left alone when its claim
   lives and has no IPAddress yet (an allocation under way), when its claim is not one this controller serves,
@@ -141,6 +144,8 @@ def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -
     if not namespace or not scope.watches(namespace):
         return False
     name = holding.claim.partition("/")[2]
+    if any(address_text(address) == text for address in live.claim_addresses((namespace, name))):
+        return False  # its claim's IPAddress (of any pool) names the address: a re-key may be pending
     claim = live.claims.get((namespace, name))
     if claim is None or claim["metadata"].get("uid") != holding.claim_uid:
         return True  # the claim is gone (or another claim has its name now)

@@ -41,7 +41,6 @@ import structlog
 from pydantic import ValidationError
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
-from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
@@ -201,7 +200,8 @@ class PoolRepairs:
 
     async def _still_unaccounted(self, ref: PoolRef, holding: Holding) -> bool:
         """Fresh GETs of the holding's claim and of the IPAddress of the claim's name: whether the holding is still
-        a leak (its claim gone, or live with an IPAddress of another address)."""
+        a leak (its claim gone, or live with an IPAddress of another address). An IPAddress of the claim's name at
+        the holding's address accounts for it in any pool and whatever the claim's uid, as in `compare.py`."""
         namespace, _, name = holding.claim.partition("/")
         await self.pacer.wait()
         claim = await self.ctx.kube.get(CLAIMS, name, namespace)
@@ -210,8 +210,7 @@ class PoolRepairs:
         claim_lives = claim is not None and claim["metadata"].get("uid") == holding.claim_uid
         if address is None:
             return not claim_lives  # a live claim without an IPAddress is being allocated
-        accounts = names_pool(address, ref) and address_text(address) == normalized_address(holding.address)
-        return not accounts
+        return address_text(address) != normalized_address(holding.address)
 
     async def _let_go_orphaned_addresses(self, target: PoolTarget, live: LiveState) -> None:
         """Remove our finalizer from the pool's deleting IPAddresses whose claim is gone: nothing else would."""

@@ -4,12 +4,14 @@ claim is in the work queue, never while its claim is being allocated, and never 
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import REGISTRY
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.common import Object
+from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.live import Scope
@@ -229,3 +231,42 @@ async def test_a_pool_that_goes_loses_its_suspects_condition_and_series() -> Non
     assert rw.ref not in rw.world.ctx.repair_conditions
     assert len(rw.loop.pools.book) == 0
     assert ghost.handle in rw.backend.records, "a gone pool's holdings are the orphan sweep's, not the pool pass's"
+
+
+async def test_a_holding_whose_claim_has_an_ipaddress_of_another_pool_at_its_address_is_accounted_for() -> None:
+    # Two pools over the same source: pool "net" lists a holding recorded for claim m1 under an older uid (a
+    # re-key pending after a move or restore), while m1's live IPAddress names pool "other" at that address.
+    rw = make_repair_world(RepairSettings(interval=1.0, grace_period=0.0))
+    rw.world.add(CLAIMS, claim("m1", "other"))
+    rw.world.add(ADDRESSES, address("m1", "m1", "other", "10.0.0.70"))
+    holding = rw.backend.hold(rw.ref, "10.0.0.70", f"{NS}/m1", "uid-before-the-move")
+
+    for _ in range(3):
+        await rw.run_pass(advance=10.0)
+
+    assert holding.handle in rw.backend.records, "the other pool's live address is never released"
+    assert sample(SUSPECTED) == 0
+    assert "RepairSuspectedLeak" not in await rw.reasons()
+
+
+async def test_the_fresh_check_before_a_release_accepts_an_ipaddress_of_another_pool_at_the_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The comparison found the holding unaccounted for; by the fresh GETs just before its release, its claim was
+    # moved and its IPAddress names pool "other" at the holding's address (the claim's uid still differs).
+    rw = make_repair_world(RepairSettings(interval=1.0, grace_period=0.0))
+    ghost = rw.ghost(address="10.0.0.71", claim=f"{NS}/m1", uid="uid-before-the-move")
+    await rw.run_pass()
+    real_get = rw.world.kube.get
+
+    async def moved_meanwhile(resource: Resource, name: str, namespace: str | None = None) -> Object | None:
+        if resource == CLAIMS and name == "m1" and rw.world.address("m1") is None:
+            rw.world.add(CLAIMS, claim("m1", "other"))
+            rw.world.add(ADDRESSES, address("m1", "m1", "other", "10.0.0.71"))
+        return await real_get(resource, name, namespace)
+
+    monkeypatch.setattr(rw.world.kube, "get", moved_meanwhile)
+    await rw.run_pass(advance=1.0)
+
+    assert ghost.handle in rw.backend.records, "accounted for by the fresh read: never released"
+    assert "RepairReleasedLeak" not in await rw.reasons()
