@@ -24,8 +24,8 @@ Contract:
   an object of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a
   requested address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED;
   an object of ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed
-  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a second object beside ours): TAKEN,
-  naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
+  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a
+  second object beside ours): TAKEN, naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
   address, an ip-range marked populated: the source itself, or one inside a prefix source): OUTSIDE. A created
   address is listed once more before RECORDED: a second object there by then (another pool's `POST
   available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by
