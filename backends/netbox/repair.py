@@ -20,17 +20,17 @@ Contract:
 - `release_holding` never touches a holding that is not `releasable`. It reads the address fresh by id and deletes
   it only if it still carries our tag, the listed claim UID and claim name and our identity, at the listed
   address; gone (404) or changed: False.
-- `restore` reads NetBox fresh (never the allocator's trusted shortcut) at the address in its source's VRF:
-  an object of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a
-  requested address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED;
-  an object of ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed
-  to the claim and stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a
-  second object beside ours): TAKEN, naming it. An address no source of the pool could hand out (outside every source, its gateway, a reserved
-  address, an ip-range marked populated: the source itself, or one inside a prefix source): OUTSIDE. A created
-  address is listed once more before RECORDED: a second object there by then (another pool's `POST
-  available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by
-  the first restore after the pool's listing (once per pass), from the cache after that, so a restore costs a
-  bounded number of requests (docs/netbox.md).
+- `restore` reads NetBox fresh (never the allocator's trusted shortcut) at the address in its source's VRF: an object
+  of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a requested
+  address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED; an object of
+  ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed to the claim and
+  stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a second object beside
+  ours): TAKEN, naming it. An address no source of the pool could hand out (outside every source, its gateway, a
+  reserved address, an ip-range marked populated: the source itself, or one inside a prefix source): OUTSIDE. A
+  created address is listed once more before RECORDED: a second object there by then (another pool's `POST
+  available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by the
+  first restore after the pool's listing (once per pass), from the cache after that, so a restore costs a bounded
+  number of requests (docs/netbox.md).
 - `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached,
   and those inside a prefix source against the ip-ranges marked populated (one GET per VRF of those prefixes).
 - Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
