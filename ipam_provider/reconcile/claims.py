@@ -52,6 +52,7 @@ from ipam_provider.common import Object
 from ipam_provider.kube.errors import ApiError
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
+from ipam_provider.reconcile.collisions import give_back, holder_of
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
@@ -226,6 +227,9 @@ class ClaimReconciler:
             except BackendError as error:
                 return await self._failed(work, error)
             if address_raw is None:
+                holder = holder_of(self.ctx, work, allocation)
+                if holder is not None:  # the backend lost the holder's record and handed its address out again
+                    return await self._failed(work, await give_back(self.ctx, work, pool, allocation, holder))
                 if not await self._create_address(work, pool, allocation):
                     return 0.0  # look again with the IPAddress that exists
             else:

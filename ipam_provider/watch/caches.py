@@ -1,8 +1,9 @@
 """The informers' stores, with the indexes the event handlers and reconcilers look objects up by.
 
 Indexes: claims by the pool they reference (`POOL`) and by their Cluster (`CLUSTER`, (namespace, name)); IPAddresses
-by the pool they reference (`POOL`). Each store keeps its kind's projection (`ipam_provider/watch/projection.py`):
-claims, IPAddresses and Clusters only the fields the controller reads, pools all but the API server's bookkeeping.
+by the pool they reference (`POOL`) and by pool and canonical address (`POOL_ADDRESS`). Each store keeps its kind's
+projection (`ipam_provider/watch/projection.py`): claims, IPAddresses and Clusters only the fields the controller
+reads, pools all but the API server's bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
-from ipam_provider.common import Object
+from ipam_provider.common import Object, normalized_address
 from ipam_provider.watch.projection import project_address, project_claim, project_cluster
 from ipam_provider.watch.store import Store
 
 POOL = "pool"
+POOL_ADDRESS = "pool-address"  # IPAddresses by (pool, canonical address)
 CLUSTER = "cluster"
 
 
@@ -47,6 +49,13 @@ class Caches:
         self.claims.add_index(POOL, by_pool)
         self.claims.add_index(CLUSTER, _claim_cluster)
         self.addresses.add_index(POOL, by_pool)
+
+        def by_pool_address(obj: Object) -> Iterable[Hashable]:
+            ref = referenced_pool(obj, kind_of)
+            address = (obj.get("spec") or {}).get("address")
+            return [(ref, normalized_address(str(address)))] if ref is not None and address else []
+
+        self.addresses.add_index(POOL_ADDRESS, by_pool_address)
 
     def pool(self, ref: PoolRef) -> Object | None:
         store = self.pools.get((ref.group, ref.kind))
