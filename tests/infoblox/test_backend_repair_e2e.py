@@ -3,7 +3,8 @@ and grace period, infoblox-client and the WAPI simulator. Leaked grid objects (o
 finalizer, and of a claim that vanished before its IPAddress was written) are released; an
 object deleted behind our back is recorded again at the IPAddress's address; an address re-taken by a foreign
 object is reported as a duplicate (Events, the pool's AddressesRecorded condition) and never handed to another
-claim. Each test waits for what only the repair loop does, so each fails with the loop off (`interval=0`)."""
+claim; an address outside a pool that moved elsewhere is reported. Each test waits for what only the repair loop
+does, so each fails with the loop off (`interval=0`)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,17 @@ async def test_an_address_re_taken_by_a_foreign_object_is_a_duplicate_never_hand
         assert [o["_ref"] for o in at(grid, address)] == [foreign], "the foreign object stays; nothing of ours is made"
         await grid.create_claim("node-1", "net")
         assert (await wait_address(kube, namespace, "node-1"))["spec"]["address"] != address
+
+
+async def test_an_address_outside_a_shrunk_pool_is_reported(
+    kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
+) -> None:
+    grid.sim.state.add_network("10.12.0.0/24")
+    await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
+    async with infoblox_controller(repair=REPAIR) as controller:
+        await grid.create_claim("node-0", "net")
+        address = (await wait_address(kube, namespace, "node-0"))["spec"]["address"]
+        # The pool moves to another network: the live IPAddress now names an address outside it.
+        await kube.patch(POOLS, "net", {"spec": {"subnets": [{"cidr": "10.12.0.0/24"}]}}, namespace)
+        text = await wait_event(kube, namespace, controller, "AddressOutsidePool", address)
+        assert "DuplicateAddress" not in text

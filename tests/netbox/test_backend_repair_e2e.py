@@ -2,8 +2,9 @@
 and grace period, and the real NetBox. Leaked NetBox addresses (of a claim force-deleted without its finalizer,
 and one made for a claim that vanished before its IPAddress was written) are released; an address deleted in
 NetBox behind our back is recorded again for its claim; an address re-taken by a foreign object is reported as a
-duplicate (Events, the pool's AddressesRecorded condition) and never handed to another claim. Each test waits for
-what only the repair loop does, so each fails with the loop off (`interval=0`)."""
+duplicate (Events, the pool's AddressesRecorded condition) and never handed to another claim; an address outside a
+pool that moved elsewhere is reported. Each test waits for what only the repair loop does, so each fails with the
+loop off (`interval=0`)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,17 @@ async def test_an_address_re_taken_by_a_foreign_object_is_a_duplicate_never_hand
         assert [r.id for r in at_address] == [foreign.id], "the foreign object stays; nothing of ours is made"
         await kube.create(CLAIMS, nb_claim("node-1", "net"), namespace)
         assert (await wait_address(kube, namespace, "node-1"))["spec"]["address"] != address
+
+
+async def test_an_address_outside_a_shrunk_pool_is_reported(
+    kube: KubeClient, namespace: str, netbox: NetBoxServer, netbox_controller: Any
+) -> None:
+    await start_pool(kube, namespace, netbox, "10.163.0.0/24")
+    netbox.create_prefix("10.164.0.0/24")
+    async with netbox_controller(repair=REPAIR) as controller:
+        await kube.create(CLAIMS, nb_claim("node-0", "net"), namespace)
+        address = (await wait_address(kube, namespace, "node-0"))["spec"]["address"]
+        # The pool moves to another prefix: the live IPAddress now names an address outside it.
+        await kube.patch(NB_POOLS, "net", {"spec": {"sources": [prefix("10.164.0.0/24")]}}, namespace)
+        text = await wait_event(kube, namespace, controller, "AddressOutsidePool", address)
+        assert "DuplicateAddress" not in text
