@@ -10,7 +10,7 @@ in-flight reconciles finish, then stops the repair loop and the watches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,8 @@ from ipam_provider.api.capi import LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import (
     PoolKind,
     PoolRef,
+    pool_observer_of,
     preparer_of,
-    reports_across_pools,
     serves_claims_concurrently,
 )
 from ipam_provider.backend.registry import BackendRegistry
@@ -61,7 +61,7 @@ class Controller:
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
         self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit)
-        self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._linked_kinds)
+        self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._observe_pool)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
         )
@@ -83,13 +83,11 @@ class Controller:
                 return 1
         return None
 
-    def _linked_kinds(self, kind: PoolKind) -> list[PoolKind]:
-        """The kinds whose pools are reported again when a pool of `kind` comes, goes or changes its spec: those of
-        its backend, when its reports depend on each other's pools (`reports_across_pools`)."""
+    def _observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
+        """Hand a pool's change to its backend's observer (`pool_observer_of`); the other pools it may concern."""
         found = self.registry.lookup(kind.group, kind.kind)
-        if found is None or not reports_across_pools(found[0]):
-            return []
-        return list(found[0].kinds)
+        observe = pool_observer_of(found[0]) if found is not None else None
+        return observe(kind, old, new) if observe is not None else ()
 
     def _informers(self) -> list[Informer]:
         namespaces = self.settings.namespaces or None

@@ -19,7 +19,7 @@ AllocationFailed (see `requested`); pre-allocated addresses are never candidates
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import structlog
 from pydantic import ValidationError
@@ -71,7 +71,6 @@ class InClusterBackend(ReservationRepair):
     """Serves InClusterIPPool and GlobalInClusterIPPool; offers the repair capability (see `repair`)."""
 
     concurrent_claims = True
-    cross_pool_reports = True  # a pool's report names the pools overlapping it (see `overlap`)
 
     def __init__(self, context: BackendContext) -> None:
         self.kube = context.kube
@@ -89,6 +88,11 @@ class InClusterBackend(ReservationRepair):
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL)
+
+    def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
+        """A pool's change seen by the watch: the pools overlapping it before or after, whose AddressesOverlap
+        condition and free counts may change with it (see `overlap`)."""
+        return self.survey.observe(kind, old, new)
 
     def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         try:

@@ -4,18 +4,22 @@ Each pool's reservations make its addresses unique within the pool only: two poo
 overlap can give two claims the same address, unless both name the same uniqueness domain (see `domains`).
 
 Contract:
-- `PoolSurvey.overlaps(ref, allocatable, domain)` answers the other cached pools (both kinds, every namespace the
+- `PoolSurvey.observe(kind, old, new)` takes every change of the pool watch (the backend's `observe_pool`) and
+  answers the other pools whose allocatable addresses met the changed pool's, before or after the change: only
+  their reports can change with it.
+- `PoolSurvey.overlaps(ref, allocatable, domain)` answers the other observed pools (both kinds, every namespace the
   controller watches) of the same IP family whose allocatable addresses share some with `allocatable`: how many,
-  the first, and whether the other pool names the same domain. None while the pool caches cannot answer. A pool
+  the first, and whether the other pool names the same domain. None while the pool caches have not synced. A pool
   with an invalid spec hands out nothing and overlaps nothing; a pool being deleted still counts (its IPAddresses
-  hold their addresses until they are gone). Each cached pool is parsed once per uid and generation.
+  hold their addresses until they are gone). Each pool is parsed once per uid and generation.
 - `overlap_condition` is the pool's `AddressesOverlap` condition: True with reason `PoolsOverlap` and a Warning
   Event when a pool outside its domain overlaps it (duplicates are possible); True with reason
   `OverlapWithinUniquenessDomain` and no Event when only pools of its own domain do (they never share an address);
   False with reason `NoOverlap` otherwise, also for a pool whose spec is invalid (`invalid_pool_condition`: it hands
   out nothing). Overlap never makes a pool not Ready.
-- Cost: one intersection per other pool, linear in the two pools' interval counts: O(pools x intervals) per report,
-  O(pools² x intervals) to report every pool after one changes, which is cheap for hundreds of pools.
+- Cost: the pools are indexed by address per IP family (`Coverage`), so a report and a change cost O(log n + k)
+  for n pools and the k segments the pool's addresses meet, plus one intersection per overlapping pool; nothing
+  looks at every pool.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sortedcontainers import SortedDict
+
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.domains import held_elsewhere
-from backends.incluster.intervals import int_to_address
+from backends.incluster.intervals import IntervalSet, int_to_address
 from ipam_provider.backend.contract import PoolKind, PoolRef, ReportCondition
 from ipam_provider.common import Object
 
@@ -49,8 +55,60 @@ class Overlap:
     same_domain: bool
 
 
+class Coverage:
+    """Which pools cover which integers of one IP family: sorted boundaries, each mapped to the pools covering the
+    integers from it up to the next boundary (none past the last one). Adjacent segments covered by the same pools
+    are merged, so the map holds at most two boundaries per interval of the pools it covers."""
+
+    def __init__(self) -> None:
+        self._segments: SortedDict = SortedDict()  # boundary -> frozenset[PoolRef]
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def covering(self, intervals: IntervalSet) -> set[PoolRef]:
+        """The pools covering some integer of `intervals`: O(log n + s) for n boundaries and the s segments met."""
+        found: set[PoolRef] = set()
+        segments = self._segments
+        for first, last in intervals:
+            before = segments.bisect_right(first) - 1
+            start = segments.peekitem(before)[0] if before >= 0 else first
+            for boundary in segments.irange(start, last):
+                found |= segments[boundary]
+        return found
+
+    def add(self, ref: PoolRef, intervals: IntervalSet) -> None:
+        for first, last in intervals:
+            self._split(first)
+            self._split(last + 1)
+            for boundary in list(self._segments.irange(first, last)):
+                self._segments[boundary] = self._segments[boundary] | {ref}
+
+    def remove(self, ref: PoolRef, intervals: IntervalSet) -> None:
+        for first, last in intervals:
+            for boundary in list(self._segments.irange(first, last + 1)):
+                if boundary <= last:
+                    self._segments[boundary] = self._segments[boundary] - {ref}
+                self._merge(boundary)
+
+    def _split(self, at: int) -> None:
+        """Make `at` a boundary, covered by the pools that cover the segment it falls in."""
+        if at not in self._segments:
+            before = self._segments.bisect_right(at) - 1
+            self._segments[at] = self._segments.peekitem(before)[1] if before >= 0 else frozenset()
+
+    def _merge(self, boundary: int) -> None:
+        """Drop `boundary` when its segment is covered as the one before it (or by nothing, when it is first)."""
+        position = self._segments.index(boundary)
+        previous = self._segments.peekitem(position - 1)[1] if position > 0 else frozenset()
+        if self._segments[boundary] == previous:
+            del self._segments[boundary]
+
+
 class PoolSurvey:
-    """The allocatable sets of the cached in-cluster pools, parsed once per pool uid and generation."""
+    """The allocatable sets of the in-cluster pools the controller's pool watch has shown (`observe`), parsed once
+    per pool uid and generation, and indexed per IP family (`Coverage`): the pools overlapping one pool are found
+    in O(log n + k) for n pools and the k segments its addresses meet, never by looking at every pool."""
 
     def __init__(
         self, kinds: Sequence[PoolKind], cached_pools: Callable[[PoolKind], Sequence[Object] | None], parse: PoolParser
@@ -58,38 +116,57 @@ class PoolSurvey:
         self.kinds = kinds
         self.cached_pools = cached_pools
         self.parse = parse
+        self._synced = False
         self._parsed: dict[PoolRef, tuple[tuple[str, int], tuple[AllocatableSet, str | None] | None]] = {}
+        self._coverage: dict[int, Coverage] = {}
+
+    def observe(self, kind: PoolKind, old: Object | None, new: Object | None) -> set[PoolRef]:
+        """Take a pool's change from the watch (`old` None: added; `new` None: deleted); answers the other pools
+        whose allocatable addresses met its own before or after the change (none when its uid and generation are
+        those already known)."""
+        meta = (new or old or {}).get("metadata") or {}
+        ref = kind.ref(meta.get("namespace"), meta.get("name", ""))
+        known = self._parsed.get(ref)
+        before = known[1] if known is not None else None
+        if new is None:
+            self._parsed.pop(ref, None)
+            after = None
+        else:
+            key = (str(meta.get("uid", "")), int(meta.get("generation") or 0))
+            if known is not None and known[0] == key:
+                return set()
+            after = self.parse(new)
+            self._parsed[ref] = (key, after)
+        affected: set[PoolRef] = set()
+        if before is not None:
+            coverage = self._coverage[before[0].family]
+            affected |= coverage.covering(before[0].addresses)
+            coverage.remove(ref, before[0].addresses)
+        if after is not None:
+            coverage = self._coverage.setdefault(after[0].family, Coverage())
+            affected |= coverage.covering(after[0].addresses)
+            coverage.add(ref, after[0].addresses)
+        affected.discard(ref)
+        return affected
 
     def overlaps(self, ref: PoolRef, allocatable: AllocatableSet, domain: str | None) -> list[Overlap] | None:
         """The other pools overlapping `allocatable`, in order of their references (see the module's contract)."""
-        found: list[Overlap] = []
-        seen: set[PoolRef] = set()
-        for kind in self.kinds:
-            pools = self.cached_pools(kind)
-            if pools is None:
+        if not self._synced:
+            self._synced = all(self.cached_pools(kind) is not None for kind in self.kinds)
+            if not self._synced:
                 return None
-            for pool in pools:
-                other = kind.ref(pool["metadata"].get("namespace"), pool["metadata"]["name"])
-                seen.add(other)
-                parsed = self._parse(other, pool)
-                if other == ref or parsed is None or parsed[0].family != allocatable.family:
-                    continue
-                shared = allocatable.addresses.intersection(parsed[0].addresses)
-                first = shared.first()
-                if first is not None:
-                    same = domain is not None and parsed[1] == domain
-                    found.append(Overlap(other, shared.size, int_to_address(first, allocatable.family), same))
-        for gone in self._parsed.keys() - seen:
-            del self._parsed[gone]
+        coverage = self._coverage.get(allocatable.family)
+        found: list[Overlap] = []
+        for other in coverage.covering(allocatable.addresses) if coverage is not None else ():
+            parsed = self._parsed[other][1]
+            if other == ref or parsed is None:
+                continue
+            shared = allocatable.addresses.intersection(parsed[0].addresses)
+            first = shared.first()
+            if first is not None:
+                same = domain is not None and parsed[1] == domain
+                found.append(Overlap(other, shared.size, int_to_address(first, allocatable.family), same))
         return sorted(found, key=lambda overlap: overlap.pool)
-
-    def _parse(self, ref: PoolRef, pool: Object) -> tuple[AllocatableSet, str | None] | None:
-        meta = pool["metadata"]
-        key = (str(meta.get("uid", "")), int(meta.get("generation") or 0))
-        known = self._parsed.get(ref)
-        if known is None or known[0] != key:
-            known = self._parsed[ref] = (key, self.parse(pool))
-        return known[1]
 
 
 def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> ReportCondition:

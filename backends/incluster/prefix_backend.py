@@ -14,7 +14,7 @@ label of its metrics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pydantic import Field, ValidationError
 
@@ -75,6 +75,10 @@ class InClusterPrefixBackend(InClusterBackend):
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return (IN_CLUSTER_PREFIX_POOL, GLOBAL_IN_CLUSTER_PREFIX_POOL)
+
+    def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
+        """A prefix pool's report depends on no other pool."""
+        return ()
 
     def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
         try:

@@ -15,7 +15,7 @@ level-triggered and will call again.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -335,11 +335,20 @@ def serves_claims_concurrently(backend: object) -> bool:
     return getattr(backend, "concurrent_claims", False) is True
 
 
-def reports_across_pools(backend: object) -> bool:
-    """Whether a pool's report depends on the other pools of the backend's kinds (for example to find pools whose
-    addresses overlap): its optional class or instance attribute `cross_pool_reports` is True. The controller then
-    reports every pool of those kinds again when one of them is created, changes its spec, or is deleted."""
-    return getattr(backend, "cross_pool_reports", False) is True
+PoolObserver = Callable[[PoolKind, Object | None, Object | None], Collection[PoolRef]]
+
+
+def pool_observer_of(backend: object) -> PoolObserver | None:
+    """The backend's optional `observe_pool(kind, old, new) -> Collection[PoolRef]`, or None: for a backend whose
+    pool reports depend on its other pools (for example to find pools whose addresses overlap).
+
+    The controller calls it for every change its watch of the backend's pool kinds sees (`old` None: added; `new`
+    None: deleted), those of the initial list included, before any reconcile that follows from it. It answers the
+    other pools whose report the change may alter; the controller reports them again (not for the initial list,
+    whose pools all get a first report anyway). It runs in the watch's event handler: it must be quick, must not
+    block, and should cost what the change touches, not what every pool would."""
+    observe = getattr(backend, "observe_pool", None)
+    return observe if callable(observe) else None
 
 
 @runtime_checkable

@@ -7,8 +7,8 @@
 - A Cluster event enqueues its claims when the Cluster appears, goes, or changes its pause state.
 - A pool event enqueues the pool and its claims, except for a status-only change, which enqueues only the waiting
   claims and only when the pool became usable (turned Ready, or reports free addresses where it reported none).
-  A pool created (after the initial list), deleted, or changing its spec also enqueues, a little later, the other
-  pools of its linked kinds (those whose reports depend on each other, see `reports_across_pools`).
+  Every pool event goes to its backend's observer first (`observe_pool`, see `pool_observer_of`); the other pools
+  it answers are enqueued a little later (not for the initial list, whose pools are all reported anyway).
 
 Claims are sharded by the pool they reference, so that the queue serves pools in turn. A claim enqueued for an
 object of a cache's initial list gets the low priority when it is fulfilled and not being deleted (after a
@@ -17,7 +17,7 @@ restart its reconcile only confirms what exists), so that claims waiting for an 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.api.pools import KindLookup, referenced_pool
@@ -40,12 +40,12 @@ class EventHandlers:
         caches: Caches,
         queue: WorkQueue[QueueKey],
         kind_of: KindLookup,
-        linked_kinds: Callable[[PoolKind], Sequence[PoolKind]] = lambda kind: (),
+        observe_pool: Callable[[PoolKind, Object | None, Object | None], Collection[PoolRef]] = lambda *_: (),
     ) -> None:
         self.caches = caches
         self.queue = queue
         self.kind_of = kind_of
-        self.linked_kinds = linked_kinds
+        self.observe_pool = observe_pool
 
     def enqueue_claim(self, namespace: str, name: str) -> None:
         key = ClaimKey(namespace, name)
@@ -108,8 +108,10 @@ class EventHandlers:
                 return
             ref = kind.ref(obj["metadata"].get("namespace"), obj["metadata"]["name"])
             self.enqueue_pool(ref)
-            if pool_set_changed(type, old, new):
-                self._enqueue_linked_pools(kind, ref)
+            concerned = self.observe_pool(kind, old, new)
+            if not in_initial_list():
+                for other in concerned:
+                    self.pool_changed(other)
             waiting_only = False
             if type == "MODIFIED" and old is not None and new is not None and pool_unchanged_for_claims(old, new):
                 if not pool_became_usable(old, new):
@@ -118,26 +120,6 @@ class EventHandlers:
             self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=waiting_only)
 
         return handle
-
-    def _enqueue_linked_pools(self, kind: PoolKind, changed: PoolRef) -> None:
-        for linked in self.linked_kinds(kind):
-            store = self.caches.pools.get((linked.group, linked.kind))
-            for pool in store.items() if store is not None else ():
-                ref = linked.ref(pool["metadata"].get("namespace"), pool["metadata"]["name"])
-                if ref != changed:
-                    self.pool_changed(ref)
-
-
-def pool_set_changed(type: str, old: Object | None, new: Object | None) -> bool:
-    """Whether a pool event changes what other pools may see of it: a pool created (not one of the initial list,
-    which every pool's first report sees), deleted, or with another spec."""
-    if type == "ADDED":
-        return not in_initial_list()
-    if type == "DELETED":
-        return True
-    if old is None or new is None:
-        return False
-    return bool(old["metadata"].get("generation") != new["metadata"].get("generation"))
 
 
 def fulfilled(claim: Object) -> bool:

@@ -138,15 +138,28 @@ async def test_a_live_change_raises_a_listed_claim(controller: Controller) -> No
     assert await taken_in_order(controller) == ["done", "listed-done"]
 
 
-def other_pools(controller: Controller) -> None:
-    """Another pool of each in-cluster kind in the caches (the in-cluster backend's reports span pools)."""
+def other_pools(controller: Controller, known: dict[str, Any] | None = None) -> None:
+    """As the initial list shows them: another pool of each in-cluster kind over the same addresses (the in-cluster
+    backend's reports span the pools they overlap), a pool of disjoint addresses, and `known`."""
+    listed = []
     for kind in controller.registry.kinds:
-        other = pool()
-        other["kind"] = kind.kind
-        other["metadata"] = {"name": "other", "uid": f"u-{kind.kind}", "generation": 1}
-        if kind.namespaced:
-            other["metadata"]["namespace"] = "ns"
-        controller.caches.pools[(kind.group, kind.kind)].upsert(other)
+        for name, addresses in (("other", "10.0.0.0/29"), ("far", "10.9.0.0/29")):
+            other = pool()
+            other["kind"] = kind.kind
+            other["metadata"] = {"name": name, "uid": f"u-{kind.kind}-{name}", "generation": 1}
+            other["spec"]["addresses"] = [addresses]
+            if kind.namespaced:
+                other["metadata"]["namespace"] = "ns"
+            listed.append((kind, other))
+    if known is not None:
+        listed.append((controller.registry.kinds[0], known))
+    token = informer._INITIAL_LIST.set(True)
+    try:
+        for kind, obj in listed:
+            controller.caches.pools[(kind.group, kind.kind)].upsert(obj)
+            controller.handlers.on_pool(kind)("ADDED", None, obj)
+    finally:
+        informer._INITIAL_LIST.reset(token)
 
 
 async def queued_pools(controller: Controller) -> set[str]:
@@ -171,7 +184,7 @@ async def queued_pools(controller: Controller) -> set[str]:
     ],
     ids=["created", "deleted", "spec-changed", "status-only"],
 )
-async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_of_its_backend(
+async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_it_overlaps(
     controller: Controller,
     monkeypatch: pytest.MonkeyPatch,
     type: str,
@@ -180,7 +193,8 @@ async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_of_it
     others: bool,
 ) -> None:
     monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
-    other_pools(controller)
+    other_pools(controller, old)
+    await queued_pools(controller)  # what the initial list enqueued
     pool_handler(controller)(type, old, new)
     linked = {"InClusterIPPool/ns/other", "GlobalInClusterIPPool/other"} if others else set()
     assert await queued_pools(controller) == {"InClusterIPPool/ns/pool", *linked}
@@ -191,6 +205,7 @@ async def test_pools_of_the_initial_list_do_not_requeue_each_other(
 ) -> None:
     monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
     other_pools(controller)
+    await queued_pools(controller)
     token = informer._INITIAL_LIST.set(True)
     try:
         pool_handler(controller)("ADDED", None, pool())

@@ -67,7 +67,7 @@ def backend_of(
     pools: list[Object] | None = None,
 ) -> InClusterBackend:
     """The backend with the controller's caches: the given IPAddresses per pool (others: none), and the given
-    namespaced pools (None: the pool caches have not synced)."""
+    namespaced pools (None: the pool caches have not synced), which its pool watch has shown it."""
 
     def cached_pools(kind: PoolKind) -> Sequence[Object] | None:
         if pools is None:
@@ -75,9 +75,12 @@ def backend_of(
         return pools if kind == IN_CLUSTER_POOL else []
 
     cached = addresses or {}
-    return InClusterBackend(
+    backend = InClusterBackend(
         BackendContext(kube=kube, cached_addresses=lambda ref: cached.get(ref, []), cached_pools=cached_pools)
     )
+    for obj in pools or ():
+        backend.observe_pool(IN_CLUSTER_POOL, None, obj)
+    return backend
 
 
 def stored_reservations(kube: FakeKube) -> list[Reservation]:
@@ -265,7 +268,9 @@ def test_the_overlap_survey_parses_a_recreated_pool_anew() -> None:
     allocatable = parse_pool(cached[0])[1]
     overlaps = backend.survey.overlaps(A, allocatable, None)
     assert overlaps is not None and [o.pool for o in overlaps] == [B]
-    cached[1] = pool("b", domain=None, uid="b2", generation=1, addresses=["10.9.0.0/29"])
+    recreated = pool("b", domain=None, uid="b2", generation=1, addresses=["10.9.0.0/29"])
+    backend.observe_pool(IN_CLUSTER_POOL, cached[1], recreated)
+    cached[1] = recreated
     assert backend.survey.overlaps(A, allocatable, None) == []
 
 

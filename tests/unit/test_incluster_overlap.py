@@ -7,14 +7,17 @@ import dataclasses
 import datetime
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.domains import held_elsewhere
 from backends.incluster.intervals import IntervalSet, address_to_int
-from backends.incluster.overlap import NAMED_IN_MESSAGE, Overlap, PoolSurvey, overlap_condition
+from backends.incluster.overlap import NAMED_IN_MESSAGE, Coverage, Overlap, PoolSurvey, overlap_condition
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, pool_hash
-from ipam_provider.backend.contract import BackendContext, PoolKind
+from ipam_provider.backend.contract import BackendContext, PoolKind, PoolRef
 from ipam_provider.common import Object
 
 A = IN_CLUSTER_POOL.ref("ns", "a")
@@ -29,7 +32,8 @@ def pool(name: str, addresses: list[str], prefix: int = 24, namespace: str | Non
 
 
 def survey(namespaced: list[Object], global_: list[Object] | None) -> tuple[PoolSurvey, list[int]]:
-    """A survey of the given cached pools (None: the global pool cache has not synced), and its parse count."""
+    """A survey that has observed the given pools, as the pool watch shows them (None: the global pool cache has
+    not synced), and its parse count."""
     backend = InClusterBackend(BackendContext(kube=object()))  # type: ignore[arg-type]  # no request is made
     parses: list[int] = []
 
@@ -40,7 +44,11 @@ def survey(namespaced: list[Object], global_: list[Object] | None) -> tuple[Pool
         parses.append(1)
         return backend.survey.parse(obj)
 
-    return PoolSurvey([IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL], cached, parse), parses
+    found = PoolSurvey([IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL], cached, parse)
+    for kind, objects in ((IN_CLUSTER_POOL, namespaced), (GLOBAL_IN_CLUSTER_POOL, global_ or [])):
+        for obj in objects:
+            found.observe(kind, None, obj)
+    return found, parses
 
 
 def allocatable_of(obj: Object) -> Any:
@@ -147,3 +155,73 @@ def test_held_elsewhere_counts_distinct_addresses_of_the_pool_held_by_others() -
     others = [[ip("10.0.0.2"), ip("10.0.0.3"), ip("10.0.0.50")], None, [ip("10.0.0.3"), ip("10.0.0.4"), ip("fd00::1")]]
     held = held_elsewhere(allocatable, 4, ["10.0.0.4"], others)
     assert held == {address_to_int("10.0.0.2"), address_to_int("10.0.0.3")}, ".4 is the pool's own, .50 outside"
+
+
+SPANS = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), min_size=1, max_size=3)
+STEPS = st.lists(st.tuples(st.integers(0, 5), st.one_of(st.none(), SPANS)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS)
+def test_the_survey_answers_as_looking_at_every_pool_would(
+    steps: list[tuple[int, list[tuple[int, int]] | None]],
+) -> None:
+    """Pools come, change their addresses and go (None); after each change the survey's answers equal a brute force
+    over every pool: which pools the change concerns (those meeting it before or after), and which overlap each
+    pool, with how many addresses and the first."""
+    found, _ = survey([], [])
+    objects: dict[str, Object] = {}
+    for generation, (number, spans) in enumerate(steps, start=1):
+        name = f"p{number}"
+        old = objects.get(name)
+        new = None
+        if spans is not None:
+            entries = [f"10.0.0.{start}-10.0.0.{start + length}" for start, length in spans]
+            new = pool(name, entries, prefix=24)
+            new["metadata"]["generation"] = generation
+        concerned = found.observe(IN_CLUSTER_POOL, old, new)
+        expected = {other for other, obj in objects.items() if other != name and _meet(obj, old, new)}
+        assert {ref.name for ref in concerned} == expected
+        if new is None:
+            objects.pop(name, None)
+        else:
+            objects[name] = new
+        for mine, obj in objects.items():
+            wanted = []
+            for other, theirs in sorted(objects.items()):
+                shared = _addresses(obj) & _addresses(theirs)
+                if other != mine and shared:
+                    wanted.append((other, len(shared), f"10.0.0.{min(shared) - address_to_int('10.0.0.0')}"))
+            got = found.overlaps(IN_CLUSTER_POOL.ref("ns", mine), allocatable_of(obj), None)
+            assert got is not None and [(o.pool.name, o.count, o.first) for o in got] == wanted
+
+
+def _addresses(obj: Object) -> set[int]:
+    return {value for first, last in allocatable_of(obj).addresses for value in range(first, last + 1)}
+
+
+def _meet(obj: Object, *changed: Object | None) -> bool:
+    return any(other is not None and _addresses(obj) & _addresses(other) for other in changed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.one_of(st.none(), SPANS)), max_size=30))
+def test_the_coverage_keeps_two_boundaries_per_interval_at_most(steps: list[tuple[int, Any]]) -> None:
+    """Pools added and removed: `covering` matches a brute force, and the map keeps no boundary it does not need
+    (none once every pool is gone)."""
+    coverage = Coverage()
+    held: dict[PoolRef, IntervalSet] = {}
+    for number, spans in steps:
+        ref = IN_CLUSTER_POOL.ref("ns", f"p{number}")
+        if ref in held:
+            coverage.remove(ref, held.pop(ref))
+        if spans is not None:
+            held[ref] = IntervalSet((start, start + length) for start, length in spans)
+            coverage.add(ref, held[ref])
+        for probe in range(0, 70, 3):
+            expected = {r for r, intervals in held.items() if probe in intervals}
+            assert coverage.covering(IntervalSet([(probe, probe)])) == expected
+        assert len(coverage) <= 2 * sum(intervals.interval_count for intervals in held.values())
+    for ref, intervals in held.items():
+        coverage.remove(ref, intervals)
+    assert len(coverage) == 0
