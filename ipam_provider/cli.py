@@ -173,6 +173,7 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
         "controller starting",
         version=__version__,
         workers=options.workers,
+        sync_period=options.sync_period,
         namespaces=",".join(options.namespaces) or "*",
         leader_elect=election.enabled,
     )
@@ -204,6 +205,7 @@ async def _serve(
         namespaces=options.namespaces,
         watch_filter=options.watch_filter,
         workers=options.workers,
+        sync_period=options.sync_period,
         repair=options.repair,
     )
     controller = view.controller = Controller(kube, registry, settings)

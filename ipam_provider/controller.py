@@ -50,6 +50,7 @@ class ControllerSettings:
     namespaces: list[str] = field(default_factory=list)
     watch_filter: str | None = None
     workers: int = 8
+    sync_period: float = 600.0  # every live pool is reported again this often (see `PoolReconciler`)
     component: str = "capi-ipam-provider-py"
     repair: RepairSettings = field(default_factory=RepairSettings)
 
@@ -66,7 +67,7 @@ class Controller:
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
         )
         self.claims = ClaimReconciler(self.context)
-        self.pools = PoolReconciler(self.context)
+        self.pools = PoolReconciler(self.context, settings.sync_period)
         self.context.repair_releases = settings.repair.enabled and not settings.repair.report_only
         scope = Scope(settings.namespaces, settings.watch_filter)
         self.repair = RepairLoop(self.context, scope, settings.repair, self.queue.busy)

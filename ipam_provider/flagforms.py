@@ -59,12 +59,6 @@ def positive_duration(text: str) -> float:
     return seconds
 
 
-def duration_text(text: str) -> str:
-    """A valid Go duration, kept as written (for a flag that is accepted but not acted on)."""
-    go_duration(text)
-    return text
-
-
 def host_port(address: str) -> tuple[str, int] | None:
     """controller-runtime's bind-address form: ":8080", "127.0.0.1:8080", "[::]:8080", "[::1]:8080", or "0" to
     disable. IPv6 hosts come back without their brackets."""

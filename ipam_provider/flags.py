@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from ipam_provider.flagforms import (
     CLAIM_KIND,
     FlagError,
-    duration_text,
     go_bool,
     host_port,
     positive_duration,
@@ -39,6 +38,7 @@ from ipam_provider.serving.tlsoptions import TlsOptions
 from ipam_provider.version import __version__
 
 DEFAULT_WORKERS = 8
+DEFAULT_SYNC_PERIOD = 600.0  # seconds; Cluster API managers' --sync-period=10m
 
 
 # --- the parser ------------------------------------------------------------------------------------------------
@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="sets --workers unless --workers or --ipaddressclaim-concurrency is given",
     )
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
+    run.add_argument(
+        "--sync-period",
+        type=positive_duration,
+        default=DEFAULT_SYNC_PERIOD,
+        metavar="DURATION",
+        help="every live pool is reported again this often (NetBox and Infoblox pools every minute, since their "
+        "reports read the external system); anything else is reconciled when a watched object changes "
+        f"(default: {DEFAULT_SYNC_PERIOD:g}s)",
+    )
     run.add_argument(
         "--cluster-identity",
         default="",
@@ -180,9 +189,6 @@ def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
         f"Cluster API manager flags that are {NOT_ACTED_ON}",
         "Taken so that a manager's usual command line starts; each one given is named in a warning at start-up.",
     )
-    ignored.add_argument(
-        "--sync-period", type=duration_text, metavar="DURATION", help="the informers do not resync periodically"
-    )
     ignored.add_argument("--profiler-address", metavar="ADDRESS", help="no pprof endpoint")
     ignored.add_argument("--feature-gates", metavar="NAME=BOOL,...", help="there are no feature gates")
     for name in ("--webhook-cert-secret-name", "--webhook-cert-secret-namespace"):
@@ -203,7 +209,6 @@ def _verbosity(text: str) -> int:
 
 # Flags that never change anything here: (attribute, flag).
 _IGNORED = [
-    ("sync_period", "--sync-period"),
     ("profiler_address", "--profiler-address"),
     ("feature_gates", "--feature-gates"),
     ("webhook_cert_secret_name", "--webhook-cert-secret-name"),
@@ -233,6 +238,7 @@ class RunOptions:
     namespaces: list[str]
     watch_filter: str | None
     workers: int
+    sync_period: float
     backends: list[str] | None
     leader_election: LeaderElection
     metrics_address: str  # "0": no metrics endpoint
@@ -273,6 +279,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         namespaces=split_list(args.namespace),
         watch_filter=args.watch_filter,
         workers=workers,
+        sync_period=args.sync_period,
         backends=split_list([args.backends]) if args.backends else None,
         leader_election=_leader_election(args),
         metrics_address=metrics.address,

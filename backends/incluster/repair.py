@@ -5,10 +5,11 @@ A pool's holdings are its own reservations (by its pool label, see `reservations
 those of the domain's other pools, although they share one name space (see `domains`). Everything here is read
 fresh from the API server, never from a pool's index, which is a hint only (see `pool_index`).
 
-- `list_holdings` lists them page by page (PAGE_SIZE, one `pacer.wait()` before each page). A release record and a
-  pin not yet taken (see `released`, `pins`) are listed with claim uid "": they hold the address for no claim, so
-  they are never leaks; the pool's index deletes release records whose reuse grace period is over, and `pins`
-  frees removed pins.
+- `list_holdings` lists them page by page (PAGE_SIZE, one `pacer.wait()` before each page);
+  `list_pools_holdings` lists every reservation with a pool label that way once, for all the pass's pools. A
+  release record and a pin not yet taken (see `released`, `pins`) are listed with claim uid "": they hold the
+  address for no claim, so they are never leaks; the pool's index deletes release records whose reuse grace
+  period is over, and `pins` frees removed pins.
 - `release_holding` releases exactly the listed reservation the way a claim's release does (`release`): back to its
   pin while the spec pre-allocates the address to its claim, a release record when the pool keeps them (a reuse
   grace period, or LeastRecentlyReleased), else deleted; every write is guarded by its resourceVersion (a delete by
@@ -149,6 +150,22 @@ class ReservationRepair:
             ):
                 holdings += (holding_of(Reservation.parse(item)) for item in items)
         return holdings
+
+    async def list_pools_holdings(
+        self, pools: Sequence[tuple[PoolRef, Object]], pacer: Pacer
+    ) -> dict[PoolRef, list[Holding]]:
+        """The pools' own reservations, from one paged LIST of every reservation with a pool label, split by it."""
+        wanted = {pool_hash(ref): ref for ref, _ in pools}
+        found: dict[PoolRef, list[Holding]] = {ref: [] for ref, _ in pools}
+        with _api_server_errors("the reservations"):
+            async for items, _ in self.kube.list_pages(
+                RESERVATIONS, label_selector=LABEL_POOL, limit=PAGE_SIZE, before_page=pacer.wait
+            ):
+                for item in items:
+                    ref = wanted.get(((item.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL, ""))
+                    if ref is not None:
+                        found[ref].append(holding_of(Reservation.parse(item)))
+        return found
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         """Release the listed reservation as a claim's release would; False when it changed or went."""

@@ -63,6 +63,8 @@ log = structlog.get_logger(__name__)
 class NetboxBackend:
     """Serves NetboxIPPool and GlobalNetboxIPPool."""
 
+    report_interval = 60.0  # a pool's report reads NetBox, whose changes no watch shows
+
     def __init__(self, context: BackendContext, settings: NetboxSettings | None = None) -> None:
         self.settings = settings or NetboxSettings()
         self.connections = Connections(context.kube, self.settings.client, self.settings.secret_seconds)

@@ -329,6 +329,15 @@ def admission_reviewer_of(backend: object) -> AdmissionReviewer | None:
     return review if callable(review) else None
 
 
+def report_interval_of(backend: object) -> float | None:
+    """How often each live pool of the backend is reported again: its optional class or instance attribute
+    `report_interval` (seconds), for a backend whose reports follow an external system that no watch shows. A
+    backend without it has its pools reported again only when a watched object changes, and at the controller's
+    sync period (`--sync-period`)."""
+    interval = getattr(backend, "report_interval", None)
+    return float(interval) if isinstance(interval, int | float) and interval > 0 else None
+
+
 def serves_claims_concurrently(backend: object) -> bool:
     """Whether the backend accepts concurrent calls for several claims of one pool: its optional class or
     instance attribute `concurrent_claims` is True. A backend without it gets its calls for a pool one at a time."""

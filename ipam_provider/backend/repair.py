@@ -12,7 +12,9 @@ attributes) with the live IPAddresses and claims, read fresh from the API server
 - a live IPAddress outside its pool is reported (`outside_pool`).
 
 A backend offers the capability by having all three methods; `repairer_of` finds them. A backend may also offer
-`sweep_orphaned(grace_seconds)` (see `orphan_sweeper_of`) for holdings of pools that no longer exist.
+`sweep_orphaned(grace_seconds)` (see `orphan_sweeper_of`) for holdings of pools that no longer exist, and
+`list_pools_holdings(pools, pacer)` (see `pools_lister_of`) when it can list every pool's holdings in fewer
+requests than one listing per pool.
 
 Contract shared by the methods:
 - They read the backend's own record, never a cache that could lag, and call `pacer.wait()` before each request to
@@ -122,6 +124,19 @@ class Repairable(Protocol):
 def repairer_of(backend: object) -> Repairable | None:
     """The backend as a `Repairable`, or None when it does not offer the repair capability."""
     return backend if isinstance(backend, Repairable) else None
+
+
+PoolsLister = Callable[[Sequence[tuple[PoolRef, Object]], Pacer], Awaitable[Mapping[PoolRef, Sequence[Holding]]]]
+
+
+def pools_lister_of(backend: object) -> PoolsLister | None:
+    """The backend's optional `async list_pools_holdings(pools, pacer)`, or None: what `list_holdings` answers for
+    each of `pools` ((reference, object) pairs), read together in one paged listing of the backend's record (one
+    `pacer.wait()` before each page), so that a pass costs requests by holdings, not by pools. A pool missing from
+    the answer holds nothing. Raises BackendError when the record cannot be read: the loop then skips these pools
+    for this pass."""
+    lister = getattr(backend, "list_pools_holdings", None)
+    return lister if callable(lister) else None
 
 
 OrphanSweeper = Callable[[float], Awaitable[int]]

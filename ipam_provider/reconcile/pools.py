@@ -5,13 +5,16 @@ Contract:
   conditions (a Warning Event when one marked `warning` enters its status and reason), and the status fields of the
   report: `ipAddresses{total,free,used[,outOfRange]}` from its counts, and the kind's own fields. When they change,
   the pools the report names as `related` are looked at again soon.
-- A deleted pool keeps the finalizer while any IPAddress references it (read fresh from the API server), with
+- A deleted pool keeps the finalizer while any IPAddress references it (the cache's count while it shows any; read
+  fresh from the API server before the finalizer goes), with
   `Ready=False/Deleting` saying why; the annotation `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` lets
   it go at once, and so does clusterctl move's `clusterctl.cluster.x-k8s.io/delete-for-move` (clusterctl's patch
   replaces the annotations, so the skip-validate annotation a user set is gone by then).
 - A pool clusterctl is moving (delete-for-move) is neither reported nor tidied up by its backend: its copy at the
   target owns its addresses now.
 - A paused pool is left alone.
+- A live pool is reported again after its backend's `report_interval` (see `report_interval_of`), else after the
+  sync period, stretched by up to a tenth at random so that pools created together do not come back together.
 - The repair loop's finding for the pool (`ReconcileContext.repair_conditions`: the `AddressesRecorded`
   condition) is written with the report's conditions.
 - Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.telemetry.pools`) from the report the
@@ -22,6 +25,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import structlog
 from pydantic import ValidationError
@@ -36,7 +40,7 @@ from ipam_provider.api.capi import (
 )
 from ipam_provider.api.meta import Condition, find_condition, set_condition
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition
+from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
 from ipam_provider.common import Object
 from ipam_provider.kube.resources import ADDRESSES, Resource
 from ipam_provider.reconcile.addresses import allocation_of
@@ -50,12 +54,12 @@ log = structlog.get_logger(__name__)
 IN_USE_MESSAGE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
 RETRY_DELETING = 15.0
 RETRY_ALLOCATING = 0.5  # a deleted pool whose claims this process is allocating now: look again soon
-RESYNC = 60.0  # a live pool is looked at again this often, so that its backend can tidy up
 
 
 class PoolReconciler:
-    def __init__(self, context: ReconcileContext) -> None:
+    def __init__(self, context: ReconcileContext, sync_period: float = 600.0) -> None:
         self.ctx = context
+        self.sync_period = sync_period
 
     def addresses_of(self, ref: PoolRef) -> list[Allocation]:
         """The allocations of the cached IPAddresses that name the pool."""
@@ -100,7 +104,7 @@ class PoolReconciler:
             for other in report.related:
                 self.ctx.pool_changed(other)
         self._record(ref, report)
-        return RESYNC
+        return (report_interval_of(backend) or self.sync_period) * (1 + random.random() / 10)
 
     def _labels(self, ref: PoolRef) -> pool_metrics.PoolLabels:
         return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(ref.group, ref.kind), ref)
@@ -135,7 +139,11 @@ class PoolReconciler:
         return None
 
     async def _addresses_in_use(self, ref: PoolRef) -> int:
-        """How many IPAddresses on the API server (not the cache) name the pool."""
+        """How many IPAddresses name the pool: as the cache counts them while it counts any (a lagging cache may
+        still show one that is gone, which only delays the pool's release), else as the API server does."""
+        cached = len(self.ctx.caches.addresses.by_index(POOL, ref))
+        if cached:
+            return cached
         items, _ = await self.ctx.kube.list(ADDRESSES, ref.namespace)
         return sum(1 for item in items if names_pool(item, ref))
 

@@ -3,11 +3,12 @@
 Contract:
 - `run()` makes a first pass soon after it starts (the controller starts it, in the leader only, once its caches
   have synced), then one every `settings.interval` seconds, until cancelled.
-- A pass goes backend by backend, for those that offer the repair capability (`repairer_of`). For each: the
-  holdings of every pool it serves (from the watch cache of pools; paused pools and pools clusterctl is moving
-  are left alone) are listed first, THEN the live IPAddresses and claims are read fresh from the API server, and
-  each pool is compared and repaired (`pool.py`). Reading the API server after the backend means that an
-  allocation completing meanwhile shows its IPAddress, so it is never taken for a leak.
+- A pass takes the backends that offer the repair capability (`repairer_of`). The holdings of every pool they
+  serve (from the watch cache of pools; paused pools and pools clusterctl is moving are left alone) are listed
+  first, in one listing per backend when it offers one (`pools_lister_of`), else pool by pool; THEN the live
+  IPAddresses and claims are read fresh from the API server, once for all backends (not at all when no pool was
+  listed), and each pool is compared and repaired (`pool.py`). Reading the API server after the backends means
+  that an allocation completing meanwhile shows its IPAddress, so it is never taken for a leak.
 - Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
 - A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception, in the
   pool's listing or its repair, is logged with its traceback and skips the pool too (when the API server cannot be
@@ -27,10 +28,17 @@ import structlog
 
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
 from ipam_provider.backend.contract import Backend, BackendError
-from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, repairer_of
+from ipam_provider.backend.repair import (
+    Holding,
+    Pacer,
+    Repairable,
+    orphan_sweeper_of,
+    pools_lister_of,
+    repairer_of,
+)
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.reconcile.context import ReconcileContext
-from ipam_provider.repair.live import Scope, read_live
+from ipam_provider.repair.live import LiveState, Scope, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget
 from ipam_provider.repair.settings import RepairSettings
@@ -40,6 +48,9 @@ from ipam_provider.telemetry.pools import PoolLabels
 log = structlog.get_logger(__name__)
 
 FIRST_PASS_DELAY = 5.0  # the first pass comes this long after the start (or after one interval, if shorter)
+
+
+Listed = list[tuple[PoolTarget, list[Holding]]]  # pools with their holdings, as a pass listed them
 
 
 @dataclass(frozen=True)
@@ -94,20 +105,36 @@ class RepairLoop:
             await asyncio.sleep(self.settings.interval)
 
     async def run_pass(self) -> None:
-        """One pass over every backend that offers the repair capability. Never raises but for cancellation."""
+        """One pass over every backend that offers the repair capability: every backend's holdings, then one fresh
+        read of the API server for all of them, then each backend's pools. Never raises but for cancellation."""
         self.passes += 1
         self.pools.pacer = self.pacer
         backends = self._backend_passes()
         self.pools.forget_others({target.ref for one in backends for target in one.targets})
+        listed: list[tuple[BackendPass, str, Listed, float]] = []
         for one in backends:
             started = time.perf_counter()
-            result = metrics.ERROR
             try:
-                result = await self._backend_pass(one)
+                result, holdings = await self._list(one)
             except Exception:
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
+                result, holdings = metrics.ERROR, []
+            listed.append((one, result, holdings, time.perf_counter() - started))
+        live: LiveState | None = None
+        if any(holdings for _, _, holdings, _ in listed):
+            try:
+                live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
+            except Exception:
+                log.exception("repair pass could not read the API server; trying again on the next")
+        for one, result, holdings, spent in listed:
+            started = time.perf_counter()
+            try:
+                result = await self._backend_pass(one, result, holdings, live)
+            except Exception:
+                result = metrics.ERROR
+                log.exception("repair pass failed; trying again on the next", backend=one.name)
             finally:
-                metrics.count_pass(one.name, result, time.perf_counter() - started)
+                metrics.count_pass(one.name, result, spent + time.perf_counter() - started)
 
     def _backend_passes(self) -> list[BackendPass]:
         """The backends that offer the repair capability, each with the pools it serves now."""
@@ -129,21 +156,13 @@ class RepairLoop:
             passes.append(BackendPass(name, backend, repairer, targets))
         return passes
 
-    async def _backend_pass(self, one: BackendPass) -> str:
-        """Holdings first, then the API server, then each pool; answers the pass's result label."""
-        result = metrics.OK
-        listed: list[tuple[PoolTarget, list[Holding]]] = []
-        for target in one.targets:
-            try:
-                listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
-            except BackendError as error:
-                result = metrics.BACKEND_ERROR if result == metrics.OK else result
-                _skipped(target, "listing", error)
-            except Exception:  # e.g. the pool's Secret could not be read: the backend's other pools go on
-                result = metrics.ERROR
-                log.exception("pool listing failed; trying again on the next pass", pool=str(target.ref))
-        live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
+    async def _backend_pass(self, one: BackendPass, result: str, listed: Listed, live: LiveState | None) -> str:
+        """Each listed pool compared with `live` (none read: the pools are skipped), then the backend's sweep of
+        deleted pools; answers the pass's result label."""
+        if listed and live is None:
+            result, listed = metrics.ERROR, []
         for target, holdings in listed:
+            assert live is not None
             try:
                 await self.pools.repair(target, holdings, live)
             except BackendError as error:
@@ -163,6 +182,30 @@ class RepairLoop:
                 if swept:
                     log.info("holdings of deleted pools released", backend=one.name, released=swept)
         return result
+
+    async def _list(self, one: BackendPass) -> tuple[str, Listed]:
+        """Every pool's holdings, in one listing when the backend offers it (`pools_lister_of`), else pool by pool;
+        the result label so far and what was listed."""
+        lister = pools_lister_of(one.repairer)
+        if lister is not None and one.targets:
+            try:
+                found = await lister([(target.ref, target.raw) for target in one.targets], self.pacer)
+            except BackendError as error:
+                log.warning("repair pass skipped its pools", backend=one.name, reason=error.reason, error=error.message)
+                return metrics.BACKEND_ERROR, []
+            return metrics.OK, [(target, list(found.get(target.ref, ()))) for target in one.targets]
+        result = metrics.OK
+        listed: Listed = []
+        for target in one.targets:
+            try:
+                listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
+            except BackendError as error:
+                result = metrics.BACKEND_ERROR if result == metrics.OK else result
+                _skipped(target, "listing", error)
+            except Exception:  # e.g. the pool's Secret could not be read: the backend's other pools go on
+                result = metrics.ERROR
+                log.exception("pool listing failed; trying again on the next pass", pool=str(target.ref))
+        return result, listed
 
 
 def _skipped(target: PoolTarget, step: str, error: BackendError) -> None:

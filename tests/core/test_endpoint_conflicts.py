@@ -82,7 +82,7 @@ def test_flags_not_acted_on_are_logged_once_at_start_up(tmp_path: Path, busy_por
     done = run_provider(
         tmp_path,
         "--log-format=json",
-        "--sync-period=10m",
+        "--profiler-address=localhost:6060",
         "--diagnostics-address=:8443",
         "--insecure-diagnostics=false",
         "--inclusterippool-concurrency=4",
@@ -93,6 +93,6 @@ def test_flags_not_acted_on_are_logged_once_at_start_up(tmp_path: Path, busy_por
     warnings = [line for line in done.stderr.splitlines() if '"warning"' in line]
     assert len(warnings) == 1, done.stderr
     assert '"flags accepted but not acted on"' in warnings[0]
-    for flag in ("--sync-period=10m", "--diagnostics-address=:8443", "--insecure-diagnostics=false"):
+    for flag in ("--profiler-address=localhost:6060", "--diagnostics-address=:8443", "--insecure-diagnostics=false"):
         assert flag in warnings[0]
     assert "--inclusterippool-concurrency=4" in warnings[0]

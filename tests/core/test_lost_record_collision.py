@@ -35,4 +35,3 @@ async def test_an_address_handed_out_again_is_never_written_for_another_claim() 
     rw.world.sync()
     second = rw.world.address("m2")
     assert second is not None and second["spec"]["address"] != ip
-

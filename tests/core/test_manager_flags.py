@@ -58,7 +58,8 @@ def test_the_operators_command_line() -> None:
     assert (got.metrics_address, got.metrics_flag, got.metrics_secure) == (":8443", "--diagnostics-address", True)
     assert got.workers == 10
     assert (got.log_level, got.log_format) == ("info", "console")
-    assert got.not_acted_on == ("--sync-period=10m",)
+    assert got.not_acted_on == ()
+    assert got.sync_period == 600.0
     # The leader elector is built with those durations: they act, not just parse.
     elector = leader_elector(cast(KubeClient, object()), election)
     assert (elector.namespace, elector.name) == ("capi-ipam-system", "capi-ipam-provider-py")
@@ -348,7 +349,6 @@ def test_aliases_of_the_bind_addresses(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_every_other_manager_flag_is_accepted_and_named() -> None:
     got = options(
-        "--sync-period=10m",
         "--profiler-address=localhost:6060",
         "--feature-gates=ClusterTopology=true",
         "--webhook-cert-secret-name=capi-webhook",
@@ -356,7 +356,6 @@ def test_every_other_manager_flag_is_accepted_and_named() -> None:
         "--tls-curve-preferences=29,23",
     )
     assert [entry.split("=")[0] for entry in got.not_acted_on] == [
-        "--sync-period",
         "--profiler-address",
         "--feature-gates",
         "--webhook-cert-secret-name",
@@ -370,11 +369,18 @@ def test_help_names_the_flags_that_are_not_acted_on(capsys: pytest.CaptureFixtur
         parse_args(["run", "--help"])
     text = capsys.readouterr().out
     _, ignored = text.split("Cluster API manager flags that are accepted, not acted on:")
-    for flag in ("--sync-period", "--profiler-address", "--feature-gates", "--tls-curve-preferences"):
+    for flag in ("--profiler-address", "--feature-gates", "--tls-curve-preferences"):
         assert flag in ignored
+    assert "--sync-period" not in ignored and "--sync-period" in text
     assert "--webhook-cert-secret-name" in ignored and "--webhook-port" not in ignored
     assert "--tls-min-version" not in ignored and "--tls-cipher-suites" not in ignored
     flat = " ".join(text.split())
     assert "--inclusterippool-concurrency) is accepted, not acted on" in flat
     assert "over HTTPS, each request authenticated (TokenReview)" in flat  # --diagnostics-address
     assert "TLS_CHACHA20_POLY1305_SHA256 are accepted but, as in Go, not configurable" in flat
+
+
+def test_the_sync_period(capsys: pytest.CaptureFixture[str]) -> None:
+    assert options().sync_period == 600.0, "Cluster API managers' 10m"
+    assert options("--sync-period=1h30m").sync_period == 5400.0
+    assert "greater than zero" in usage_error(["run", "--sync-period=0s"], capsys)

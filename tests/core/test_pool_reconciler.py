@@ -17,7 +17,7 @@ from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
-from tests.core.world import NS, PAUSED, POOLS, Object, World, address, claim, pool, ready_of, ready_state
+from tests.core.world import NS, PAUSED, POOLS, Object, World, address, claim, pool, ready_of, ready_state, resynced
 
 REF = PoolRef(GROUP, "FakeIPPool", NS, "net")
 DELETING = "2026-01-01T00:00:00Z"
@@ -42,7 +42,7 @@ async def test_a_live_pool_gets_the_finalizer_and_its_status_from_the_report(wor
         counts=AddressCounts(254, used=1, free=253, out_of_range=0),
     )
 
-    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")))
 
     stored = stored_pool(world)
     assert stored["metadata"]["finalizers"] == [FINALIZER_PROTECT_POOL]
@@ -64,7 +64,7 @@ async def test_a_live_pool_gets_the_finalizer_and_its_status_from_the_report(wor
     assert world.ctx.caches.pool(REF) == stored
 
     await world.forget_requests()
-    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")))
     assert world.kube.writes() == [], "an unchanged report writes nothing"
 
 
@@ -72,7 +72,7 @@ async def test_a_report_without_counts_leaves_the_counts_alone(world: World) -> 
     counts = {"total": 8, "used": 2, "free": 6}
     world.add(POOLS, {**pool(finalizers=[FINALIZER_PROTECT_POOL]), "status": {"ipAddresses": counts}})
     world.backend.report_with = PoolReport(True, "PoolReady")
-    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")))
     stored = stored_pool(world)
     assert stored["status"]["ipAddresses"] == counts
     assert ready_state(stored) == ("True", "PoolReady")
@@ -81,7 +81,7 @@ async def test_a_report_without_counts_leaves_the_counts_alone(world: World) -> 
 async def test_a_pool_that_is_not_ready_says_why_with_a_warning_on_each_new_reason(world: World) -> None:
     world.add(POOLS, pool())
     world.backend.report_with = PoolReport(False, "PoolInvalid", "addresses must not be empty")
-    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "net")) == 60.0
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")))
     ready = ready_of(stored_pool(world))
     assert ready is not None
     assert (ready["status"], ready["reason"], ready["message"]) == (
@@ -277,3 +277,11 @@ async def test_a_report_writes_its_other_conditions_with_a_warning_event_as_one_
     world.backend.report_with = PoolReport(True, "PoolReady", "ok")
     await world.pools.reconcile(REF)
     assert condition_of(stored_pool(world), "Overlap") is not None, "a condition the report leaves out stays"
+
+
+async def test_a_backend_that_follows_an_external_system_is_reported_at_its_own_interval(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.add(POOLS, pool())
+    monkeypatch.setattr(world.backend, "report_interval", 60.0, raising=False)
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")), 60.0)

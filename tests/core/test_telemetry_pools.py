@@ -15,7 +15,7 @@ from ipam_provider.kube.resources import CLAIMS
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.telemetry.pools import FirstSeen
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
-from tests.core.world import NS, POOLS, World, claim, pool, ready_state
+from tests.core.world import NS, POOLS, World, claim, pool, ready_state, resynced
 
 BACKEND = "fake_backend"  # derived from the fake backend's module: tests/core/fake_backend.py
 POOL_SERIES = (
@@ -67,7 +67,7 @@ async def test_allocations_counts_and_readiness_of_a_pool(world: World) -> None:
         assert await world.claims.reconcile(NS, name) is None
         assert ready_state(world.claim(name)) == ("True", "AddressAllocated")
     world.sync()
-    assert await world.pools.reconcile(FAKE_POOL.ref(NS, "tm-alloc")) == 60.0
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "tm-alloc")))
 
     assert value("ipam_provider_allocation_total", "tm-alloc") == 2
     assert value("ipam_provider_allocation_duration_seconds_count", "tm-alloc") == 2

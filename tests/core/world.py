@@ -170,3 +170,9 @@ def ready_state(obj: Object) -> tuple[str, str] | None:
     """(status, reason) of the Ready condition."""
     condition = ready_of(obj)
     return (condition["status"], condition["reason"]) if condition is not None else None
+
+
+def resynced(seconds: float | None, period: float = 600.0) -> bool:
+    """Whether a reconcile asked to come back after `period` (the sync period, by default), stretched by a tenth
+    at most."""
+    return seconds is not None and period <= seconds <= period * 1.1

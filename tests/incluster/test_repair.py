@@ -13,7 +13,14 @@ from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, 
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
 from backends.incluster.reservations import RESERVATIONS, Reservation, reservation_name
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
-from ipam_provider.backend.repair import Holding, Repairable, RestoreOutcome, orphan_sweeper_of, repairer_of
+from ipam_provider.backend.repair import (
+    Holding,
+    Repairable,
+    RestoreOutcome,
+    orphan_sweeper_of,
+    pools_lister_of,
+    repairer_of,
+)
 from ipam_provider.common import Object
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, IPAM_GROUP
@@ -295,6 +302,31 @@ async def test_the_listing_is_paginated_with_one_wait_before_each_page(
     holdings = await repairer(backend).list_holdings(ref, obj, pacer)
     assert sorted(h.claim_uid for h in holdings) == [f"uid-{index}" for index in range(5)]
     assert pacer.waits == 3, "three pages of at most two"
+
+
+async def test_every_pools_holdings_come_from_one_paged_listing(
+    kube: KubeClient, namespace: str, backend: InClusterBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over many pools costs pages of reservations, not a listing per pool; each pool gets what its own
+    listing would answer, and a pool that holds nothing gets nothing."""
+    monkeypatch.setattr(incluster_repair, "PAGE_SIZE", 4)
+    pools = []
+    for index in range(6):
+        obj = await kube.create(POOLS, pool(f"many-{index}", [f"10.120.{20 + index}.0/29"], 24), namespace)
+        ref = IN_CLUSTER_POOL.ref(namespace, f"many-{index}")
+        for claim in range(index % 3):
+            await allocate(backend, ref, obj, ClaimContext(namespace, f"c{index}-{claim}", f"uid-{index}-{claim}"))
+        pools.append((ref, obj))
+    pacer = CountingPacer()
+    lister = pools_lister_of(backend)
+    assert lister is not None
+    found = await lister(pools, pacer)
+    for ref, obj in pools:
+        alone = await repairer(backend).list_holdings(ref, obj, CountingPacer())
+        assert sorted(found[ref], key=lambda h: h.handle) == sorted(alone, key=lambda h: h.handle)
+    assert sum(len(held) for held in found.values()) == 6
+    everything, _ = await kube.list(RESERVATIONS)
+    assert pacer.waits == -(-len(everything) // 4), "one wait per page of every reservation, whatever the pools"
 
 
 async def test_a_restore_reads_the_address_in_any_text_form(

@@ -22,7 +22,6 @@ from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.controller import Controller
 from ipam_provider.kube.client import KubeClient
 from ipam_provider.kube.resources import ADDRESSES, CLAIMS, SECRETS
-from ipam_provider.reconcile import pools
 from ipam_provider.reconcile.context import pool_resource
 from tests.support.cluster import wait_for
 from tests.support.objects import claim, ready_condition
@@ -137,7 +136,7 @@ async def delete_claim(kube: KubeClient, namespace: str, name: str) -> None:
 @pytest.fixture
 def fast_pool_resync(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pools are reported every 1 s instead of every minute, so that pool conditions follow NetBox quickly."""
-    monkeypatch.setattr(pools, "RESYNC", 1.0)
+    monkeypatch.setattr(NetboxBackend, "report_interval", 1.0)
 
 
 @pytest.fixture
