@@ -6,7 +6,10 @@ Scenarios (`--scenario`, comma-separated or repeated; `all` = every one at the i
 - steady (`benchmarks/latency.py`): `--rate` claims/s for `--duration` s on one pool; p50/p95/p99/max latency
   from a claim's create to its fulfilment seen on a watch;
 - restart (`benchmarks/restart.py`): the controller restarted after the throughput run of `--restart-addresses`
-  claims on one pool, then one new claim; seconds from process start to caches synced and to its fulfilment.
+  claims on one pool, then one new claim; seconds from process start to caches synced and to its fulfilment;
+- pools (`benchmarks/pools.py`): N pools (`--pool-counts`, each size its own runs) of `--claims-per-pool` claims
+  created at once on a running controller; seconds and CPU until settled, idle CPU, one more pool, one pool
+  deleted, peak RSS; for ours at the first size, API requests of one repair pass and CPU of one metrics scrape.
 
 Each target runs on its own fresh local control plane (etcd + kube-apiserver, `tools.controlplane`) with the CRDs
 it speaks, never two at once: ours (`python -m ipam_provider run --workers 8`, CAPI v1beta2 CRDs), the Go provider
@@ -34,10 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._support import GoPeer, GoPeerUnavailable, build_go_peer
 from benchmarks.latency import measure_steady
+from benchmarks.metrics_scrape import free_port
+from benchmarks.pools import MAX_POOLS, PoolsPlan, measure_limit_pools, measure_pools, pools_timeout
 from benchmarks.report import (
+    POOLS_COLUMNS,
     RESTART_COLUMNS,
     STEADY_COLUMNS,
     THROUGHPUT_COLUMNS,
+    PoolsResult,
     RestartResult,
     RunResult,
     SteadyResult,
@@ -50,8 +57,9 @@ from benchmarks.targets import GO_VERSIONS, Session, Target, error_text, go_base
 from benchmarks.throughput import measure_controller, measure_limit
 from tools.controlplane.assets import AssetError, binaries_dir
 
-SCENARIOS = ("throughput", "steady", "restart")
+SCENARIOS = ("throughput", "steady", "restart", "pools")
 ISSUE_SIZES = [(300, 3), (2000, 1), (10_000, 1)]
+Groups = list[tuple[str, list[RunResult]]]
 
 
 def auto_timeout(args: argparse.Namespace, claims: int) -> float:
@@ -100,13 +108,61 @@ def run_steady(targets: list[Target], binaries: Path, work: Path, args: argparse
     return rows
 
 
+def run_pools(targets: list[Target], binaries: Path, work: Path, args: argparse.Namespace) -> Groups:
+    """The pools scenario: for each size, ours (serving its metrics), the Go peer and the limit, one after the
+    other; ours's repair pass and scrape at the first size only."""
+    groups: Groups = []
+    for number, count in enumerate(args.pool_counts):
+        claims = count * args.claims_per_pool
+        timeout = pools_timeout(args.timeout, claims)
+        plan = PoolsPlan(count, args.claims_per_pool, args.idle_seconds, timeout, extras=number == 0)
+        rows: list[RunResult] = []
+        for target in targets:
+            url = f"http://127.0.0.1:{free_port()}/metrics" if target.slug == "ours" else None
+            if url is not None:
+                target = ours(args.workers, url.removeprefix("http://").removesuffix("/metrics"))
+            try:
+                with Session(target, binaries, work, f"{target.slug}-pools-{count}", 0, 0) as session:
+                    if target.slug == "limit":
+                        rows.append(measure_limit_pools(session, plan, args.workers))
+                    else:
+                        rows.append(measure_pools(session, plan, url))
+            except Exception as error:  # the control plane did not start
+                failed = PoolsResult(target.name, target.slug, claims, pools=count, error=error_text(error))
+                rows.append(failed)
+        groups.append((f"{count} pools ", rows))
+    return groups
+
+
+def add_pools_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pool-counts", default="1000,5000", help="pools: pool counts, comma-separated, each its own runs (1000,5000)"
+    )
+    parser.add_argument("--claims-per-pool", type=int, default=2, help="pools: claims in each pool (default 2)")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=60.0, help="pools: seconds of idle CPU after settling (default 60)"
+    )
+
+
+def check_pools_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--pool-counts as a list of counts, and the pools flags in range."""
+    try:
+        args.pool_counts = [int(count) for count in args.pool_counts.split(",") if count.strip()]
+    except ValueError:
+        parser.error("--pool-counts is a comma-separated list of counts, e.g. 1000,5000")
+    if not args.pool_counts or not all(1 <= count < MAX_POOLS for count in args.pool_counts):
+        parser.error(f"--pool-counts: each between 1 and {MAX_POOLS - 1}")
+    if not 1 <= args.claims_per_pool <= 250 or args.idle_seconds < 0:
+        parser.error("need 1 <= --claims-per-pool <= 250 and --idle-seconds >= 0")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--scenario",
         action="append",
         default=[],
-        help="throughput, steady, restart, all (repeat or comma-separate; default throughput)",
+        help="throughput, steady, restart, pools, all (repeat or comma-separate; default throughput)",
     )
     parser.add_argument("--claims", type=int, help="throughput: claims created at once (default 300)")
     parser.add_argument("--pools", type=int, help="throughput: pools they are spread over (default 3)")
@@ -130,6 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--restart-timeout", type=float, default=600.0, help="restart: seconds allowed to the first new fulfilment"
     )
+    add_pools_flags(parser)
     parser.add_argument(
         "--workers", type=int, default=8, help="our controller's --workers, the limit's claims in flight (default 8)"
     )
@@ -163,6 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sizes = sorted(set(sizes), key=lambda size: (size[0], -size[1]))  # the largest run last
     if args.rate <= 0 or args.duration <= 0:
         parser.error("need --rate > 0 and --duration > 0")
+    check_pools_flags(parser, args)
     return args
 
 
@@ -186,12 +244,27 @@ def build_targets(args: argparse.Namespace) -> tuple[list[Target], str | None]:
     return targets, problem
 
 
+def run_scenarios(
+    targets: list[Target], binaries: Path, work: Path, args: argparse.Namespace, scenarios: dict[str, Groups]
+) -> None:
+    """Every chosen scenario, its groups added to `scenarios` as they are measured (what an interruption keeps)."""
+    if "steady" in args.scenarios:
+        scenarios["steady"] = [("", list(run_steady(targets, binaries, work, args)))]
+    for claims, pools in args.sizes:
+        rows, restarts = run_sizes(targets, binaries, work, args, claims, pools)
+        scenarios.setdefault("throughput", []).append((f"{claims}/{pools} ", list(rows)))
+        if restarts:
+            scenarios["restart"] = [("", list(restarts))]
+    if "pools" in args.scenarios:
+        scenarios["pools"] = run_pools(targets, binaries, work, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     wall, began = time.monotonic(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     work = Path(tempfile.mkdtemp(prefix="ipam-bench-"))
-    scenarios: dict[str, list[tuple[str, list[RunResult]]]] = {}
+    scenarios: dict[str, Groups] = {}
     try:
         try:
             binaries = binaries_dir()
@@ -199,13 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         except AssetError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        if "steady" in args.scenarios:
-            scenarios["steady"] = [("", list(run_steady(targets, binaries, work, args)))]
-        for claims, pools in args.sizes:
-            rows, restarts = run_sizes(targets, binaries, work, args, claims, pools)
-            scenarios.setdefault("throughput", []).append((f"{claims}/{pools} ", list(rows)))
-            if restarts:
-                scenarios["restart"] = [("", list(restarts))]
+        run_scenarios(targets, binaries, work, args, scenarios)
     except KeyboardInterrupt:
         print("\ninterrupted: control planes and controllers stopped", file=sys.stderr)
         return 130
@@ -215,9 +282,14 @@ def main(argv: list[str] | None = None) -> int:
             for log in work.glob("*.log"):
                 shutil.copy(log, args.keep_logs / log.name)
         shutil.rmtree(work, ignore_errors=True)
-    columns = {"throughput": THROUGHPUT_COLUMNS, "steady": STEADY_COLUMNS, "restart": RESTART_COLUMNS}
+    columns = {
+        "throughput": THROUGHPUT_COLUMNS,
+        "steady": STEADY_COLUMNS,
+        "restart": RESTART_COLUMNS,
+        "pools": POOLS_COLUMNS,
+    }
     print(f"\nour controller with --workers {args.workers}; rows: {', '.join(t.name for t in targets)}")
-    for name in ("throughput", "steady", "restart"):
+    for name in SCENARIOS:
         if name in scenarios:
             print_scenario(name, columns[name], scenarios[name])
     if go_problem:

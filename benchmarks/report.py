@@ -55,6 +55,14 @@ class RunResult:
         """The row's figures by key (see the *_COLUMNS lists)."""
         raise NotImplementedError
 
+    def extra_json(self) -> dict[str, Any]:
+        """What the JSON has of the row besides its figures."""
+        return {}
+
+    def notes(self) -> list[str]:
+        """Lines printed under the table about this row."""
+        return []
+
 
 @dataclass
 class ThroughputResult(RunResult):
@@ -76,6 +84,9 @@ class ThroughputResult(RunResult):
             "reads_per_claim": self.per_claim(READ_VERBS),
             "duplicates": self.duplicate_count if done else None,
         }
+
+    def extra_json(self) -> dict[str, Any]:
+        return {"pools": self.pools}
 
 
 @dataclass
@@ -127,6 +138,68 @@ class RestartResult(RunResult):
         }
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+@dataclass
+class PoolsResult(RunResult):
+    """N pools and C claims in each created at once, settled; then idle; one more pool; one pool deleted.
+    `claims` is N * C; `requests` are those of the settled window."""
+
+    pools: int = 0
+    claims_per_pool: int = 0
+    settled_seconds: float | None = None
+    settled_cpu_seconds: float | None = None
+    idle_seconds: float = 0.0
+    idle_cpu_seconds: float | None = None
+    add_seconds: float | None = None
+    add_cpu_seconds: float | None = None
+    delete_seconds: float | None = None
+    delete_cpu_seconds: float | None = None
+    repair_requests: RequestCounts | None = None  # one repair pass (ours)
+    repair_pass_seconds: float | None = None
+    scrape_cpu_seconds: float | None = None  # one metrics scrape (ours)
+    scrape_bytes: int | None = None
+
+    def figures(self) -> dict[str, Figure]:
+        idle = self.idle_cpu_seconds
+        return {
+            "settled_seconds": self.settled_seconds,
+            "settled_cpu_seconds": self.settled_cpu_seconds,
+            "idle_cpu_seconds": idle,
+            "idle_cpu_percent": None if idle is None or not self.idle_seconds else 100 * idle / self.idle_seconds,
+            "add_pool_seconds": self.add_seconds,
+            "add_pool_cpu_ms": _ms(self.add_cpu_seconds),
+            "delete_pool_seconds": self.delete_seconds,
+            "delete_pool_cpu_ms": _ms(self.delete_cpu_seconds),
+            "peak_rss_mib": self.peak_rss_mib,
+            "mutating_per_claim": self.per_claim(MUTATING_VERBS),
+            "requests_per_repair_pass": None if self.repair_requests is None else sum(self.repair_requests.values()),
+            "scrape_cpu_ms": _ms(self.scrape_cpu_seconds),
+            "duplicates": self.duplicate_count if self.settled_seconds is not None else None,
+        }
+
+    def extra_json(self) -> dict[str, Any]:
+        repair = self.repair_requests
+        return {
+            "pools": self.pools,
+            "claims_per_pool": self.claims_per_pool,
+            "idle_seconds": self.idle_seconds,
+            "repair_pass_seconds": self.repair_pass_seconds,
+            "repair_requests": None if repair is None else {f"{v} {r}": n for (v, r), n in repair.most_common()},
+            "scrape_bytes": self.scrape_bytes,
+        }
+
+    def notes(self) -> list[str]:
+        if self.repair_requests is None:
+            return []
+        top = ", ".join(f"{v} {res} {n}" for (v, res), n in self.repair_requests.most_common(6))
+        took = f", the pass took {self.repair_pass_seconds:.1f} s" if self.repair_pass_seconds is not None else ""
+        scrape = f"; one metrics scrape: {self.scrape_bytes} bytes" if self.scrape_bytes is not None else ""
+        return [f"one repair pass over {self.pools} pools: {top}{took}{scrape}"]
+
+
 Column = tuple[str, str, str]  # figure key, header, format
 THROUGHPUT_COLUMNS: list[Column] = [
     ("seconds", "seconds", "{:.1f}"),
@@ -157,6 +230,21 @@ RESTART_COLUMNS: list[Column] = [
     ("create_to_fulfilment", "create→fulfilled s", "{:.2f}"),
     ("cpu_seconds", "CPU s", "{:.1f}"),
     ("peak_rss_mib", "peak RSS MiB", "{:.0f}"),
+    ("duplicates", "duplicates", "{}"),
+]
+POOLS_COLUMNS: list[Column] = [
+    ("settled_seconds", "settled s", "{:.1f}"),
+    ("settled_cpu_seconds", "CPU s", "{:.1f}"),
+    ("idle_cpu_seconds", "idle CPU s", "{:.2f}"),
+    ("idle_cpu_percent", "idle % core", "{:.1f}"),
+    ("add_pool_seconds", "+1 pool s", "{:.2f}"),
+    ("add_pool_cpu_ms", "+1 CPU ms", "{:.0f}"),
+    ("delete_pool_seconds", "-1 pool s", "{:.2f}"),
+    ("delete_pool_cpu_ms", "-1 CPU ms", "{:.0f}"),
+    ("peak_rss_mib", "peak RSS MiB", "{:.0f}"),
+    ("mutating_per_claim", "mut. req/claim", "{:.2f}"),
+    ("requests_per_repair_pass", "req/repair pass", "{}"),
+    ("scrape_cpu_ms", "scrape CPU ms", "{:.1f}"),
     ("duplicates", "duplicates", "{}"),
 ]
 NO_RATIO = frozenset({"seconds", "fulfilled", "create_rate", "addresses_in_place", "duplicates"})
@@ -203,6 +291,8 @@ def print_scenario(title: str, columns: list[Column], groups: Sequence[tuple[str
         for row in rows:
             if row.error:
                 print(f"{label}{row.name}: FAILED: {row.error}")
+            for note in row.notes():
+                print(f"{label}{row.name}: {note}")
             for pool, twice in row.duplicates.items():
                 print(f"{label}{row.name}: pool {pool} handed out {len(twice)} address(es) twice: {twice[:10]}")
             if row.requests:
@@ -211,12 +301,11 @@ def print_scenario(title: str, columns: list[Column], groups: Sequence[tuple[str
 
 
 def row_json(row: RunResult) -> dict[str, Any]:
-    extra = {"pools": row.pools} if isinstance(row, ThroughputResult) else {}
     return {
         "name": row.name,
         "slug": row.slug,
         "claims": row.claims,
-        **extra,
+        **row.extra_json(),
         **row.figures(),
         "requests_per_claim": {f"{v} {res}": n / row.claims for (v, res), n in row.requests.most_common()},
         "duplicate_addresses": row.duplicates,

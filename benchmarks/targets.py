@@ -67,12 +67,14 @@ class Target:
         return Resource(IPAM_GROUP, self.claim_version, "ipaddresses", "IPAddress", namespaced=True)
 
 
-def ours(workers: int) -> Target:
+def ours(workers: int, metrics_address: str = "0") -> Target:
+    """Our controller; `metrics_address`: where it serves its metrics over plain HTTP ("0": not at all)."""
+
     def argv(kubeconfig: Path, verbose: bool) -> list[str]:
         return controller_command(
             kubeconfig,
             NAMESPACE,
-            "--metrics-bind-address=0",
+            f"--metrics-bind-address={metrics_address}",
             "--health-probe-bind-address=0",
             f"--workers={workers}",
             f"--log-level={'info' if verbose else 'warning'}",
@@ -127,8 +129,8 @@ def claim_body(target: Target, name: str, pool: str, labels: dict[str, str] | No
 
 
 async def prepare(kubeconfig: Path, target: Target, claims: int, pools: int) -> None:
-    """CRDs, the namespace, the pools and the warm-up pool."""
-    prefix, layout = pool_layout(claims, pools)
+    """CRDs, the namespace, the pools (none when `pools` is 0) and the warm-up pool."""
+    prefix, layout = pool_layout(claims, pools) if pools else (24, [])
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     try:
         await install_crds(kube, target.crd_paths)
@@ -163,8 +165,9 @@ def error_text(error: BaseException) -> str:
 
 
 class Session:
-    """A fresh control plane in `work/label` with `target`'s CRDs, `pools` pools sized for `claims`, and at most
-    one controller process (logging to `work/label.log`). A context manager: everything stops on the way out."""
+    """A fresh control plane in `work/label` with `target`'s CRDs, `pools` pools sized for `claims` (0: only the
+    warm-up pool), and at most one controller process (logging to `work/label.log`). A context manager: everything
+    stops on the way out."""
 
     def __init__(self, target: Target, binaries: Path, work: Path, label: str, claims: int, pools: int) -> None:
         self.target, self.claims, self.pools = target, claims, pools
