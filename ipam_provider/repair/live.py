@@ -1,15 +1,16 @@
-"""What the API server holds now: the live IPAddresses and claims, read fresh for one repair pass.
+"""The live IPAddresses and claims for one repair pass: as the watch caches show them, or read fresh.
 
-The lists are read page by page from the API server (never from the watch cache, which may lag), one
+`read_live` reads the lists page by page from the API server (never from the watch cache, which may lag), one
 `pacer.wait()` before each page, in every namespace the controller watches (all when it watches all). Claims are
 read without the watch filter's label selector, so that a claim this controller does not serve still counts as
-existing; `served` tells the served ones apart.
+existing; `served` tells the served ones apart. `cached_live` builds the same view from the watch caches, for a
+pass to look with: nothing is ever released, restored or reported as a duplicate on what it shows.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
@@ -66,6 +67,16 @@ class LiveState:
 
     def claim_addresses(self, claim: ClaimName) -> list[Object]:
         return self.addresses_by_claim.get(claim, [])
+
+
+def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: KindLookup) -> LiveState:
+    """The live state as the watch caches show it (see the module's contract)."""
+    live = LiveState()
+    for address in addresses:
+        live.add_address(address, kind_of)
+    for claim in claims:
+        live.add_claim(claim)
+    return live
 
 
 async def read_live(kube: KubeClient, scope: Scope, kind_of: KindLookup, pacer: Pacer) -> LiveState:

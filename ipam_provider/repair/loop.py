@@ -5,10 +5,13 @@ Contract:
   have synced), then one every `settings.interval` seconds, until cancelled.
 - A pass takes the backends that offer the repair capability (`repairer_of`). The holdings of every pool they
   serve (from the watch cache of pools; paused pools and pools clusterctl is moving are left alone) are listed
-  first, in one listing per backend when it offers one (`pools_lister_of`), else pool by pool; THEN the live
-  IPAddresses and claims are read fresh from the API server, once for all backends (not at all when no pool was
-  listed), and each pool is compared and repaired (`pool.py`). Reading the API server after the backends means
-  that an allocation completing meanwhile shows its IPAddress, so it is never taken for a leak.
+  first, in one listing per backend when it offers one (`pools_lister_of`), else pool by pool; THEN they are
+  compared with the watch caches, and when that finds nothing to act on or report (and the last pass left no
+  finding), the pass ends there; else the live IPAddresses and claims are read fresh from the API server, once for
+  all backends, and each pool is compared and repaired on what it read (`pool.py`). Nothing is released, restored
+  or reported as a duplicate on what the caches show. Reading the API server after the backends means that an
+  allocation completing meanwhile shows its IPAddress, so it is never taken for a leak; a cache that lags only
+  delays what a pass finds by a pass.
 - Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
 - A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception, in the
   pool's listing or its repair, is logged with its traceback and skips the pool too (when the API server cannot be
@@ -38,7 +41,7 @@ from ipam_provider.backend.repair import (
 )
 from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.reconcile.context import ReconcileContext
-from ipam_provider.repair.live import LiveState, Scope, read_live
+from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget
 from ipam_provider.repair.settings import RepairSettings
@@ -122,6 +125,8 @@ class RepairLoop:
             listed.append((one, result, holdings, time.perf_counter() - started))
         live: LiveState | None = None
         if any(holdings for _, _, holdings, _ in listed):
+            live = await self._cached_live([pool for _, _, holdings, _ in listed for pool in holdings])
+        if live is None and any(holdings for _, _, holdings, _ in listed):
             try:
                 live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
             except Exception:
@@ -135,6 +140,13 @@ class RepairLoop:
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
             finally:
                 metrics.count_pass(one.name, result, spent + time.perf_counter() - started)
+
+    async def _cached_live(self, listed: Listed) -> LiveState | None:
+        """The live state as the watch caches show it, when it gives the listed pools nothing to do (the usual
+        case: a pass then reads nothing more); None when the pass must read the API server fresh."""
+        caches = self.ctx.caches
+        live = cached_live(caches.claims.items(), caches.addresses.items(), self.ctx.registry.kind_of)
+        return live if await self.pools.settled(listed, live) else None
 
     def _backend_passes(self) -> list[BackendPass]:
         """The backends that offer the repair capability, each with the pools it serves now."""

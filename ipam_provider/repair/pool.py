@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -51,7 +51,7 @@ from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.repair.book import SuspectedLeaks
-from ipam_provider.repair.compare import Sharer, Unrecorded, compare_pool
+from ipam_provider.repair.compare import PoolComparison, Sharer, Unrecorded, compare_pool
 from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.repair.settings import RepairSettings
@@ -73,6 +73,9 @@ RECORDED_MESSAGE = (
     "address with another claim"
 )
 LISTED_AT_MOST = 5  # addresses named in one message
+# A pool with fewer holdings and IPAddresses than this is compared on the event loop (well under a millisecond);
+# a larger one in a thread, where the hand-over costs less than the comparison.
+COMPARED_INLINE = 1000
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,29 @@ class PoolRepairs:
         for ref in [ref for ref in self.labels if ref not in pools]:
             metrics.forget_pool(self.labels.pop(ref))
 
+    async def settled(self, listed: Sequence[tuple[PoolTarget, Sequence[Holding]]], live: LiveState) -> bool:
+        """Whether `live` gives the pools nothing to act on or report: every holding accounted for, every live
+        IPAddress recorded, no address shared, no deleting IPAddress, and no finding left from the last pass."""
+        for target, holdings in listed:
+            if self.findings.get(target.ref, PoolFindings()) != PoolFindings():
+                return False
+            if any(deleting(address) for address in live.addresses_of(target.ref)):
+                return False
+            comparison = await self._compared(target.ref, holdings, live)
+            if comparison.suspected or comparison.unrecorded or comparison.shared:
+                return False
+        return True
+
+    async def _compared(self, ref: PoolRef, holdings: Sequence[Holding], live: LiveState) -> PoolComparison:
+        if len(holdings) + len(live.addresses_of(ref)) < COMPARED_INLINE:
+            return compare_pool(ref, holdings, live, self.scope)
+        # for a pool of 100,000 addresses the comparison takes about a second of CPU
+        return await asyncio.to_thread(compare_pool, ref, holdings, live, self.scope)
+
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
         """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
         stay as they were until a pass completes."""
-        # In a thread: for a pool of 100,000 addresses the comparison takes about a second of CPU.
-        comparison = await asyncio.to_thread(compare_pool, target.ref, holdings, live, self.scope)
+        comparison = await self._compared(target.ref, holdings, live)
         if self.releasing:
             await self._let_go_orphaned_addresses(target, live)
         suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]
