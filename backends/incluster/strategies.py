@@ -162,6 +162,9 @@ def grace_over(released_at: float, now: float, grace_seconds: float) -> bool:
     return grace_seconds <= 0 or now - released_at >= grace_seconds
 
 
+SHARED_RNG = random.Random()  # Random's choices for every pool not given its own (a generator holds 2.5 KB)
+
+
 class Chooser:
     """The choice of a pool's next dynamic address under one `AllocationPolicy`.
 
@@ -171,7 +174,7 @@ class Chooser:
 
     def __init__(self, policy: AllocationPolicy, allocator: PoolAllocator, rng: random.Random | None = None) -> None:
         self.policy = policy
-        self._rng = rng or random.Random()
+        self._rng = rng or SHARED_RNG
         allocatable = allocator.allocatable
         band = IntervalSet()
         if policy.static_band:
