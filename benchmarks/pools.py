@@ -17,14 +17,13 @@ at once, 20 requests in flight, each pool's claims once its create has returned.
 
 Ours serves its metrics over plain HTTP here (`--metrics-bind-address`), and at the first size only two more
 figures are taken from it, after step 4 (N pools again):
-- API requests of one repair pass (default `--repair-interval` of 30 s): our `ipam_provider_repair_passes_total`
+- API requests of one repair pass (default `--repair-interval` of 60 s): our `ipam_provider_repair_passes_total`
   is read every 0.5 s; a pass has completed when every backend's count went up by one (the loop counts each backend
   at the end of its share of a pass). The API server's request counts are read right after one pass completed and
   again right after the next one did: the difference is one pass of every backend plus the interval's sleep, in
   which ours makes no other request once settled. The pass's own duration comes from
-  `ipam_provider_repair_pass_duration_seconds` (summed over the backends). A pass lists each pool's reservations,
-  paced at `--repair-requests-per-second` (20), so it lasts N / 20 s or more: passes follow one another with only
-  the interval between them, and the idle step's CPU includes them.
+  `ipam_provider_repair_pass_duration_seconds` (summed over the backends). The idle step's CPU includes the passes
+  that fall in it.
 - the controller's CPU per metrics scrape, as `metrics_scrape.py` measures it (a few scrapes in a row, less the
   same span idle), right after that pass (in the interval's sleep).
 
@@ -346,7 +345,7 @@ async def repair_and_scrape(session: Session, url: str, plan: PoolsPlan, result:
     """API requests of one whole repair pass (between the ends of two passes), then the CPU of one scrape."""
     state, alive = session.state, session.alive
     assert session.process is not None
-    deadline = time.monotonic() + 3 * (plan.pools / 20 + 30) + 120  # two passes at 20 requests/s, and the waits
+    deadline = time.monotonic() + 3 * 60 + 120  # two passes at the default interval of 60 s, and the waits
     passes, _ = await asyncio.to_thread(repair_figures, url)
     done, seconds = await pass_completed(url, min(passes.values(), default=0), deadline, alive)
     before = await asyncio.to_thread(scrape_requests, state.server, state.admin_token, state.ca_path)

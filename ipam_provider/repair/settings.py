@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ipam_provider.flagforms import go_bool, go_duration
 
-DEFAULT_INTERVAL = 30.0
+DEFAULT_INTERVAL = 60.0  # seconds between passes; a pass reads every reservation (docs/performance.md, Many pools)
 DEFAULT_GRACE_PERIOD = 60.0
 DEFAULT_REQUESTS_PER_SECOND = 20.0
 

