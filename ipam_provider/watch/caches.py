@@ -3,7 +3,7 @@
 Indexes: claims by the pool they reference (`POOL`) and by their Cluster (`CLUSTER`, (namespace, name)); IPAddresses
 by the pool they reference (`POOL`) and by pool and canonical address (`POOL_ADDRESS`). Each store keeps its kind's
 projection (`ipam_provider/watch/projection.py`): claims, IPAddresses and Clusters only the fields the controller
-reads, pools all but the API server's bookkeeping.
+reads, pools all but the API server's bookkeeping; all with their strings shared.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ipam_provider.api.capi import LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.watch.projection import project_address, project_claim, project_cluster
+from ipam_provider.watch.projection import project_address, project_claim, project_cluster, project_pool
 from ipam_provider.watch.store import Store
 
 POOL = "pool"
@@ -35,7 +35,7 @@ class Caches:
     @classmethod
     def indexed(cls, kinds: Sequence[PoolKind], kind_of: KindLookup) -> Caches:
         """Empty stores for `kinds`, with the claim and IPAddress indexes."""
-        caches = cls(pools={(kind.group, kind.kind): Store() for kind in kinds})
+        caches = cls(pools={(kind.group, kind.kind): Store(project_pool) for kind in kinds})
         caches.add_indexes(kind_of)
         return caches
 

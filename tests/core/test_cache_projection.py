@@ -16,7 +16,13 @@ from ipam_provider.kube.resources import CLAIMS, CLUSTERS
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.watch.caches import Caches
-from ipam_provider.watch.projection import LAST_APPLIED, project_claim, project_cluster, strip_bookkeeping
+from ipam_provider.watch.projection import (
+    LAST_APPLIED,
+    project_claim,
+    project_cluster,
+    project_pool,
+    strip_bookkeeping,
+)
 from ipam_provider.watch.store import Store
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
@@ -89,6 +95,16 @@ def test_a_pool_keeps_everything_but_the_bookkeeping() -> None:
     kept = strip_bookkeeping(served)
     assert kept == {**served, "metadata": {"name": "p", "generation": 4, "other": "kept"}}
     assert "managedFields" in served["metadata"]
+    assert project_pool(served) == kept
+
+
+def test_pools_decoded_apart_share_their_strings() -> None:
+    """Two pools from two watch events hold one copy of each key and short string between them."""
+    raw = json.dumps({"metadata": {"name": "p"}, "status": {"conditions": [{"type": "Ready", "reason": "PoolReady"}]}})
+    first, second = (project_pool(json.loads(raw)) for _ in range(2))
+    condition, other = first["status"]["conditions"][0], second["status"]["conditions"][0]
+    assert condition["reason"] is other["reason"]
+    assert next(iter(condition)) is next(iter(other))
 
 
 def test_every_store_projects_what_it_is_given() -> None:
