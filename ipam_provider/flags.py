@@ -63,37 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", action="append", metavar="NAMESPACE", help="watch only this namespace (repeatable or a,b)"
     )
     run.add_argument("--watch-filter", help="only claims labelled cluster.x-k8s.io/watch-filter=<value>")
-    run.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help=f"concurrent reconciles, one per pool at a time (default: {DEFAULT_WORKERS}; wins over the "
-        "concurrency flags below)",
-    )
-    run.add_argument(
-        f"--{CLAIM_KIND}-concurrency",
-        dest="claim_concurrency",
-        type=int,
-        metavar="N",
-        help="sets --workers (Cluster API's per-kind concurrency flag for the kind this controller reconciles); "
-        f"--<kind>-concurrency=N for any other kind (e.g. --inclusterippool-concurrency) is {NOT_ACTED_ON}",
-    )
-    run.add_argument(
-        "--max-concurrent-reconciles",
-        type=int,
-        metavar="N",
-        help="sets --workers unless --workers or --ipaddressclaim-concurrency is given",
-    )
     run.add_argument("--backends", help="entry-point names of the backends to load (default: all installed)")
-    run.add_argument(
-        "--sync-period",
-        type=positive_duration,
-        default=DEFAULT_SYNC_PERIOD,
-        metavar="DURATION",
-        help="every live pool is reported again this often (NetBox and Infoblox pools every minute, since their "
-        "reports read the external system); anything else is reconciled when a watched object changes "
-        f"(default: {DEFAULT_SYNC_PERIOD:g}s)",
-    )
+    _add_reconcile_flags(run)
     run.add_argument(
         "--cluster-identity",
         default="",
@@ -116,6 +87,40 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--kubeconfig")
     status.add_argument("--namespace", action="append")
     return parser
+
+
+def _add_reconcile_flags(run: argparse.ArgumentParser) -> None:
+    """How many reconciles run at once, and how often a pool is reported again without a change."""
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help=f"concurrent reconciles of claims and pools (default: {DEFAULT_WORKERS}; wins over the concurrency "
+        "flags below); an in-cluster pool's claims are served at once, a NetBox or Infoblox pool's one at a time",
+    )
+    run.add_argument(
+        f"--{CLAIM_KIND}-concurrency",
+        dest="claim_concurrency",
+        type=int,
+        metavar="N",
+        help="sets --workers (Cluster API's per-kind concurrency flag for the kind this controller reconciles); "
+        f"--<kind>-concurrency=N for any other kind (e.g. --inclusterippool-concurrency) is {NOT_ACTED_ON}",
+    )
+    run.add_argument(
+        "--max-concurrent-reconciles",
+        type=int,
+        metavar="N",
+        help="sets --workers unless --workers or --ipaddressclaim-concurrency is given",
+    )
+    run.add_argument(
+        "--sync-period",
+        type=positive_duration,
+        default=DEFAULT_SYNC_PERIOD,
+        metavar="DURATION",
+        help="every live pool is reported again this often (NetBox and Infoblox pools every minute, since their "
+        "reports read the external system); anything else is reconciled when a watched object changes "
+        f"(default: {DEFAULT_SYNC_PERIOD:g}s)",
+    )
 
 
 def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
