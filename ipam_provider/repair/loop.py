@@ -108,8 +108,9 @@ class RepairLoop:
             await asyncio.sleep(self.settings.interval)
 
     async def run_pass(self) -> None:
-        """One pass over every backend that offers the repair capability: every backend's holdings, then one fresh
-        read of the API server for all of them, then each backend's pools. Never raises but for cancellation."""
+        """One pass over every backend that offers the repair capability: every backend's holdings, then the live
+        state for all of them (the caches', or one fresh read), then each backend's pools. Never raises but for
+        cancellation."""
         self.passes += 1
         self.pools.pacer = self.pacer
         backends = self._backend_passes()
@@ -123,14 +124,8 @@ class RepairLoop:
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
                 result, holdings = metrics.ERROR, []
             listed.append((one, result, holdings, time.perf_counter() - started))
-        live: LiveState | None = None
-        if any(holdings for _, _, holdings, _ in listed):
-            live = await self._cached_live([pool for _, _, holdings, _ in listed for pool in holdings])
-        if live is None and any(holdings for _, _, holdings, _ in listed):
-            try:
-                live = await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
-            except Exception:
-                log.exception("repair pass could not read the API server; trying again on the next")
+        pools = [pool for _, _, holdings, _ in listed for pool in holdings]
+        live = await self._live(pools) if pools else None
         for one, result, holdings, spent in listed:
             started = time.perf_counter()
             try:
@@ -141,12 +136,18 @@ class RepairLoop:
             finally:
                 metrics.count_pass(one.name, result, spent + time.perf_counter() - started)
 
-    async def _cached_live(self, listed: Listed) -> LiveState | None:
+    async def _live(self, listed: Listed) -> LiveState | None:
         """The live state as the watch caches show it, when it gives the listed pools nothing to do (the usual
-        case: a pass then reads nothing more); None when the pass must read the API server fresh."""
+        case: the pass reads nothing more); else read fresh from the API server; None when that read failed."""
         caches = self.ctx.caches
-        live = cached_live(caches.claims.items(), caches.addresses.items(), self.ctx.registry.kind_of)
-        return live if await self.pools.settled(listed, live) else None
+        cached = cached_live(caches.claims.items(), caches.addresses.items(), self.ctx.registry.kind_of)
+        if await self.pools.settled(listed, cached):
+            return cached
+        try:
+            return await read_live(self.ctx.kube, self.scope, self.ctx.registry.kind_of, self.pacer)
+        except Exception:
+            log.exception("repair pass could not read the API server; trying again on the next")
+            return None
 
     def _backend_passes(self) -> list[BackendPass]:
         """The backends that offer the repair capability, each with the pools it serves now."""
