@@ -111,6 +111,8 @@ class PoolRepairs:
     findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
     labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
     pacer: Pacer = field(default_factory=CountingPacer)  # the loop's, set before each pass
+    # What `settled` compared, for `repair` to reuse when it is handed the same live state (a settled pass).
+    _settled: dict[PoolRef, tuple[LiveState, PoolComparison]] = field(default_factory=dict)
 
     @property
     def releasing(self) -> bool:
@@ -129,12 +131,14 @@ class PoolRepairs:
     async def settled(self, listed: Sequence[tuple[PoolTarget, Sequence[Holding]]], live: LiveState) -> bool:
         """Whether `live` gives the pools nothing to act on or report: every holding accounted for, every live
         IPAddress recorded, no address shared, no deleting IPAddress, and no finding left from the last pass."""
+        self._settled.clear()
         for target, holdings in listed:
             if self.findings.get(target.ref, PoolFindings()) != PoolFindings():
                 return False
             if any(deleting(address) for address in live.addresses_of(target.ref)):
                 return False
             comparison = await self._compared(target.ref, holdings, live)
+            self._settled[target.ref] = (live, comparison)
             if comparison.suspected or comparison.unrecorded or comparison.shared:
                 return False
         return True
@@ -148,7 +152,11 @@ class PoolRepairs:
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
         """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
         stay as they were until a pass completes."""
-        comparison = await self._compared(target.ref, holdings, live)
+        settled = self._settled.pop(target.ref, None)
+        if settled is not None and settled[0] is live:
+            comparison = settled[1]
+        else:
+            comparison = await self._compared(target.ref, holdings, live)
         if self.releasing:
             await self._let_go_orphaned_addresses(target, live)
         suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]

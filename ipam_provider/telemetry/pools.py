@@ -1,5 +1,6 @@
 """The per-pool series (`ipam_provider_*`), labelled `backend`, `kind`, `namespace` ("" for a cluster-scoped pool)
-and `name`, and the first-seen clock of unfulfilled claims behind `ipam_provider_allocation_duration_seconds`.
+and `name`; `ipam_provider_allocation_duration_seconds`, labelled `backend` and `kind` only (14 series a pool would
+be most of a scrape at a thousand pools), and the first-seen clock of unfulfilled claims behind it.
 
 Series that carry a `reason` keep only the reasons that apply now (`pool_ready`: the current Ready reason;
 `waiting_claims`: `Pending` always, other reasons while claims have them). `forget_pool` removes every series of a
@@ -31,7 +32,7 @@ ALLOCATION_ERRORS = Counter(
 ALLOCATION_SECONDS = Histogram(
     "ipam_provider_allocation_duration_seconds",
     "Time from the controller first seeing a claim without an address to the claim's IPAddress written.",
-    POOL_LABELS,
+    ["backend", "kind"],
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
 )
 RELEASES = Counter("ipam_provider_release_total", "Claims of the pool released.", POOL_LABELS)
@@ -45,7 +46,7 @@ READY = Gauge(
     "1 when the pool is Ready, else 0; labelled with the current Ready reason.",
     [*POOL_LABELS, "reason"],
 )
-_PLAIN = (ALLOCATED, AVAILABLE, ALLOCATIONS, ALLOCATION_SECONDS, RELEASES)
+_PLAIN = (ALLOCATED, AVAILABLE, ALLOCATIONS, RELEASES)
 _REASONED = (ALLOCATION_ERRORS, WAITING, READY)
 
 
@@ -95,9 +96,10 @@ def record_counts(pool: PoolLabels, counts: AddressCounts) -> None:
 
 def record_ready(pool: PoolLabels, ready: bool, reason: str) -> None:
     """The pool's one `pool_ready` series, under its current reason. Its allocation and release counters and its
-    duration histogram start at 0 here, so that a rate over them is defined before the first allocation."""
-    for plain in (ALLOCATIONS, ALLOCATION_SECONDS, RELEASES):
+    kind's duration histogram start at 0 here, so that a rate over them is defined before the first allocation."""
+    for plain in (ALLOCATIONS, RELEASES):
         plain.labels(*pool.values())
+    ALLOCATION_SECONDS.labels(pool.backend, pool.kind)
     _drop_reasons(READY, pool, {reason})
     READY.labels(*pool.values(), reason).set(1 if ready else 0)
     _with_reason(READY, pool, reason)
@@ -116,7 +118,7 @@ def count_allocation(pool: PoolLabels, seconds: float | None) -> None:
     """An IPAddress was written; `seconds` since the claim was first seen unfulfilled, when known."""
     ALLOCATIONS.labels(*pool.values()).inc()
     if seconds is not None:
-        ALLOCATION_SECONDS.labels(*pool.values()).observe(seconds)
+        ALLOCATION_SECONDS.labels(pool.backend, pool.kind).observe(seconds)
 
 
 def count_allocation_error(pool: PoolLabels, reason: str) -> None:
@@ -129,7 +131,8 @@ def count_release(pool: PoolLabels) -> None:
 
 
 def forget_pool(pool: PoolLabels) -> None:
-    """Remove every series of the pool (it is gone), the repair loop's (`telemetry.repair`) included."""
+    """Remove every series of the pool (it is gone), the repair loop's (`telemetry.repair`) included; its kind's
+    duration histogram stays."""
     from ipam_provider.telemetry import repair  # it builds on this module's labels
 
     repair.forget_pool(pool)

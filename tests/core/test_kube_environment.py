@@ -3,6 +3,10 @@ per-request environment lookups (~/.netrc, proxy variables), which would cost tw
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from kubernetes_asyncio import client
 
@@ -56,3 +60,34 @@ async def test_the_session_makes_no_per_request_environment_lookups() -> None:
         assert kube._api.rest_client.pool_manager.trust_env is False
     finally:
         await kube.close()
+
+
+LOAD_IN_A_FRESH_PROCESS = """
+import asyncio, sys
+from ipam_provider.kube.client import KubeClient
+
+async def main() -> None:
+    kube = await KubeClient.from_kubeconfig(sys.argv[1])
+    print(kube.host)
+    await kube.close()
+
+asyncio.run(main())
+generated = ("kubernetes_asyncio.client.models.", "kubernetes_asyncio.client.api.")
+print(sum(1 for module in sys.modules if module.startswith(generated)))
+"""
+
+
+def test_a_kubeconfig_loads_without_the_generated_models_imported(tmp_path: Path) -> None:
+    """kubernetes-asyncio's generated API classes and models are 33 MiB of the process and unused: the client loads a
+    kubeconfig without them (ipam_provider/kube/__init__.py)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://10.1.2.3:6443', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, str(kubeconfig)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [API, "0"]

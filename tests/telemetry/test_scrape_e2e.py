@@ -62,6 +62,7 @@ def pool_checks(namespace: str) -> list[Check]:
         return {"backend": "incluster", "kind": "InClusterIPPool", "namespace": namespace, "name": name, **extra}
 
     netbox = {"backend": "netbox", "kind": "NetboxIPPool", "namespace": namespace, "name": "nb"}
+    in_cluster = {"backend": "incluster", "kind": "InClusterIPPool"}
     return [
         ("ipam_provider_allocation_total", of("pool-a"), lambda v: v == 2),
         ("ipam_provider_allocation_total", of("pool-b"), lambda v: v == 1),
@@ -74,8 +75,9 @@ def pool_checks(namespace: str) -> list[Check]:
         ("ipam_provider_allocation_errors_total", of("small", reason="PoolExhausted"), lambda v: v >= 1),
         ("ipam_provider_waiting_claims", of("small", reason="PoolExhausted"), lambda v: v == 1),
         ("ipam_provider_waiting_claims", of("pool-a"), lambda v: v == 0),
-        ("ipam_provider_allocation_duration_seconds_count", of("pool-a"), lambda v: v == 2),
-        ("ipam_provider_allocation_duration_seconds_sum", of("pool-a"), lambda v: v > 0),
+        # one histogram per backend and kind: the four claims fulfilled in the fresh process's in-cluster pools
+        ("ipam_provider_allocation_duration_seconds_count", in_cluster, lambda v: v == 4),
+        ("ipam_provider_allocation_duration_seconds_sum", in_cluster, lambda v: v > 0),
         ("ipam_provider_pool_ready", of("pool-a", reason="PoolReady"), lambda v: v == 1),
         ("ipam_provider_pool_ready", netbox, lambda v: v == 0),
         ("ipam_provider_waiting_claims", netbox, lambda v: v == 1),
