@@ -9,7 +9,6 @@ User-Agent, every write (create, replace, patch) its field manager unless the ca
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 import urllib.parse
@@ -18,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import aiohttp.helpers
+import orjson
 import yarl
 from kubernetes_asyncio import client, config
 
@@ -97,7 +97,7 @@ class KubeClient:
             response: aiohttp.ClientResponse = await rest.pool_manager.request(
                 method,
                 url,
-                data=json.dumps(body) if body is not None else None,
+                data=orjson.dumps(body) if body is not None else None,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self._timeout),
                 **options,
@@ -114,9 +114,10 @@ class KubeClient:
     async def _json(self, method: str, path: str, **kwargs: Any) -> Object:
         response = await self._request(method, path, **kwargs)
         try:
-            data: Object = await response.json(content_type=None)
+            raw = await response.read()
         finally:
             response.release()
+        data: Object = orjson.loads(raw) if raw.strip() else {}
         return data
 
     async def get(self, resource: Resource, name: str, namespace: str | None = None) -> Object | None:
@@ -272,7 +273,7 @@ class KubeClient:
             async for line in response.content:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind, obj = event.get("type", ""), event.get("object", {})
                 if kind == "ERROR":
                     raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""), obj)
@@ -330,7 +331,7 @@ def _query_value(value: Any) -> str:
 
 def _api_error(status: int, raw: bytes) -> ApiError:
     try:
-        body = json.loads(raw)
+        body = orjson.loads(raw)
     except ValueError:
         return ApiError(status, "", raw.decode("utf-8", "replace")[:500])
     if not isinstance(body, dict):

@@ -154,11 +154,11 @@ class PoolRepairs:
         stay as they were until a pass completes."""
         settled = self._settled.pop(target.ref, None)
         if settled is not None and settled[0] is live:
-            comparison = settled[1]
+            comparison = settled[1]  # and `settled` saw no deleting IPAddress of the pool
         else:
             comparison = await self._compared(target.ref, holdings, live)
-        if self.releasing:
-            await self._let_go_orphaned_addresses(target, live)
+            if self.releasing:
+                await self._let_go_orphaned_addresses(target, live)
         suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]
         for holding in self.book.observe(target.ref, suspects, self.clock()):
             self._suspected(target, holding)
