@@ -1,4 +1,5 @@
-"""Install CRDs (Cluster API's and ours) with server-side apply and wait until each is Established."""
+"""Install CRDs (Cluster API's and ours) with server-side apply and wait until each is Established and its
+objects can be listed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import yaml
 
 from ipam_provider.kube.client import APPLY_PATCH, KubeClient
-from ipam_provider.kube.resources import CRDS
+from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.resources import CRDS, Resource
 
 FIELD_MANAGER = "ipam-provider-dev"
 # The labels `clusterctl init` gives Cluster API's own CRDs (kustomize adds them at release; the CRDs in the module's
@@ -44,7 +46,7 @@ async def install_crds(
     `force`, a CRD whose fields another manager owns fails with a 409 Conflict instead of being overwritten.
     `labels` are added to every CRD's labels (e.g. CLUSTERCTL_INIT_LABELS, as `clusterctl init` would).
     """
-    names = []
+    names, installed = [], []
     for crd in load_documents(paths):
         if crd.get("kind") != "CustomResourceDefinition":
             continue
@@ -56,6 +58,7 @@ async def install_crds(
             continue
         await kube.patch(CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=force)
         names.append(name)
+        installed.append(crd)
     deadline = time.monotonic() + timeout
     for name in names:
         while True:
@@ -66,4 +69,26 @@ async def install_crds(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s: {conditions}")
             await asyncio.sleep(0.1)
+    for crd in installed:
+        await _wait_listable(kube, crd, deadline)
     return names
+
+
+async def _wait_listable(kube: KubeClient, crd: Mapping[str, Any], deadline: float) -> None:
+    """Until a LIST of each served version answers: an Established CRD's storage may still be initializing, and
+    the API server then answers 429 "storage is (re)initializing" to every request for its objects."""
+    spec = crd["spec"]
+    for version in (v["name"] for v in spec["versions"] if v.get("served", True)):
+        names = spec["names"]
+        resource = Resource(spec["group"], version, names["plural"], names["kind"], spec["scope"] == "Namespaced")
+        while True:
+            pages = kube.list_pages(resource, limit=1)
+            try:
+                await anext(pages)
+                break
+            except ApiError as error:
+                if error.status != 429 or time.monotonic() > deadline:
+                    raise
+            finally:
+                await pages.aclose()
+            await asyncio.sleep(0.1)
