@@ -19,7 +19,11 @@ def cap_int64(count: int) -> int:
 
 def normalized_address(address: str) -> str:
     """The address in its canonical text form, without a `/prefix` suffix; text that is no address is answered
-    as it is."""
+    as it is. A plain dotted IPv4 address that is canonical already is answered without parsing (a repair pass
+    normalizes every address of every pool: parsing each would cost most of the pass)."""
+    parts = address.split(".")
+    if len(parts) == 4 and all(part.isdigit() and (part == "0" or not part.startswith("0")) for part in parts):
+        return address  # canonical if it is an address at all; text that is none is answered as it is anyway
     try:
         return str(ipaddress.ip_address(address.split("/")[0].strip()))
     except ValueError:

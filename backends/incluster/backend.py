@@ -84,6 +84,7 @@ class InClusterBackend(ReservationRepair):
         self.cached_addresses = context.cached_addresses
         self.cached_pools = context.cached_pools
         self.survey = PoolSurvey(self.kinds, context.cached_pools, survey_parse)
+        self.all_inside = {}
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -92,6 +93,8 @@ class InClusterBackend(ReservationRepair):
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A pool's change seen by the watch: the pools overlapping it before or after, whose AddressesOverlap
         condition and free counts may change with it (see `overlap`)."""
+        if new is None and old is not None:
+            self.all_inside.pop(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]), None)
         return self.survey.observe(kind, old, new)
 
     def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:

@@ -127,6 +127,8 @@ class ReservationRepair:
     orphan_sweep_every: float = ORPHAN_SWEEP_EVERY
     orphan_sweep_clock: Callable[[], float] = time.monotonic
     _orphans_swept_at: float | None = None  # when the last sweep of deleted pools' reservations completed
+    # Per pool, what the last `outside_pool` call that found none outside was asked: uid, resourceVersion, addresses.
+    all_inside: dict[PoolRef, tuple[str, str, tuple[str, ...]]]
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -274,7 +276,12 @@ class ReservationRepair:
 
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
         """The addresses the pool would not hand out now, each with why; {} for an invalid pool (its condition
-        says why)."""
+        says why). The answer depends on the pool's object and `addresses` alone: when both are as at the last
+        call that found none outside (the same resourceVersion), it is {} again without parsing the pool."""
+        meta = pool["metadata"]
+        asked = (str(meta.get("uid")), str(meta.get("resourceVersion") or ""), tuple(addresses))
+        if asked[1] and self.all_inside.get(pool_ref) == asked:
+            return {}
         try:
             spec, allocatable = self._parse(pool_ref, pool)
         except PoolNotReadyError:
@@ -284,6 +291,10 @@ class ReservationRepair:
             why = self._why_not(spec, allocatable, normalized_address(address))
             if why is not None:
                 outside[address] = why
+        if outside:
+            self.all_inside.pop(pool_ref, None)
+        else:
+            self.all_inside[pool_ref] = asked
         return outside
 
     async def sweep_orphaned(self, grace_seconds: float) -> int:

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
-from ipam_provider.common import Object
+from ipam_provider.common import Object, normalized_address
 from ipam_provider.repair.live import (
     LiveState,
     Scope,
     address_text,
-    canonical,
     claim_of_address,
     deleting,
     owner_claim_uid,
@@ -88,7 +87,7 @@ def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, sc
     result = PoolComparison()
     held: set[tuple[str, str]] = set()
     for holding in holdings:
-        text = canonical(holding.address)
+        text = normalized_address(holding.address)
         held.add((text, holding.claim_uid))
         if not holding.claim_uid or (text, holding.claim) in by_name or (text, holding.claim_uid) in by_uid:
             continue
@@ -129,7 +128,7 @@ def shared_addresses(
             or live.claim_addresses((namespace, name))
         ):
             continue
-        naming.setdefault(canonical(holding.address), {}).setdefault(holding.claim_uid, Sharer(claim))
+        naming.setdefault(normalized_address(holding.address), {}).setdefault(holding.claim_uid, Sharer(claim))
     return {
         text: sorted(sharers.values(), key=lambda sharer: sharer.claim_name)
         for text, sharers in naming.items()

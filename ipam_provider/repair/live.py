@@ -114,16 +114,7 @@ def owner_claim_uid(address: Object) -> str:
 
 def address_text(address: Object) -> str:
     """The IPAddress's address in canonical form."""
-    return canonical(str((address.get("spec") or {}).get("address") or ""))
-
-
-def canonical(text: str) -> str:
-    """An address in canonical form (`normalized_address`), without parsing a plain dotted IPv4 address that is
-    canonical already (a pass compares every address of every pool: parsing each costs most of it)."""
-    parts = text.split(".")
-    if len(parts) == 4 and all(part.isdigit() and (part == "0" or not part.startswith("0")) for part in parts):
-        return text
-    return normalized_address(text)
+    return normalized_address(str((address.get("spec") or {}).get("address") or ""))
 
 
 def deleting(obj: Object) -> bool:

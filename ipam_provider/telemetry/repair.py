@@ -63,8 +63,15 @@ def count_pass(backend: str, result: str, seconds: float) -> None:
     PASS_SECONDS.labels(backend).observe(seconds)
 
 
+# What `record_pool` last set per pool, so that a pass that finds what the last one did sets nothing.
+_recorded: dict[PoolLabels, tuple[int, int, int]] = {}
+
+
 def record_pool(pool: PoolLabels, *, suspected: int, duplicates: int, outside: int) -> None:
     """The pool's gauges after a pass; its counters start at 0 here, so that a rate over them is defined."""
+    if _recorded.get(pool) == (suspected, duplicates, outside):
+        return
+    _recorded[pool] = (suspected, duplicates, outside)
     SUSPECTED_LEAKS.labels(*pool.values()).set(suspected)
     DUPLICATES.labels(*pool.values()).set(duplicates)
     OUTSIDE_POOL.labels(*pool.values()).set(outside)
@@ -82,6 +89,7 @@ def count_restored(pool: PoolLabels) -> None:
 
 def forget_pool(pool: PoolLabels) -> None:
     """Remove every repair series of the pool (it is gone)."""
+    _recorded.pop(pool, None)
     for metric in _PER_POOL:
         with contextlib.suppress(KeyError):
             metric.remove(*pool.values())

@@ -206,6 +206,8 @@ async def test_addresses_outside_a_shrunk_pool_are_named_and_never_restored(
     outside = await repairer(backend).outside_pool(ref, shrunk, [got.address, "10.120.6.16", "10.120.6.1"])
     assert outside == {got.address: "it is not in spec.addresses", "10.120.6.1": "it is not in spec.addresses"}
     assert await repairer(backend).outside_pool(ref, obj, [got.address]) == {}
+    again = await repairer(backend).outside_pool(ref, shrunk, [got.address])  # the {} above is remembered for obj's
+    assert again == {got.address: "it is not in spec.addresses"}, "an answer is remembered per resourceVersion only"
     await kube.delete(RESERVATIONS, reservation_name(ref, got.address))
     answer = await repairer(backend).restore(ref, shrunk, claim, got)
     assert answer.outcome is RestoreOutcome.OUTSIDE and "not in spec.addresses" in answer.detail
