@@ -140,12 +140,15 @@ class PoolReconciler:
 
     async def _addresses_in_use(self, ref: PoolRef) -> int:
         """How many IPAddresses name the pool: as the cache counts them while it counts any (a lagging cache may
-        still show one that is gone, which only delays the pool's release), else as the API server does."""
+        still show one that is gone, which only delays the pool's release), else as the API server does, page by
+        page."""
         cached = len(self.ctx.caches.addresses.by_index(POOL, ref))
         if cached:
             return cached
-        items, _ = await self.ctx.kube.list(ADDRESSES, ref.namespace)
-        return sum(1 for item in items if names_pool(item, ref))
+        found = 0
+        async for items, _ in self.ctx.kube.list_pages(ADDRESSES, ref.namespace):  # a page at a time in memory
+            found += sum(1 for item in items if names_pool(item, ref))
+        return found
 
     async def _write_status(
         self, raw: Object, store: Store, resource: Resource, report: PoolReport, *, event: bool
