@@ -85,38 +85,46 @@ class AllocatableSet:
 
 
 def _parse_ip(text: str) -> tuple[int, int]:
-    """The (family, integer) of a plain IP address. Raises ValueError, also for a scoped IPv6 address."""
-    address = ipaddress.ip_address(text.strip())
+    """The (family, integer) of a plain IP address, without blanks (the Go provider's parser refuses them). Raises
+    ValueError, also for a scoped IPv6 address."""
+    if text != text.strip():  # ip_address itself tolerates a trailing newline
+        raise ValueError("blanks around the address")
+    address = ipaddress.ip_address(text)
     if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
         raise ValueError("scoped IPv6 addresses are not supported")
     return address.version, int(address)
 
 
 def parse_address_entry(text: str) -> AddressEntry:
-    """Parse one entry (IP, range or CIDR). Raises PoolSpecError(INVALID_ADDRESS) when it is none of these."""
+    """Parse one entry (IP, range or CIDR), written as the Go provider's parsers take it: no blanks in it. Raises
+    PoolSpecError(INVALID_ADDRESS) when it is none of these."""
     if not isinstance(text, str):
         raise PoolSpecError([f"{INVALID_ADDRESS}: {text!r}"])
-    entry = text.strip()
     try:
-        if "/" in entry:
-            address_part, _, length_part = entry.partition("/")
+        if "/" in text:
+            address_part, _, length_part = text.partition("/")
             if not (length_part.isascii() and length_part.isdigit()):
                 raise ValueError("prefix length must be a decimal number")
             _parse_ip(address_part)  # refuses a scoped address, which ip_network would tolerate
-            network = ipaddress.ip_network(f"{address_part.strip()}/{int(length_part)}", strict=False)
-            return AddressEntry(entry, network.version, int(network.network_address), int(network[-1]))
-        if "-" in entry:
-            low_text, high_text = entry.split("-")  # more than one `-` raises ValueError
+            network = ipaddress.ip_network(f"{address_part}/{int(length_part)}", strict=False)
+            return AddressEntry(text, network.version, int(network.network_address), int(network[-1]))
+        if "-" in text:
+            low_text, high_text = text.split("-")  # more than one `-` raises ValueError
             (low_family, first), (high_family, last) = _parse_ip(low_text), _parse_ip(high_text)
             if low_family != high_family:
                 raise ValueError("range ends are of different IP families")
             if first > last:
                 raise ValueError("range start is after its end")
-            return AddressEntry(entry, low_family, first, last)
-        family, value = _parse_ip(entry)
-        return AddressEntry(entry, family, value, value)
+            return AddressEntry(text, low_family, first, last)
+        family, value = _parse_ip(text)
+        return AddressEntry(text, family, value, value)
     except ValueError:
-        raise PoolSpecError([f"{INVALID_ADDRESS}: {entry}"]) from None
+        raise PoolSpecError([f"{INVALID_ADDRESS}: {shown(text)}"]) from None
+
+
+def shown(text: str) -> str:
+    """`text` for a message; quoted, and said so, when blanks surround it, which a message would hide."""
+    return text if text == text.strip() else f"{text!r} (blanks around it)"
 
 
 def _parse_entries(entries: Sequence[str], errors: list[str], field: str) -> list[AddressEntry]:
@@ -160,14 +168,14 @@ def _check_spec(
         raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(mixed)} (spec.addresses)"])
 
     gateway_value: int | None = None
-    if gateway is not None and gateway.strip():
+    if gateway:
         try:
             gateway_family, gateway_value = _parse_ip(gateway)
         except ValueError:
-            errors.append(f"{INVALID_GATEWAY}: {gateway.strip()} (spec.gateway)")
+            errors.append(f"{INVALID_GATEWAY}: {shown(gateway)} (spec.gateway)")
         else:
             if gateway_family != family:
-                errors.append(f"{GATEWAY_MIXED_FAMILIES}: {gateway.strip()} (spec.gateway)")
+                errors.append(f"{GATEWAY_MIXED_FAMILIES}: {gateway} (spec.gateway)")
 
     mixed_exclusions = [entry.text for entry in exclusions if entry.family != family]
     if mixed_exclusions:

@@ -27,6 +27,7 @@ from backends.incluster.allocatable import (
     AllocatableSet,
     PoolSpecError,
     parse_address_entry,
+    shown,
 )
 from backends.incluster.intervals import IntervalSet, address_to_int
 
@@ -50,15 +51,17 @@ def _looks_v4(text: str) -> bool:
 
 def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """One `prefixes` entry as a network. Raises PoolSpecError when it is no CIDR or has host bits set."""
-    entry = str(text).strip()
+    entry = str(text)
     address_part, slash, length_part = entry.partition("/")
     try:
-        if not slash or not (length_part.isascii() and length_part.isdigit()) or "%" in address_part:
-            raise ValueError("not a CIDR")
+        if entry != entry.strip() or not slash or not (length_part.isascii() and length_part.isdigit()):
+            raise ValueError("not a CIDR")  # blanks: the Go provider's parser refuses them
+        if "%" in address_part:
+            raise ValueError("a scoped address")
         loose = ipaddress.ip_network(f"{address_part}/{int(length_part)}", strict=False)
     except ValueError:
         family = 4 if _looks_v4(entry) else 6
-        raise PoolSpecError([f"{INVALID_CIDR.format(family=family)}: {entry}"]) from None
+        raise PoolSpecError([f"{INVALID_CIDR.format(family=family)}: {shown(entry)}"]) from None
     if int(loose.network_address) != int(ipaddress.ip_address(address_part)):
         raise PoolSpecError([f"{NOT_ALIGNED}: {entry}"])
     return loose
@@ -80,14 +83,16 @@ def _parse_prefixes(prefixes: Sequence[str]) -> list[ipaddress.IPv4Network | ipa
 
 
 def _gateway_problems(gateway: str | None, family: int) -> list[str]:
-    if gateway is None or not gateway.strip():
+    if not gateway:
         return []
     try:
-        parsed = ipaddress.ip_address(gateway.strip())
+        if gateway != gateway.strip():  # the Go provider's parser refuses blanks; ip_address tolerates a newline
+            raise ValueError("blanks around the gateway")
+        parsed = ipaddress.ip_address(gateway)
     except ValueError:
-        return [f"{INVALID_GATEWAY}: {gateway.strip()} (spec.gateway)"]
+        return [f"{INVALID_GATEWAY}: {shown(gateway)} (spec.gateway)"]
     if parsed.version != family:
-        return [f"{GATEWAY_FAMILY.format(family=family)}: {gateway.strip()} (spec.gateway)"]
+        return [f"{GATEWAY_FAMILY.format(family=family)}: {gateway} (spec.gateway)"]
     return []
 
 
@@ -122,7 +127,7 @@ def build_prefix_set(
         try:
             entry = parse_address_entry(text)
         except PoolSpecError:
-            errors.append(f"{INVALID_EXCLUDED}: {str(text).strip()} (spec.excludedPrefixes[{position}])")
+            errors.append(f"{INVALID_EXCLUDED}: {shown(str(text))} (spec.excludedPrefixes[{position}])")
             continue
         if entry.family != family:
             errors.append(f"{EXCLUDED_FAMILY.format(family=family)}: {entry.text} (spec.excludedPrefixes[{position}])")
