@@ -18,9 +18,10 @@ ENTRY = (
     "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
     "or a CIDR (10.0.0.0/24)."
 )
+# No blanks around an entry or its range's ends: the Go provider's parsers (netip, netipx) refuse them.
 ENTRY_RULE = (
-    "isIP(self.trim()) || isCIDR(self.trim()) || (self.split('-').size() == 2 && "
-    "isIP(self.split('-')[0].trim()) && isIP(self.split('-')[1].trim()))"
+    "isIP(self) || isCIDR(self) || (self.split('-').size() == 2 && "
+    "isIP(self.split('-')[0]) && isIP(self.split('-')[1]))"
 )
 ENTRY_ITEMS = {
     "type": "string",
