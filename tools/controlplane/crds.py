@@ -75,8 +75,8 @@ async def install_crds(
 
 
 async def _wait_listable(kube: KubeClient, crd: Mapping[str, Any], deadline: float) -> None:
-    """Until a LIST of each served version answers: an Established CRD's storage may still be initializing, and
-    the API server then answers 429 "storage is (re)initializing" to every request for its objects."""
+    """Until a LIST of each served version answers: an Established CRD's storage may still be initializing (429
+    "storage is (re)initializing"), and a version added by an update is routed a moment later (404)."""
     spec = crd["spec"]
     for version in (v["name"] for v in spec["versions"] if v.get("served", True)):
         names = spec["names"]
@@ -87,7 +87,7 @@ async def _wait_listable(kube: KubeClient, crd: Mapping[str, Any], deadline: flo
                 await anext(pages)
                 break
             except ApiError as error:
-                if error.status != 429 or time.monotonic() > deadline:
+                if error.status not in (404, 429) or time.monotonic() > deadline:
                     raise
             finally:
                 await pages.aclose()
