@@ -13,7 +13,7 @@ IMAGE_BASE ?= debian
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ipam_provider/version.py)
 IMAGE ?= localhost/capi-ipam-provider-py:v$(VERSION)
 
-.PHONY: venv binaries clusterctl prometheus netbox cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
+.PHONY: venv binaries clusterctl prometheus netbox providers cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -36,6 +36,12 @@ clusterctl:
 prometheus:
 	hack/prometheus/build.sh
 
+# The infrastructure providers' harnesses of tests/providers (hack/providers/<name>/: our wrapper Go modules over
+# CAPV and CAPMOX), cached by provider version and wrapper content.
+providers:
+	hack/providers/build.sh capv >/dev/null
+	hack/providers/build.sh capmox >/dev/null
+
 # A real NetBox for the tests: Debian packages, a Python 3.12 venv and a migrated database, all cached by version.
 netbox:
 	hack/netbox/install.sh
@@ -50,7 +56,7 @@ cluster-up: venv
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries clusterctl prometheus netbox
+test: venv binaries clusterctl prometheus netbox providers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl and etcd from their Go modules, pinned in hack/versions.env and in the
+# Builds kube-apiserver, kubectl, kube-controller-manager and etcd from their Go modules, pinned in hack/versions.env and in the
 # wrapper modules under hack/control-plane/modules. Binaries are cached outside the work tree, keyed by
-# version, so a warm run builds nothing. Prints the directory that holds the three binaries.
+# version, so a warm run builds nothing. Prints the directory that holds the binaries.
 #
 # KUBEBUILDER_ASSETS, when it names a directory holding kube-apiserver and etcd, is used as is.
 set -euo pipefail
@@ -42,4 +42,6 @@ build() {  # build <module dir> <package> <output name> [ldflags]
 build etcd go.etcd.io/etcd/server/v3 etcd
 build kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$k8s_ldflags"
 build kubernetes k8s.io/kubernetes/cmd/kubectl kubectl "$k8s_ldflags"
+# The garbage collector alone (tests/providers): infrastructure providers leave their claims to it, by owner reference.
+build kubernetes k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$k8s_ldflags"
 echo "$bin"

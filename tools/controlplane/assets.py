@@ -42,12 +42,12 @@ class AssetError(RuntimeError):
 
 
 def binaries_dir() -> Path:
-    """Build (or find) kube-apiserver, etcd and kubectl; return their directory."""
+    """Build (or find) kube-apiserver, etcd, kubectl and kube-controller-manager; return their directory."""
     try:
         result = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as error:
         raise AssetError(
-            "could not build kube-apiserver/etcd/kubectl from their Go modules "
+            "could not build kube-apiserver/etcd/kubectl/kube-controller-manager from their Go modules "
             f"(needs Go 1.26+ and the Go module proxy, or KUBEBUILDER_ASSETS):\n{error.stderr[-4000:]}"
         ) from error
     directory = Path(result.stdout.strip().splitlines()[-1])
