@@ -17,10 +17,12 @@ read -r module version < <(awk '/\/\/ provider$/ {if ($1 == "require") print $2,
 digest="$(cat "$wrapper"/go.mod "$wrapper"/go.sum "$wrapper"/*.go | sha256sum | cut -c1-12)"
 cache="${IPAM_PROVIDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ipam-provider}"
 bin="$cache/bin/harness-$name-$version-$digest/$name-harness"
+mkdir -p "$(dirname "$bin")"
+exec 9>"$(dirname "$bin")/.build.lock"
+flock 9  # builds started at once take turns: the second finds the binary built
 if [[ ! -x "$bin" ]]; then
   started=$SECONDS
   echo "building the $name harness ($version) ..." >&2
-  mkdir -p "$(dirname "$bin")"
   # -mod=readonly: the committed go.sum is the whole build list; a module the proxy refuses fails here with Go's
   # reason, and nothing in the work tree is rewritten.
   (cd "$wrapper" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$bin.partial" .) >&2
