@@ -20,6 +20,7 @@ from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
 from ipam_provider.kube.client import KubeClient
+from ipam_provider.kube.errors import KubeconfigError
 from ipam_provider.leader import LeaderElector
 from ipam_provider.logconfig import configure_logging
 from ipam_provider.serving.admission import PoolAdmission
@@ -155,18 +156,23 @@ async def run(options: RunOptions) -> int:
     if options.not_acted_on:
         log.warning("flags accepted but not acted on", flags=list(options.not_acted_on))
     try:
+        kube = await KubeClient.from_kubeconfig(options.kubeconfig)  # before any listener starts
+    except KubeconfigError as error:
+        log.error(str(error))
+        return 2
+    try:
         endpoints = await Endpoints.bind(options)
     except (BindError, CertificateError) as error:
         log.error(str(error))
+        await kube.close()
         return 1
     try:
-        return await _run_controller(options, endpoints)
+        return await _run_controller(options, endpoints, kube)
     finally:
         await endpoints.close()
 
 
-async def _run_controller(options: RunOptions, endpoints: Endpoints) -> int:
-    kube = await KubeClient.from_kubeconfig(options.kubeconfig)
+async def _run_controller(options: RunOptions, endpoints: Endpoints, kube: KubeClient) -> int:
     endpoints.use_api(kube)
     election = options.leader_election
     log.info(
@@ -276,7 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.critical("controller failed", exc_info=True)
             return 1
     configure_logging(level="warning")  # stdout is the view; stderr only says what went wrong
-    return asyncio.run(status(args))
+    try:
+        return asyncio.run(status(args))
+    except KubeconfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

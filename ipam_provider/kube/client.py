@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -22,7 +23,7 @@ import yarl
 from kubernetes_asyncio import client, config
 
 from ipam_provider.identity import FIELD_MANAGER, user_agent
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.kube.errors import ApiError, KubeconfigError
 from ipam_provider.kube.resources import Resource
 from ipam_provider.telemetry.clients import host_label, observe_rest_request
 
@@ -31,6 +32,25 @@ Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVers
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+
+
+def _kubeconfig_files(path: str | None) -> list[str]:
+    """The kubeconfig files to load: `path` (which must exist), else those of KUBECONFIG or ~/.kube/config that
+    exist; none means the in-cluster service account."""
+    if path is not None:
+        if not os.path.isfile(path):
+            raise KubeconfigError(f"cannot load the kubeconfig {path} (--kubeconfig): no such file")
+        return [path]
+    listed = [file for file in os.environ.get("KUBECONFIG", "").split(os.pathsep) if file]
+    return [file for file in listed or [os.path.expanduser("~/.kube/config")] if os.path.isfile(file)]
+
+
+def _reason(error: BaseException) -> str:
+    """The kubeconfig loader's complaint on one line, without the loader's preamble."""
+    text = " ".join(str(error).split())
+    if not text or isinstance(error, (TypeError, AttributeError, KeyError)):
+        return "not a kubeconfig (no clusters, contexts and users in it)"
+    return text.removeprefix("Invalid kube-config file. ")
 
 
 class KubeClient:
@@ -47,14 +67,25 @@ class KubeClient:
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, *, max_connections: int = 64) -> KubeClient:
         """Build a client from a kubeconfig file, or from the in-cluster service account when `path` is None
-        and no default kubeconfig exists."""
+        and no default kubeconfig exists. Raises KubeconfigError, one line naming what is missing, when neither
+        loads."""
         configuration = _configuration()
-        try:
-            await config.load_kube_config(config_file=path, client_configuration=configuration)
-        except config.ConfigException:
-            if path is not None:
-                raise
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        files = _kubeconfig_files(path)
+        if files:
+            try:
+                await config.load_kube_config(config_file=path, client_configuration=configuration)
+            except Exception as error:  # the loader fails on malformed files with any exception type
+                raise KubeconfigError(
+                    f"cannot load the kubeconfig {os.pathsep.join(files)}: {_reason(error)}"
+                ) from None
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                raise KubeconfigError(
+                    "no kubeconfig: give one with --kubeconfig=<file> or KUBECONFIG, put one at ~/.kube/config, "
+                    "or run in a pod with a service account"
+                ) from None
         configuration.connection_pool_maxsize = max_connections
         proxy_from_environment(configuration)
         return cls(client.ApiClient(configuration))

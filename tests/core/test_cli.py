@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -166,3 +167,41 @@ async def _line_with(stream: asyncio.StreamReader, text: str) -> None:
         line = await stream.readline()
         if not line or text in line.decode(errors="replace"):
             return
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (
+            ["run", "--kubeconfig=/nonexistent"],
+            {},
+            "cannot load the kubeconfig /nonexistent (--kubeconfig): no such file",
+        ),
+        (["run", "--kubeconfig=/etc/hostname"], {}, "cannot load the kubeconfig /etc/hostname: not a kubeconfig"),
+        (["status", "--kubeconfig=/etc/hostname"], {}, "cannot load the kubeconfig /etc/hostname: not a kubeconfig"),
+        (["run"], {"HOME": "/nonexistent"}, "no kubeconfig: give one with --kubeconfig=<file> or KUBECONFIG"),
+        (["status"], {"HOME": "/nonexistent"}, "no kubeconfig: give one with --kubeconfig=<file> or KUBECONFIG"),
+    ],
+    ids=["missing-file", "not-a-kubeconfig", "status-not-a-kubeconfig", "none-at-all", "status-none-at-all"],
+)
+def test_a_bad_or_missing_kubeconfig_is_one_line_and_exit_2_before_any_listener(
+    args: list[str], env: dict[str, str], says: str
+) -> None:
+    """The metrics address is taken: had a listener been started before the kubeconfig loaded, the run would fail
+    on the address (exit 1) instead."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        clean = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+        listen = [f"--metrics-bind-address=127.0.0.1:{port}"] if args[0] == "run" else []
+        result = subprocess.run(
+            [sys.executable, "-m", "ipam_provider", *args, *listen],
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == 2, lines
+    assert len(lines) == 1 and says in lines[0], lines
