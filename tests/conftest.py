@@ -11,13 +11,16 @@ the tests that need neither (the fast lane):
   depends on it.
 
 `item.fixturenames` is the transitive closure of a test's fixtures, so these two roots are enough. A test that
-starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand, and
-so do the image tests (tests/image/), whose cold build takes minutes.
+starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand (an
+unmarked test that starts one fails, saying so), and so do the image tests (tests/image/), whose cold build takes
+minutes.
 """
 
 from __future__ import annotations
 
 import pytest
+
+from tools.controlplane.cluster import LocalControlPlane
 
 pytest_plugins = [
     "pytester",
@@ -42,3 +45,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker, roots in NEEDS.items():
             if fixtures & roots and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _only_marked_tests_start_a_control_plane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test without the `apiserver` mark that starts a control plane fails, saying so: the fast lane must
+    never start one."""
+    if request.node.get_closest_marker("apiserver") is not None:
+        return
+
+    def refuse(*_: object, **__: object) -> None:
+        pytest.fail(f"{request.node.nodeid} starts a control plane: mark it @pytest.mark.apiserver", pytrace=False)
+
+    monkeypatch.setattr(LocalControlPlane, "start", refuse)

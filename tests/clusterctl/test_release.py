@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from ipam_provider.flags import parse_args
@@ -257,6 +258,7 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subproces
     )
 
 
+@pytest.mark.apiserver  # its control plane is its own, not the `kubeconfig` fixture's
 def test_the_rendered_components_install_on_a_fresh_api_server(
     clusterctl: Clusterctl, clusterctl_repository: LocalRepository
 ) -> None:
