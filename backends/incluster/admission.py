@@ -25,8 +25,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError, pre_allocation_problems
-from backends.incluster.backend import _first_line, parse_pool
 from backends.incluster.intervals import address_to_int, int_to_address
+from backends.incluster.pool_spec import first_line, parse_pool
 from backends.incluster.preallocations import claim_key
 from ipam_provider.backend.contract import AddressInUse, PoolRef
 from ipam_provider.common import Object, normalized_address
@@ -44,7 +44,7 @@ def pool_change_problems(old: Object | None, new: Object | None, in_use: Sequenc
     try:
         _, allocatable = parse_pool(new)
     except (PoolSpecError, ValidationError, ValueError) as error:
-        return [f"the pool's spec is invalid: {_first_line(error)}"]
+        return [f"the pool's spec is invalid: {first_line(error)}"]
     problems = _pre_allocation_problems(new, allocatable, in_use)
     previous: AllocatableSet | None = None
     if old is not None:

@@ -24,6 +24,7 @@ from collections.abc import Collection, Sequence
 import structlog
 from pydantic import ValidationError
 
+from backends.incluster.admission import pool_change_problems
 from backends.incluster.adoption import hold_existing
 from backends.incluster.advisories import address_pool_advisories, consistency_condition
 from backends.incluster.allocatable import AllocatableSet, PoolSpecError
@@ -33,14 +34,21 @@ from backends.incluster.intervals import address_to_int
 from backends.incluster.overlap import PoolSurvey, assess, invalid_pool_condition
 from backends.incluster.pins import enforce_pool_pins
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.pool_spec import InClusterPoolSpec, allocation_policy, parse_pool, survey_parse
+from backends.incluster.pool_spec import (
+    InClusterPoolSpec,
+    allocation_policy,
+    first_line,
+    parse_pool,
+    pool_generation,
+    pool_uid,
+    survey_parse,
+)
 from backends.incluster.preallocations import PreAllocations, collisions, exhausted_message
 from backends.incluster.release import release_claim
 from backends.incluster.released import reserve_or_take_over
 from backends.incluster.repair import ReservationRepair
 from backends.incluster.requested import SpecificAllocation, wanted_address, why_not_allocatable
 from backends.incluster.reservations import Reservation, ReservationClient
-from backends.validation import spec_error
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
@@ -103,7 +111,7 @@ class InClusterBackend(ReservationRepair):
             self.reservations.note_domain(ref, spec.uniqueness_domain)
             return spec, allocatable
         except (PoolSpecError, ValidationError, ValueError) as error:
-            raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
+            raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
         """Build the pool's index from its reservations ahead of its first allocation (the controller calls this
@@ -116,13 +124,12 @@ class InClusterBackend(ReservationRepair):
         self.reservations.note_domain(pool_ref, spec.uniqueness_domain)
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         policy = allocation_policy(spec, allocatable, pre)
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), policy, _uid(pool))
+        await self.indexes.prepare(pool_ref, allocatable, pool_generation(pool), policy, pool_uid(pool))
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
     ) -> list[str]:
         """The admission webhook's checks for the pool's kinds (see `admission`)."""
-        from backends.incluster.admission import pool_change_problems  # that module builds on parse_pool here
 
         return pool_change_problems(old, new, in_use)
 
@@ -133,7 +140,7 @@ class InClusterBackend(ReservationRepair):
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         policy = allocation_policy(spec, allocatable, pre)
         index = await self.indexes.index(
-            pool_ref, allocatable, _generation(pool), spec.reuse_grace_seconds, policy, _uid(pool)
+            pool_ref, allocatable, pool_generation(pool), spec.reuse_grace_seconds, policy, pool_uid(pool)
         )
         if existing is not None:
             return await hold_existing(self.reservations, pool_ref, index, claim, existing)
@@ -227,7 +234,7 @@ class InClusterBackend(ReservationRepair):
             out_of_range += 0 if inside else 1
         pre = PreAllocations.of(pool_ref, spec.pre_allocations, allocatable)
         policy = allocation_policy(spec, allocatable, pre)
-        generation, uid = _generation(pool), _uid(pool)
+        generation, uid = pool_generation(pool), pool_uid(pool)
         await enforce_pool_pins(self.indexes, generation, allocatable, spec, policy, pre, addresses, uid=uid)
         collided, waiting = await collisions(pre, addresses, self.indexes.cached_addresses(pool_ref), self.reservations)
         total = allocatable.addresses.size
@@ -259,18 +266,3 @@ class InClusterBackend(ReservationRepair):
 
     async def close(self) -> None:
         self.indexes.clear()
-
-
-def _generation(pool: Object) -> int:
-    return int((pool.get("metadata") or {}).get("generation") or 0)
-
-
-def _uid(pool: Object) -> str:
-    """The pool object's uid: per-pool state belongs to one object (a pool re-created under the same name is new)."""
-    return str((pool.get("metadata") or {}).get("uid") or "")
-
-
-def _first_line(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        return spec_error(error)
-    return str(error).splitlines()[0]

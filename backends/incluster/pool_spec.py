@@ -1,5 +1,7 @@
-"""The spec of an in-cluster pool (InClusterIPPool / GlobalInClusterIPPool) as allocation reads it: its fields,
-its allocatable set, its allocation policy, and what a release needs of it."""
+"""The specs of the in-cluster pools as allocation and admission read them: an address pool's (InClusterIPPool /
+GlobalInClusterIPPool) fields, allocatable set, allocation policy and what a release needs of it; a prefix pool's
+(InClusterPrefixPool / GlobalInClusterPrefixPool) fields and allocatable child numbers; and the pool object's
+generation and uid."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from backends.incluster.allocatable import AllocatableSet, PoolSpecError, build_
 from backends.incluster.domains import domain_problem
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.preallocations import PreAllocations
+from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENGTH, build_prefix_set
 from backends.incluster.strategies import pinned_addresses
+from backends.validation import spec_error
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
@@ -86,3 +90,40 @@ def release_terms(ref: PoolRef, pool: Object | None) -> tuple[int | None, Alloca
         return spec.reuse_grace_seconds, spec.allocation_strategy, None
     pre = PreAllocations.of(ref, spec.pre_allocations, allocatable)
     return spec.reuse_grace_seconds, spec.allocation_strategy, pre
+
+
+class PrefixPoolSpec(Model):
+    prefixes: list[str] = Field(default_factory=list)
+    allocation_prefix_length: int = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
+    gateway: str | None = None
+    excluded_prefixes: list[str] = Field(default_factory=list, alias="excludedPrefixes")
+
+    def allocation_fields(self) -> InClusterPoolSpec:
+        """What the shared allocation path reads from an address pool's spec: the `prefix` and `gateway` of each
+        IPAddress it writes (no reuse grace period)."""
+        return InClusterPoolSpec.model_validate({"prefix": self.allocation_prefix_length, "gateway": self.gateway})
+
+
+def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:
+    """The pool's spec and allocatable child numbers; PoolSpecError or ValidationError when invalid."""
+    spec = PrefixPoolSpec.model_validate(pool.get("spec") or {})
+    gateway = spec.gateway if spec.gateway and spec.gateway.strip() else None
+    allocatable = build_prefix_set(spec.prefixes, spec.allocation_prefix_length, gateway, spec.excluded_prefixes)
+    return spec, allocatable
+
+
+def pool_generation(pool: Object) -> int:
+    """The pool object's metadata.generation (0 when unset)."""
+    return int((pool.get("metadata") or {}).get("generation") or 0)
+
+
+def pool_uid(pool: Object) -> str:
+    """The pool object's uid: per-pool state belongs to one object (a pool re-created under the same name is new)."""
+    return str((pool.get("metadata") or {}).get("uid") or "")
+
+
+def first_line(error: Exception) -> str:
+    """A spec error on one line: pydantic's as `spec_error` words it, any other's first line."""
+    if isinstance(error, ValidationError):
+        return spec_error(error)
+    return str(error).splitlines()[0]

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError, without_field
+from backends.incluster.pool_spec import parse_prefix_pool
 from backends.incluster.prefix_allocatable import child_of
-from backends.incluster.prefix_backend import parse_prefix_pool
 from backends.validation import spec_error
 from ipam_provider.backend.contract import AddressInUse
 from ipam_provider.common import Object

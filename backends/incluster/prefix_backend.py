@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from backends.incluster.advisories import consistency_condition, prefix_pool_advisories
 from backends.incluster.allocatable import ADDRESS_BITS, AllocatableSet, PoolSpecError
-from backends.incluster.backend import InClusterBackend, InClusterPoolSpec, _first_line, _generation, _uid
+from backends.incluster.backend import InClusterBackend
 from backends.incluster.intervals import address_to_int
-from backends.incluster.prefix_allocatable import DEFAULT_ALLOCATION_PREFIX_LENGTH, build_prefix_set, child_of
-from ipam_provider.api.meta import Model
+from backends.incluster.pool_spec import InClusterPoolSpec, first_line, parse_prefix_pool, pool_generation, pool_uid
+from backends.incluster.prefix_admission import prefix_pool_change_problems
+from backends.incluster.prefix_allocatable import child_of
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
@@ -47,26 +48,6 @@ GLOBAL_IN_CLUSTER_PREFIX_POOL = PoolKind(
 )
 
 
-class PrefixPoolSpec(Model):
-    prefixes: list[str] = Field(default_factory=list)
-    allocation_prefix_length: int = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
-    gateway: str | None = None
-    excluded_prefixes: list[str] = Field(default_factory=list, alias="excludedPrefixes")
-
-    def allocation_fields(self) -> InClusterPoolSpec:
-        """What the shared allocation path reads from an address pool's spec: the `prefix` and `gateway` of each
-        IPAddress it writes (no reuse grace period)."""
-        return InClusterPoolSpec.model_validate({"prefix": self.allocation_prefix_length, "gateway": self.gateway})
-
-
-def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:
-    """The pool's spec and allocatable child numbers; PoolSpecError or ValidationError when invalid."""
-    spec = PrefixPoolSpec.model_validate(pool.get("spec") or {})
-    gateway = spec.gateway if spec.gateway and spec.gateway.strip() else None
-    allocatable = build_prefix_set(spec.prefixes, spec.allocation_prefix_length, gateway, spec.excluded_prefixes)
-    return spec, allocatable
-
-
 class InClusterPrefixBackend(InClusterBackend):
     """Serves InClusterPrefixPool and GlobalInClusterPrefixPool."""
 
@@ -84,7 +65,7 @@ class InClusterPrefixBackend(InClusterBackend):
         try:
             spec, allocatable = parse_prefix_pool(pool)
         except (PoolSpecError, ValidationError, ValueError) as error:
-            raise PoolNotReadyError(f"{ref} is invalid: {_first_line(error)}; fix the pool's spec") from error
+            raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
         return spec.allocation_fields(), allocatable
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
@@ -92,13 +73,12 @@ class InClusterPrefixBackend(InClusterBackend):
             _, allocatable = parse_prefix_pool(pool)
         except (PoolSpecError, ValidationError, ValueError):
             return
-        await self.indexes.prepare(pool_ref, allocatable, _generation(pool), uid=_uid(pool))
+        await self.indexes.prepare(pool_ref, allocatable, pool_generation(pool), uid=pool_uid(pool))
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
     ) -> list[str]:
         """The admission webhook's checks for prefix pools (see `prefix_admission`)."""
-        from backends.incluster.prefix_admission import prefix_pool_change_problems  # it builds on this module
 
         return prefix_pool_change_problems(old, new, in_use)
 

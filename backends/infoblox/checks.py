@@ -33,8 +33,8 @@ from typing import Any
 
 from backends.infoblox.bindings import restricted_attribute, view_binding
 from backends.infoblox.client import Problem, WapiError
-from backends.infoblox.connections import Connection
-from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth, Health
+from backends.infoblox.connections import Connection, Health
+from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth
 from backends.infoblox.ownership import view_missing
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import HOST_RECORD, Pool

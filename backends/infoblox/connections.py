@@ -4,11 +4,12 @@ Contract:
 - `connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets (see
   `credentials`) at most once per `instance_cache_seconds`; the connection (its Connector, thread pool and private
   files) is rebuilt when the instance's generation or either Secret's resourceVersion changes. A replaced or
-  dropped connection is closed only once every call it may be serving has ended (see `retiring`).
+  dropped connection is closed only once every call it may be serving has ended (`Retiring`): after the longest a
+  call on it can take (`client.longest_call_seconds`), or at once when the process stops.
 - An instance that is missing, or whose spec or Secrets cannot be used, raises `InstanceProblem`; the problem is
   also written to the instance's status (see `status`) when the instance exists.
-- A connection carries the state of its grid check (see `health`): its last result, the lock that makes one
-  check at a time, and how many checks in a row the grid refused its credentials.
+- A connection carries the state of its grid check (`Health`, decided by `health`): its last result, the lock
+  that makes one check at a time, and how many checks in a row the grid refused its credentials.
 """
 
 from __future__ import annotations
@@ -23,14 +24,22 @@ import structlog
 
 from backends.infoblox.client import WapiClient
 from backends.infoblox.credentials import InstanceProblem, Material, read_material
-from backends.infoblox.health import Health
-from backends.infoblox.retiring import Retiring
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INSTANCES, InstanceSpec
 from backends.infoblox.status import InstanceStatus
 from ipam_provider.kube.client import KubeClient
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    reason: str
+    message: str
+    checked_at: float
+    ea_names: frozenset[str] = frozenset()
+    dns_view_network_view: str | None = None  # the network view of a custom defaultDNSView
 
 
 @dataclass
@@ -118,3 +127,25 @@ class Connections:
         for name in list(self._connections):
             self._retire(name)
         await self._retiring.close()
+
+
+class Retiring:
+    """The connections waiting to be closed."""
+
+    def __init__(self) -> None:
+        self._closing: dict[asyncio.Task[None], Connection] = {}
+
+    def retire(self, connection: Connection) -> None:
+        task = asyncio.get_running_loop().create_task(_close_later(connection))
+        self._closing[task] = connection
+        task.add_done_callback(lambda done: self._closing.pop(done, None))
+
+    async def close(self) -> None:
+        for task, connection in list(self._closing.items()):
+            task.cancel()
+            await connection.close()
+
+
+async def _close_later(connection: Connection) -> None:
+    await asyncio.sleep(connection.client.longest_call_seconds)
+    await connection.close()

@@ -18,34 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 
 from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.connections import Connection, Health
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import OPTIONAL_EAS, OWNERSHIP_EAS
 from backends.infoblox.status import InstanceStatus
-
-if TYPE_CHECKING:
-    from backends.infoblox.connections import Connection
 
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
 AUTH_FAILED = Problem.AUTH.value  # the Health reason of refused credentials
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
 INSTANCE_WIDE = frozenset({Problem.AUTH, Problem.TLS, Problem.UNREACHABLE})
-
-
-@dataclass(frozen=True)
-class Health:
-    ready: bool
-    reason: str
-    message: str
-    checked_at: float
-    ea_names: frozenset[str] = frozenset()
-    dns_view_network_view: str | None = None  # the network view of a custom defaultDNSView
 
 
 class GridHealth:

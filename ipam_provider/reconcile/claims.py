@@ -57,6 +57,7 @@ from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
 from ipam_provider.reconcile.requested import RequestedAddressNotices
+from ipam_provider.telemetry import PoolLabels
 from ipam_provider.telemetry import pools as pool_metrics
 
 log = structlog.get_logger(__name__)
@@ -76,8 +77,8 @@ class ClaimReconciler:
         self._first_seen = pool_metrics.FirstSeen()  # live claims without an address, for the allocation time
         self._requested = RequestedAddressNotices(context.recorder)
 
-    def _labels(self, work: ClaimWork) -> pool_metrics.PoolLabels:
-        return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(work.kind.group, work.kind.kind), work.pool_ref)
+    def _labels(self, work: ClaimWork) -> PoolLabels:
+        return PoolLabels.of(self.ctx.registry.name_of(work.kind.group, work.kind.kind), work.pool_ref)
 
     def _work(self, namespace: str, name: str) -> ClaimWork | None:
         """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""

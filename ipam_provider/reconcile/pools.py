@@ -46,6 +46,7 @@ from ipam_provider.kube.resources import ADDRESSES, Resource
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import WARNING
+from ipam_provider.telemetry import PoolLabels
 from ipam_provider.telemetry import pools as pool_metrics
 from ipam_provider.watch.caches import POOL
 from ipam_provider.watch.store import Store
@@ -106,8 +107,8 @@ class PoolReconciler:
         self._record(ref, report)
         return (report_interval_of(backend) or self.sync_period) * (1 + random.random() / 10)
 
-    def _labels(self, ref: PoolRef) -> pool_metrics.PoolLabels:
-        return pool_metrics.PoolLabels.of(self.ctx.registry.name_of(ref.group, ref.kind), ref)
+    def _labels(self, ref: PoolRef) -> PoolLabels:
+        return PoolLabels.of(self.ctx.registry.name_of(ref.group, ref.kind), ref)
 
     def _record(self, ref: PoolRef, report: PoolReport) -> None:
         """Set the pool's gauges from the report its status was written from, and count its waiting claims."""

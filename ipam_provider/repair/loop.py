@@ -45,8 +45,8 @@ from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget
 from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.telemetry import PoolLabels
 from ipam_provider.telemetry import repair as metrics
-from ipam_provider.telemetry.pools import PoolLabels
 
 log = structlog.get_logger(__name__)
 

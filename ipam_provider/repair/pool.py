@@ -55,8 +55,8 @@ from ipam_provider.repair.compare import PoolComparison, Sharer, Unrecorded, com
 from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.telemetry import PoolLabels
 from ipam_provider.telemetry import repair as metrics
-from ipam_provider.telemetry.pools import PoolLabels
 
 log = structlog.get_logger(__name__)
 

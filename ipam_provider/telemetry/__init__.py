@@ -14,6 +14,29 @@ without prometheus-client's `*_created` companions, as Go's client exposes them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import disable_created_metrics
 
+from ipam_provider.backend.contract import PoolRef
+
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+POOL_LABELS = ["backend", "kind", "namespace", "name"]  # the labels of every per-pool series (`pools`, `repair`)
+
+
+@dataclass(frozen=True)
+class PoolLabels:
+    """The label values of one pool's series."""
+
+    backend: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, backend: str, ref: PoolRef) -> PoolLabels:
+        return cls(backend, ref.kind, ref.namespace or "", ref.name)
+
+    def values(self) -> tuple[str, str, str, str]:
+        return self.backend, self.kind, self.namespace, self.name

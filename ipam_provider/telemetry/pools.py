@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ipam_provider.backend.contract import AddressCounts, PoolRef
+from ipam_provider.backend.contract import AddressCounts
+from ipam_provider.telemetry import POOL_LABELS, PoolLabels, repair
 
-POOL_LABELS = ["backend", "kind", "namespace", "name"]
 PENDING = "Pending"  # the waiting reason of a claim that has no Ready condition yet
 
 ALLOCATED = Gauge("ipam_provider_allocated_ips", "Addresses in use in the pool (its status's used count).", POOL_LABELS)
@@ -48,23 +47,6 @@ READY = Gauge(
 )
 _PLAIN = (ALLOCATED, AVAILABLE, ALLOCATIONS, RELEASES)
 _REASONED = (ALLOCATION_ERRORS, WAITING, READY)
-
-
-@dataclass(frozen=True)
-class PoolLabels:
-    """The label values of one pool's series."""
-
-    backend: str
-    kind: str
-    namespace: str
-    name: str
-
-    @classmethod
-    def of(cls, backend: str, ref: PoolRef) -> PoolLabels:
-        return cls(backend, ref.kind, ref.namespace or "", ref.name)
-
-    def values(self) -> tuple[str, str, str, str]:
-        return self.backend, self.kind, self.namespace, self.name
 
 
 # The reasons each pool has a series of, per reason-labelled metric, so that they can be removed.
@@ -133,8 +115,6 @@ def count_release(pool: PoolLabels) -> None:
 def forget_pool(pool: PoolLabels) -> None:
     """Remove every series of the pool (it is gone), the repair loop's (`telemetry.repair`) included; its kind's
     duration histogram stays."""
-    from ipam_provider.telemetry import repair  # it builds on this module's labels
-
     repair.forget_pool(pool)
     for plain in _PLAIN:
         _remove(plain, *pool.values())

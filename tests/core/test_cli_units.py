@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import cast
 
 import pytest
@@ -81,26 +80,25 @@ async def test_sigterm_while_leading_exits_zero_and_gives_the_lease_up() -> None
     assert elector.released
 
 
-def test_a_fatal_error_is_one_json_record_and_exit_1(tmp_path: Path) -> None:
-    """An error nothing below handles (here: a kubeconfig that does not exist) ends the process with exit 1 and
-    is logged in the log's format: in JSON mode every line is JSON, the traceback structured."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ipam_provider",
-            "run",
-            f"--kubeconfig={tmp_path / 'missing'}",
-            "--log-format=json",
-            "--metrics-bind-address=0",
-            "--health-probe-bind-address=0",
-            "--webhook-port=0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def test_a_fatal_error_is_one_json_record_and_exit_1() -> None:
+    """An error nothing below handles (here: one raised where the API client is built) ends the process with
+    exit 1 and is logged in the log's format: in JSON mode every line is JSON, the traceback structured."""
+    flags = [
+        "run",
+        "--log-format=json",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+        "--webhook-port=0",
+    ]
+    script = (
+        "import sys\n"
+        "from ipam_provider import cli\n"
+        "async def unexpected(*args, **kwargs):\n"
+        "    raise RuntimeError('unexpected')\n"
+        "cli.KubeClient.from_kubeconfig = unexpected\n"
+        f"sys.exit(cli.main({flags!r}))\n"
     )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1, result.stderr
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
     (fatal,) = [r for r in records if r["level"] == "critical"]

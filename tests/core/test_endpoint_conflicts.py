@@ -1,6 +1,6 @@
 """An address already in use (two controllers on one machine with the default ports) stops `ipam-provider run` at
 once with exit code 1 and one line saying which flag and address, no traceback; and before the API server is
-contacted: the kubeconfig given here does not even exist."""
+contacted: the kubeconfig given here names a server nothing listens on."""
 
 from __future__ import annotations
 
@@ -22,9 +22,20 @@ def busy_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+UNREACHABLE = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
 def run_provider(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """`ipam-provider run` without the webhook (its default port may be taken on this machine), plus `flags`."""
-    command = [sys.executable, "-m", "ipam_provider", "run", f"--kubeconfig={tmp_path / 'absent'}", "--webhook-port=0"]
+    kubeconfig = tmp_path / "unreachable.kubeconfig"
+    kubeconfig.write_text(UNREACHABLE)
+    command = [sys.executable, "-m", "ipam_provider", "run", f"--kubeconfig={kubeconfig}", "--webhook-port=0"]
     return subprocess.run(
         [*command, *flags],
         capture_output=True,
