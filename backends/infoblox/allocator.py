@@ -58,7 +58,6 @@ from backends.infoblox.payloads import (
     parse_object,
     types_for_version,
 )
-from backends.infoblox.same_name import same_name
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_HOSTNAME,
@@ -75,6 +74,7 @@ from ipam_provider.backend.contract import (
     ClaimContext,
     PoolExhaustedError,
     PoolRef,
+    requested_address_outside,
 )
 from ipam_provider.kube.client import KubeClient
 
@@ -183,7 +183,7 @@ class Allocator:
             return await self._hold_existing(job, existing)
         asked = claim.requested_address()
         if asked is not None:
-            return await requested.allocate_requested(self, job, asked)
+            return await self.allocate_requested(job, asked)
         held = state.by_claim.get(claim.uid)
         if held and await self._still_alone(job, held[0]):
             return self.allocation_of(pool, connection, held[0])
@@ -266,14 +266,7 @@ class Allocator:
             except WapiError as error:
                 last = attempt + 1 == attempts
                 if error.problem is Problem.UNKNOWN_OUTCOME:
-                    state.uncertain.add(claim.uid)
-                    log.warning(
-                        "reply to an allocation lost; searching the grid for it",
-                        claim=str(claim),
-                        pool=str(pool.ref),
-                        detail=error.detail,
-                    )
-                    found = await self._resolve(job)
+                    found = await self._after_lost_reply(job, error)
                     if found is not None:
                         return found
                     resent = True
@@ -292,12 +285,27 @@ class Allocator:
                 raise WapiError(Problem.REFUSED, f"the grid answered a {obj_type} without an address")
             state.by_claim[claim.uid] = [obj]
             if resent:  # the lost request may still be carried out: look again a little later
-                timeout = float(connection.spec.request_timeout_seconds)
-                delays = (2 * timeout, connection.client.call_timeout)
-                holds = self._holds(pool.ref, claim.uid)
-                self.late_commits.watch(connection, claim, obj, holds, delays)
+                self._watch_late_commits(job, obj)
             return obj
         raise AssertionError("unreachable")
+
+    async def _after_lost_reply(self, job: Allocating, error: WapiError) -> GridObject | None:
+        """The claim's object, if the grid made it although its reply was lost; None (to send again) if not."""
+        job.state.uncertain.add(job.claim.uid)
+        log.warning(
+            "reply to an allocation lost; searching the grid for it",
+            claim=str(job.claim),
+            pool=str(job.pool.ref),
+            detail=error.detail,
+        )
+        return await self._resolve(job)
+
+    def _watch_late_commits(self, job: Allocating, obj: GridObject) -> None:
+        """After a resent POST, look for a late commit of the lost one twice: past the grid's timeout, past ours."""
+        timeout = float(job.connection.spec.request_timeout_seconds)
+        delays = (2 * timeout, job.connection.client.call_timeout)
+        holds = self._holds(job.pool.ref, job.claim.uid)
+        self.late_commits.watch(job.connection, job.claim, obj, holds, delays)
 
     def _holds(self, ref: PoolRef, claim_uid: str) -> Callable[[], set[str]]:
         def holds() -> set[str]:
@@ -417,3 +425,80 @@ class Allocator:
 
     async def translate_error(self, connection: Connection, error: WapiError, what: str) -> BackendError:
         return await translate(self._grid, connection, error, what)
+
+    async def allocate_requested(self, job: Allocating, address: str) -> Allocation:
+        """The claim's requested `address`, held on the grid (see `requested`'s contract)."""
+        pool, connection, state, claim, view = job.pool, job.connection, job.state, job.claim, job.network_view
+        target, why = requested.target_for(pool, address)
+        if target is None:
+            raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+        found = await requested.holders(connection, pool, view, address)
+        kept = next((o for o in found if o.claim_uid == claim.uid), None)
+        for other in state.by_claim.get(claim.uid) or []:  # never handed out: no IPAddress names the claim
+            if kept is None or other.ref != kept.ref:
+                await connection.client.delete(other.ref)
+                log.info("claim's other object deleted", claim=str(claim), pool=str(pool.ref), ref=other.ref)
+        state.by_claim.pop(claim.uid, None)
+        others = [o for o in found if o.claim_uid != claim.uid]
+        if kept is None and any(
+            requested.earlier_self(o, pool, claim) for o in others
+        ):  # a restore or a move: re-keyed, checked
+            kept = await take_over(connection, pool, claim, view, address, self.stamp.marks(connection))
+        if kept is None and others:
+            raise requested.held(address, pool, others[0])
+        if kept is None:
+            try:
+                hostname = await self.hostname_for(pool, connection, claim)
+                kept = await self.create_object(job, address, hostname, for_request=True)
+            except WapiError as error:
+                if error.problem is Problem.CONFLICT:  # another fixed address got there first?
+                    found = await requested.holders(connection, pool, view, address)
+                    if found:
+                        raise requested.held(address, pool, found[0]) from error
+                raise await self.translate_error(connection, error, f"address {address}") from error
+            state.by_claim.pop(claim.uid, None)
+        if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
+            await connection.client.delete(kept.ref)
+            raise AllocationFailedError(f"claim {claim} held {kept.ref}; deleted it, asking again", retry_after=1.0)
+        await requested.keep_alone(connection, pool, claim, view, address, kept)
+        state.by_claim[claim.uid] = [kept]
+        log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, ref=kept.ref)
+        return self.allocation_of(pool, connection, kept, target)
+
+
+async def same_name(job: Allocating, hostname: str, dns_view: str, error: WapiError | None) -> GridObject | None:
+    """The host record of this name where the pool's records go, if it carries the claim's uid; None if there is
+    none (`error`, the POST's refusal, is raised instead when given); AllocationFailed if another holds it. An
+    IPAM-only pool's records are searched by name alone, keeping the answers whose view is blank.
+
+    A pool that keeps its records out of DNS (configureForDNS false) makes IPAM-only records. NIOS keeps those in a
+    blank pseudo-view (`view` is a single space, the reference ends in `/%20`): a search naming a DNS view never
+    answers them, and one naming view " " is a 404 ("View  not found"). Whether NIOS refuses a second IPAM-only
+    record of one name is not public, so such a pool looks before it posts (one GET per new record) rather than
+    rely on a refusal."""
+    state, claim = job.state, job.claim
+    assert job.pool.spec.host_record is not None
+    ipam_only = not job.pool.spec.host_record.configure_for_dns
+    query = {"name": hostname} if ipam_only else {"name": hostname, "view": dns_view}
+    answer = await job.connection.client.search(HOST, RETURN_FIELDS[HOST], query)
+    if ipam_only:
+        answer = [raw for raw in answer if not str(raw.get("view") or "").strip()]
+    holders = [obj for obj in (parse_object(HOST, raw) for raw in answer) if obj is not None]
+    mine = [obj for obj in holders if obj.claim_uid == claim.uid]
+    if mine:
+        state.by_claim[claim.uid] = mine
+        return mine[0]
+    if not holders:
+        if error is not None:
+            raise error
+        return None
+    owner = holders[0].extattrs
+    if holders[0].claim_uid:
+        whose = f"it belongs to claim {owner.get('CAPI-Claim-Namespace')}/{owner.get('CAPI-Claim-Name')}"
+    else:
+        whose = "it was not made by this provider and is never adopted"
+    where = "as an IPAM-only host record (not in DNS)" if ipam_only else f"in DNS view {dns_view}"
+    raise AllocationFailedError(
+        f"host record {hostname} already exists {where} ({whose}); delete or rename it, or change the pool's "
+        "hostnameSource"
+    )

@@ -63,7 +63,7 @@ class InfobloxBackend:
         self.allocator = Allocator(context.kube, self.grid, self.settings, ClusterStamp(context.cluster_identity))
         self.checks = PoolChecks(self.grid, self.settings)
         self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
-        self.repair = GridRepair(self)
+        self.repair = GridRepair(self.allocator, self.settings, self.pool_connection)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.infoblox.bindings import restricted_attribute, view_binding
-from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.client import Problem, WapiClient, WapiError
 from backends.infoblox.connections import Connection, Health
 from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth
 from backends.infoblox.ownership import view_missing
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import HOST_RECORD, Pool
+from backends.infoblox.spec import HOST_RECORD, Pool, Target
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
 DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound", "DNSViewNotInNetworkView"})
@@ -95,30 +95,9 @@ class PoolChecks:
                 f"network view {view!r} does not exist on the grid; fix spec.networkView",
             )
         for target in pool.targets:
-            if target.kind == "network":
-                obj_type = "network" if target.version == 4 else "ipv6network"
-                found = await client.search(obj_type, ["network"], {"network": target.argument, "network_view": view})
-                if not found:
-                    return (
-                        False,
-                        "NetworkNotFound",
-                        (
-                            f"network {target.argument} does not exist in network view {view!r}; create it on the grid "
-                            "or fix spec.subnets"
-                        ),
-                    )
-            else:
-                first, last = target.argument.split("-")
-                params = {"start_addr": first, "end_addr": last, "network_view": view}
-                if not await client.search("range", ["start_addr"], params):
-                    return (
-                        False,
-                        "RangeNotFound",
-                        (
-                            f"DHCP range {target.argument} does not exist in network view {view!r}; create it on the "
-                            "grid or fix spec.ranges"
-                        ),
-                    )
+            missing_target = await _missing_target(client, target, view)
+            if missing_target is not None:
+                return missing_target
         missing = sorted(name for name in pool.spec.extensible_attributes if name not in health.ea_names)
         if missing:
             return (
@@ -204,3 +183,26 @@ def _total(pool: Pool) -> int:
             if any(first in network and last in network for network in networks):
                 total -= target.usable
     return total
+
+
+async def _missing_target(client: WapiClient, target: Target, view: str) -> Verdict | None:
+    """The verdict on a subnet or range the pool names that the network view lacks; None when it exists."""
+    if target.kind == "network":
+        obj_type = "network" if target.version == 4 else "ipv6network"
+        if await client.search(obj_type, ["network"], {"network": target.argument, "network_view": view}):
+            return None
+        return (
+            False,
+            "NetworkNotFound",
+            f"network {target.argument} does not exist in network view {view!r}; create it on the grid or fix "
+            "spec.subnets",
+        )
+    first, last = target.argument.split("-")
+    if await client.search("range", ["start_addr"], {"start_addr": first, "end_addr": last, "network_view": view}):
+        return None
+    return (
+        False,
+        "RangeNotFound",
+        f"DHCP range {target.argument} does not exist in network view {view!r}; create it on the grid or fix "
+        "spec.ranges",
+    )

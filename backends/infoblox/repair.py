@@ -34,37 +34,41 @@ Contract:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import structlog
 
 from backends.infoblox import requested
-from backends.infoblox.allocator import Allocating
+from backends.infoblox.allocator import Allocating, Allocator
 from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.identity import WHY_UNSTAMPED, Made
 from backends.infoblox.ownership import owned, same, take_over
 from backends.infoblox.payloads import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref
+from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendError, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
 
-if TYPE_CHECKING:
-    from backends.infoblox.backend import InfobloxBackend
-
 log = structlog.get_logger(__name__)
 
 
-class GridRepair:
-    """The repair capability of one InfobloxBackend (its pools, connections and allocator)."""
+# The backend's parsed pool and its instance's connection (`InfobloxBackend.pool_connection`).
+PoolConnection = Callable[[PoolRef, Object], Awaitable[tuple[Pool, Connection]]]
 
-    def __init__(self, backend: InfobloxBackend) -> None:
-        self._backend = backend
+
+class GridRepair:
+    """The repair capability of one InfobloxBackend, built from its allocator, its settings and how it reaches a
+    pool's grid."""
+
+    def __init__(self, allocator: Allocator, settings: InfobloxSettings, pool_connection: PoolConnection) -> None:
+        self._allocator = allocator
+        self._settings = settings
+        self._pool_connection = pool_connection
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
-        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        parsed, connection = await self._pool_connection(pool_ref, pool)
         view = network_view(parsed, connection)
         holdings: list[Holding] = []
         others = 0  # objects of another management cluster sharing the grid: never ours to judge
@@ -76,15 +80,15 @@ class GridRepair:
                     {"network_view": view},
                     extattrs={EA_POOL: parsed.label},
                     paging=True,
-                    page_size=self._backend.settings.repair_page_size,
+                    page_size=self._settings.repair_page_size,
                     before_page=pacer.wait,
                 )
             except WapiError as error:
                 if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
-                raise await self._backend.allocator.translate_error(connection, error, f"listing {pool_ref}") from error
+                raise await self._allocator.translate_error(connection, error, f"listing {pool_ref}") from error
             for obj in ours(obj_type, answer, parsed.label):
-                made = self._backend.allocator.stamp.judge(obj)
+                made = self._allocator.stamp.judge(obj)
                 if made is Made.OTHER:
                     others += 1
                 else:
@@ -96,18 +100,18 @@ class GridRepair:
         obj_type = type_of_ref(holding.handle)
         if not holding.releasable or not holding.claim_uid or obj_type not in ALL_TYPES:
             return False
-        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        parsed, connection = await self._pool_connection(pool_ref, pool)
         try:
             found = await owned(connection, (obj_type,), holding.claim_uid)
-            stamp = self._backend.allocator.stamp
+            stamp = self._allocator.stamp
             still = [o for o in found if as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS]
             if not still:
                 log.info("holding changed or gone; left alone", pool=str(pool_ref), ref=holding.handle)
                 return False
             deleted = await connection.client.delete(holding.handle)
         except WapiError as error:
-            raise await self._backend.allocator.translate_error(connection, error, f"release in {pool_ref}") from error
-        self._backend.allocator.released_elsewhere(pool_ref)
+            raise await self._allocator.translate_error(connection, error, f"release in {pool_ref}") from error
+        self._allocator.released_elsewhere(pool_ref)
         log.info(
             "leaked grid object released",
             pool=str(pool_ref),
@@ -119,7 +123,7 @@ class GridRepair:
         return deleted
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        parsed, connection = await self._backend.pool_connection(pool_ref, pool)
+        parsed, connection = await self._pool_connection(pool_ref, pool)
         address = canonical(allocation.address)
         outside = outside_why(parsed, address)
         if address is None or version(address) != parsed.version:
@@ -128,7 +132,7 @@ class GridRepair:
             return await self._restore(parsed, connection, claim, allocation, address, outside)
         except WapiError as error:
             what = f"address {address} in {pool_ref}"
-            raise await self._backend.allocator.translate_error(connection, error, what) from error
+            raise await self._allocator.translate_error(connection, error, what) from error
 
     async def _restore(
         self,
@@ -147,7 +151,7 @@ class GridRepair:
         if outside is not None:
             return Restore(RestoreOutcome.OUTSIDE, outside)
         if any(requested.earlier_self(o, pool, claim) for o in found):
-            stamp = self._backend.allocator.stamp.marks(connection)
+            stamp = self._allocator.stamp.marks(connection)
             kept = await take_over(connection, pool, claim, view, address, stamp)
             if kept is not None:
                 return await self._check_alone(pool, connection, claim, address, kept, "re-keyed to the claim")
@@ -159,7 +163,7 @@ class GridRepair:
         self, pool: Pool, connection: Connection, claim: ClaimContext, allocation: Allocation, address: str
     ) -> Restore:
         """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
-        allocator = self._backend.allocator
+        allocator = self._allocator
         state = await allocator.index(pool, connection)
         job = Allocating(pool, connection, state, claim, network_view(pool, connection))
         hostname = allocation.annotations.get(ANNOTATION_HOSTNAME) or await allocator.hostname_for(
@@ -192,7 +196,7 @@ class GridRepair:
         """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again. The
         allocator's index may still name the object that lost (`create_object` recorded it): it is forgotten, so that
         the claim's own path searches the grid rather than believe the claim holds the address."""
-        self._backend.allocator.forget_claim(pool.ref, claim.uid)
+        self._allocator.forget_claim(pool.ref, claim.uid)
         found = await requested.holders(connection, pool, network_view(pool, connection), address)
         mine = held_by(found, claim)
         if mine is not None:

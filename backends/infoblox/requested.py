@@ -1,7 +1,8 @@
 """A claim that asks for one address (the requested-address annotation): a fixed address or host record with exactly
 that IP (`ipv4addr`/`ipv6addr` set to the address instead of `func:nextavailableip`).
 
-Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
+Contract (`Allocator.allocate_requested` follows it with the helpers here; only for a claim without an IPAddress: a
+fulfilled claim keeps its address whatever it asks for):
 - The address must be one the pool could hand out: inside one of its subnets (not the network or IPv4 broadcast
   address, nor the IPv6 subnet-router anycast address) or ranges, and not that subnet's or range's gateway. Else
   the claim fails with `requested_address_outside` and no request is sent.
@@ -27,67 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import TYPE_CHECKING
 
 import structlog
 
 from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
-from backends.infoblox.client import Problem, WapiError
 from backends.infoblox.connections import Connection
-from backends.infoblox.ownership import same, take_over
+from backends.infoblox.ownership import same
 from backends.infoblox.payloads import FIXED_V4, FIXED_V6, HOST, RETURN_FIELDS, GridObject, parse_object
 from backends.infoblox.spec import EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool, Target
 from ipam_provider.backend.contract import (
-    Allocation,
     AllocationFailedError,
     ClaimContext,
     requested_address_held,
-    requested_address_outside,
 )
 from ipam_provider.common import Object
 
-if TYPE_CHECKING:
-    from backends.infoblox.allocator import Allocating, Allocator
-
 log = structlog.get_logger(__name__)
-
-
-async def allocate_requested(allocator: Allocator, job: Allocating, address: str) -> Allocation:
-    """The claim's requested `address`, held on the grid (see the module contract)."""
-    pool, connection, state, claim, view = job.pool, job.connection, job.state, job.claim, job.network_view
-    target, why = target_for(pool, address)
-    if target is None:
-        raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
-    found = await holders(connection, pool, view, address)
-    kept = next((o for o in found if o.claim_uid == claim.uid), None)
-    for other in state.by_claim.get(claim.uid) or []:  # never handed out: no IPAddress names the claim
-        if kept is None or other.ref != kept.ref:
-            await connection.client.delete(other.ref)
-            log.info("claim's other object deleted", claim=str(claim), pool=str(pool.ref), ref=other.ref)
-    state.by_claim.pop(claim.uid, None)
-    others = [o for o in found if o.claim_uid != claim.uid]
-    if kept is None and any(earlier_self(o, pool, claim) for o in others):  # a restore or a move: re-keyed, checked
-        kept = await take_over(connection, pool, claim, view, address, allocator.stamp.marks(connection))
-    if kept is None and others:
-        raise held(address, pool, others[0])
-    if kept is None:
-        try:
-            hostname = await allocator.hostname_for(pool, connection, claim)
-            kept = await allocator.create_object(job, address, hostname, for_request=True)
-        except WapiError as error:
-            if error.problem is Problem.CONFLICT:  # another fixed address got there first?
-                found = await holders(connection, pool, view, address)
-                if found:
-                    raise held(address, pool, found[0]) from error
-            raise await allocator.translate_error(connection, error, f"address {address}") from error
-        state.by_claim.pop(claim.uid, None)
-    if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
-        await connection.client.delete(kept.ref)
-        raise AllocationFailedError(f"claim {claim} held {kept.ref}; deleted it, asking again", retry_after=1.0)
-    await keep_alone(connection, pool, claim, view, address, kept)
-    state.by_claim[claim.uid] = [kept]
-    log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, ref=kept.ref)
-    return allocator.allocation_of(pool, connection, kept, target)
 
 
 def target_for(pool: Pool, address: str) -> tuple[Target | None, str]:

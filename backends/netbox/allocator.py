@@ -34,7 +34,6 @@ Contract (calls for one pool are serialised by the reconciler; the state here is
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,22 +41,38 @@ from typing import Any
 
 import structlog
 
-from backends.netbox import calls, problems
+from backends.netbox import calls, problems, requested
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
 from backends.netbox.problems import Problem
+from backends.netbox.records import (
+    address_body,
+    allocation_of,
+    claim_ref,
+    claim_ref_of,
+    host_of,
+    identity_fields,
+    is_ours,
+    is_requested,
+    requested_description,
+    vrf_id_of,
+)
 from backends.netbox.resolver import Resolved, Source
 from backends.netbox.spec import (
     ANNOTATION_CLAIM_UID,
     ANNOTATION_IP_ID,
     CLAIM_REF_FIELD,
     CLAIM_UID_FIELD,
-    CLUSTER_IDENTITY_FIELD,
-    DEFAULT_DESCRIPTION,
-    OWNER_TAG,
     Pool,
-    render,
 )
-from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolExhaustedError, PoolRef
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolRef,
+    requested_address_held,
+    requested_address_outside,
+)
 from ipam_provider.common import Object, normalized_address
 
 log = structlog.get_logger(__name__)
@@ -70,10 +85,6 @@ class PoolState:
     full_since: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
     verified: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
     uncertain: dict[str, float] = field(default_factory=dict)  # claim uid → when its POST's outcome became unknown
-
-
-def host_of(obj: Mapping[str, Any]) -> str:
-    return str(ipaddress.ip_interface(str(obj["address"])).ip)
 
 
 class Allocator:
@@ -106,19 +117,9 @@ class Allocator:
     async def allocate(self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Allocation:
         state = self.state(pool.ref)
         if claim.uid in state.uncertain or not resolved.ownership.uid_unique:
-            held = await self._held(client, pool, resolved, claim)
+            held = await self._held_before_asking(client, pool, resolved, claim)
             if held is not None:
                 return await self._hand_out(client, pool, state, claim, held)
-            since = state.uncertain.get(claim.uid)
-            waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
-            if waiting and not resolved.ownership.uid_unique:
-                raise AllocationFailedError(
-                    f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
-                    f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
-                    f"up or {self.uncertain_seconds:g} s pass; tick Unique on the field in NetBox",
-                    retry_after=self.unknown_retry_seconds,
-                )
-            state.uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
         body = address_body(pool, resolved, claim, self.cluster_identity)
         full: list[Source] = []
         for source in self._order(state, resolved.sources):
@@ -163,6 +164,27 @@ class Allocator:
             f"{pool.ref}: every NetBox source is full: {names}; free addresses in NetBox or add a source to the pool"
         )
 
+    async def _held_before_asking(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext
+    ) -> Allocation | None:
+        """For a claim whose last POST had an unknown outcome, or when the UID field is not Unique: the address
+        NetBox already holds for it, else None once it may be asked for one (AllocationFailedError while not)."""
+        state = self.state(pool.ref)
+        held = await self._held(client, pool, resolved, claim)
+        if held is not None:
+            return held
+        since = state.uncertain.get(claim.uid)
+        waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
+        if waiting and not resolved.ownership.uid_unique:
+            raise AllocationFailedError(
+                f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
+                f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
+                f"up or {self.uncertain_seconds:g} s pass; tick Unique on the field in NetBox",
+                retry_after=self.unknown_retry_seconds,
+            )
+        state.uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
+        return None
+
     def _order(self, state: PoolState, sources: Sequence[Source]) -> list[Source]:
         """Sources in spec order, those that recently answered 409 last."""
         now = time.monotonic()
@@ -181,10 +203,8 @@ class Allocator:
         source = resolved.source_of(host_of(keep))
         checkable = source is not None and vrf_id_of(keep) == source.vrf_id
         if is_requested(keep) and source is not None and checkable:  # its check may never have run (a crash)
-            from backends.netbox.requested import keep_if_alone  # the requested path builds on this module
-
             try:
-                await keep_if_alone(client, pool, claim, host_of(keep), source, keep)
+                await requested.keep_if_alone(client, pool, claim, host_of(keep), source, keep)
             except AllocationFailedError as error:
                 raise AllocationFailedError(
                     f"NetBox IP address #{keep['id']}, made for claim {claim} at a requested address, shares that "
@@ -347,84 +367,108 @@ class Allocator:
     def forget(self, ref: PoolRef) -> None:
         self._states.pop(ref, None)
 
+    async def allocate_requested(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
+    ) -> Allocation:
+        """The claim's requested `address`, held in NetBox (see `requested`'s contract)."""
+        source, why = requested.source_for(resolved, address)
+        if source is None:
+            raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
+        if source.type == "prefix":
+            populated = await requested.populated_range(client, address, source)
+            if populated:
+                raise AllocationFailedError(
+                    requested_address_outside(address, pool.ref, requested.populated_why(populated, source))
+                )
+        found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
+        mine = [o for o in found if is_ours(o, claim.uid)]
+        here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
+        kept = min(here, key=lambda o: int(o["id"]), default=None)
+        for other in mine:
+            if kept is None or other["id"] != kept["id"]:
+                await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
+                log.info(
+                    "claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"]
+                )
+        if kept is None:
+            holders = await requested.holders_at(client, address, source)
+            earlier = next((o for o in holders if is_ours(o) and claim_ref_of(o) == claim_ref(claim)), None)
+            if earlier is not None:  # this claim's, under its UID before a restore or a move: re-keyed, then checked
+                await self._rekey(client, pool, claim, earlier)
+                kept = earlier
+            elif holders:
+                raise AllocationFailedError(requested_address_held(address, pool.ref, requested.describe(holders[0])))
+            else:
+                kept = await self._create_requested(client, pool, resolved, claim, address, source)
+        await requested.keep_if_alone(client, pool, claim, address, source, kept)
+        self.state(pool.ref).uncertain.pop(claim.uid, None)
+        allocation = allocation_of(resolved, kept, claim.uid, source)
+        self.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
+        log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
+        return allocation
 
-def claim_ref(claim: ClaimContext) -> str:
-    """What the custom field capi_claim_ref records: the claim's "<namespace>/<name>"."""
-    return f"{claim.namespace}/{claim.name}"
+    async def _create_requested(
+        self,
+        client: NetboxClient,
+        pool: Pool,
+        resolved: Resolved,
+        claim: ClaimContext,
+        address: str,
+        source: Source,
+    ) -> Object:
+        """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
+        body = {
+            **address_body(pool, resolved, claim, self.cluster_identity),
+            "address": f"{address}/{source.mask}",
+            "vrf": source.vrf_id,
+        }
+        body["description"] = requested_description(str(body["description"]))
+        try:
+            created: Object = await client.call(
+                f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
+            )
+            return created
+        except HTTPError as error:
+            if not error.invalid:
+                raise
+            holders = await requested.holders_at(
+                client, address, source
+            )  # NetBox's own duplicate check, or our UID taken
+            found = requested.ours_among(holders, claim.uid)
+            if found is not None:
+                return found
+            if holders:
+                raise AllocationFailedError(
+                    requested_address_held(address, pool.ref, requested.describe(holders[0]))
+                ) from error
+            raise AllocationFailedError(
+                f"NetBox refused the requested address {address} for claim {claim}: {error.message}; fix the pool's "
+                "spec.addressFields"
+            ) from error
+        except OutcomeUnknownError as error:
+            holders = await requested.holders_at(client, address, source)
+            found = requested.ours_among(holders, claim.uid)
+            if found is not None:
+                return found
+            raise AllocationFailedError(
+                f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
+                retry_after=self.unknown_retry_seconds,
+            ) from error
 
-
-def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
-    """Whether a NetBox IP address carries our ownership marks (for `claim_uid`, when given)."""
-    slugs = {tag.get("slug") for tag in obj.get("tags") or [] if isinstance(tag, Mapping)}
-    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
-    if OWNER_TAG not in slugs or not uid:
-        return False
-    return claim_uid is None or uid == claim_uid
-
-
-def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
-    """The id of a NetBox IP address's VRF (None: the global table)."""
-    vrf = obj.get("vrf")
-    if isinstance(vrf, Mapping):
-        return int(vrf["id"]) if vrf.get("id") is not None else None
-    return int(vrf) if isinstance(vrf, int) else None
-
-
-REQUESTED_MARK = " [requested address]"
-
-
-def requested_description(description: str) -> str:
-    """The description of an address made for a requested address: it ends with REQUESTED_MARK."""
-    return description[: 200 - len(REQUESTED_MARK)] + REQUESTED_MARK
-
-
-def is_requested(obj: Mapping[str, Any]) -> bool:
-    """Whether a NetBox IP address was made for a requested address (its keep-if-alone check may not have run)."""
-    return str(obj.get("description") or "").endswith(REQUESTED_MARK)
-
-
-def claim_ref_of(obj: Mapping[str, Any]) -> str | None:
-    """The "<namespace>/<name>" of the claim a NetBox IP address was made for, if recorded."""
-    value = (obj.get("custom_fields") or {}).get(CLAIM_REF_FIELD)
-    return str(value) if value else None
-
-
-def identity_fields(cluster_identity: str) -> dict[str, str]:
-    """The custom field that names the management cluster, when it is known."""
-    return {CLUSTER_IDENTITY_FIELD: cluster_identity} if cluster_identity else {}
-
-
-def address_body(pool: Pool, resolved: Resolved, claim: ClaimContext, cluster_identity: str) -> Object:
-    """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks, and the
-    management cluster's identity (when known)."""
-    fields = pool.fields
-    marks = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim), **identity_fields(cluster_identity)}
-    body: Object = {
-        "status": fields.status,
-        "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
-        "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],
-        "custom_fields": {**fields.custom_fields, **marks},
-    }
-    if fields.role:
-        body["role"] = fields.role
-    if resolved.tenant_id is not None:
-        body["tenant"] = resolved.tenant_id
-    if fields.dns_name:
-        body["dns_name"] = render(fields.dns_name, claim)
-    return body
-
-
-def allocation_of(resolved: Resolved, obj: Mapping[str, Any], uid: str, source: Source | None = None) -> Allocation:
-    """The Allocation for a NetBox IP address: the source's prefix-length override and gateway apply."""
-    interface = ipaddress.ip_interface(str(obj["address"]))
-    address = str(interface.ip)
-    source = source or resolved.source_of(address)
-    prefix = interface.network.prefixlen
-    gateway = None
-    if source is not None:
-        prefix = source.ref.prefix_length if source.ref.prefix_length is not None else prefix
-        gateway = source.ref.gateway
-    return Allocation(address, prefix, gateway, {ANNOTATION_IP_ID: str(obj["id"]), ANNOTATION_CLAIM_UID: uid})
+    async def record_alone(
+        self,
+        client: NetboxClient,
+        pool: Pool,
+        resolved: Resolved,
+        claim: ClaimContext,
+        address: str,
+        source: Source,
+    ) -> Object:
+        """Create `address` for the claim (as for a requested address) and keep it only if it is alone there (see
+        `keep_if_alone`); AllocationFailedError when another object holds it or NetBox refuses it."""
+        created = await self._create_requested(client, pool, resolved, claim, address, source)
+        await requested.keep_if_alone(client, pool, claim, address, source, created)
+        return created
 
 
 def _with_marks(existing: Allocation, address_id: int, uid: str) -> Allocation:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from backends.netbox import problems, requested, resolver
+from backends.netbox import problems, resolver
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient, NetboxError
 from backends.netbox.connections import Connections
@@ -79,13 +79,13 @@ class NetboxBackend:
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         self._ownership_locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[PoolRef, tuple[NetboxClient, Problem]] = {}  # allocation failures the report can't see
-        self._repair = NetboxRepair(self)
+        self._repair = NetboxRepair(self)  # as its RepairHost
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return (NETBOX_POOL, GLOBAL_NETBOX_POOL)
 
-    def _parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
+    def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
         try:
             parsed = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
@@ -105,16 +105,20 @@ class NetboxBackend:
             self._ownership[client] = (time.monotonic(), ownership)
             return ownership
 
-    async def _resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved:
-        cached = self._resolved.get(pool.ref)
-        if cached is not None and not fresh and cached[0] == pool.generation and cached[1] is client:
-            return cached[2]
+    async def resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved:
+        if not fresh and self.has_resolved(pool, client):
+            return self._resolved[pool.ref][2]
         ownership = await self._ownership_of(client)
         resolved = await resolver.resolve(client, pool, ownership)
         self._resolved[pool.ref] = (pool.generation, client, resolved)
         return resolved
 
-    def _forget(self, pool: Pool, problem: Problem) -> None:
+    def has_resolved(self, pool: Pool, client: NetboxClient) -> bool:
+        """Whether `resolve` answers from the cache (no NetBox request) for this generation of the pool."""
+        cached = self._resolved.get(pool.ref)
+        return cached is not None and cached[0] == pool.generation and cached[1] is client
+
+    def forget(self, pool: Pool, problem: Problem) -> None:
         """Drop what a failure may have made stale: the resolved sources, and the Secret on auth failures."""
         self._resolved.pop(pool.ref, None)
         if problem.reason == problems.AUTH_FAILED:
@@ -125,7 +129,7 @@ class NetboxBackend:
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         try:
-            parsed = self._parse(pool_ref, pool)
+            parsed = self.parse(pool_ref, pool)
         except Problem as problem:
             raise PoolNotReadyError(problem.message) from problem
         if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
@@ -137,19 +141,17 @@ class NetboxBackend:
         try:
             try:
                 async with self.connections.use(parsed) as client:
-                    resolved = await self._resolve(client, parsed)
+                    resolved = await self.resolve(client, parsed)
                     if existing is not None:
                         allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
                     elif asked is not None:
-                        allocation = await requested.allocate_requested(
-                            self.allocator, client, parsed, resolved, claim, asked
-                        )
+                        allocation = await self.allocator.allocate_requested(client, parsed, resolved, claim, asked)
                     else:
                         allocation = await self.allocator.allocate(client, parsed, resolved, claim)
             except problems.FAILURES as error:
                 raise problems.from_failure(error, context, _token(client)) from error
         except Problem as problem:
-            self._forget(parsed, problem)
+            self.forget(parsed, problem)
             if problem.reason == problems.AUTH_FAILED and client is not None:
                 self._failures[parsed.ref] = (client, problem)
             bound.info("allocation failed", reason=problem.reason, message=problem.message)
@@ -166,7 +168,7 @@ class NetboxBackend:
         parsed: Pool | None = None
         if pool is not None:
             try:
-                parsed = self._parse(pool_ref, pool)
+                parsed = self.parse(pool_ref, pool)
             except Problem:
                 parsed = None
         parsed = parsed or self._known.get(pool_ref)
@@ -188,24 +190,24 @@ class NetboxBackend:
         except problems.FAILURES as error:
             failure = problems.from_failure(error, context, _token(client))
             if isinstance(error, NetboxError):  # unusable data leaves no connection state to drop
-                self._forget(parsed, failure)
+                self.forget(parsed, failure)
             raise AllocationFailedError(failure.message, retry_after=failure.retry_after) from error
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = self._parse(pool_ref, pool)
+            parsed = self.parse(pool_ref, pool)
         except Problem as problem:
             return PoolReport(False, problem.reason, problem.message)
         client: NetboxClient | None = None
         try:
             try:
                 async with self.connections.use(parsed) as client:
-                    resolved = await self._resolve(client, parsed, fresh=True)
+                    resolved = await self.resolve(client, parsed, fresh=True)
                     usage = await resolver.usage(client, resolved.sources)
             except problems.FAILURES as error:
                 raise problems.from_failure(error, f"checking {parsed.ref}", _token(client)) from error
         except Problem as problem:
-            self._forget(parsed, problem)
+            self.forget(parsed, problem)
             log.info("pool not ready", pool=str(parsed.ref), reason=problem.reason, message=problem.message)
             return PoolReport(False, problem.reason, problem.message)
         total = sum(u.source.total for u in usage)

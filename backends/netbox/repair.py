@@ -42,15 +42,18 @@ import contextlib
 import ipaddress
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
 from backends.netbox import calls, problems, requested
-from backends.netbox.allocator import claim_ref, claim_ref_of, host_of, is_ours, vrf_id_of
+from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient
+from backends.netbox.connections import Connections
 from backends.netbox.problems import Problem
+from backends.netbox.records import claim_ref, claim_ref_of, host_of, is_ours, vrf_id_of
 from backends.netbox.resolver import Resolved, Source
+from backends.netbox.settings import NetboxSettings
 from backends.netbox.spec import CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool
 from ipam_provider.backend.contract import (
     Allocation,
@@ -62,9 +65,6 @@ from ipam_provider.backend.contract import (
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 
-if TYPE_CHECKING:
-    from backends.netbox.backend import NetboxBackend
-
 log = structlog.get_logger(__name__)
 
 # Not `tags`: the `tag` filter already selects them, and serialising tags triples NetBox's time per page. A
@@ -72,10 +72,27 @@ log = structlog.get_logger(__name__)
 HOLDING_FIELDS = "id,address,vrf,custom_fields,created"
 
 
-class NetboxRepair:
-    """The repair capability of one NetboxBackend (its connections, caches and allocator state)."""
+class RepairHost(Protocol):
+    """What the repair capability uses of its backend: its settings, connections and allocator, and its pools'
+    parsing and resolved sources."""
 
-    def __init__(self, backend: NetboxBackend) -> None:
+    settings: NetboxSettings
+    connections: Connections
+    allocator: Allocator
+
+    def parse(self, pool_ref: PoolRef, pool: Object) -> Pool: ...
+
+    async def resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved: ...
+
+    def has_resolved(self, pool: Pool, client: NetboxClient) -> bool: ...
+
+    def forget(self, pool: Pool, problem: Problem) -> None: ...
+
+
+class NetboxRepair:
+    """The repair capability of one NetboxBackend, through the narrow `RepairHost` view of it."""
+
+    def __init__(self, backend: RepairHost) -> None:
         self.backend = backend
         # The pools whose sources a restore resolved afresh since their last listing (one listing per pass).
         self._resolved_this_pass: set[PoolRef] = set()
@@ -84,7 +101,7 @@ class NetboxRepair:
     async def _netbox(self, pool_ref: PoolRef, pool: Object, doing: str) -> AsyncIterator[tuple[Pool, NetboxClient]]:
         """The parsed pool and its client, lent for one operation; failures become PoolNotReadyError."""
         try:
-            parsed = self.backend._parse(pool_ref, pool)
+            parsed = self.backend.parse(pool_ref, pool)
             client: NetboxClient | None = None
             try:
                 async with self.backend.connections.use(parsed) as client:
@@ -92,17 +109,16 @@ class NetboxRepair:
             except problems.FAILURES as error:
                 token = client.endpoint.token if client is not None else None
                 problem = problems.from_failure(error, f"{doing} {parsed.ref}", token)
-                self.backend._forget(parsed, problem)
+                self.backend.forget(parsed, problem)
                 raise problem from error
         except Problem as problem:
             raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
 
     async def _sources(self, client: NetboxClient, pool: Pool, pacer: Pacer | None = None) -> Resolved:
         """The pool's resolved sources, from the backend's cache when it holds them."""
-        cached = self.backend._resolved.get(pool.ref)
-        if pacer is not None and (cached is None or cached[0] != pool.generation or cached[1] is not client):
+        if pacer is not None and not self.backend.has_resolved(pool, client):
             await pacer.wait()
-        return await self.backend._resolve(client, pool)
+        return await self.backend.resolve(client, pool)
 
     # --- listing --------------------------------------------------------------------------------------------------
 
@@ -162,7 +178,7 @@ class NetboxRepair:
         async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
             # Afresh once per pool and pass (the first restore after the pool's listing), then from the cache.
             fresh = parsed.ref not in self._resolved_this_pass
-            resolved = await self.backend._resolve(client, parsed, fresh=fresh)
+            resolved = await self.backend.resolve(client, parsed, fresh=fresh)
             self._resolved_this_pass.add(parsed.ref)
             source, why = requested.source_for(resolved, address)
             if source is None:
@@ -207,7 +223,7 @@ class NetboxRepair:
     ) -> Restore:
         allocator = self.backend.allocator
         try:
-            created = await requested.record_alone(allocator, client, pool, resolved, claim, address, source)
+            created = await allocator.record_alone(client, pool, resolved, claim, address, source)
         except AllocationFailedError:
             holders = await requested.holders_at(client, address, source)  # who took it meanwhile?
             taken = [o for o in holders if not is_ours(o, claim.uid)]

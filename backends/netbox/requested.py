@@ -1,6 +1,7 @@
 """A claim that asks for one address (the requested-address annotation): that address, recorded in NetBox.
 
-Contract (only for a claim without an IPAddress; a fulfilled claim keeps its address whatever it asks for):
+Contract (`Allocator.allocate_requested` follows it with the helpers here; only for a claim without an IPAddress: a
+fulfilled claim keeps its address whatever it asks for):
 - The address must be one NetBox could hand out from one of the pool's sources: inside a prefix or ip-range of the
   pool, not the source's gateway, not a prefix's network (or IPv4 broadcast) address, not in an ip-range marked
   populated (a range source itself, or a range inside a prefix source: one more GET). Otherwise the claim fails
@@ -33,26 +34,14 @@ import structlog
 
 from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
 from backends.netbox import calls
-from backends.netbox.allocator import (
-    Allocator,
-    address_body,
-    allocation_of,
-    claim_ref,
-    claim_ref_of,
-    host_of,
-    is_ours,
-    requested_description,
-    vrf_id_of,
-)
-from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
+from backends.netbox.client import NetboxClient
+from backends.netbox.records import claim_ref_of, host_of, is_ours
 from backends.netbox.resolver import Resolved, Source
 from backends.netbox.spec import CLAIM_UID_FIELD, Pool
 from ipam_provider.backend.contract import (
-    Allocation,
     AllocationFailedError,
     ClaimContext,
     requested_address_held,
-    requested_address_outside,
 )
 from ipam_provider.common import Object
 
@@ -85,43 +74,6 @@ def describe(holder: Mapping[str, Any]) -> str:
             return f"claim {recorded}"
         return f"a claim with UID {(holder.get('custom_fields') or {}).get(CLAIM_UID_FIELD)}"
     return f"a NetBox IP address not managed by this provider (id {holder['id']})"
-
-
-async def allocate_requested(
-    allocator: Allocator, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str
-) -> Allocation:
-    """The claim's requested `address`, held in NetBox (see the module contract)."""
-    source, why = source_for(resolved, address)
-    if source is None:
-        raise AllocationFailedError(requested_address_outside(address, pool.ref, why))
-    if source.type == "prefix":
-        populated = await populated_range(client, address, source)
-        if populated:
-            raise AllocationFailedError(requested_address_outside(address, pool.ref, populated_why(populated, source)))
-    found = await client.call(f"look up claim {claim}", calls.find_claim_addresses(claim.uid))
-    mine = [o for o in found if is_ours(o, claim.uid)]
-    here = [o for o in mine if host_of(o) == address and vrf_id_of(o) == source.vrf_id]  # another VRF's: a stray
-    kept = min(here, key=lambda o: int(o["id"]), default=None)
-    for other in mine:
-        if kept is None or other["id"] != kept["id"]:
-            await client.call(f"delete address #{other['id']}", calls.delete_address(int(other["id"])))
-            log.info("claim's other address deleted", claim=str(claim), pool=str(pool.ref), address=other["address"])
-    if kept is None:
-        holders = await holders_at(client, address, source)
-        earlier = next((o for o in holders if is_ours(o) and claim_ref_of(o) == claim_ref(claim)), None)
-        if earlier is not None:  # this claim's, under its UID before a restore or a move: re-keyed, then checked
-            await allocator._rekey(client, pool, claim, earlier)
-            kept = earlier
-        elif holders:
-            raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0])))
-        else:
-            kept = await _create(allocator, client, pool, resolved, claim, address, source)
-    await keep_if_alone(client, pool, claim, address, source, kept)
-    allocator.state(pool.ref).uncertain.pop(claim.uid, None)
-    allocation = allocation_of(resolved, kept, claim.uid, source)
-    allocator.state(pool.ref).verified[claim.uid] = (int(kept["id"]), address)
-    log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
-    return allocation
 
 
 async def populated_range(client: NetboxClient, address: str, source: Source) -> str | None:
@@ -160,68 +112,7 @@ async def holders_at(client: NetboxClient, address: str, source: Source) -> list
     return sorted((o for o in found if host_of(o) == address), key=lambda o: int(o["id"]))
 
 
-async def _create(
-    allocator: Allocator,
-    client: NetboxClient,
-    pool: Pool,
-    resolved: Resolved,
-    claim: ClaimContext,
-    address: str,
-    source: Source,
-) -> Object:
-    """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
-    body = {
-        **address_body(pool, resolved, claim, allocator.cluster_identity),
-        "address": f"{address}/{source.mask}",
-        "vrf": source.vrf_id,
-    }
-    body["description"] = requested_description(str(body["description"]))
-    try:
-        created: Object = await client.call(
-            f"record {address}", calls.create("ipam", "ip_addresses", body), idempotent=False
-        )
-        return created
-    except HTTPError as error:
-        if not error.invalid:
-            raise
-        holders = await holders_at(client, address, source)  # NetBox's own duplicate check, or our UID taken
-        found = _pick(holders, claim.uid)
-        if found is not None:
-            return found
-        if holders:
-            raise AllocationFailedError(requested_address_held(address, pool.ref, describe(holders[0]))) from error
-        raise AllocationFailedError(
-            f"NetBox refused the requested address {address} for claim {claim}: {error.message}; fix the pool's "
-            "spec.addressFields"
-        ) from error
-    except OutcomeUnknownError as error:
-        holders = await holders_at(client, address, source)
-        found = _pick(holders, claim.uid)
-        if found is not None:
-            return found
-        raise AllocationFailedError(
-            f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
-            retry_after=allocator.unknown_retry_seconds,
-        ) from error
-
-
-async def record_alone(
-    allocator: Allocator,
-    client: NetboxClient,
-    pool: Pool,
-    resolved: Resolved,
-    claim: ClaimContext,
-    address: str,
-    source: Source,
-) -> Object:
-    """Create `address` for the claim (as for a requested address) and keep it only if it is alone there (see
-    `keep_if_alone`); AllocationFailedError when another object holds it or NetBox refuses it."""
-    created = await _create(allocator, client, pool, resolved, claim, address, source)
-    await keep_if_alone(client, pool, claim, address, source, created)
-    return created
-
-
-def _pick(holders: Sequence[Object], uid: str) -> Object | None:
+def ours_among(holders: Sequence[Object], uid: str) -> Object | None:
     return next((o for o in holders if is_ours(o, uid)), None)
 
 

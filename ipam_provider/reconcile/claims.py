@@ -121,15 +121,7 @@ class ClaimReconciler:
             work.log.debug("paused; nothing done")
             return None
         if work.claim.metadata.deleting:
-            self._first_seen.forget((namespace, name))
-            self._requested.forget(namespace, name)
-            if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
-                return None
-            retry = await release_claim(self.ctx, work)
-            if retry is None:
-                work.log.info("claim released")
-                pool_metrics.count_release(self._labels(work))
-            return retry
+            return await self._release(work)
         if work.claim.status.address_ref is None:
             self._first_seen.seen((namespace, name), work.claim.metadata.uid)
         if cluster_name and cluster_raw is None:
@@ -148,7 +140,20 @@ class ClaimReconciler:
             message = f"{work.pool_ref} {state}; create it or point the claim's spec.poolRef at another pool"
             await self._set_ready(work, False, REASON_POOL_NOT_READY, message)
             return None
-        return await self._allocate(work, pool, confirmed)
+        return await self._allocate(work, confirmed)
+
+    async def _release(self, work: ClaimWork) -> float | None:
+        """Release a deleted claim's address and drop its finalizer; seconds until a retry, or None when done."""
+        key = (work.namespace, work.claim.metadata.name)
+        self._first_seen.forget(key)
+        self._requested.forget(*key)
+        if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
+            return None
+        retry = await release_claim(self.ctx, work)
+        if retry is None:
+            work.log.info("claim released")
+            pool_metrics.count_release(self._labels(work))
+        return retry
 
     async def _moving(self, work: ClaimWork) -> None:
         """A claim clusterctl is deleting for a move: nothing is released; a deleted one loses our finalizer only."""
@@ -188,7 +193,7 @@ class ClaimReconciler:
             return DELETING
         return LIVE
 
-    async def _allocate(self, work: ClaimWork, pool: Object, confirmed: bool) -> float | None:
+    async def _allocate(self, work: ClaimWork, confirmed: bool) -> float | None:
         address_raw = self.ctx.caches.addresses.get(work.namespace, work.name)
         existing: Allocation | None = None
         if address_raw is None and not confirmed:
@@ -219,22 +224,21 @@ class ClaimReconciler:
         pool_now = self.ctx.caches.pool(work.pool_ref)  # as of now: a deletion seen meanwhile stops the allocation
         if pool_now is None or pool_now.get("metadata", {}).get("deletionTimestamp"):
             return 0.0  # again at once, on the path of a claim whose pool is gone or going
-        pool = pool_now
         # From here on (no await before it) the pool keeps its finalizer until the IPAddress is written.
         with self.ctx.allocating(work.pool_ref):
             try:
                 async with self.ctx.backend_turn(work.backend, work.pool_ref):
-                    allocation = await work.backend.allocate(work.pool_ref, pool, work.context(), existing)
+                    allocation = await work.backend.allocate(work.pool_ref, pool_now, work.context(), existing)
             except BackendError as error:
                 return await self._failed(work, error)
             if address_raw is None:
                 holder = holder_of(self.ctx, work, allocation)
                 if holder is not None:  # the backend lost the holder's record and handed its address out again
-                    return await self._failed(work, await give_back(self.ctx, work, pool, allocation, holder))
-                if not await self._create_address(work, pool, allocation):
+                    return await self._failed(work, await give_back(self.ctx, work, pool_now, allocation, holder))
+                if not await self._create_address(work, pool_now, allocation):
                     return 0.0  # look again with the IPAddress that exists
             else:
-                await self._adopt(work, pool, address_raw, allocation)
+                await self._adopt(work, pool_now, address_raw, allocation)
         message = f"{allocation.address}/{allocation.prefix} allocated from {work.pool_ref}"
         await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
         self._first_seen.forget((work.namespace, work.name))

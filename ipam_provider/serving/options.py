@@ -119,6 +119,21 @@ def add_serving_flags(run: argparse.ArgumentParser) -> None:
         help='plain-HTTP metrics on this address instead, without authentication; "0" disables them (wins over '
         "the diagnostics flags)",
     )
+    _add_certificate_flags(serving)
+    _add_tls_flags(serving)
+    serving.add_argument(
+        "--health-probe-bind-address",
+        "--health-addr",
+        dest="health_probe_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        default=DEFAULT_PROBES_ADDRESS,
+        help='/healthz and /readyz (default: %(default)s); "0" disables them',
+    )
+
+
+def _add_certificate_flags(serving: argparse._ArgumentGroup) -> None:
+    """The HTTPS metrics endpoint's certificate: where it is, and its files' names."""
     serving.add_argument(
         "--metrics-cert-path",
         metavar="DIRECTORY",
@@ -131,16 +146,6 @@ def add_serving_flags(run: argparse.ArgumentParser) -> None:
     )
     serving.add_argument(
         "--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {DEFAULT_CERT_KEY})"
-    )
-    _add_tls_flags(serving)
-    serving.add_argument(
-        "--health-probe-bind-address",
-        "--health-addr",
-        dest="health_probe_bind_address",
-        type=bind_address,
-        metavar="ADDRESS",
-        default=DEFAULT_PROBES_ADDRESS,
-        help='/healthz and /readyz (default: %(default)s); "0" disables them',
     )
 
 

@@ -86,8 +86,8 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
     first = pool_of(namespace, "first", [prefix("10.91.0.0/29")])
     second = pool_of(namespace, "second", [prefix("10.91.0.0/29")])
     assert (await backend.report(PoolRef.from_object(first), first, [])).ready
-    parsed_first = backend._parse(PoolRef.from_object(first), first)
-    parsed_second = backend._parse(PoolRef.from_object(second), second)
+    parsed_first = backend.parse(PoolRef.from_object(first), first)
+    parsed_second = backend.parse(PoolRef.from_object(second), second)
     rotated = create_token(netbox, 1)
     async with backend.connections.use(parsed_first) as old:  # the first pool is in the middle of an operation
         await kube.patch(SECRETS, "netbox", {"stringData": {"token": rotated}}, namespace)

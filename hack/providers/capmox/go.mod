@@ -69,5 +69,5 @@ require (
 )
 
 // CAPMOX v0.9.0 replaces sigs.k8s.io/cluster-api with v1.12.9, which the Go module proxy refuses; v1.12.10 is the
-// newest v1.12 patch it serves (see README's Compatibility section), and CAPMOX's IPAM package builds with it.
+// newest v1.12 patch it serves (see docs/compatibility.md), and CAPMOX's IPAM package builds with it.
 replace sigs.k8s.io/cluster-api => sigs.k8s.io/cluster-api v1.12.10
