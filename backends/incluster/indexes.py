@@ -114,12 +114,8 @@ class PoolIndexes:
         index.reuse_grace_seconds = reuse_grace_seconds or 0
         if not index.scanned:
             await self._scan(ref, index)
-        if index.released and ref not in self._reclaiming:
-            self._reclaiming.add(ref)
-            try:
-                await self._reclaim_expired(ref, index, reuse_grace_seconds or 0)
-            finally:
-                self._reclaiming.discard(ref)
+        if index.released:
+            await self._reclaim_expired(ref, index, reuse_grace_seconds or 0)
         return self.current(ref, index)
 
     async def prepare(
@@ -208,11 +204,7 @@ class PoolIndexes:
         the pool without a reservation get one first. In-flight candidates stay pending in the new index.
         `host_bits` (prefix pools, see `PoolIndex.host_bits`), `uid` (the pool object's) and `policy` (the pool's
         allocation policy) default to those of `replacing`, else 0, "" and the default policy."""
-        if replacing is not None:
-            host_bits = replacing.host_bits if host_bits is None else host_bits
-            uid = replacing.pool_uid if uid is None else uid
-            policy = replacing.policy if policy is None else policy
-        host_bits, uid, policy = host_bits or 0, uid or "", policy or AllocationPolicy()
+        host_bits, uid, policy = _inherited(replacing, host_bits, uid, policy)
         async with self._building.setdefault(ref, asyncio.Lock()):
             current = self._indexes.get(ref)
             if (
@@ -222,13 +214,7 @@ class PoolIndexes:
                 and current.generation >= generation
             ):
                 return current
-            started = time.monotonic()
-            reservations = await self.reservations.list_index(ref)  # a domain pool's: the whole domain's
-            listed = time.monotonic()
-            found = 0
-            if scan:
-                existing = await self._reserve_existing(ref, family, reservations)
-                found, reservations = len(existing), reservations + existing
+            reservations = await self._reservations_of(ref, family, scan=scan)
             same_values = replacing is not None and (replacing.family, replacing.host_bits) == (family, host_bits)
             pending = replacing.pending if replacing is not None and same_values else None
             index = PoolIndex.build(
@@ -239,17 +225,49 @@ class PoolIndexes:
             index.generation, index.pool_uid = generation, uid
             index.scanned = scan or (replacing is not None and replacing.pool_uid == uid and replacing.scanned)
             self._indexes[ref] = index
-            log.info(
-                "pool index built",
-                pool=str(ref),
-                reservations=len(reservations),
-                reserved_for_existing=found,
-                list_seconds=round(listed - started, 3),
-                scan_seconds=round(time.monotonic() - listed, 3),
-            )
             return index
 
+    async def _reservations_of(self, ref: PoolRef, family: int, *, scan: bool) -> list[Reservation]:
+        """A fresh list of the pool's reservations (a domain pool's: the whole domain's), with those made now for
+        IPAddresses naming the pool without one when `scan`."""
+        started = time.monotonic()
+        reservations = await self.reservations.list_index(ref)
+        listed = time.monotonic()
+        found = 0
+        if scan:
+            existing = await self._reserve_existing(ref, family, reservations)
+            found, reservations = len(existing), reservations + existing
+        log.info(
+            "pool index built",
+            pool=str(ref),
+            reservations=len(reservations),
+            reserved_for_existing=found,
+            list_seconds=round(listed - started, 3),
+            scan_seconds=round(time.monotonic() - listed, 3),
+        )
+        return reservations
+
     async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
-        for reservation in index.expired_releases(grace_seconds):
-            await self.reservations.delete(reservation)
-            self.current(ref, index).drop(reservation)
+        """Delete the pool's release records whose grace period is over; one caller at a time per pool, the
+        others go on without waiting."""
+        if ref in self._reclaiming:
+            return
+        self._reclaiming.add(ref)
+        try:
+            for reservation in index.expired_releases(grace_seconds):
+                await self.reservations.delete(reservation)
+                self.current(ref, index).drop(reservation)
+        finally:
+            self._reclaiming.discard(ref)
+
+
+def _inherited(
+    replacing: PoolIndex | None, host_bits: int | None, uid: str | None, policy: AllocationPolicy | None
+) -> tuple[int, str, AllocationPolicy]:
+    """`host_bits`, `uid` and `policy` where given, else those of the index being replaced, else 0, "" and the
+    default policy."""
+    if replacing is not None:
+        host_bits = replacing.host_bits if host_bits is None else host_bits
+        uid = replacing.pool_uid if uid is None else uid
+        policy = replacing.policy if policy is None else policy
+    return host_bits or 0, uid or "", policy or AllocationPolicy()
