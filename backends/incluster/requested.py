@@ -58,7 +58,7 @@ ATTEMPTS = 5  # an address freed and taken again this many times in one call: tr
 def wanted_address(claim: ClaimContext, pre: PreAllocations) -> str | None:
     """The address the claim must get: its pre-allocated one, else the one it requests, else None (any).
     Raises AllocationFailedError for a non-IP annotation, a wrong entry of its own, or the two disagreeing."""
-    requested = claim.requested_address()
+    requested = claim.requested_address
     pre_allocated = pre.address_of(claim)
     if pre_allocated is None:
         return requested
@@ -165,7 +165,7 @@ class SpecificAllocation:
 
     def _held_message(self, address: str, claim: ClaimContext, held: Reservation) -> str:
         holder = _holder(held) if self._of_pool(held) else held.holder()
-        if claim.requested_address() is None:  # the address comes from spec.preAllocations alone
+        if claim.requested_address is None:  # the address comes from spec.preAllocations alone
             return pre_allocated_address_held(address, self.ref, holder)
         return requested_address_held(address, self.ref, holder)
 

@@ -181,7 +181,7 @@ class Allocator:
             await self._resolve(job)
         if existing is not None:
             return await self._hold_existing(job, existing)
-        asked = claim.requested_address()
+        asked = claim.requested_address
         if asked is not None:
             return await self.allocate_requested(job, asked)
         held = state.by_claim.get(claim.uid)

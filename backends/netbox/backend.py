@@ -134,7 +134,7 @@ class NetboxBackend:
             raise PoolNotReadyError(problem.message) from problem
         if existing is not None and self.allocator.trusted(parsed.ref, claim, existing):
             return existing  # the steady state of a fulfilled claim: no request at all
-        asked = claim.requested_address() if existing is None else None  # AllocationFailedError if not an IP
+        asked = claim.requested_address if existing is None else None  # AllocationFailedError if not an IP
         bound = log.bind(claim=str(claim), pool=str(parsed.ref))
         context = f"allocating for claim {claim} from {parsed.ref}"
         client: NetboxClient | None = None

@@ -14,6 +14,7 @@ level-triggered and will call again.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,10 +84,12 @@ class ClaimContext:
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @functools.cached_property
     def requested_address(self) -> str | None:
         """The canonical text of the address the claim asks for with REQUESTED_ADDRESS_ANNOTATION, or None when it
-        asks for none (absent or blank). Raises AllocationFailedError when the annotation is not a plain IP address,
-        or is an IPv4-mapped or IPv4-compatible IPv6 address (the message names the IPv4 address to write instead).
+        asks for none (absent or blank); parsed once per context (the core hands one context per reconcile to the
+        backend). Raises AllocationFailedError when the annotation is not a plain IP address, or is an IPv4-mapped
+        or IPv4-compatible IPv6 address (the message names the IPv4 address to write instead).
         """
         text = (self.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
         if not text:

@@ -218,7 +218,7 @@ class ClaimReconciler:
             self._requested.check(work, existing)
         else:
             try:  # for every backend: a requested address that is no IP address fails the claim
-                work.context().requested_address()
+                _ = work.context().requested_address  # parsed here once, and handed to the backend parsed
             except BackendError as error:
                 return await self._failed(work, error)
         pool_now = self.ctx.caches.pool(work.pool_ref)  # as of now: a deletion seen meanwhile stops the allocation

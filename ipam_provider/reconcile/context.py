@@ -150,14 +150,20 @@ class ClaimWork:
     def name(self) -> str:
         return self.claim.metadata.name
 
+    _context: ClaimContext | None = field(default=None, init=False, repr=False)
+
     def refresh(self, raw: Object) -> None:
         """Take the claim as the API server last returned it."""
         self.raw = raw
         self.claim = IPAddressClaim.model_validate(raw)
+        self._context = None
 
     def context(self) -> ClaimContext:
-        """What the backend may know about the claim."""
-        return claim_context(self.claim)
+        """What the backend may know about the claim: one object until the claim is refreshed, so that what it
+        parses (the requested address) is parsed once."""
+        if self._context is None:
+            self._context = claim_context(self.claim)
+        return self._context
 
 
 def claim_context(claim: IPAddressClaim) -> ClaimContext:

@@ -39,7 +39,7 @@ class RequestedAddressNotices:
         key = (work.namespace, work.name)
         text = (work.claim.metadata.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
         try:
-            requested = work.context().requested_address()
+            requested = work.context().requested_address
         except AllocationFailedError:
             requested = None
         current = normalized_address(existing.address)

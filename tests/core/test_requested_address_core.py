@@ -38,7 +38,7 @@ async def test_a_requested_address_that_is_no_ip_fails_the_claim_before_the_back
     assert await world.claims.reconcile(NS, "m1") is None
     assert ready_state(world.claim("m1")) == ALLOCATED
     (call,) = world.backend.calls_of("allocate")
-    assert call.claim is not None and call.claim.requested_address() == "10.0.0.10"
+    assert call.claim is not None and call.claim.requested_address == "10.0.0.10"
 
 
 async def test_a_changed_annotation_on_a_fulfilled_claim_changes_nothing_and_is_told_once_per_change() -> None:
@@ -80,8 +80,8 @@ def test_an_ipv6_address_carrying_an_ipv4_address_is_refused_with_the_ipv4_addre
     for text in ("::ffff:10.0.0.5", "::FFFF:a00:5", "::10.0.0.5"):
         asking = ClaimContext(NS, "m1", "uid-1", annotations={REQUESTED_ADDRESS_ANNOTATION: text})
         with pytest.raises(AllocationFailedError) as failure:
-            asking.requested_address()
+            _ = asking.requested_address
         assert "write the IPv4 address 10.0.0.5 instead" in failure.value.message, text
     for text, canonical in (("2001:db8::10.0.0.5", "2001:db8::a00:5"), ("::1", "::1"), ("fd00::ffff:a00:5", None)):
         asking = ClaimContext(NS, "m1", "uid-1", annotations={REQUESTED_ADDRESS_ANNOTATION: text})
-        assert asking.requested_address() == (canonical or text)
+        assert asking.requested_address == (canonical or text)
