@@ -431,9 +431,8 @@ class Allocator:
         except HTTPError as error:
             if not error.invalid:
                 raise
-            holders = await requested.holders_at(
-                client, address, source
-            )  # NetBox's own duplicate check, or our UID taken
+            # NetBox's own duplicate check, or our UID taken
+            holders = await requested.holders_at(client, address, source)
             found = requested.ours_among(holders, claim.uid)
             if found is not None:
                 return found
