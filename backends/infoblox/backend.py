@@ -1,14 +1,15 @@
 """The Infoblox backend: InfobloxIPPool (v1alpha1) served from an Infoblox NIOS grid through infoblox-client.
 
 How the pieces fit: `connections` turns an InfobloxInstance and its Secrets (read by `credentials`) into a cached
-connection (a Connector with its own bounded thread pool); `health` checks the grid and, through `status`, writes
-the instance's Ready condition; `allocator` allocates and releases (one WAPI request per allocation in steady state;
-ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool against the grid for its status.
-The pool's Ready condition depends on its instance's: a pool is Ready only when its instance answers, accepts the
-credentials, verifies under TLS, and holds the pool's view, networks and ranges (and, for host records, the DNS view
-and zone). A pool whose DNS view or zone is missing gets no POST at all: its claims get PoolNotReady from the pool's
-cached check (re-asked at pool-check times, never per allocation). Releases on an instance whose credentials the
-grid refused wait for its next re-check instead of asking the grid again.
+connection (a Connector with its own bounded thread pool), checks the grid and writes the instance's Ready
+condition; `ledger` holds the grid objects of each pool and their index; `allocator` allocates (one WAPI request
+per allocation in steady state; ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool
+against the grid for its status; `repair` lists, releases and restores holdings. The pool's Ready condition depends
+on its instance's: a pool is Ready only when its instance answers, accepts the credentials, verifies under TLS, and
+holds the pool's view, networks and ranges (and, for host records, the DNS view and zone). A pool whose DNS view or
+zone is missing gets no POST at all: its claims get PoolNotReady from the pool's cached check (re-asked at
+pool-check times, never per allocation). Releases on an instance whose credentials the grid refused wait for its
+next re-check instead of asking the grid again.
 """
 
 from __future__ import annotations
@@ -19,21 +20,12 @@ import structlog
 
 from backends.infoblox.allocator import Allocator
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
-from backends.infoblox.connections import Connection, Connections
+from backends.infoblox.connections import Connections, GridHealth, InstanceStatus
 from backends.infoblox.credentials import InstanceProblem
-from backends.infoblox.health import GridHealth
-from backends.infoblox.identity import ClusterStamp, advisory
+from backends.infoblox.ledger import ClusterStamp, Ledger, advisory
 from backends.infoblox.repair import GridRepair, outside_of
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import (
-    ANNOTATION_INSTANCE,
-    HOST_RECORD,
-    INFOBLOX_POOL,
-    Pool,
-    PoolSpecError,
-    parse_pool,
-)
-from backends.infoblox.status import InstanceStatus
+from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, PoolSpecError, parse_pool
 from ipam_provider.backend.contract import (
     Allocation,
     BackendContext,
@@ -58,30 +50,16 @@ class InfobloxBackend:
     def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
         self.settings = settings or InfobloxSettings()
         status = InstanceStatus(context.kube)
-        self.connections = Connections(context.kube, self.settings, status)
         self.grid = GridHealth(self.settings, status)
-        self.allocator = Allocator(context.kube, self.grid, self.settings, ClusterStamp(context.cluster_identity))
+        stamp = ClusterStamp(context.cluster_identity)
+        self.ledger = Ledger(Connections(context.kube, self.settings, status), self.grid, self.settings, stamp)
+        self.allocator = Allocator(context.kube, self.ledger, self.settings)
         self.checks = PoolChecks(self.grid, self.settings)
-        self._known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
-        self.repair = GridRepair(self.allocator, self.settings, self.pool_connection)
+        self.repair = GridRepair(self.ledger, self.allocator, self.settings)
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return (INFOBLOX_POOL,)
-
-    def _parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
-        try:
-            parsed = parse_pool(pool_ref, pool)
-        except PoolSpecError as error:
-            raise PoolNotReadyError(f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
-        self._known[parsed.ref] = parsed
-        return parsed
-
-    async def _connect(self, name: str) -> Connection:
-        try:
-            return await self.connections.connect(name)
-        except InstanceProblem as problem:
-            raise PoolNotReadyError(f"InfobloxInstance {name}: {problem.message}") from problem
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
@@ -96,12 +74,11 @@ class InfobloxBackend:
     async def _allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
     ) -> Allocation:
-        parsed = self._parse(pool_ref, pool)
-        connection = await self._connect(parsed.instance)
-        if existing is not None:
-            quick = self.allocator.quick(parsed, connection, claim, existing)
-            if quick is not None:
-                return quick
+        parsed = self.ledger.parse(pool_ref, pool)
+        connection = await self.ledger.connect(parsed.instance)
+        quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
+        if quick is not None:
+            return quick
         health = await self.grid.health(connection)
         if not health.ready:
             raise PoolNotReadyError(
@@ -126,18 +103,18 @@ class InfobloxBackend:
         instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
         if instance is None and pool is not None:
             try:
-                instance = self._parse(pool_ref, pool).instance
+                instance = self.ledger.parse(pool_ref, pool).instance
             except PoolNotReadyError:
                 instance = None
-        if instance is None and pool_ref in self._known:
-            instance = self._known[pool_ref].instance
+        if instance is None and pool_ref in self.ledger.known:
+            instance = self.ledger.known[pool_ref].instance
         if instance is None:
             raise ReleaseImpossibleError(
                 f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
                 f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
             )
         try:
-            connection = await self.connections.connect(instance)
+            connection = await self.ledger.connections.connect(instance)
         except InstanceProblem as problem:
             if problem.reason == "InstanceNotFound":
                 raise ReleaseImpossibleError(
@@ -148,25 +125,21 @@ class InfobloxBackend:
         refused = self.grid.refused(connection)
         if refused is not None:
             raise PoolNotReadyError(f"InfobloxInstance {instance} is not ready ({refused.reason}): {refused.message}")
-        await self.allocator.release(connection, pool_ref, claim, allocation)
-        self.allocator.released_elsewhere(pool_ref)
+        await self.ledger.release(connection, pool_ref, claim, allocation)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = parse_pool(pool_ref, pool)
+            parsed = self.ledger.known[pool_ref] = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
             message = f"{error}; fix the pool's spec"
             return PoolReport(False, "InvalidConfiguration", message, counts=usage(None, addresses))
-        self._known[parsed.ref] = parsed
         counts = usage(parsed, addresses)
-        view = parsed.spec.network_view
         try:
-            connection = await self.connections.connect(parsed.instance)
+            connection = await self.ledger.connections.connect(parsed.instance)
         except InstanceProblem as problem:
             message = f"InfobloxInstance {parsed.instance}: {problem.message}"
             return PoolReport(False, problem.reason, message, counts=counts)
-        view = view or connection.spec.default_network_view
-        status = {"networkView": view}
+        status = {"networkView": connection.network_view(parsed)}
         health = await self.grid.health(connection)
         if not health.ready:
             message = f"InfobloxInstance {parsed.instance}: {health.message}"
@@ -176,26 +149,12 @@ class InfobloxBackend:
         if not check.ready:
             return PoolReport(False, check.reason, check.message, status, counts)
         try:
-            await self.allocator.index(parsed, connection)
+            await self.ledger.index(parsed, connection)
         except Exception as error:  # the index is rebuilt on the next allocation anyway
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
-        stamped = advisory(self.allocator.stamp, connection)
+        stamped = advisory(self.ledger.stamp, connection)
         return PoolReport(True, "PoolReady", message, status, counts, conditions=(stamped,) if stamped else ())
-
-    # --- repair capability (see backends.infoblox.repair) ---------------------------------------------------------
-
-    async def pool_connection(self, pool_ref: PoolRef, pool: Object) -> tuple[Pool, Connection]:
-        """The parsed pool and its instance's connection; PoolNotReadyError when the pool or instance cannot be used
-        now (an instance whose credentials were refused is not asked again before its re-check is due)."""
-        parsed = self._parse(pool_ref, pool)
-        connection = await self._connect(parsed.instance)
-        refused = self.grid.refused(connection)
-        if refused is not None:
-            raise PoolNotReadyError(
-                f"InfobloxInstance {connection.name} is not ready ({refused.reason}): {refused.message}"
-            )
-        return parsed, connection
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
         return await self.repair.list_holdings(pool_ref, pool, pacer)
@@ -215,4 +174,4 @@ class InfobloxBackend:
 
     async def close(self) -> None:
         await self.allocator.late_commits.close()
-        await self.connections.close()
+        await self.ledger.connections.close()

@@ -17,10 +17,17 @@ Contract:
   (network, broadcast, subnet-router anycast and gateway excluded; a range inside a subnet counted once), used =
   IPAddresses of the pool, free = the difference. Objects others hold in the same networks are not subtracted: the
   grid, not this count, decides.
-- Bindings (`bindings`): each check also asks the extensible-attribute definitions (one paged search) and gives
-  `ExtensibleAttributeNotAllowed` when one restricts an attribute the pool writes to other object types; a
-  hostRecord pool's DNS view must belong to the pool's network view (`DNSViewNotInNetworkView`, read from the
-  same search that finds the view, or from the instance check for a custom default DNS view).
+- Bindings: each check also asks the extensible-attribute definitions (one paged search) with their
+  `allowed_object_types`. A definition with a non-empty list restricts its attribute to those object types (NIOS
+  names them `FixedAddress`, `IPv6FixedAddress`, `HostRecord`; compared without regard to case), and the grid
+  refuses any other object carrying it. Every attribute this backend writes is checked for every object type it
+  writes it on (`written_attributes`): the ownership attributes (CAPI-Cluster-Identity too) and the pool's own on
+  the pool's object type, and CAPI-Pool also on the fixed address that reserves a gateway the grid hands out. The
+  first refusal found gives `ExtensibleAttributeNotAllowed`, naming the attribute, the types it is restricted to,
+  the types the pool writes it on, and what to change. A hostRecord pool's DNS view must belong to the pool's
+  network view, since a host record takes its addresses from its DNS view's network view
+  (`DNSViewNotInNetworkView`, read from the same search that finds the view, or from the instance check for a
+  custom default DNS view); an answer without the view's network view is not judged.
 """
 
 from __future__ import annotations
@@ -31,17 +38,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.bindings import restricted_attribute, view_binding
-from backends.infoblox.client import Problem, WapiClient, WapiError
-from backends.infoblox.connections import Connection, Health
-from backends.infoblox.health import BUILTIN_DNS_VIEW, INSTANCE_WIDE, GridHealth
-from backends.infoblox.ownership import view_missing
+from backends.infoblox.client import PAGE_SIZE, Problem, WapiClient, WapiError
+from backends.infoblox.connections import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, GridHealth, Health, view_missing
+from backends.infoblox.ledger import FIXED_V4, FIXED_V6, HOST, fixed_type, object_type
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import HOST_RECORD, Pool, Target
+from backends.infoblox.spec import EA_POOL, HOST_RECORD, OPTIONAL_EAS, OWNERSHIP_EAS, Pool, Target
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolRef
 
 DNS_REASONS = frozenset({"DNSViewNotFound", "DNSZoneNotFound", "DNSViewNotInNetworkView"})
 Verdict = tuple[bool, str, str]
+NIOS_TYPE_NAMES = {FIXED_V4: "FixedAddress", FIXED_V6: "IPv6FixedAddress", HOST: "HostRecord"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class PoolChecks:
 
     async def _ask(self, pool: Pool, connection: Connection, health: Health) -> Verdict:
         client = connection.client
-        view = pool.spec.network_view or connection.spec.default_network_view
+        view = connection.network_view(pool)
         if view != connection.spec.default_network_view and not await client.search(
             "networkview", ["name"], {"name": view}
         ):
@@ -139,7 +145,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
         if not found:
             return view_missing
         bound = found[0].get("network_view")
-    network_view = pool.spec.network_view or connection.spec.default_network_view
+    network_view = connection.network_view(pool)
     elsewhere = view_binding(view, bound, network_view, field)
     if elsewhere is not None:
         return elsewhere
@@ -205,4 +211,61 @@ async def _missing_target(client: WapiClient, target: Target, view: str) -> Verd
         "RangeNotFound",
         f"DHCP range {target.argument} does not exist in network view {view!r}; create it on the grid or fix "
         "spec.ranges",
+    )
+
+
+def written_attributes(pool: Pool) -> dict[str, set[str]]:
+    """Each extensible attribute the backend may write for this pool, with the WAPI object types it writes it on."""
+    obj_type = object_type(pool)
+    written = {name: {obj_type} for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS, *pool.spec.extensible_attributes)}
+    if any(target.gateway is not None for target in pool.targets):
+        written[EA_POOL].add(fixed_type(pool.version))
+    return written
+
+
+async def restricted_attribute(pool: Pool, client: WapiClient) -> Verdict | None:
+    """`ExtensibleAttributeNotAllowed` for the first attribute the grid would refuse on one of the pool's objects."""
+    definitions = await client.search("extensibleattributedef", ["name", "allowed_object_types"], page_size=PAGE_SIZE)
+    restricted = {
+        str(definition.get("name")): [str(kind) for kind in allowed]
+        for definition in definitions
+        if isinstance(allowed := definition.get("allowed_object_types"), list) and allowed
+    }
+    for name, types in sorted(written_attributes(pool).items()):
+        allowed = restricted.get(name)
+        if not allowed:
+            continue
+        lowered = {kind.lower() for kind in allowed}
+        refused = sorted(NIOS_TYPE_NAMES[t] for t in types if NIOS_TYPE_NAMES[t].lower() not in lowered)
+        if not refused:
+            continue
+        own = " or remove it from spec.extensibleAttributes," if name in pool.spec.extensible_attributes else ""
+        return (
+            False,
+            "ExtensibleAttributeNotAllowed",
+            (
+                f"the grid's definition of extensible attribute {name} allows it only on {', '.join(allowed)} "
+                f"(allowed_object_types), but this pool writes it on {', '.join(refused)} objects, which the grid "
+                f"refuses; add {' and '.join(refused)} to the definition's allowed object types in Grid Manager "
+                f"(Administration > Extensible Attributes),{own} or clear the restriction"
+            ),
+        )
+    return None
+
+
+def view_binding(view: str, bound: object, network_view: str, field: str) -> Verdict | None:
+    """`DNSViewNotInNetworkView` when DNS view `view`, which belongs to network view `bound`, is not in the pool's
+    network view `network_view`."""
+    if not isinstance(bound, str) or not bound or bound == network_view:
+        return None
+    own_view = "default" if network_view == "default" else f"default.{network_view}"
+    return (
+        False,
+        "DNSViewNotInNetworkView",
+        (
+            f"DNS view {view!r} belongs to network view {bound!r}, not to the pool's network view {network_view!r}, "
+            f"and a host record takes its addresses from its DNS view's network view; set {field} to a DNS view "
+            f"of network view {network_view!r} (such as {own_view!r}, which NIOS creates with it), or fix "
+            "spec.networkView"
+        ),
     )

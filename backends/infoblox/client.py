@@ -49,8 +49,8 @@ from requests.adapters import BaseAdapter
 
 from backends.backoff import backoff_delay
 from ipam_provider.common import Object
-from ipam_provider.identity import user_agent
-from ipam_provider.telemetry.backends import observe_request
+from ipam_provider.runtime.telemetry.backends import observe_request
+from ipam_provider.runtime.user_agent import user_agent
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -176,15 +176,14 @@ class WapiClient:
         params: Mapping[str, str] | None = None,
         extattrs: Mapping[str, str] | None = None,
         *,
-        paging: bool = False,
-        page_size: int = PAGE_SIZE,
+        page_size: int | None = None,
         before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[Object]:
         """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none.
-        With `paging`, WAPI paging (`page_size` objects a page), awaiting `before_page` before each page."""
+        With a `page_size`, WAPI paging (`page_size` objects a page), awaiting `before_page` before each page."""
         eas = {name: {"value": value} for name, value in (extattrs or {}).items()}
         query: dict[str, Any] = {**(params or {}), "_return_fields": ",".join(fields)}
-        if not paging:
+        if page_size is None:
             answer = await self._retrying(f"GET {obj_type}", lambda: self._run(lambda: self._get(obj_type, query, eas)))
             return _objects(answer, obj_type)
         query.update({"_paging": 1, "_return_as_object": 1, "_max_results": page_size})

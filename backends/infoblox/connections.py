@@ -1,35 +1,55 @@
-"""From an InfobloxInstance to a cached connection to its grid.
+"""From an InfobloxInstance to a cached, checked connection to its grid, and the instance's `Ready` condition.
 
 Contract:
-- `connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets (see
+- `Connections.connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets (see
   `credentials`) at most once per `instance_cache_seconds`; the connection (its Connector, thread pool and private
   files) is rebuilt when the instance's generation or either Secret's resourceVersion changes. A replaced or
   dropped connection is closed only once every call it may be serving has ended (`Retiring`): after the longest a
-  call on it can take (`client.longest_call_seconds`), or at once when the process stops.
-- An instance that is missing, or whose spec or Secrets cannot be used, raises `InstanceProblem`; the problem is
-  also written to the instance's status (see `status`) when the instance exists.
-- A connection carries the state of its grid check (`Health`, decided by `health`): its last result, the lock
-  that makes one check at a time, and how many checks in a row the grid refused its credentials.
+  call on it can take (`client.longest_call_seconds`), or at once when the process stops. An instance that is
+  missing, or whose spec or Secrets cannot be used, raises `InstanceProblem`; the problem is also written to the
+  instance's status when the instance exists.
+- `GridHealth.health(connection)` checks the grid (reachability, TLS, credentials, the default network view, a
+  default DNS view other than NIOS's built-in one, the ownership extensible-attribute definitions, created when
+  missing if the instance allows it; so is the optional CAPI-Cluster-Identity, whose absence is no failure:
+  `Health.ea_names` says whether it is defined). Results are cached on the connection: long when healthy, short
+  when not. A grid that refuses the credentials is asked again later and later (the short wait doubling, up to
+  `auth_failed_max_recheck_seconds`), since a real grid may lock the account; a changed Secret builds a new
+  connection, which is checked at once. `refused(connection)` answers that cached refusal while it stands, so that
+  other paths (releases) do not ask the grid with credentials it refused either. `failed(connection, error)`
+  records a call's failure that concerns the whole instance (`INSTANCE_WIDE`: credentials, TLS, reachability);
+  `translate` turns any WAPI failure into a BackendError for people.
+- `InstanceStatus.publish` writes an instance's `Ready` condition (status subresource) only when it changes, and
+  keeps the object the API server answers; an instance never read is not written to. A failed write is logged,
+  never raised: the condition is written again with the next change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import structlog
+from pydantic import ValidationError
 
-from backends.infoblox.client import WapiClient
+from backends.infoblox.client import PAGE_SIZE, Problem, WapiClient, WapiError
 from backends.infoblox.credentials import InstanceProblem, Material, read_material
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import INSTANCES, InstanceSpec
-from backends.infoblox.status import InstanceStatus
-from ipam_provider.kube.client import KubeClient
+from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool
+from ipam_provider.api.meta import Condition, set_condition
+from ipam_provider.backend.contract import AllocationFailedError, BackendError, PoolNotReadyError
+from ipam_provider.common import Object
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 
 log = structlog.get_logger(__name__)
+BUILTIN_DNS_VIEW = "default"
+AUTH_FAILED = Problem.AUTH.value  # the Health reason of refused credentials
+EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
+INSTANCE_WIDE = frozenset({Problem.AUTH, Problem.TLS, Problem.UNREACHABLE})
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,9 @@ class Health:
 
 @dataclass
 class Connection:
+    """One instance's grid: its client, and the state of its grid check (`Health`, decided by `GridHealth`): its
+    last result, the lock that makes one check at a time, and how many checks in a row refused its credentials."""
+
     name: str
     key: tuple[str, ...]
     spec: InstanceSpec
@@ -55,10 +78,48 @@ class Connection:
     check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     auth_failures: int = 0  # grid checks in a row that ended in HTTP 401, with these credentials
 
+    def network_view(self, pool: Pool) -> str:
+        return pool.spec.network_view or self.spec.default_network_view
+
     async def close(self) -> None:
         await self.client.close()
         if self.files is not None:
             self.files.cleanup()
+
+
+class InstanceStatus:
+    """The status of every InfobloxInstance this process talks to."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._instances: dict[str, Object] = {}
+
+    def remember(self, name: str, instance: Object) -> None:
+        """The InfobloxInstance `name` as just read."""
+        self._instances[name] = instance
+
+    async def publish(self, name: str, ready: bool, reason: str, message: str) -> None:
+        """Write the instance's Ready condition if it changed."""
+        instance = self._instances.get(name)
+        if instance is None:
+            return
+        try:
+            current = [Condition.model_validate(c) for c in (instance.get("status") or {}).get("conditions") or []]
+        except ValidationError:
+            current = []
+        generation = instance["metadata"].get("generation")
+        conditions, changed = set_condition(
+            current, type="Ready", status=ready, reason=reason, message=message, generation=generation
+        )
+        if not changed:
+            return
+        patch = {"status": {"conditions": [c.wire() for c in conditions]}}
+        try:
+            self._instances[name] = await self._kube.patch(INSTANCES, name, patch, subresource="status")
+        except ApiError as error:
+            log.warning("cannot write the InfobloxInstance status", instance=name, error=error.message)
+            return
+        log.info("instance condition changed", instance=name, ready=ready, reason=reason, message=message)
 
 
 class Connections:
@@ -149,3 +210,159 @@ class Retiring:
 async def _close_later(connection: Connection) -> None:
     await asyncio.sleep(connection.client.longest_call_seconds)
     await connection.close()
+
+
+class GridHealth:
+    """The grid checks of every connection, and the conditions they decide."""
+
+    def __init__(self, settings: InfobloxSettings, status: InstanceStatus) -> None:
+        self._settings = settings
+        self._status = status
+
+    async def health(self, connection: Connection) -> Health:
+        """The grid check's result, re-run when its cached result is too old."""
+        async with connection.check_lock:
+            current = connection.health
+            if current is not None and time.monotonic() - current.checked_at < self._recheck_wait(connection):
+                return current
+            result = connection.health = await self._check(connection)
+            connection.auth_failures = connection.auth_failures + 1 if result.reason == AUTH_FAILED else 0
+        await self._status.publish(connection.name, result.ready, result.reason, result.message)
+        return result
+
+    def _recheck_wait(self, connection: Connection) -> float:
+        """How long the connection's last grid check stands: long when it passed, short when it failed, and
+        doubling with each refusal of the same credentials in a row."""
+        health = connection.health
+        if health is not None and health.ready:
+            return self._settings.healthy_recheck_seconds
+        wait = self._settings.unhealthy_recheck_seconds
+        if health is None or health.reason != AUTH_FAILED:
+            return wait
+        doubled = wait * 2.0 ** min(max(connection.auth_failures - 1, 0), 32)
+        return max(wait, min(doubled, self._settings.auth_failed_max_recheck_seconds))
+
+    def refused(self, connection: Connection) -> Health | None:
+        """The connection's cached AuthenticationFailed result while its re-check is not due yet, else None."""
+        health = connection.health
+        if health is None or health.reason != AUTH_FAILED:
+            return None
+        return health if time.monotonic() - health.checked_at < self._recheck_wait(connection) else None
+
+    async def failed(self, connection: Connection, error: WapiError) -> Health:
+        """Record that a call failed in a way that concerns the whole instance (credentials, TLS, reachability)."""
+        reason, message = problem_condition(connection, error)
+        if error.problem is Problem.AUTH:
+            connection.read_at = 0.0  # read the Secret again on the next call: it may have been fixed
+            previous = connection.health
+            if previous is None or previous.reason != AUTH_FAILED:
+                connection.auth_failures = max(connection.auth_failures, 1)
+            elif self.refused(connection) is None:
+                # The wait was over and this call (a release) asked the grid again: the wait doubles, as after a
+                # grid check. Calls that were under way when the first refusal came back do not count.
+                connection.auth_failures += 1
+        health = Health(False, reason, message, time.monotonic())
+        connection.health = health
+        await self._status.publish(connection.name, False, reason, message)
+        return health
+
+    async def translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
+        """A BackendError for people; instance-wide failures also go to the instance's condition."""
+        if error.problem in INSTANCE_WIDE:
+            health = await self.failed(connection, error)
+            return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
+        if error.problem is Problem.VIEW_NOT_FOUND:
+            return PoolNotReadyError(view_missing(error.detail, what))
+        if error.problem is Problem.TARGET_NOT_FOUND:
+            return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
+        if error.problem is Problem.UNKNOWN_EA:
+            return PoolNotReadyError(
+                f"{error.detail}: define it on the grid or remove it from spec.extensibleAttributes"
+            )
+        if error.problem is Problem.EA_NOT_ALLOWED:
+            return PoolNotReadyError(
+                f"{what}: the grid refused an extensible attribute the pool writes: {error.detail}; allow the object "
+                "type in the attribute definition's allowed_object_types, or remove the attribute from "
+                "spec.extensibleAttributes if it is the pool's own"
+            )
+        if error.problem in (Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME):
+            return AllocationFailedError(f"the grid did not answer ({error.detail}); retrying", retry_after=5.0)
+        return AllocationFailedError(f"{what}: the grid refused: {error.detail}")
+
+    async def _check(self, connection: Connection) -> Health:
+        spec, client = connection.spec, connection.client
+        now = time.monotonic()
+        try:
+            if not await client.search("networkview", ["name"], {"name": spec.default_network_view}):
+                message = f"network view {spec.default_network_view!r} does not exist on the grid; create it or fix "
+                return Health(False, "NetworkViewNotFound", message + "spec.defaultNetworkView", now)
+            # NIOS's built-in DNS view "default" is not asked for here, so that an API user without DNS
+            # permissions (fixedAddress pools only) is not refused; hostRecord pools check their view themselves.
+            custom_view = spec.default_dns_view != BUILTIN_DNS_VIEW
+            query = {"name": spec.default_dns_view}
+            dns_views = await client.search("view", ["name", "network_view"], query) if custom_view else []
+            if custom_view and not dns_views:
+                message = f"DNS view {spec.default_dns_view!r} does not exist on the grid; create it or fix "
+                return Health(False, "DNSViewNotFound", message + "spec.defaultDNSView", now)
+            bound = dns_views[0].get("network_view") if dns_views else None
+            names, missing = await self._definitions(connection)
+        except WapiError as error:
+            return Health(False, *problem_condition(connection, error), now)
+        if missing:
+            how = "the API user could not create them" if spec.manage_ea_definitions else "their creation is off"
+            message = (
+                f"the grid lacks the STRING extensible attribute definitions {', '.join(missing)} ({how}); create "
+                "them in Grid Manager (Administration > Extensible Attributes) or let the provider's API user create "
+                "extensible attribute definitions"
+            )
+            return Health(False, "ExtensibleAttributesMissing", message, now)
+        views = f"network view {spec.default_network_view!r}" + (
+            f" and DNS view {spec.default_dns_view!r} exist" if custom_view else " exists"
+        )
+        message = f"WAPI {spec.wapi_version} at {spec.netloc} answers; {views}"
+        return Health(True, "Connected", message, now, frozenset(names), bound if isinstance(bound, str) else None)
+
+    async def _definitions(self, connection: Connection) -> tuple[set[str], list[str]]:
+        """The grid's extensible-attribute definition names, after creating those this backend writes when missing
+        (if the instance allows it), and the ownership ones still missing."""
+        client = connection.client
+        names = {
+            str(d.get("name")) for d in await client.search("extensibleattributedef", ["name"], page_size=PAGE_SIZE)
+        }
+        absent = [name for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS) if name not in names]
+        for name in absent if connection.spec.manage_ea_definitions else ():
+            with contextlib.suppress(WapiError):
+                payload = {"name": name, "type": "STRING", "comment": EA_COMMENT}
+                await client.create("extensibleattributedef", payload, ["name"])
+                names.add(name)
+                log.info("extensible attribute definition created", instance=connection.name, ea=name)
+        return names, [name for name in OWNERSHIP_EAS if name not in names]
+
+
+def problem_condition(connection: Connection, error: WapiError) -> tuple[str, str]:
+    """The condition reason and message for an instance-wide failure."""
+    where = f"WAPI {connection.spec.wapi_version} at {connection.spec.netloc}"
+    if error.problem is Problem.AUTH:
+        return AUTH_FAILED, f"{where} refused the credentials of Secret {connection.secret} (HTTP 401); fix the Secret"
+    if error.problem is Problem.TLS:
+        return "TLSVerificationFailed", (
+            f"{where}: {error.detail}; set spec.caBundle or spec.caBundleSecretRef to the CA that signed it"
+        )
+    if error.problem in (Problem.UNREACHABLE, Problem.UNKNOWN_OUTCOME):
+        return "Unreachable", f"{where} did not answer: {error.detail}; check spec.host, spec.port and the network"
+    if error.problem is Problem.UNAVAILABLE:
+        return "GridUnavailable", f"{where}: {error.detail}"
+    if error.problem is Problem.VIEW_NOT_FOUND:
+        return "NetworkViewNotFound", f"{where}: {error.detail}"
+    return "WAPIError", f"{where}: {error.detail}"
+
+
+def view_missing(detail: str, what: str) -> str:
+    """The message of a 404 on a view (`View <name> not found` or `Network view <name> not found`)."""
+    if detail.startswith("Network view"):
+        kind, fix = "network view", "spec.networkView or the InfobloxInstance's defaultNetworkView"
+    else:
+        kind, fix = "DNS view", "spec.hostRecord.dnsView or the InfobloxInstance's defaultDNSView"
+    return (
+        f"{what}: the pool's {kind} does not exist on the grid (the grid answered {detail!r}); create it or fix {fix}"
+    )

@@ -29,8 +29,8 @@ from pydantic import ValidationError
 from backends.infoblox.spec import InstanceSpec
 from backends.validation import spec_error
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import SECRETS
 
 
 class InstanceProblem(Exception):

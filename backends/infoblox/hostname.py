@@ -19,9 +19,9 @@ from typing import Any
 import structlog
 
 from ipam_provider.backend.contract import ClaimContext
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import CLUSTER_GROUP, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import CLUSTER_GROUP, Resource
 
 log = structlog.get_logger(__name__)
 

@@ -9,13 +9,12 @@ Contract:
   (after the client's retries, which start again from the first page) raises BackendError: a pass never sees a
   partial list. Holding: `address` the object's address, `claim` from CAPI-Claim-Namespace/CAPI-Claim-Name,
   `claim_uid` from CAPI-Claim-UID, `handle` the object's `_ref`. Several management clusters may share the grid
-  (`identity`): an object stamped with another cluster's CAPI-Cluster-Identity is not listed; one without any
+  (`ClusterStamp`): an object stamped with another cluster's CAPI-Cluster-Identity is not listed; one without any
   identity is listed with `releasable` False (reported, never released).
 - `release_holding` never touches a holding that is not `releasable`. It searches the holding's CAPI-Claim-UID
   afresh (one GET, as a claim's release does) and deletes the object only if that answer still holds it: the same
-  `_ref`, address, CAPI-Pool and uid, stamped with our identity. Anything else (gone,
-  re-keyed, moved to another pool, or a reference NIOS re-used for a new object) answers False; so does a 404 on the
-  DELETE.
+  `_ref`, address, CAPI-Pool and uid, stamped with our identity. Anything else (gone, re-keyed, moved to another
+  pool, or a reference NIOS re-used for a new object) answers False; so does a 404 on the DELETE.
 - `restore` searches the address afresh (the fixed addresses and host records there in the pool's network view,
   two GETs), never the pool index: an object of the claim there -> HELD; an address the pool cannot hand out (see
   `outside_pool`) -> OUTSIDE; an object of ours recording the same claim namespace, name and pool under another uid
@@ -23,28 +22,35 @@ Contract:
   object -> TAKEN, naming it; nothing -> the object a normal allocation makes (fixed address or host record, the
   claim's attributes, the IPAddress's hostname for host records), posted at that literal address and kept only if
   it is alone there at its check (the requested-address path's create-then-recheck) -> RECORDED. An object that
-  lost the check is deleted, the allocator's index forgets what it recorded for the claim, and the holder found is
-  reported (TAKEN). Nothing else is ever deleted or re-keyed.
+  lost the check is deleted, the index forgets what it recorded for the claim, and the holder found is reported
+  (TAKEN). Nothing else is ever deleted or re-keyed.
 - `outside_pool` sends no request: an address outside every subnet and range of the pool as configured now, or
   one the pool never hands out (a subnet's network, broadcast or subnet-router anycast address, or a gateway).
-- Grid failures become BackendError (`ownership.translate`); an instance whose credentials were refused is not
+- Grid failures become BackendError (`GridHealth.translate`); an instance whose credentials were refused is not
   asked again before its re-check is due.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
-from backends.infoblox import requested
-from backends.infoblox.allocator import Allocating, Allocator
+from backends.infoblox.allocator import Allocator
 from backends.infoblox.client import Problem, WapiError
-from backends.infoblox.connections import Connection
-from backends.infoblox.identity import WHY_UNSTAMPED, Made
-from backends.infoblox.ownership import owned, same, take_over
-from backends.infoblox.payloads import ALL_TYPES, RETURN_FIELDS, GridObject, parse_object, type_of_ref
+from backends.infoblox.ledger import (
+    ALL_TYPES,
+    RETURN_FIELDS,
+    WHY_UNSTAMPED,
+    Allocating,
+    GridObject,
+    Ledger,
+    Made,
+    parse_object,
+    same,
+    type_of_ref,
+)
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendError, ClaimContext, PoolRef
@@ -54,22 +60,16 @@ from ipam_provider.common import Object
 log = structlog.get_logger(__name__)
 
 
-# The backend's parsed pool and its instance's connection (`InfobloxBackend.pool_connection`).
-PoolConnection = Callable[[PoolRef, Object], Awaitable[tuple[Pool, Connection]]]
-
-
 class GridRepair:
-    """The repair capability of one InfobloxBackend, built from its allocator, its settings and how it reaches a
-    pool's grid."""
+    """The repair capability, composed from the ledger (listing, releasing) and the allocator (restoring)."""
 
-    def __init__(self, allocator: Allocator, settings: InfobloxSettings, pool_connection: PoolConnection) -> None:
+    def __init__(self, ledger: Ledger, allocator: Allocator, settings: InfobloxSettings) -> None:
+        self._ledger = ledger
         self._allocator = allocator
         self._settings = settings
-        self._pool_connection = pool_connection
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
-        parsed, connection = await self._pool_connection(pool_ref, pool)
-        view = network_view(parsed, connection)
+        parsed, connection = await self._ledger.pool_connection(pool_ref, pool)
         holdings: list[Holding] = []
         others = 0  # objects of another management cluster sharing the grid: never ours to judge
         for obj_type in ALL_TYPES:
@@ -77,18 +77,17 @@ class GridRepair:
                 answer = await connection.client.search(
                     obj_type,
                     RETURN_FIELDS[obj_type],
-                    {"network_view": view},
+                    {"network_view": connection.network_view(parsed)},
                     extattrs={EA_POOL: parsed.label},
-                    paging=True,
                     page_size=self._settings.repair_page_size,
                     before_page=pacer.wait,
                 )
             except WapiError as error:
                 if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
-                raise await self._allocator.translate_error(connection, error, f"listing {pool_ref}") from error
+                raise await self._ledger.translate(connection, error, f"listing {pool_ref}") from error
             for obj in ours(obj_type, answer, parsed.label):
-                made = self._allocator.stamp.judge(obj)
+                made = self._ledger.stamp.judge(obj)
                 if made is Made.OTHER:
                     others += 1
                 else:
@@ -100,18 +99,16 @@ class GridRepair:
         obj_type = type_of_ref(holding.handle)
         if not holding.releasable or not holding.claim_uid or obj_type not in ALL_TYPES:
             return False
-        parsed, connection = await self._pool_connection(pool_ref, pool)
+        parsed, connection = await self._ledger.pool_connection(pool_ref, pool)
         try:
-            found = await owned(connection, (obj_type,), holding.claim_uid)
-            stamp = self._allocator.stamp
-            still = [o for o in found if as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS]
-            if not still:
+            found = await self._ledger.owned(connection, (obj_type,), holding.claim_uid)
+            stamp = self._ledger.stamp
+            if not any(as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS for o in found):
                 log.info("holding changed or gone; left alone", pool=str(pool_ref), ref=holding.handle)
                 return False
-            deleted = await connection.client.delete(holding.handle)
+            deleted = await self._ledger.release_leak(connection, pool_ref, holding.claim_uid, holding.handle)
         except WapiError as error:
-            raise await self._allocator.translate_error(connection, error, f"release in {pool_ref}") from error
-        self._allocator.released_elsewhere(pool_ref)
+            raise await self._ledger.translate(connection, error, f"release in {pool_ref}") from error
         log.info(
             "leaked grid object released",
             pool=str(pool_ref),
@@ -123,87 +120,67 @@ class GridRepair:
         return deleted
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        parsed, connection = await self._pool_connection(pool_ref, pool)
+        parsed, connection = await self._ledger.pool_connection(pool_ref, pool)
         address = canonical(allocation.address)
-        outside = outside_why(parsed, address)
-        if address is None or version(address) != parsed.version:
+        outside = parsed.why_outside(address) if address is not None else "not an IP address"
+        if address is None or ipaddress.ip_address(address).version != parsed.version:
             return Restore(RestoreOutcome.OUTSIDE, outside or f"not an IPv{parsed.version} address")
         try:
-            return await self._restore(parsed, connection, claim, allocation, address, outside)
+            found = await self._ledger.holders(connection, parsed, connection.network_view(parsed), address)
+            if held_by(found, claim) is not None or outside is not None:
+                return held_by(found, claim) or Restore(RestoreOutcome.OUTSIDE, str(outside))
+            if found and not any(o.earlier_self(parsed, claim) for o in found):
+                return taken(found[0])
+            job = await self._allocator.job(parsed, connection, claim)
+            kept = await self._allocator.take_over(job, found, address)
+            if kept is not None:
+                return await self._check_alone(job, address, kept, "re-keyed to the claim")
+            return taken(found[0]) if found else await self._record(job, allocation, address)
         except WapiError as error:
             what = f"address {address} in {pool_ref}"
-            raise await self._allocator.translate_error(connection, error, what) from error
+            raise await self._ledger.translate(connection, error, what) from error
 
-    async def _restore(
-        self,
-        pool: Pool,
-        connection: Connection,
-        claim: ClaimContext,
-        allocation: Allocation,
-        address: str,
-        outside: str | None,
-    ) -> Restore:
-        view = network_view(pool, connection)
-        found = await requested.holders(connection, pool, view, address)
-        mine = held_by(found, claim)
-        if mine is not None:
-            return mine
-        if outside is not None:
-            return Restore(RestoreOutcome.OUTSIDE, outside)
-        if any(requested.earlier_self(o, pool, claim) for o in found):
-            stamp = self._allocator.stamp.marks(connection)
-            kept = await take_over(connection, pool, claim, view, address, stamp)
-            if kept is not None:
-                return await self._check_alone(pool, connection, claim, address, kept, "re-keyed to the claim")
-        if found:
-            return taken(found[0])
-        return await self._record(pool, connection, claim, allocation, address)
-
-    async def _record(
-        self, pool: Pool, connection: Connection, claim: ClaimContext, allocation: Allocation, address: str
-    ) -> Restore:
+    async def _record(self, job: Allocating, allocation: Allocation, address: str) -> Restore:
         """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
         allocator = self._allocator
-        state = await allocator.index(pool, connection)
-        job = Allocating(pool, connection, state, claim, network_view(pool, connection))
-        hostname = allocation.annotations.get(ANNOTATION_HOSTNAME) or await allocator.hostname_for(
-            pool, connection, claim
-        )
+        hostname = allocation.annotations.get(ANNOTATION_HOSTNAME)
+        hostname = hostname or await allocator.hostname_for(job.pool, job.connection, job.claim)
         try:
             kept = await allocator.create_object(job, address, hostname, for_request=True)
         except WapiError as error:
             if error.problem is not Problem.CONFLICT:
                 raise
-            return await self._after_losing(pool, connection, claim, address, error.detail)
+            return await self._after_losing(job, address, error.detail)
         if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
-            return Restore(RestoreOutcome.TAKEN, f"claim {claim}'s host record {kept.ref} holds {kept.address}")
-        return await self._check_alone(pool, connection, claim, address, kept, "recorded again")
+            return Restore(RestoreOutcome.TAKEN, f"claim {job.claim}'s host record {kept.ref} holds {kept.address}")
+        return await self._check_alone(job, address, kept, "recorded again")
 
-    async def _check_alone(
-        self, pool: Pool, connection: Connection, claim: ClaimContext, address: str, kept: GridObject, did: str
-    ) -> Restore:
-        view = network_view(pool, connection)
+    async def _check_alone(self, job: Allocating, address: str, kept: GridObject, did: str) -> Restore:
         try:
-            await requested.keep_alone(connection, pool, claim, view, address, kept)
+            await self._allocator.keep_alone(job, address, kept)
         except AllocationFailedError as error:  # `kept` shared the address and was deleted
-            return await self._after_losing(pool, connection, claim, address, error.message)
-        log.info("allocation restored on the grid", pool=str(pool.ref), claim=str(claim), address=address, ref=kept.ref)
+            return await self._after_losing(job, address, error.message)
+        log.info(
+            "allocation restored on the grid",
+            pool=str(job.pool.ref),
+            claim=str(job.claim),
+            address=address,
+            ref=kept.ref,
+        )
         return Restore(RestoreOutcome.RECORDED, f"{kept.obj_type} {kept.ref} {did}")
 
-    async def _after_losing(
-        self, pool: Pool, connection: Connection, claim: ClaimContext, address: str, why: str
-    ) -> Restore:
+    async def _after_losing(self, job: Allocating, address: str, why: str) -> Restore:
         """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again. The
-        allocator's index may still name the object that lost (`create_object` recorded it): it is forgotten, so that
-        the claim's own path searches the grid rather than believe the claim holds the address."""
-        self._allocator.forget_claim(pool.ref, claim.uid)
-        found = await requested.holders(connection, pool, network_view(pool, connection), address)
-        mine = held_by(found, claim)
+        index forgets what it recorded for the claim, so that the claim's own path searches the grid rather than
+        believe the claim holds the address."""
+        self._ledger.forget_claim(job.pool.ref, job.claim.uid)
+        found = await self._ledger.holders(job.connection, job.pool, job.network_view, address)
+        mine = held_by(found, job.claim)
         if mine is not None:
             return mine
         if found:
             return taken(found[0])
-        raise BackendError(f"address {address} of claim {claim} could not be recorded again: {why}; trying again")
+        raise BackendError(f"address {address} of claim {job.claim} could not be recorded again: {why}; trying again")
 
 
 def held_by(found: Sequence[GridObject], claim: ClaimContext) -> Restore | None:
@@ -213,10 +190,8 @@ def held_by(found: Sequence[GridObject], claim: ClaimContext) -> Restore | None:
 
 
 def taken(holder: GridObject) -> Restore:
-    detail = requested.describe(holder)
-    if holder.claim_uid:
-        detail = f"{detail} ({holder.obj_type} {holder.ref})"
-    return Restore(RestoreOutcome.TAKEN, detail)
+    detail = holder.describe()
+    return Restore(RestoreOutcome.TAKEN, f"{detail} ({holder.obj_type} {holder.ref})" if holder.claim_uid else detail)
 
 
 def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject]:
@@ -226,8 +201,7 @@ def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject
 
 
 def holding_of(obj: GridObject, *, releasable: bool = True) -> Holding:
-    marks = obj.extattrs
-    namespace, name = marks.get(EA_CLAIM_NAMESPACE) or "", marks.get(EA_CLAIM_NAME) or ""
+    namespace, name = obj.extattrs.get(EA_CLAIM_NAMESPACE) or "", obj.extattrs.get(EA_CLAIM_NAME) or ""
     claim = f"{namespace}/{name}" if namespace and name else ""
     address = canonical(obj.address) or obj.address
     why = "" if releasable else WHY_UNSTAMPED
@@ -246,25 +220,8 @@ def as_listed(obj: GridObject, holding: Holding, label: str) -> bool:
 
 def outside_of(pool: Pool, addresses: Sequence[str]) -> Mapping[str, str]:
     """Of `addresses`, those the pool cannot hand out as configured now, each with why."""
-    answer: dict[str, str] = {}
-    for address in addresses:
-        why = outside_why(pool, canonical(address)) if canonical(address) else "not an IP address"
-        if why is not None:
-            answer[address] = why
-    return answer
-
-
-def outside_why(pool: Pool, address: str | None) -> str | None:
-    """Why the pool cannot hand out `address`, or None when it can."""
-    if address is None:
-        return "not an IP address"
-    target, why = requested.target_for(pool, address)
-    if target is not None:
-        return None
-    if why:
-        return why
-    names = ", ".join(str(t) for t in pool.targets)
-    return f"in none of the pool's subnets and ranges ({names})"
+    answer = {address: pool.why_outside(address) for address in addresses}
+    return {address: why for address, why in answer.items() if why is not None}
 
 
 def canonical(address: str) -> str | None:
@@ -272,11 +229,3 @@ def canonical(address: str) -> str | None:
         return str(ipaddress.ip_address(address))
     except ValueError:
         return None
-
-
-def version(address: str) -> int:
-    return ipaddress.ip_address(address).version
-
-
-def network_view(pool: Pool, connection: Connection) -> str:
-    return pool.spec.network_view or connection.spec.default_network_view

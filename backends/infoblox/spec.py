@@ -18,7 +18,7 @@ from backends.validation import spec_error
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
 
 VERSION = "v1alpha1"
 INFOBLOX_POOL = PoolKind(IPAM_GROUP, VERSION, "InfobloxIPPool", "infobloxippools", namespaced=True)
@@ -124,6 +124,14 @@ class Target:
     def __str__(self) -> str:
         return f"{self.kind} {self.argument}"
 
+    def contains(self, value: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        if value.version != self.version:
+            return False
+        if self.kind == "network":
+            return value in ipaddress.ip_network(self.argument)
+        first, last = (int(ipaddress.ip_address(part)) for part in self.argument.split("-"))
+        return first <= int(value) <= last
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -147,14 +155,35 @@ class Pool:
     def target_of(self, address: str) -> Target:
         """The subnet or range holding `address` (the first one if none does, e.g. after the spec changed)."""
         value = ipaddress.ip_address(address)
-        for target in self.targets:
-            if target.kind == "network" and value in ipaddress.ip_network(target.argument):
-                return target
-            if target.kind == "range" and value.version == 4:
-                first, last = (int(ipaddress.ip_address(part)) for part in target.argument.split("-"))
-                if first <= int(value) <= last:
-                    return target
-        return self.targets[0]
+        return next((target for target in self.targets if target.contains(value)), self.targets[0])
+
+    def target_for(self, address: str) -> tuple[Target | None, str]:
+        """The first subnet or range that could hand out `address` (not its network, IPv4 broadcast or IPv6
+        subnet-router anycast address, nor its gateway), or None and why none can ("" when none holds it)."""
+        value = ipaddress.ip_address(address)
+        why = ""
+        for target in (t for t in self.targets if t.contains(value)):
+            network = ipaddress.ip_network(target.argument) if target.kind == "network" else None
+            reserved = network is not None and network.num_addresses > 2 and value == network.network_address
+            if network is not None and network.version == 4 and network.prefixlen < 31:
+                reserved = reserved or value == network.broadcast_address
+            if target.gateway is not None and ipaddress.ip_address(target.gateway) == value:
+                why = why or f"the gateway of {target}"
+            elif reserved:
+                why = why or f"a reserved address of {target} (its network, broadcast or subnet-router anycast address)"
+            else:
+                return target, ""
+        return None, why
+
+    def why_outside(self, address: str) -> str | None:
+        """Why the pool as configured now cannot hand out `address`, or None when it can."""
+        try:
+            target, why = self.target_for(address)
+        except ValueError:
+            return "not an IP address"
+        if target is not None:
+            return None
+        return why or f"in none of the pool's subnets and ranges ({', '.join(str(t) for t in self.targets)})"
 
 
 class PoolSpecError(ValueError):

@@ -10,12 +10,9 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox import connections as connections_module
-from backends.infoblox import health as health_module
 from backends.infoblox.client import Problem, WapiError
-from backends.infoblox.connections import Connections
-from backends.infoblox.health import GridHealth
+from backends.infoblox.connections import Connections, GridHealth, InstanceStatus
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.status import InstanceStatus
 from tests.infoblox.test_backend_units import StubKube, grid_instance, secret
 from tools.wapi_simulator import WapiSimulator
 
@@ -28,7 +25,6 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
     clock = SimpleNamespace(monotonic=lambda: now[0])
     monkeypatch.setattr(connections_module, "time", clock)
-    monkeypatch.setattr(health_module, "time", clock)
     return now
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest_asyncio
 
 from backends.infoblox.backend import InfobloxBackend
-from backends.infoblox.identity import CONDITION
+from backends.infoblox.ledger import CONDITION
 from backends.infoblox.spec import EA_CLUSTER_IDENTITY, OWNERSHIP_EAS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, RestoreOutcome
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.infoblox.conftest import FAST, Grid
 
 Object = dict[str, Any]

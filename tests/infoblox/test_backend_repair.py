@@ -19,7 +19,7 @@ from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_REF
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.infoblox.conftest import FAST, Grid
 
 Object = dict[str, Any]
@@ -243,7 +243,7 @@ async def test_two_claims_restored_at_one_address_never_both_hold_it(
     taken = answers[1] if winner is first else answers[0]
     assert taken.detail.startswith(f"claim {namespace}/{winner.name} (")
     assert len(grid.objects_of(winner.uid, obj_type)) == 1 and grid.objects_of(loser.uid, obj_type) == []
-    parsed, connection = await backend.pool_connection(ref, pool)
+    parsed, connection = await backend.ledger.pool_connection(ref, pool)
     assert backend.allocator.quick(parsed, connection, loser, both) is None, "the index forgot the deleted object"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from backends.infoblox import requested
+from backends.infoblox.allocator import Allocator
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import ANNOTATION_REF
 from ipam_provider.backend.contract import (
@@ -26,7 +26,7 @@ from ipam_provider.backend.contract import (
     ClaimContext,
     PoolRef,
 )
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.infoblox.conftest import FAST, Grid
 from tests.support.objects import wait_address, wait_claim_reason
 
@@ -299,7 +299,7 @@ async def test_crash_between_post_and_check_then_annotation_removed(
 
     crashing = InfobloxBackend(BackendContext(kube=kube), FAST)
     try:
-        monkeypatch.setattr(requested, "keep_alone", crash)
+        monkeypatch.setattr(Allocator, "keep_alone", crash)
         with pytest.raises(RuntimeError):
             await crashing.allocate(ref, pool, claim)
     finally:

@@ -14,13 +14,12 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError
-from backends.infoblox.connections import Connections
+from backends.infoblox.connections import Connections, InstanceStatus
 from backends.infoblox.credentials import InstanceProblem
 from backends.infoblox.hostname import plural
-from backends.infoblox.payloads import duid_for
+from backends.infoblox.ledger import duid_for
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import Pool, PoolSpecError, parse_pool
-from backends.infoblox.status import InstanceStatus
 from ipam_provider.backend.contract import PoolRef
 from tools.wapi_simulator import WapiSimulator
 

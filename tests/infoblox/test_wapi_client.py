@@ -11,10 +11,9 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox.client import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
-from backends.infoblox.connections import Connections
-from backends.infoblox.payloads import parse_object
+from backends.infoblox.connections import Connections, InstanceStatus
+from backends.infoblox.ledger import parse_object
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.status import InstanceStatus
 from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -71,7 +70,7 @@ async def test_a_paged_search_failing_midway_is_answered_whole(
         return original(*args)
 
     monkeypatch.setattr(wapi, "_get", second_page_fails_once)
-    found = await wapi.search("network", ["network"], paging=True)
+    found = await wapi.search("network", ["network"], page_size=PAGE_SIZE)
     assert get_statuses(sim) == [200, 503, 200, 200, 200], "restarted from the first page after the 503"
     assert len(found) == total and len({n["_ref"] for n in found}) == total, "every object, each once"
     await wapi.close()

@@ -1,0 +1,543 @@
+"""The grid objects this backend owns, how to reach them, and the per-pool index of them.
+
+Contract:
+- Every object this backend makes (a fixedaddress, ipv6fixedaddress or record:host) carries the ownership
+  extensible attributes: CAPI-Claim-UID (the claim's uid: the one attribute ownership is decided on),
+  CAPI-Claim-Namespace, CAPI-Claim-Name, CAPI-Cluster-Name (when the claim names a cluster), CAPI-Pool
+  (`<namespace>/<pool name>`, what the per-pool index searches on) and the pool's own extra attributes. A gateway
+  reservation carries CAPI-Pool only (`gateway_marks`).
+- `ClusterStamp.marks(connection)`: what every object made or re-keyed carries besides: `{CAPI-Cluster-Identity:
+  <identity>}` when the backend knows its management cluster's identity and the grid defines the attribute (as the
+  connection's last grid check found), else nothing (NIOS refuses an undefined attribute). `judge(obj)` says how
+  the repair loop may treat one of our objects: OURS (stamped with our identity, or the backend knows no identity),
+  UNSTAMPED (no identity: listed, never released) or OTHER (another management cluster's: not listed). `advisory`
+  is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the pool stays Ready)
+  while the grid does not define the attribute, saying that leaks are then only reported.
+- A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `owned` finds them with an attribute search
+  (`*CAPI-Claim-UID=<uid>`, one GET per object type, [] when there are none) and checks the attribute again on every
+  object answered. `release` deletes what `owned` answers and nothing else: the IPAddress's ref annotation only
+  chooses the object type searched first, and the object it names is deleted only if the search answers it too, so
+  an edited annotation or a reference the grid re-used for a new object is never deleted. A 404 on DELETE counts
+  as released.
+- The index (`index`, one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, and every
+  `index_resync_seconds`, or when the pool moves to another instance) maps claim uids to the objects they own. Each
+  write updates it in the same method: `post` records the new object as the claim's only one, `rekey` the re-keyed
+  one, `delete` drops the deleted reference, `release` drops the claim and makes full subnets worth asking again.
+- `pool_connection` answers the parsed pool and its instance's connection, or PoolNotReadyError when either cannot
+  be used now (an instance whose credentials were refused is not asked again before its re-check is due);
+  `translate` turns WAPI failures into BackendErrors for people.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import structlog
+
+from backends.infoblox.client import PAGE_SIZE, Problem, WapiError
+from backends.infoblox.connections import Connection, Connections, GridHealth
+from backends.infoblox.credentials import InstanceProblem
+from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import (
+    ANNOTATION_REF,
+    EA_CLAIM_NAME,
+    EA_CLAIM_NAMESPACE,
+    EA_CLAIM_UID,
+    EA_CLUSTER_IDENTITY,
+    EA_CLUSTER_NAME,
+    EA_POOL,
+    HOST_RECORD,
+    Pool,
+    PoolSpecError,
+    Target,
+    parse_pool,
+)
+from ipam_provider.backend.contract import (
+    Allocation,
+    BackendError,
+    ClaimContext,
+    PoolNotReadyError,
+    PoolRef,
+    ReportCondition,
+)
+from ipam_provider.common import Object
+
+log = structlog.get_logger(__name__)
+
+FIXED_V4, FIXED_V6, HOST = "fixedaddress", "ipv6fixedaddress", "record:host"
+ALL_TYPES = (FIXED_V4, FIXED_V6, HOST)
+ZERO_MAC = "00:00:00:00:00:00"
+RETURN_FIELDS = {
+    FIXED_V4: ("ipv4addr", "network_view", "extattrs", "comment"),
+    FIXED_V6: ("ipv6addr", "network_view", "extattrs", "comment"),
+    HOST: ("name", "view", "ipv4addrs", "ipv6addrs", "extattrs", "comment"),
+}
+REQUESTED_COMMENT = "Cluster API IPAddressClaim, requested address: "
+
+
+@dataclass(frozen=True)
+class GridObject:
+    """A fixed address or host record as the grid answered it."""
+
+    ref: str
+    obj_type: str
+    address: str
+    extattrs: Mapping[str, str]
+    name: str | None = None
+    comment: str = ""
+
+    @property
+    def claim_uid(self) -> str | None:
+        return self.extattrs.get(EA_CLAIM_UID)
+
+    @property
+    def requested(self) -> bool:
+        """Whether the object was made for a requested address (its keep-if-alone check may not have run)."""
+        return self.comment.startswith(REQUESTED_COMMENT)
+
+    def describe(self) -> str:
+        """Who holds the object, for a claim's message."""
+        if self.claim_uid:
+            return f"claim {self.extattrs.get(EA_CLAIM_NAMESPACE)}/{self.extattrs.get(EA_CLAIM_NAME)}"
+        if self.extattrs.get(EA_POOL):
+            return f"the gateway reservation of InfobloxIPPool {self.extattrs[EA_POOL]} ({self.ref})"
+        return f"a {self.obj_type} not managed by this provider ({self.ref})"
+
+    def earlier_self(self, pool: Pool, claim: ClaimContext) -> bool:
+        """Whether this is the claim's object under an earlier uid (its namespace, name and pool recorded)."""
+        recorded = (self.extattrs.get(EA_CLAIM_NAMESPACE), self.extattrs.get(EA_CLAIM_NAME), self.extattrs.get(EA_POOL))
+        return (
+            bool(self.claim_uid)
+            and self.claim_uid != claim.uid
+            and recorded == (claim.namespace, claim.name, pool.label)
+        )
+
+
+def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
+    """A GridObject from a WAPI answer (None if it carries no address)."""
+    ref = raw.get("_ref")
+    if not isinstance(ref, str):
+        return None
+    address: Any = raw.get("ipv4addr") if obj_type == FIXED_V4 else raw.get("ipv6addr")
+    if obj_type == HOST:
+        entries = host_entries(raw)
+        address = (entries[0].get("ipv4addr") or entries[0].get("ipv6addr")) if entries else None
+    if not isinstance(address, str):
+        return None
+    extattrs = raw.get("extattrs")
+    eas = {
+        str(name): str(entry.get("value")) if isinstance(entry, Mapping) else str(entry)
+        for name, entry in (extattrs.items() if isinstance(extattrs, Mapping) else ())
+    }
+    name, comment = raw.get("name"), raw.get("comment")
+    return GridObject(
+        ref,
+        obj_type,
+        address,
+        eas,
+        name if isinstance(name, str) else None,
+        comment if isinstance(comment, str) else "",
+    )
+
+
+def host_entries(raw: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The address entries of a host record as answered."""
+    lists = (raw.get(key) for key in ("ipv4addrs", "ipv6addrs"))
+    return [entry for entries in lists if isinstance(entries, list) for entry in entries if isinstance(entry, Mapping)]
+
+
+def object_type(pool: Pool) -> str:
+    return HOST if pool.spec.mode == HOST_RECORD else fixed_type(pool.version)
+
+
+def fixed_type(version: int) -> str:
+    return FIXED_V4 if version == 4 else FIXED_V6
+
+
+def address_field(version: int) -> str:
+    return "ipv4addr" if version == 4 else "ipv6addr"
+
+
+def type_of_ref(ref: str) -> str:
+    return ref.split("/", 1)[0]
+
+
+def types_for_version(version: int | None) -> tuple[str, ...]:
+    """Every type an object of this IP family (None: any) could have been created as."""
+    return {4: (FIXED_V4, HOST), 6: (FIXED_V6, HOST)}.get(version or 0, ALL_TYPES)
+
+
+def same(a: str, b: str) -> bool:
+    """Whether two address strings name one address."""
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+
+
+def version_of(address: str) -> int | None:
+    try:
+        return ipaddress.ip_address(address).version
+    except ValueError:
+        return None
+
+
+def next_available(target: Target, network_view: str) -> str:
+    return f"func:nextavailableip:{target.argument},{network_view}"
+
+
+def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    return {name: {"value": value} for name, value in eas.items()}
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What an object this backend writes carries besides its address: its extensible attributes, its comment,
+    and the identity an ipv6fixedaddress's DUID is derived from."""
+
+    extattrs: Mapping[str, str]
+    comment: str
+    identity: str
+
+
+def claim_marks(pool: Pool, claim: ClaimContext, stamp: Mapping[str, str], *, requested: bool = False) -> Marks:
+    """The marks of an object held for `claim`: the pool's own attributes, `stamp` and the ownership attributes;
+    an object made for a requested address says so in its comment (`GridObject.requested`)."""
+    eas = {**pool.spec.extensible_attributes, **stamp}
+    eas.update(
+        {EA_CLAIM_UID: claim.uid, EA_CLAIM_NAMESPACE: claim.namespace, EA_CLAIM_NAME: claim.name, EA_POOL: pool.label}
+    )
+    if claim.cluster_name:
+        eas[EA_CLUSTER_NAME] = claim.cluster_name
+    lead = REQUESTED_COMMENT if requested else "Cluster API IPAddressClaim "
+    return Marks(eas, f"{lead}{claim.namespace}/{claim.name}"[:256], claim.uid)
+
+
+def gateway_marks(pool: Pool) -> Marks:
+    """The marks of the reservation that keeps the pool's gateway from being handed out: CAPI-Pool only."""
+    comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
+    return Marks({EA_POOL: pool.label}, comment, pool.uid)
+
+
+def fixed_payload(pool: Pool, address: str, network_view: str, marks: Marks) -> dict[str, Any]:
+    """A fixedaddress (MAC of zeros: a reservation no DHCP client matches) or an ipv6fixedaddress (a DUID-UUID
+    derived from the marks' identity, so that no two objects share one)."""
+    payload: dict[str, Any] = {
+        "network_view": network_view,
+        "comment": marks.comment,
+        "extattrs": wapi_extattrs(marks.extattrs),
+    }
+    if pool.version == 4:
+        payload.update(ipv4addr=address, mac=ZERO_MAC)
+    else:
+        payload.update(ipv6addr=address, duid=duid_for(marks.identity))
+    return payload
+
+
+def host_payload(pool: Pool, address: str, fqdn: str, dns_view: str, marks: Marks) -> dict[str, Any]:
+    """A record:host named `fqdn` in `dns_view`, registered in DNS as the pool's hostRecord.configureForDNS says."""
+    assert pool.spec.host_record is not None
+    return {
+        "name": fqdn,
+        "view": dns_view,
+        "configure_for_dns": pool.spec.host_record.configure_for_dns,
+        f"{address_field(pool.version)}s": [{address_field(pool.version): address}],
+        "comment": marks.comment,
+        "extattrs": wapi_extattrs(marks.extattrs),
+    }
+
+
+def duid_for(identity: str) -> str:
+    """A DUID-UUID (RFC 6355: type 4 followed by 16 octets) for a claim uid or any other identity."""
+    try:
+        value = uuid.UUID(identity)
+    except ValueError:
+        value = uuid.uuid5(uuid.NAMESPACE_URL, identity)
+    return ":".join(f"{octet:02x}" for octet in b"\x00\x04" + value.bytes)
+
+
+class Made(Enum):
+    OURS = "ours"
+    UNSTAMPED = "unstamped"
+    OTHER = "other"
+
+
+WHY_UNSTAMPED = (
+    f"it carries no {EA_CLUSTER_IDENTITY} extensible attribute, so it may belong to another management cluster "
+    "sharing this grid (objects made before identities were stamped, or while the grid did not define the attribute)"
+)
+CONDITION = "ClusterIdentityStamped"
+
+
+@dataclass(frozen=True)
+class ClusterStamp:
+    identity: str  # "" when unknown
+
+    def marks(self, connection: Connection) -> Mapping[str, str]:
+        return {EA_CLUSTER_IDENTITY: self.identity} if self.identity and identity_defined(connection) else {}
+
+    def judge(self, obj: GridObject) -> Made:
+        stamped = obj.extattrs.get(EA_CLUSTER_IDENTITY) or ""
+        if not self.identity or stamped == self.identity:
+            return Made.OURS
+        return Made.UNSTAMPED if not stamped else Made.OTHER
+
+
+def identity_defined(connection: Connection) -> bool:
+    """Whether the connection's last grid check found the CAPI-Cluster-Identity definition."""
+    return connection.health is not None and EA_CLUSTER_IDENTITY in connection.health.ea_names
+
+
+def advisory(stamp: ClusterStamp, connection: Connection) -> ReportCondition | None:
+    """The pool's ClusterIdentityStamped condition (None when the backend knows no identity)."""
+    if not stamp.identity:
+        return None
+    if identity_defined(connection):
+        message = f"new grid objects carry {EA_CLUSTER_IDENTITY}={stamp.identity} (this management cluster)"
+        return ReportCondition(CONDITION, True, "Stamped", message)
+    message = (
+        f"the grid has no {EA_CLUSTER_IDENTITY} extensible attribute definition: grid objects are not stamped with "
+        f"this management cluster's identity ({stamp.identity}), so the repair loop only reports their leaks and "
+        "never releases them; define it (STRING) in Grid Manager, or let the provider's API user create extensible "
+        "attribute definitions"
+    )
+    return ReportCondition(CONDITION, False, "ExtensibleAttributeMissing", message)
+
+
+@dataclass
+class PoolIndex:
+    """What this process knows of one pool's objects on the grid."""
+
+    instance: str
+    built_at: float
+    by_claim: dict[str, list[GridObject]] = field(default_factory=dict)
+    uncertain: set[str] = field(default_factory=set)
+    exhausted: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Allocating:
+    """One claim's business with its pool's objects: the pool, the connection to its grid, the pool's index, the
+    claim and the network view."""
+
+    pool: Pool
+    connection: Connection
+    index: PoolIndex
+    claim: ClaimContext
+    network_view: str
+
+
+class Ledger:
+    """The grid objects of every pool this process serves, the pools' last good specs and their indexes."""
+
+    def __init__(
+        self, connections: Connections, grid: GridHealth, settings: InfobloxSettings, stamp: ClusterStamp
+    ) -> None:
+        self.connections = connections
+        self.grid = grid
+        self.stamp = stamp
+        self._settings = settings
+        self._indexes: dict[PoolRef, PoolIndex] = {}
+        self.known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
+
+    def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
+        """The pool's spec, remembered in `known`; PoolNotReadyError when it cannot be used."""
+        try:
+            parsed = self.known[pool_ref] = parse_pool(pool_ref, pool)
+        except PoolSpecError as error:
+            raise PoolNotReadyError(f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
+        return parsed
+
+    async def connect(self, instance: str) -> Connection:
+        """The instance's connection; PoolNotReadyError when the instance cannot be used."""
+        try:
+            return await self.connections.connect(instance)
+        except InstanceProblem as problem:
+            raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
+
+    async def pool_connection(self, pool_ref: PoolRef, pool: Object) -> tuple[Pool, Connection]:
+        """The parsed pool and its instance's connection, if both can be used now (see the module's contract)."""
+        parsed = self.parse(pool_ref, pool)
+        connection = await self.connect(parsed.instance)
+        refused = self.grid.refused(connection)
+        if refused is not None:
+            raise PoolNotReadyError(
+                f"InfobloxInstance {connection.name} is not ready ({refused.reason}): {refused.message}"
+            )
+        return parsed, connection
+
+    async def translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
+        return await self.grid.translate(connection, error, what)
+
+    async def index(self, pool: Pool, connection: Connection) -> PoolIndex:
+        """The pool's index, rebuilt by a search on CAPI-Pool when missing, stale, or of another instance."""
+        index = self._indexes.get(pool.ref)
+        age = time.monotonic() - index.built_at if index is not None else 0.0
+        if index is not None and index.instance == connection.name and age <= self._settings.index_resync_seconds:
+            return index
+        obj_type = object_type(pool)
+        answer = await connection.client.search(
+            obj_type, RETURN_FIELDS[obj_type], extattrs={EA_POOL: pool.label}, page_size=PAGE_SIZE
+        )
+        fresh = PoolIndex(connection.name, time.monotonic())
+        if index is not None:
+            fresh.uncertain, fresh.exhausted = index.uncertain, index.exhausted
+        for obj in (parse_object(obj_type, raw) for raw in answer):
+            if obj is not None and obj.claim_uid:
+                fresh.by_claim.setdefault(obj.claim_uid, []).append(obj)
+        doubled = sum(1 for objects in fresh.by_claim.values() if len(objects) > 1)
+        log.info("pool index built", pool=str(pool.ref), objects=len(answer), claims_with_duplicates=doubled)
+        self._indexes[pool.ref] = fresh
+        return fresh
+
+    def cached(self, pool_ref: PoolRef) -> PoolIndex | None:
+        """The pool's index as it stands, without a request."""
+        return self._indexes.get(pool_ref)
+
+    def released_elsewhere(self, pool_ref: PoolRef) -> None:
+        """An address of the pool came free: full subnets are worth asking again."""
+        index = self._indexes.get(pool_ref)
+        if index is not None:
+            index.exhausted.clear()
+
+    def forget_claim(self, pool_ref: PoolRef, claim_uid: str) -> None:
+        """Forget what the index says the claim owns in the pool: its next allocation searches the grid instead."""
+        index = self._indexes.get(pool_ref)
+        if index is not None:
+            index.by_claim.pop(claim_uid, None)
+
+    async def owned(self, connection: Connection, types: Sequence[str], claim_uid: str) -> list[GridObject]:
+        """Every object of `types` whose CAPI-Claim-UID is `claim_uid` (one search per type)."""
+        found: list[GridObject] = []
+        for obj_type in types:
+            try:
+                answer = await connection.client.search(
+                    obj_type, RETURN_FIELDS[obj_type], extattrs={EA_CLAIM_UID: claim_uid}
+                )
+            except WapiError as error:
+                if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
+                    return []
+                raise
+            found += [
+                o for o in (parse_object(obj_type, raw) for raw in answer) if o is not None and o.claim_uid == claim_uid
+            ]
+        return found
+
+    async def holders(self, connection: Connection, pool: Pool, view: str, address: str) -> list[GridObject]:
+        """The fixed addresses and host records at `address` in network view `view` (two searches)."""
+        query = {address_field(pool.version): address, "network_view": view}
+        found: list[GridObject] = []
+        for obj_type in (fixed_type(pool.version), HOST):
+            for raw in await connection.client.search(obj_type, RETURN_FIELDS[obj_type], query):
+                obj = parse_object(obj_type, raw)
+                if obj is not None and (obj_type != HOST or any(_holds(e, address) for e in host_entries(raw))):
+                    found.append(obj)
+        return found
+
+    async def post(self, job: Allocating, obj_type: str, payload: Mapping[str, Any]) -> GridObject:
+        """One POST of the claim's object, recorded as the claim's only one; WapiError when the grid refuses."""
+        raw = await job.connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
+        obj = parse_object(obj_type, raw)
+        if obj is None:
+            raise WapiError(Problem.REFUSED, f"the grid answered a {obj_type} without an address")
+        job.index.by_claim[job.claim.uid] = [obj]
+        return obj
+
+    async def rekey(self, job: Allocating, obj: GridObject) -> GridObject:
+        """Re-key `obj` (one of ours recording the claim under an earlier uid) to the claim, stamped (one PUT),
+        recorded as the claim's only object."""
+        extattrs = {**obj.extattrs, **self.stamp.marks(job.connection), EA_CLAIM_UID: job.claim.uid}
+        await job.connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
+        log.info(
+            "grid object re-keyed to the claim's new UID",
+            claim=str(job.claim),
+            pool=str(job.pool.ref),
+            ref=obj.ref,
+            previous_uid=obj.claim_uid,
+        )
+        kept = GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name, obj.comment)
+        job.index.by_claim[job.claim.uid] = [kept]
+        return kept
+
+    async def delete(self, job: Allocating, ref: str) -> bool:
+        """DELETE one object of the claim, and drop it from the claim's index entry; False if it was already gone."""
+        deleted = await job.connection.client.delete(ref)
+        _drop(job.index, job.claim.uid, ref)
+        return deleted
+
+    async def resync_claim(self, job: Allocating) -> GridObject | None:
+        """The claim's objects of the pool's type, searched (after a lost reply) and recorded as the index's truth;
+        the claim stays uncertain if the search fails."""
+        found = await self.owned(job.connection, (object_type(job.pool),), job.claim.uid)
+        job.index.uncertain.discard(job.claim.uid)
+        if not found:
+            job.index.by_claim.pop(job.claim.uid, None)
+            return None
+        job.index.by_claim[job.claim.uid] = found
+        log.info(
+            "lost allocation found on the grid", claim=str(job.claim), pool=str(job.pool.ref), address=found[0].address
+        )
+        return found[0]
+
+    async def release(
+        self, connection: Connection, pool_ref: PoolRef, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        """Delete every object the claim owns (see the module's contract); BackendError when the grid fails."""
+        ref = allocation.annotations.get(ANNOTATION_REF) if allocation is not None else None
+        family = types_for_version(version_of(allocation.address) if allocation is not None else None)
+        first: Sequence[str] = (type_of_ref(ref),) if ref and type_of_ref(ref) in ALL_TYPES else family
+        try:
+            objects = await self.owned(connection, first, claim.uid)
+            if not objects and first != family:  # recorded again as another type since, after the mode changed
+                objects = await self.owned(connection, [t for t in family if t not in first], claim.uid)
+            for obj in objects:
+                deleted = await connection.client.delete(obj.ref)
+                log.info(
+                    "grid object released",
+                    claim=str(claim),
+                    pool=str(pool_ref),
+                    address=obj.address,
+                    ref=obj.ref,
+                    already_gone=not deleted,
+                )
+        except WapiError as error:
+            raise await self.translate(connection, error, "release") from error
+        if ref and ref not in {obj.ref for obj in objects}:
+            log.info(
+                "object named by the IPAddress is not owned by the claim (or is gone); left alone",
+                claim=str(claim),
+                pool=str(pool_ref),
+                ref=ref,
+            )
+        index = self._indexes.get(pool_ref)
+        if index is not None:
+            index.by_claim.pop(claim.uid, None)
+            index.uncertain.discard(claim.uid)
+            index.exhausted.clear()
+
+    async def release_leak(self, connection: Connection, pool_ref: PoolRef, claim_uid: str, ref: str) -> bool:
+        """DELETE a leaked object of the pool (the repair loop's), dropped from the index; False if already gone."""
+        deleted = await connection.client.delete(ref)
+        index = self._indexes.get(pool_ref)
+        if index is not None:
+            _drop(index, claim_uid, ref)
+            index.exhausted.clear()
+        return deleted
+
+
+def _holds(entry: Mapping[str, Any], address: str) -> bool:
+    return same(str(entry.get("ipv4addr") or entry.get("ipv6addr") or ""), address)
+
+
+def _drop(index: PoolIndex, claim_uid: str, ref: str) -> None:
+    kept = [o for o in index.by_claim.get(claim_uid, []) if o.ref != ref]
+    if kept:
+        index.by_claim[claim_uid] = kept
+    else:
+        index.by_claim.pop(claim_uid, None)
