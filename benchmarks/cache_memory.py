@@ -1,5 +1,5 @@
 """What the controller's caches hold with many objects: whole objects as the API server sends them, against the
-projection the stores keep (`ipam_provider/watch/projection.py`).
+projection the stores keep (`ipam_provider/runtime/cache/projection.py`).
 
 On a fresh local control plane (`tools.controlplane`, our CRDs and Cluster API's): namespace `bench`, one
 InClusterIPPool, N IPAddressClaims and N IPAddresses shaped as in a real installation:
@@ -48,12 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.incluster.backend import IN_CLUSTER_POOL
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
 from ipam_provider.common import Object
-from ipam_provider.kube.client import APPLY_PATCH, KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, NAMESPACES
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.cache.informer import Informer
+from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.kube.client import APPLY_PATCH, KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES
 from ipam_provider.watch.caches import Caches
-from ipam_provider.watch.informer import Informer
-from ipam_provider.watch.store import Store
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds

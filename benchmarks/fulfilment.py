@@ -8,9 +8,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Resource
 
 Object = dict[str, Any]
 

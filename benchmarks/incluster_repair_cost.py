@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.repair import PAGE_SIZE
 from ipam_provider.backend.contract import BackendContext, PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import NAMESPACES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from tools.controlplane.assets import binaries_dir, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds

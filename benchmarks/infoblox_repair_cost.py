@@ -31,8 +31,8 @@ from backends.infoblox.spec import INSTANCES
 from benchmarks.infoblox_throughput import MemoryKube, _b64
 from ipam_provider.backend.contract import BackendContext, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import SECRETS
-from ipam_provider.logconfig import configure_logging
+from ipam_provider.runtime.kube.resources import SECRETS
+from ipam_provider.runtime.logconfig import configure_logging
 from tools.wapi_simulator import WapiSimulator
 
 LABEL = "bench/pool"

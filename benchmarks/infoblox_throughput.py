@@ -38,8 +38,8 @@ from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import INSTANCES
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import SECRETS, Resource
-from ipam_provider.logconfig import configure_logging
+from ipam_provider.runtime.kube.resources import SECRETS, Resource
+from ipam_provider.runtime.logconfig import configure_logging
 from tools.wapi_simulator import WapiSimulator
 
 

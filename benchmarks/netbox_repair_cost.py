@@ -43,8 +43,8 @@ from backends.netbox.repair import HOLDING_FIELDS
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from benchmarks.netbox_throughput import SecretsOnly, netbox_instance, pool
 from ipam_provider.backend.contract import BackendContext, PoolRef
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair.pacer import CountingPacer, RatePacer
+from ipam_provider.runtime.kube.client import KubeClient
 
 BULK = 500  # addresses per bulk POST
 CREATORS = 4  # bulk POSTs at a time

@@ -50,7 +50,7 @@ import structlog
 from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.spec import CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "bench"

@@ -30,10 +30,10 @@ from backends.incluster.backend import IN_CLUSTER_POOL
 from benchmarks.cache_memory import NAMESPACE, POOL, populate
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.repair import Holding
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair.compare import compare_pool
 from ipam_provider.repair.live import LiveState, Scope, read_live
 from ipam_provider.repair.pacer import CountingPacer, RatePacer
+from ipam_provider.runtime.kube.client import KubeClient
 from tools.controlplane.assets import binaries_dir
 from tools.controlplane.cluster import LocalControlPlane
 

@@ -21,7 +21,7 @@ from benchmarks._support import proc_figures
 from benchmarks.latency import FulfilmentWatch
 from benchmarks.report import RestartResult
 from benchmarks.targets import NAMESPACE, Session, check_addresses, claim_body
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 
 NEW_CLAIM = "after-restart"
 LABEL = "benchmark.ipam.example/restart"

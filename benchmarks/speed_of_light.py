@@ -50,11 +50,11 @@ from ipam_provider.backend.contract import (
     ReportCondition,
 )
 from ipam_provider.controller import ControllerSettings
-from ipam_provider.events import NORMAL, EventRecorder
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import desired_address
 from ipam_provider.reconcile.context import ClaimWork, pool_resource
+from ipam_provider.runtime.events import NORMAL, EventRecorder
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 Object = dict[str, Any]
 log = structlog.get_logger(__name__)

@@ -16,8 +16,8 @@ from typing import Any
 
 from benchmarks._support import GoPeer, log_tail, start_process, stop_process
 from benchmarks.report import RunResult
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import IPAM_GROUP, NAMESPACES, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import IPAM_GROUP, NAMESPACES, Resource
 from tools.controller_command import controller_command
 from tools.controlplane.assets import capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import ControlPlaneState, LocalControlPlane

@@ -12,22 +12,22 @@ import structlog
 import uvloop
 from aiohttp import web
 
+from ipam_provider.admission import PoolAdmission
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.cluster_identity import wait_for_identity
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
-from ipam_provider.flagforms import host_port, split_list
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import KubeconfigError
-from ipam_provider.leader import LeaderElector
-from ipam_provider.logconfig import configure_logging
-from ipam_provider.serving.admission import PoolAdmission
-from ipam_provider.serving.certificates import CertificateError, ServingCertificate
-from ipam_provider.serving.endpoint import MetricsEndpoint
-from ipam_provider.serving.reviews import Reviewer
-from ipam_provider.serving.webhook import WebhookServer
+from ipam_provider.runtime.flagforms import host_port, split_list
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import KubeconfigError
+from ipam_provider.runtime.leader import LeaderElector
+from ipam_provider.runtime.logconfig import configure_logging
+from ipam_provider.runtime.serving.certificates import CertificateError, ServingCertificate
+from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
+from ipam_provider.runtime.serving.reviews import Reviewer
+from ipam_provider.runtime.serving.webhook import WebhookServer
 from ipam_provider.statusview import status
 from ipam_provider.version import __version__
 
@@ -121,7 +121,7 @@ class Endpoints:
     def use_admission(self, admission: PoolAdmission) -> None:
         """Let the webhook review pool changes through `admission` (it answers 503 until then)."""
         if self.webhook is not None:
-            self.webhook.use(admission)
+            self.webhook.use(admission.routes())
 
     async def close(self) -> None:
         if self.webhook is not None:

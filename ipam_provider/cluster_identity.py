@@ -19,9 +19,9 @@ import contextlib
 
 import structlog
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import NAMESPACES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import NAMESPACES
 
 log = structlog.get_logger(__name__)
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
-Object = dict[str, Any]
-"""A JSON object as the API server or an external system sends it (and as we send it back)."""
+from ipam_provider.runtime.kube.resources import Object as Object  # the one alias, re-exported for the domain
 
 INT64_MAX = 2**63 - 1
 """The largest count a status field (an int64 in the CRD schema) can hold."""

@@ -26,21 +26,21 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
-from ipam_provider.queue.keys import ClaimKey, QueueKey
-from ipam_provider.queue.workqueue import WorkQueue
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.live import Scope
-from ipam_provider.telemetry import controller as telemetry
+from ipam_provider.runtime.cache.informer import Informer
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
+from ipam_provider.runtime.telemetry import controller as telemetry
+from ipam_provider.runtime.workqueue import WorkQueue
 from ipam_provider.watch.caches import POOL, Caches
 from ipam_provider.watch.handlers import EventHandlers
-from ipam_provider.watch.informer import Informer
+from ipam_provider.watch.keys import ClaimKey, QueueKey
 
 log = structlog.get_logger(__name__)
 

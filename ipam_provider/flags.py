@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ipam_provider.flagforms import (
+from ipam_provider.repair.settings import RepairSettings, add_repair_flags, repair_settings
+from ipam_provider.runtime.flagforms import (
     CLAIM_KIND,
     FlagError,
     go_bool,
@@ -23,18 +24,17 @@ from ipam_provider.flagforms import (
     split_list,
     take_kind_concurrency,
 )
-from ipam_provider.leader import JITTER_FACTOR
-from ipam_provider.logconfig import library_level
-from ipam_provider.repair.settings import RepairSettings, add_repair_flags, repair_settings
-from ipam_provider.serving.certificates import CertificateFiles
-from ipam_provider.serving.options import (
+from ipam_provider.runtime.leader import JITTER_FACTOR
+from ipam_provider.runtime.logconfig import library_level
+from ipam_provider.runtime.serving.certificates import CertificateFiles
+from ipam_provider.runtime.serving.options import (
     WebhookServing,
     add_serving_flags,
     add_webhook_flags,
     metrics_serving,
     webhook_serving,
 )
-from ipam_provider.serving.tlsoptions import TlsOptions
+from ipam_provider.runtime.serving.tlsoptions import TlsOptions
 from ipam_provider.version import __version__
 
 DEFAULT_WORKERS = 8

@@ -25,11 +25,11 @@ from typing import Any
 from ipam_provider.backend.contract import STATUS_COUNTS_FIELD, BackendContext, PoolKind
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.common import Object
-from ipam_provider.flagforms import split_list
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.flagforms import split_list
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 CLAIM_COLUMNS = ("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY")
 POOL_COLUMNS = ("KIND", "NAMESPACE", "NAME", "READY", "REASON", "TOTAL", "USED", "FREE", "WAITING")

@@ -62,7 +62,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.common import Object, cap_int64
-from ipam_provider.kube.resources import IPAM_GROUP
+from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 __all__ = ["GLOBAL_IN_CLUSTER_POOL", "IN_CLUSTER_POOL", "InClusterBackend", "InClusterPoolSpec", "allocation_policy"]
 __all__ += ["parse_pool"]

@@ -35,7 +35,7 @@ from backends.incluster.intervals import IntervalSet, address_value, int_to_addr
 from backends.incluster.orphans import pool_resource
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 
 DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # the CRDs' pattern for spec.uniquenessDomain
 DOMAIN_MAX_LENGTH = 63

@@ -25,8 +25,8 @@ from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 log = structlog.get_logger(__name__)
 

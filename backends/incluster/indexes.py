@@ -36,7 +36,7 @@ from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 
 log = structlog.get_logger(__name__)
 RESYNC_SECONDS = 600.0

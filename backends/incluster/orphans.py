@@ -36,8 +36,8 @@ from backends.incluster.reservations import (
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import normalized_address
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
 
 log = structlog.get_logger(__name__)
 

@@ -38,7 +38,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.common import Object, cap_int64
-from ipam_provider.kube.resources import IPAM_GROUP
+from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 IN_CLUSTER_PREFIX_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "InClusterPrefixPool", "inclusterprefixpools", namespaced=True

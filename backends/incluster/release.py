@@ -22,9 +22,9 @@ from backends.incluster.pool_spec import release_terms
 from backends.incluster.preallocations import PreAllocations
 from backends.incluster.released import keeps_release_records
 from backends.incluster.reservations import Reservation, ReservationClient
-from ipam_provider.api.meta import now_rfc3339
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
+from ipam_provider.runtime.kube.resources import now_rfc3339
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from backends.incluster.policy import AllocationStrategy
 from backends.incluster.reservations import LABEL_CLAIM_UID, RESERVATIONS, Reservation, ReservationClient
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.runtime.kube.errors import ApiError
 
 
 def released_epoch(reservation: Reservation) -> float:

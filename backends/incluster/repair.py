@@ -63,8 +63,8 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 
 log = structlog.get_logger(__name__)
 

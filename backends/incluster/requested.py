@@ -43,7 +43,7 @@ from ipam_provider.backend.contract import (
     requested_address_held,
     requested_address_outside,
 )
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.runtime.kube.errors import ApiError
 
 if TYPE_CHECKING:
     from backends.incluster.pool_spec import InClusterPoolSpec

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
 
 RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
 LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"

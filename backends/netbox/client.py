@@ -41,8 +41,8 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from backends.backoff import backoff_delay
-from ipam_provider.identity import user_agent
-from ipam_provider.telemetry.backends import observe_request
+from ipam_provider.runtime.telemetry.backends import observe_request
+from ipam_provider.runtime.user_agent import user_agent
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -35,9 +35,9 @@ from backends.netbox import problems
 from backends.netbox.client import ClientSettings, Endpoint, NetboxClient, display_url
 from backends.netbox.problems import Problem
 from backends.netbox.spec import Pool
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import SECRETS
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ from backends.validation import spec_error
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import IPAM_GROUP
+from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 VERSION = "v1alpha1"
 NETBOX_POOL = PoolKind(IPAM_GROUP, VERSION, "NetboxIPPool", "netboxippools", namespaced=True)

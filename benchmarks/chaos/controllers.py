@@ -24,8 +24,8 @@ import structlog
 
 from benchmarks._support import start_process, stop_process
 from ipam_provider.flags import build_parser
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import LEASES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import LEASES
 from tools.controller_command import controller_command
 
 log = structlog.get_logger(__name__)

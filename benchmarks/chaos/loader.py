@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.chaos.backends import ChaosBackend
-from ipam_provider.kube.resources import Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tools.controlplane.crds import load_documents
 
 BACKENDS = ("incluster", "netbox", "infoblox")

@@ -34,9 +34,9 @@ from benchmarks.chaos.faults import Injector, fault_plan
 from benchmarks.chaos.link import Link
 from benchmarks.chaos.report import BackendResult
 from benchmarks.chaos.workload import TRANSIENT, PoolTarget, Workload, retried
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import NAMESPACES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import PKI_FILES, LocalControlPlane
 from tools.controlplane.crds import install_crds

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ipam_provider.runtime.kube.resources import now_rfc3339
 
 
 class Model(BaseModel):
@@ -51,10 +52,6 @@ class Condition(Model):
     message: str = ""
     last_transition_time: str = Field(alias="lastTransitionTime")
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ipam_provider.common import Object, cap_int64
 
 if TYPE_CHECKING:
-    from ipam_provider.kube.client import KubeClient
+    from ipam_provider.runtime.kube.client import KubeClient
 
 REQUESTED_ADDRESS_ANNOTATION = "ipam.cluster.x-k8s.io/requested-address"
 

@@ -7,8 +7,8 @@ from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.context import ClaimWork
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 
 def owner_references(work: ClaimWork, pool: Object) -> list[Object]:

@@ -1,5 +1,5 @@
-"""The reconcilers' Event recorder, which lives in `ipam_provider.events`."""
+"""The reconcilers' Event recorder, which lives in `ipam_provider.runtime.events`."""
 
-from ipam_provider.events import NORMAL, WARNING, EventRecorder
+from ipam_provider.runtime.events import NORMAL, WARNING, EventRecorder
 
 __all__ = ["NORMAL", "WARNING", "EventRecorder"]

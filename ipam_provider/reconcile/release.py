@@ -17,11 +17,11 @@ from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_
 from ipam_provider.backend.contract import Allocation, ReleaseImpossibleError
 from ipam_provider.backend.repair import orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.reconcile.addresses import allocation_of, belongs_to
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
 from ipam_provider.reconcile.events import WARNING
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 RETRY_LINGERING = 30.0
 LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"

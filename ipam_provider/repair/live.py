@@ -18,8 +18,8 @@ from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Pacer
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
 
 PAGE_SIZE = 500
 ClaimName = tuple[str, str]  # namespace, name

@@ -39,14 +39,14 @@ from ipam_provider.backend.repair import (
     pools_lister_of,
     repairer_of,
 )
-from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.pool_metrics import PoolLabels
+from ipam_provider.pool_metrics import repair as metrics
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget
 from ipam_provider.repair.settings import RepairSettings
-from ipam_provider.telemetry import PoolLabels
-from ipam_provider.telemetry import repair as metrics
+from ipam_provider.watch.keys import ClaimKey
 
 log = structlog.get_logger(__name__)
 

@@ -44,9 +44,8 @@ from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress
 from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
-from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.pool_metrics import PoolLabels
+from ipam_provider.pool_metrics import repair as metrics
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
 from ipam_provider.reconcile.events import NORMAL, WARNING
@@ -55,8 +54,9 @@ from ipam_provider.repair.compare import PoolComparison, Sharer, Unrecorded, com
 from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.repair.settings import RepairSettings
-from ipam_provider.telemetry import PoolLabels
-from ipam_provider.telemetry import repair as metrics
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.watch.keys import ClaimKey
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ipam_provider.flagforms import go_bool, go_duration
+from ipam_provider.runtime.flagforms import go_bool, go_duration
 
 DEFAULT_INTERVAL = 60.0  # seconds between passes; a pass reads every reservation (docs/performance.md, Many pools)
 DEFAULT_GRACE_PERIOD = 60.0

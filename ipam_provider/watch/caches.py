@@ -2,7 +2,7 @@
 
 Indexes: claims by the pool they reference (`POOL`) and by their Cluster (`CLUSTER`, (namespace, name)); IPAddresses
 by the pool they reference (`POOL`) and by pool and canonical address (`POOL_ADDRESS`). Each store keeps its kind's
-projection (`ipam_provider/watch/projection.py`): claims, IPAddresses and Clusters only the fields the controller
+projection (`runtime/cache/projection.py`): claims, IPAddresses and Clusters only the fields the controller
 reads, pools all but the API server's bookkeeping; all with their strings shared.
 """
 
@@ -15,8 +15,8 @@ from ipam_provider.api.capi import LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.watch.projection import project_address, project_claim, project_cluster, project_pool
-from ipam_provider.watch.store import Store
+from ipam_provider.runtime.cache.projection import project_address, project_claim, project_cluster, project_pool
+from ipam_provider.runtime.cache.store import Store
 
 POOL = "pool"
 POOL_ADDRESS = "pool-address"  # IPAddresses by (pool, canonical address)

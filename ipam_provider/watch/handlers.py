@@ -23,10 +23,10 @@ from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.api.pools import KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef, reported_free
 from ipam_provider.common import Object
-from ipam_provider.queue.keys import ClaimKey, PoolKey, QueueKey, Shard
-from ipam_provider.queue.workqueue import Priority, WorkQueue
+from ipam_provider.runtime.cache.informer import in_initial_list
+from ipam_provider.runtime.workqueue import Priority, WorkQueue
 from ipam_provider.watch.caches import CLUSTER, POOL, Caches
-from ipam_provider.watch.informer import in_initial_list
+from ipam_provider.watch.keys import ClaimKey, PoolKey, QueueKey, Shard
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts after this many seconds

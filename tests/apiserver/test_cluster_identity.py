@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from ipam_provider.cluster_identity import IDENTITY_NAMESPACE, cluster_identity
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import NAMESPACES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import NAMESPACES
 
 
 async def test_the_identity_is_the_kube_system_uid_unless_overridden(kube: KubeClient) -> None:

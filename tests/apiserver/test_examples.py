@@ -17,13 +17,13 @@ from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
 from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
 from backends.infoblox.spec import INFOBLOX_POOL
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
+from ipam_provider.admission import webhook_path
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.cli import build_parser
 from ipam_provider.flags import RunOptions, parse_args
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
-from ipam_provider.serving.admission import webhook_path
-from ipam_provider.serving.certificates import CertificateFiles
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
+from ipam_provider.runtime.serving.certificates import CertificateFiles
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 from tools.controlplane.assets import AssetError, go_module_dir, our_crd_paths
 from tools.controlplane.crds import load_documents
 

@@ -21,10 +21,10 @@ from kubernetes_asyncio import client, config
 
 from backends.incluster.reservations import LABEL_CLAIM_UID, RESERVATIONS
 from ipam_provider.cluster_identity import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, NAMESPACES, Resource
-from ipam_provider.leader import LeaderElector
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, NAMESPACES, Resource
+from ipam_provider.runtime.leader import LeaderElector
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller

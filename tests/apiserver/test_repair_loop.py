@@ -27,9 +27,9 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
 from ipam_provider.repair import RepairSettings
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, wait_address

@@ -36,9 +36,9 @@ import pytest_asyncio
 from backends.incluster.reservations import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import Backend, BackendContext
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
 from tests.infoblox.conftest import b64
 from tests.infoblox.conftest import fast_backend as infoblox_backend
 from tests.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix

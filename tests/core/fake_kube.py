@@ -35,9 +35,9 @@ from typing import Any
 
 import aiohttp
 
-from ipam_provider.kube.client import MERGE_PATCH, KubeClient, Page
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import Resource
+from ipam_provider.runtime.kube.client import MERGE_PATCH, KubeClient, Page
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Resource
 
 Object = dict[str, Any]
 Key = tuple[str, str, str | None, str]  # (group, plural, namespace, name)

@@ -21,13 +21,13 @@ import pytest_asyncio
 import structlog
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
+from ipam_provider.admission import PoolAdmission, webhook_path
 from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.serving.admission import ALLOWED, PoolAdmission, Verdict, parse_review, webhook_path
-from ipam_provider.serving.certificates import CertificateFiles, ServingCertificate
-from ipam_provider.serving.webhook import WebhookServer
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
+from ipam_provider.runtime.serving.webhook import ALLOWED, Verdict, WebhookServer, parse_review
 from tests.core.fake_backend import FAKE_POOL, FakeBackend
 
 IN_CLUSTER_PATH = webhook_path(IN_CLUSTER_POOL)
@@ -109,7 +109,7 @@ async def served() -> AsyncIterator[Served]:
         assert not server.serving
         status, text = await served.post(IN_CLUSTER_PATH, b"{}")
         assert status == 503 and "starting" in text
-        server.use(PoolAdmission(kube, registry, lambda ref: in_use))
+        server.use(PoolAdmission(kube, registry, lambda ref: in_use).routes())
         assert server.serving
         yield served
     finally:

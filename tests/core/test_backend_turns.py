@@ -14,8 +14,8 @@ from ipam_provider.backend.contract import Allocation, ClaimContext, PoolKind, P
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.core.fake_backend import FakeBackend
 from tests.core.world import NS, POOLS, claim, make_world, pool
 

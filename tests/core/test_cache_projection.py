@@ -11,19 +11,19 @@ from typing import Any
 from backends.incluster.backend import IN_CLUSTER_POOL
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS, CLUSTERS
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.reconcile.events import EventRecorder
-from ipam_provider.watch.caches import Caches
-from ipam_provider.watch.projection import (
+from ipam_provider.runtime.cache.projection import (
     LAST_APPLIED,
     project_claim,
     project_cluster,
     project_pool,
     strip_bookkeeping,
 )
-from ipam_provider.watch.store import Store
+from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS
+from ipam_provider.watch.caches import Caches
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, cluster, pool, wait_address

@@ -26,9 +26,9 @@ from ipam_provider.backend.contract import (
     PoolRef,
     ReleaseImpossibleError,
 )
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
 from tests.core.fake_backend import GLOBAL_FAKE_POOL, GROUP, HANDLE
 from tests.core.fake_repair import RepairableFakeBackend
 from tests.core.world import (

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from ipam_provider.cli import _host_port, _split, build_parser
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address

@@ -13,7 +13,7 @@ import pytest
 from ipam_provider import cli
 from ipam_provider.cli import _host_port, lead_and_run
 from ipam_provider.controller import Controller
-from ipam_provider.leader import LeaderElector
+from ipam_provider.runtime.leader import LeaderElector
 
 
 def test_bind_addresses_in_every_controller_runtime_form() -> None:

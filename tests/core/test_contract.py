@@ -7,7 +7,7 @@ release of the compatibility matrix.
 from __future__ import annotations
 
 from ipam_provider.controller import Controller
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.support.contract import contract_flow
 
 

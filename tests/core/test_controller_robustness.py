@@ -10,11 +10,11 @@ from typing import Any, cast
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS
-from ipam_provider.queue.keys import ClaimKey, QueueKey
-from ipam_provider.watch.informer import Informer, in_initial_list
-from ipam_provider.watch.store import Store
+from ipam_provider.runtime.cache.informer import Informer, in_initial_list
+from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
+from ipam_provider.watch.keys import ClaimKey, QueueKey
 
 
 def claim_object(name: str, version: str) -> Object:

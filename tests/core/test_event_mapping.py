@@ -16,8 +16,9 @@ from backends.incluster.backend import InClusterBackend
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.queue.keys import ClaimKey, PoolKey
-from ipam_provider.watch import handlers, informer
+from ipam_provider.runtime.cache import informer
+from ipam_provider.watch import handlers
+from ipam_provider.watch.keys import ClaimKey, PoolKey
 
 GROUP = "ipam.cluster.x-k8s.io"
 

@@ -10,9 +10,9 @@ from typing import Any
 import structlog
 from prometheus_client import REGISTRY
 
-from ipam_provider.events import NORMAL, WARNING, EventRecorder
-from ipam_provider.events.correlator import COMBINED_PREFIX, EventCorrelator
-from ipam_provider.kube.resources import EVENTS
+from ipam_provider.runtime.events import NORMAL, WARNING, EventRecorder
+from ipam_provider.runtime.events.correlator import COMBINED_PREFIX, EventCorrelator
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.core.fake_kube import FakeKube
 
 Object = dict[str, Any]

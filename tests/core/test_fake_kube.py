@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.core.fake_kube import FakeKube, merge_patch
 from tests.core.world import address, claim
 

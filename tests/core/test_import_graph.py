@@ -1,5 +1,6 @@
-"""The import graph of `ipam_provider/` and `backends/` has no circle: every import counts, those inside functions
-and under `TYPE_CHECKING` too, since each is a dependency a reader has to hold."""
+"""The import rules of `ipam_provider/` and `backends/`: no circle; the core imports no backend; the runtime
+(`ipam_provider/runtime/`) imports nothing of the IPAM domain. Every import counts, those inside functions and under
+`TYPE_CHECKING` too, since each is a dependency a reader has to hold."""
 
 from __future__ import annotations
 
@@ -68,6 +69,40 @@ def test_no_import_circle() -> None:
     known = modules()
     graph = {name: imports(path, known) - {name} for name, path in known.items()}
     assert circles(graph) == []
+
+
+def test_the_core_imports_no_backend() -> None:
+    known = modules()
+    offenders = {
+        f"{name} -> {imported}"
+        for name, path in known.items()
+        if name.startswith("ipam_provider")
+        for imported in imports(path, known)
+        if imported.startswith("backends")
+    }
+    assert not offenders, f"the core must not import backends: {sorted(offenders)}"
+
+
+RUNTIME_MAY_IMPORT = ("ipam_provider.runtime", "ipam_provider.version")  # the version is a constant, not IPAM
+
+
+def test_the_runtime_imports_nothing_of_the_domain() -> None:
+    known = modules()
+    offenders = {
+        f"{name} -> {imported}"
+        for name, path in known.items()
+        if name.startswith("ipam_provider.runtime")
+        for imported in imports(path, known)
+        if not any(imported == allowed or imported.startswith(allowed + ".") for allowed in RUNTIME_MAY_IMPORT)
+    }
+    assert not offenders, f"the runtime must not import the IPAM domain: {sorted(offenders)}"
+
+
+def test_the_scan_sees_imports_at_any_depth(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from ipam_provider.admission import Route\n    import ipam_provider.api.capi\n")
+    known = {"ipam_provider.admission": sample, "ipam_provider.api.capi": sample, "ipam_provider.api": sample}
+    assert imports(sample, known) == {"ipam_provider.admission", "ipam_provider.api.capi"}
 
 
 def test_a_circle_is_found() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from ipam_provider.kube.client import KubeClient, proxy_from_environment
+from ipam_provider.runtime.kube.client import KubeClient, proxy_from_environment
 
 API = "https://10.1.2.3:6443"
 
@@ -64,7 +64,7 @@ async def test_the_session_makes_no_per_request_environment_lookups() -> None:
 
 LOAD_IN_A_FRESH_PROCESS = """
 import asyncio, sys
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 
 async def main() -> None:
     kube = await KubeClient.from_kubeconfig(sys.argv[1])
@@ -79,7 +79,7 @@ print(sum(1 for module in sys.modules if module.startswith(generated)))
 
 def test_a_kubeconfig_loads_without_the_generated_models_imported(tmp_path: Path) -> None:
     """kubernetes-asyncio's generated API classes and models are 33 MiB of the process and unused: the client loads a
-    kubeconfig without them (ipam_provider/kube/__init__.py)."""
+    kubeconfig without them (ipam_provider/runtime/kube/__init__.py)."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import LEASES
-from ipam_provider.leader import LeaderElector
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import LEASES
+from ipam_provider.runtime.leader import LeaderElector
 
 
 async def test_one_leader_at_a_time_and_hand_over(kube: KubeClient, namespace: str) -> None:

@@ -11,10 +11,10 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import Resource
-from ipam_provider.leader import LeaderElector
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Resource
+from ipam_provider.runtime.leader import LeaderElector
 
 
 class FakeLeases:

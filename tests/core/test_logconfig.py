@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from ipam_provider.logconfig import library_level
+from ipam_provider.runtime.logconfig import library_level
 
 EMIT = textwrap.dedent(
     """
     import logging, sys, warnings
     import structlog
-    from ipam_provider.logconfig import configure_logging
+    from ipam_provider.runtime.logconfig import configure_logging
 
     configure_logging(sys.argv[1], sys.argv[2], sys.argv[3])
     log = structlog.get_logger("ipam_provider.sample")

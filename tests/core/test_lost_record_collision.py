@@ -4,7 +4,7 @@ the new claim gets another address on its next attempt."""
 
 from __future__ import annotations
 
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.core.repair_world import RepairWorld, make_repair_world
 from tests.core.test_repair_restore import forget_in_backend, fulfilled
 from tests.core.world import NS, claim

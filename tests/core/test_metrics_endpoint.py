@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.serving.certificates import CertificateFiles, ServingCertificate
-from ipam_provider.serving.endpoint import MetricsEndpoint
-from ipam_provider.serving.reviews import Reviewer
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
+from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
+from ipam_provider.runtime.serving.reviews import Reviewer
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.metrics import bind_metrics_reader, remove_reader_binding, scrape, service_account_token

@@ -13,8 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
 from tests.support.controller import controller_command
 from tests.support.objects import claim, wait_address
 from tools.controlplane.crds import install_crds
@@ -101,3 +101,10 @@ async def test_an_installed_package_adds_a_pool_kind(
     finally:
         controller.terminate()
         assert await asyncio.wait_for(controller.wait(), 30) == 0
+
+
+def test_the_historical_contract_path_still_serves_plugins() -> None:
+    from backends import protocol
+    from ipam_provider.backend import contract
+
+    assert protocol.Backend is contract.Backend and protocol.PoolReport is contract.PoolReport

@@ -13,9 +13,9 @@ from ipam_provider.api.capi import (
     FINALIZER_PROTECT_POOL,
 )
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport, ReportCondition
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
 from tests.core.world import NS, PAUSED, POOLS, Object, World, address, claim, pool, ready_of, ready_state, resynced
 

@@ -11,10 +11,10 @@ from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
-from ipam_provider.queue.keys import ClaimKey
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.live import Scope
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.watch.keys import ClaimKey
 from tests.core.repair_world import BACKEND, make_repair_world, passes, sample
 from tests.core.world import NS, address, claim
 

@@ -13,9 +13,9 @@ from kubernetes_asyncio import client
 
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.queue.keys import ClaimKey
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.watch.keys import ClaimKey
 
 
 @pytest_asyncio.fixture

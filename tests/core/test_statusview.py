@@ -12,8 +12,8 @@ from typing import Any
 from backends.incluster.backend import IN_CLUSTER_POOL
 from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
 from ipam_provider.statusview import pool_rows
 from tests.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipam_provider.watch.store import Store
+from ipam_provider.runtime.cache.store import Store
 
 
 def obj(name: str, version: int, pool: str = "p", namespace: str = "ns") -> dict[str, Any]:

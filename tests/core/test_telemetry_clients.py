@@ -10,11 +10,11 @@ import socket
 from kubernetes_asyncio import client
 from prometheus_client import REGISTRY
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import LEASES, NAMESPACES
-from ipam_provider.leader import LeaderElector
-from ipam_provider.telemetry.clients import host_label
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import LEASES, NAMESPACES
+from ipam_provider.runtime.leader import LeaderElector
+from ipam_provider.runtime.telemetry.clients import host_label
 
 
 def requests_total(code: str, host: str, method: str) -> float:

@@ -12,10 +12,10 @@ from prometheus_client import REGISTRY
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings, controller_name
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.queue.keys import ClaimKey, PoolKey, QueueKey
-from ipam_provider.queue.workqueue import WorkQueue
-from ipam_provider.telemetry import controller as telemetry
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.telemetry import controller as telemetry
+from ipam_provider.runtime.workqueue import WorkQueue
+from ipam_provider.watch.keys import ClaimKey, PoolKey, QueueKey
 
 
 def sample(name: str, **labels: str) -> float:

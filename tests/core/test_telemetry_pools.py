@@ -11,9 +11,9 @@ from prometheus_client import REGISTRY
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
 from ipam_provider.backend.contract import AddressCounts, PoolExhaustedError, PoolReport
 from ipam_provider.backend.registry import BackendRegistry, backend_name
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.pool_metrics.pools import FirstSeen
 from ipam_provider.reconcile.context import pool_resource
-from ipam_provider.telemetry.pools import FirstSeen
+from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
 from tests.core.world import NS, POOLS, World, claim, pool, ready_state, resynced
 
@@ -39,9 +39,10 @@ def value(metric: str, name: str, **extra: str) -> float | None:
 
 def allocations_timed(kind: str = "FakeIPPool") -> float:
     """The kind's duration histogram's count: one histogram per backend and kind, not per pool."""
-    return REGISTRY.get_sample_value(
-        "ipam_provider_allocation_duration_seconds_count", {"backend": BACKEND, "kind": kind}
-    ) or 0.0
+    return (
+        REGISTRY.get_sample_value("ipam_provider_allocation_duration_seconds_count", {"backend": BACKEND, "kind": kind})
+        or 0.0
+    )
 
 
 def series_of(name: str, namespace: str = NS) -> list[tuple[str, dict[str, str], float]]:

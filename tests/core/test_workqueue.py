@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
-from ipam_provider.queue.workqueue import Priority, WorkQueue
+from ipam_provider.runtime.workqueue import Priority, WorkQueue
 
 
 async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, Hashable]]:

@@ -13,13 +13,13 @@ from typing import Any
 from ipam_provider.api.capi import ANNOTATION_PAUSED, READY
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.events import EventRecorder
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS, Resource
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.pools import PoolReconciler
+from ipam_provider.runtime.cache.store import Store, object_key
+from ipam_provider.runtime.events import EventRecorder
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS, Resource
 from ipam_provider.watch.caches import Caches
-from ipam_provider.watch.store import Store, object_key
 from tests.core.fake_backend import FAKE_POOL, FakeBackend
 from tests.core.fake_kube import FakeKube
 

@@ -28,10 +28,10 @@ from backends.netbox.client import ClientSettings
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import CLAIMS, EVENTS, SECRETS
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, pool, wait_address
 from tests.webhook.test_admission import labelled, webhook
 

@@ -15,9 +15,9 @@ from ipam_provider.backend.contract import Allocation, BackendContext, ClaimCont
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES
 from tests.incluster.test_migration import go_provider_address
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from ipam_provider.backend.contract import BackendContext, ClaimContext
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.incluster.test_existing_from_cache import allocate
 from tests.support.objects import POOLS, pool
 

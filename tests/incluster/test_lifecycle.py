@@ -10,8 +10,8 @@ from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
 from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import (

@@ -33,9 +33,9 @@ import yaml
 
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, IPAM_GROUP, NAMESPACES, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, IPAM_GROUP, NAMESPACES, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.objects import (

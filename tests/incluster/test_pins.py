@@ -22,8 +22,8 @@ from ipam_provider.backend.contract import (
     ClaimContext,
     PoolRef,
 )
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 from tests.incluster.test_existing_from_cache import allocate
 from tests.support.objects import POOLS, pool
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.controller import Controller
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair import RepairSettings
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, pool

@@ -6,11 +6,11 @@ from typing import Any, cast
 
 from backends.incluster.prefix_admission import prefix_pool_change_problems
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
+from ipam_provider.admission import PoolAdmission
 from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolRef, admission_reviewer_of
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.serving.admission import PoolAdmission
+from ipam_provider.runtime.kube.client import KubeClient
 
 REVERSED = "provided entry is not a valid IP, range, nor CIDR: fd00::9-fd00::1"
 

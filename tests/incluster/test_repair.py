@@ -22,8 +22,8 @@ from ipam_provider.backend.repair import (
     repairer_of,
 )
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, IPAM_GROUP
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP
 from tests.incluster.test_existing_from_cache import allocate
 from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, global_pool, pool
 

@@ -13,8 +13,8 @@ from backends.incluster.release import ReleaseTerms, release_reservation
 from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.backend.contract import AllocationFailedError, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import IPAM_GROUP
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import IPAM_GROUP
 from tests.incluster.test_existing_from_cache import allocate
 from tests.incluster.test_repair import repairer, stored
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool

@@ -21,9 +21,9 @@ from backends.incluster.reservations import (
 )
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, IPAM_GROUP
 from ipam_provider.repair import RepairSettings
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, IPAM_GROUP
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, pool, wait_address

@@ -19,9 +19,9 @@ from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.controller import Controller
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition

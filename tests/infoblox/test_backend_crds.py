@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 from tests.apiserver.test_examples import kubectl_against
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.infoblox.conftest import Grid, wait_instance_reason, wait_pool_reason
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason
 

@@ -12,8 +12,8 @@ from typing import Any
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import EA_CLUSTER_IDENTITY
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair import RepairSettings
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.infoblox.conftest import FAST, Grid
 from tests.support.cluster import wait_for
 

@@ -26,8 +26,8 @@ from backends.infoblox.spec import INSTANCES
 from benchmarks.chaos.backends import ChaosBackend
 from benchmarks.chaos.infoblox import FAULT_KINDS, InfobloxChaos
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import SECRETS
 from tests.infoblox.conftest import FAST
 
 Object = dict[str, Any]

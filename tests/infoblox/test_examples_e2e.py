@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from backends.infoblox.spec import INSTANCES
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS, SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS, SECRETS
 from tests.infoblox.conftest import POOLS, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address
 from tools.wapi_simulator import WapiSimulator

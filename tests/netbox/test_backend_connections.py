@@ -17,8 +17,8 @@ from backends.netbox import NetboxBackend
 from backends.netbox.client import ClientClosedError, Endpoint, NetboxClient
 from backends.netbox.spec import OWNER_TAG
 from ipam_provider.backend.contract import BackendContext, PoolNotReadyError, PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import SECRETS
 from tests.netbox.conftest import (
     READ_TYPES,
     create_secret,

@@ -22,8 +22,8 @@ from ipam_provider.backend.contract import (
     PoolRef,
     ReleaseImpossibleError,
 )
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import SECRETS as SECRET_RESOURCE
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import SECRETS as SECRET_RESOURCE
 from tests.netbox.conftest import (
     READ_TYPES,
     claim_uid_of,

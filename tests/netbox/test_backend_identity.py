@@ -28,9 +28,9 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.backend.repair import Holding
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import EVENTS
 from ipam_provider.repair import RepairSettings
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.netbox.conftest import (
     NB_POOLS,
     create_secret,

@@ -10,8 +10,8 @@ import collections
 from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
 from tests.netbox.conftest import (
     NB_POOLS,
     claim_uid_of,

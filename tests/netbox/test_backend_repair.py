@@ -12,8 +12,8 @@ from backends.netbox import NetboxBackend
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef, ReleaseImpossibleError
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair.pacer import CountingPacer
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.netbox.conftest import (
     client_of,
     create_secret,

@@ -13,8 +13,8 @@ from backends.netbox import NetboxBackend, requested, resolver
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
-from ipam_provider.kube.client import KubeClient
 from ipam_provider.repair.pacer import CountingPacer
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.netbox.conftest import client_of, create_secret, marked, new_claim, pool_of, prefix, unique_name
 
 if TYPE_CHECKING:

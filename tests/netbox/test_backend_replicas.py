@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from backends.netbox import NetboxBackend
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.netbox.conftest import (
     claim_uid_of,
     create_secret,

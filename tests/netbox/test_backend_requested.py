@@ -22,8 +22,8 @@ from ipam_provider.backend.contract import (
     ClaimContext,
     PoolRef,
 )
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.netbox.conftest import (
     NB_POOLS,
     client_of,

@@ -32,7 +32,7 @@ from ipam_provider.backend.contract import (
     PoolNotReadyError,
     PoolRef,
 )
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.netbox.conftest import create_secret, fast_settings, marked, new_claim, pool_of, prefix
 from tools.netbox_proxy import Event, NetboxProxy
 

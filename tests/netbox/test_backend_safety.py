@@ -25,7 +25,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
 )
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tests.netbox.conftest import (
     READ_TYPES,
     claim_uid_of,

@@ -10,8 +10,8 @@ import pytest
 
 from backends.netbox.spec import PoolSpecError, machine_name, parse_pool, render
 from ipam_provider.backend.contract import ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
 from tests.netbox.conftest import GLOBAL_NB_POOLS, NB_POOLS, ip_range, netbox_pool, prefix
 
 Object = dict[str, Any]

@@ -26,8 +26,8 @@ from backends.netbox import NetboxBackend
 from benchmarks.chaos.backends import ChaosBackend, TruthRecord
 from benchmarks.chaos.netbox import FAULT_KINDS, NetboxChaos
 from ipam_provider.backend.contract import Allocation, BackendError, ClaimContext, PoolRef
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import SECRETS
 from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS
 from tests.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, Resource
 from tests.core.test_cli import free_port
 from tests.providers.conftest import Harness as Built
 from tests.support.cluster import wait_for

@@ -28,8 +28,8 @@ from typing import Any, TypeVar, cast
 import pytest
 import pytest_asyncio
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import NAMESPACES
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import ControlPlaneError, LocalControlPlane
 from tools.controlplane.crds import install_crds

@@ -34,9 +34,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import NAMESPACES, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import NAMESPACES, Resource
 from tools.controlplane.assets import capi_crd_paths, clusterctl_inventory_crd_path, our_crd_paths
 from tools.controlplane.crds import CLUSTERCTL_INIT_LABELS, install_crds
 from tools.controlplane.versions import REPO_ROOT, load_versions

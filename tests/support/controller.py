@@ -23,7 +23,7 @@ from backends.incluster.prefix_backend import create_backend as create_prefix_ba
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tools.controller_command import controller_command as controller_command  # re-exported for the tests
 
 ControllerFactory = Callable[..., contextlib.AbstractAsyncContextManager[Controller]]

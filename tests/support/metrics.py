@@ -31,9 +31,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tools.controlplane.assets import AssetError, cert_manager_crd_paths
 from tools.controlplane.crds import install_crds

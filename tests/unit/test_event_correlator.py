@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ipam_provider.events.correlator import (
+from ipam_provider.runtime.events.correlator import (
     COMBINED,
     COMBINED_PREFIX,
     CREATED,

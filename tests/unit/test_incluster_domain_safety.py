@@ -30,7 +30,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.common import Object
-from ipam_provider.kube.resources import ADDRESSES, IPAM_GROUP
+from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP
 from tests.core.fake_kube import FakeKube
 
 A = IN_CLUSTER_POOL.ref("ns", "a")

@@ -16,14 +16,14 @@ import structlog
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from ipam_provider.serving.certificates import (
+from ipam_provider.runtime.serving.certificates import (
     CertificateError,
     CertificateFiles,
     ServingCertificate,
     self_signed_pem,
 )
-from ipam_provider.serving.endpoint import MetricsEndpoint, bearer_token, refresh_certificate
-from ipam_provider.serving.reviews import TtlCache
+from ipam_provider.runtime.serving.endpoint import MetricsEndpoint, bearer_token, refresh_certificate
+from ipam_provider.runtime.serving.reviews import TtlCache
 
 
 def free_port() -> int:

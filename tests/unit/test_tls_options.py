@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ipam_provider.flagforms import FlagError
-from ipam_provider.serving.certificates import CertificateFiles, ServingCertificate
-from ipam_provider.serving.endpoint import MetricsEndpoint
-from ipam_provider.serving.tlsoptions import INSECURE_SUITES, SECURE_SUITES, TlsOptions, tls_options
+from ipam_provider.runtime.flagforms import FlagError
+from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
+from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
+from ipam_provider.runtime.serving.tlsoptions import INSECURE_SUITES, SECURE_SUITES, TlsOptions, tls_options
 from tests.support.tlsclient import handshake, refused
 from tests.unit.test_metrics_serving import free_port, served_name, write_pair
 

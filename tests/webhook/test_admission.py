@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
+from ipam_provider.admission import PoolAdmission
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, CLAIMS, Resource
-from ipam_provider.serving.admission import PoolAdmission
-from ipam_provider.serving.certificates import CertificateFiles, ServingCertificate
-from ipam_provider.serving.webhook import WebhookServer
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
+from ipam_provider.runtime.serving.webhook import WebhookServer
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, claim, global_pool, pool, wait_address
@@ -119,7 +119,7 @@ async def webhook(
         server = WebhookServer(ServingCertificate.load(files))
         await server.start("127.0.0.1", 0)
         try:
-            server.use(PoolAdmission(controller.kube, controller.registry, controller.cached_addresses))
+            server.use(PoolAdmission(controller.kube, controller.registry, controller.cached_addresses).routes())
             body = configuration(f"ipam-test-{namespace}", f"https://127.0.0.1:{server.port}", ca, namespace)
             async with registered(kube, body, namespace):
                 yield namespace
@@ -268,7 +268,7 @@ async def test_a_delete_review_without_its_old_object_reads_the_pool(kube: KubeC
     from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
     from ipam_provider.backend.contract import BackendContext
     from ipam_provider.backend.registry import BackendRegistry
-    from ipam_provider.serving.admission import parse_review
+    from ipam_provider.runtime.serving.webhook import parse_review
 
     admission = PoolAdmission(kube, BackendRegistry([InClusterBackend(BackendContext(kube=kube))]))
     for name in ("kept", "skipped"):

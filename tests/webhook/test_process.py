@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.resources import CLAIMS
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.core.test_cli import free_port
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command

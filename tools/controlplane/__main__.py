@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ipam_provider.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import KubeClient
 from tools.controlplane.assets import (
     AssetError,
     binaries_dir,

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from ipam_provider.kube.client import APPLY_PATCH, KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import CRDS, Resource
+from ipam_provider.runtime.kube.client import APPLY_PATCH, KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import CRDS, Resource
 
 FIELD_MANAGER = "ipam-provider-dev"
 # The labels `clusterctl init` gives Cluster API's own CRDs (kustomize adds them at release; the CRDs in the module's

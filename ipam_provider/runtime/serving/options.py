@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ipam_provider.flagforms import bind_address, go_bool
-from ipam_provider.serving.certificates import CertificateFiles
-from ipam_provider.serving.tlsoptions import (
+from ipam_provider.runtime.flagforms import bind_address, go_bool
+from ipam_provider.runtime.serving.certificates import CertificateFiles
+from ipam_provider.runtime.serving.tlsoptions import (
     DEFAULT_MIN_VERSION,
     INSECURE_SUITES,
     LEGACY_NAMES,

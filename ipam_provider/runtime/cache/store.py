@@ -5,15 +5,15 @@ replaced by an older resourceVersion of itself, so a lagging watch cannot undo w
 and a deleted object leaves a tombstone, so a late answer to one of our own writes cannot bring it back.
 
 Whatever enters the store, from the informer or from a write's answer, is first reduced by the store's projection
-(`ipam_provider/watch/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
+(`ipam_provider/runtime/cache/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
 
-from ipam_provider.common import Object
-from ipam_provider.watch.projection import Projection, strip_bookkeeping
+from ipam_provider.runtime.cache.projection import Projection, strip_bookkeeping
+from ipam_provider.runtime.kube.resources import Object
 
 Key = tuple[str | None, str]
 IndexFunc = Callable[[Object], Iterable[Hashable]]

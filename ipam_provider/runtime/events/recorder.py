@@ -14,12 +14,11 @@ import contextlib
 
 import structlog
 
-from ipam_provider.common import Object
-from ipam_provider.events.correlator import DROPPED, EventCorrelator, Series
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import EVENTS
-from ipam_provider.telemetry.events import count_event
+from ipam_provider.runtime.events.correlator import DROPPED, EventCorrelator, Series
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import EVENTS, Object
+from ipam_provider.runtime.telemetry.events import count_event
 
 log = structlog.get_logger(__name__)
 NORMAL = "Normal"

@@ -16,8 +16,8 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from ipam_provider.serving.certificates import ServingCertificate
-from ipam_provider.serving.reviews import Reviewer, ReviewUnavailable
+from ipam_provider.runtime.serving.certificates import ServingCertificate
+from ipam_provider.runtime.serving.reviews import Reviewer, ReviewUnavailable
 
 log = structlog.get_logger(__name__)
 

@@ -1,8 +1,18 @@
-"""The API resources the controller reads and writes."""
+"""The API resources the controller reads and writes, the JSON object as it sends them, and its timestamp form."""
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
+from typing import Any
+
+Object = dict[str, Any]
+"""A JSON object as the API server or an external system sends it (and as we send it back)."""
+
+
+def now_rfc3339() -> str:
+    """Now, in the API's timestamp form (RFC 3339, seconds, UTC)."""
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

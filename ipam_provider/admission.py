@@ -1,7 +1,5 @@
-"""Admission of pool changes: `admission.k8s.io/v1` AdmissionReviews in, a verdict out.
-
-`parse_review` reads a review (raising MalformedReview for anything that is not one); `PoolAdmission.decide`
-answers it for any served pool kind, reading no more than the answer needs:
+"""Admission of pool changes: `PoolAdmission.decide` answers a review (`runtime.serving.webhook` reads it off the
+wire) for any served pool kind, reading no more than the answer needs:
 
 - UPDATE that leaves `spec` as it is (finalizers, labels, annotations: the controller's own patches, clusterctl
   move's): allowed at once, with no request made;
@@ -22,8 +20,8 @@ API server did not answer the LIST) is 500, so that the API server refuses the c
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -40,14 +38,13 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import ADDRESSES, Resource
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
+from ipam_provider.runtime.serving.webhook import ALLOWED, ReviewRequest, Route, Verdict
 
 log = structlog.get_logger(__name__)
 
-ADMISSION_API_VERSION = "admission.k8s.io/v1"
-OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."  # Go's text
 LISTED_ADDRESSES = 10  # IPAddresses named in a DELETE's refusal; the rest are counted
 LISTED_REASONS = 20  # a backend's reasons joined into one refusal; the rest are counted
@@ -55,87 +52,9 @@ OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the 
 READ_ERRORS = (ApiError, aiohttp.ClientError, OSError, TimeoutError)
 
 
-class MalformedReview(ValueError):
-    """The body is not an `admission.k8s.io/v1` AdmissionReview request this webhook can answer."""
-
-
-@dataclass(frozen=True)
-class ReviewRequest:
-    """What a review asks: may `operation` turn `old` into `new` for the object `group`/`kind` `name`?"""
-
-    uid: str
-    operation: str
-    group: str
-    kind: str
-    namespace: str | None
-    name: str
-    old: Object | None
-    new: Object | None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    code: int = 200
-    reason: str = ""
-    message: str = ""
-    warnings: tuple[str, ...] = ()  # shown by kubectl as `Warning: ...`, allowed or not
-
-
-ALLOWED = Verdict(True)
-
-
 def webhook_path(kind: PoolKind) -> str:
     """The kubebuilder path of a kind's validating webhook: `/validate-<group, dots as dashes>-<version>-<kind>`."""
     return f"/validate-{kind.group.replace('.', '-')}-{kind.version}-{kind.kind.lower()}"
-
-
-def parse_review(body: Any) -> ReviewRequest:
-    """The request of an AdmissionReview; raises MalformedReview saying what is wrong."""
-    if not isinstance(body, dict):
-        raise MalformedReview("the body is not a JSON object")
-    if (body.get("apiVersion"), body.get("kind")) != (ADMISSION_API_VERSION, "AdmissionReview"):
-        raise MalformedReview(f"expected an {ADMISSION_API_VERSION} AdmissionReview")
-    request = body.get("request")
-    if not isinstance(request, dict):
-        raise MalformedReview("the AdmissionReview has no request")
-    uid, operation, kind = request.get("uid"), request.get("operation"), request.get("kind")
-    if not isinstance(uid, str) or not uid:
-        raise MalformedReview("the request has no uid")
-    if operation not in OPERATIONS:
-        raise MalformedReview(f"unknown operation {operation!r}")
-    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str):
-        raise MalformedReview("the request has no kind")
-    old, new = request.get("oldObject"), request.get("object")
-    for name, obj in (("oldObject", old), ("object", new)):
-        if obj is not None and not (isinstance(obj, dict) and isinstance(obj.get("metadata", {}), dict)):
-            raise MalformedReview(f"the request's {name} is not an object")
-    namespace = request.get("namespace")
-    return ReviewRequest(
-        uid=uid,
-        operation=str(operation),
-        group=str(kind.get("group") or ""),
-        kind=str(kind["kind"]),
-        namespace=namespace if isinstance(namespace, str) and namespace else None,
-        name=str(request.get("name") or ""),
-        old=old if operation != "CREATE" else None,
-        new=new if operation != "DELETE" else None,
-    )
-
-
-def review_response(uid: str, verdict: Verdict) -> Object:
-    """The AdmissionReview answering the request `uid`."""
-    response: Object = {"uid": uid, "allowed": verdict.allowed}
-    if not verdict.allowed:
-        response["status"] = {
-            "status": "Failure",
-            "code": verdict.code,
-            "reason": verdict.reason,
-            "message": verdict.message,
-        }
-    if verdict.warnings:
-        response["warnings"] = list(verdict.warnings)
-    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
 class PoolAdmission:
@@ -154,6 +73,13 @@ class PoolAdmission:
         self.registry = registry
         self.cached_addresses = cached_addresses
         self.cached_pools = cached_pools
+
+    def routes(self) -> dict[str, Route]:
+        """The webhook's routes: one path per kind of the registry."""
+        return {
+            webhook_path(kind): Route(kind.kind, functools.partial(self.decide, path_kind=kind))
+            for kind in self.registry.kinds
+        }
 
     async def decide(self, request: ReviewRequest, path_kind: PoolKind) -> Verdict:
         """The verdict on `request`, which came in at `path_kind`'s path. Raises what the API server raised when

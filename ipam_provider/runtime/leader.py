@@ -23,10 +23,10 @@ import uuid
 import aiohttp
 import structlog
 
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import LEASES
-from ipam_provider.telemetry.clients import set_leader
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import LEASES
+from ipam_provider.runtime.telemetry.clients import set_leader
 
 log = structlog.get_logger(__name__)
 

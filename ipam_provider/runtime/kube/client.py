@@ -3,7 +3,7 @@
 Objects are plain JSON dicts as the API server sends them; callers parse them into pydantic models where they
 need types. Non-2xx answers raise `ApiError` carrying the Status reason. Every request carries the controller's
 User-Agent, every write (create, replace, patch) its field manager unless the caller names another
-(`ipam_provider/identity.py`).
+(`ipam_provider/runtime/user_agent.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import orjson
 import yarl
 from kubernetes_asyncio import client, config
 
-from ipam_provider.identity import FIELD_MANAGER, user_agent
-from ipam_provider.kube.errors import ApiError, KubeconfigError
-from ipam_provider.kube.resources import Resource
-from ipam_provider.telemetry.clients import host_label, observe_rest_request
+from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
+from ipam_provider.runtime.kube.resources import Resource
+from ipam_provider.runtime.telemetry.clients import host_label, observe_rest_request
+from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 
 Object = dict[str, Any]
 Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVersion

@@ -1,5 +1,5 @@
 """`ipam_provider_events_total`: the Kubernetes Events the controller recorded, by type and by what became of
-them (see `ipam_provider/events/`)."""
+them (see `ipam_provider/runtime/events/`)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import Counter, Gauge, Histogram
 
 from ipam_provider.backend.contract import AddressCounts
-from ipam_provider.telemetry import POOL_LABELS, PoolLabels, repair
+from ipam_provider.pool_metrics import POOL_LABELS, PoolLabels, repair
 
 PENDING = "Pending"  # the waiting reason of a claim that has no Ready condition yet
 

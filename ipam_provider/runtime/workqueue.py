@@ -14,7 +14,7 @@ Contract:
 - `busy(key)` tells whether a key is waiting, being processed or due after a delay (the repair loop leaves
   such claims to their reconcile).
 - After `shutdown`, `get` returns None once no key is ready; keys being processed are finished by their workers.
-- A queue given a `name` reports the `workqueue_*` series under it (`ipam_provider.telemetry.controller`).
+- A queue given a `name` reports the `workqueue_*` series under it (`ipam_provider.runtime.telemetry.controller`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Generic, TypeVar
 
-from ipam_provider.telemetry.controller import queue_metrics
+from ipam_provider.runtime.telemetry.controller import queue_metrics
 
 K = TypeVar("K", bound=Hashable)
 

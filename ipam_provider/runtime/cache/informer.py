@@ -22,11 +22,10 @@ from contextvars import ContextVar
 import aiohttp
 import structlog
 
-from ipam_provider.common import Object
-from ipam_provider.kube.client import KubeClient
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.kube.resources import Resource
-from ipam_provider.watch.store import Store, object_key, resource_version
+from ipam_provider.runtime.cache.store import Store, object_key, resource_version
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Object, Resource
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 log = structlog.get_logger(__name__)

@@ -1,6 +1,6 @@
 """The validating admission webhook server: HTTPS, in the controller's event loop, on every replica.
 
-One POST path per served pool kind (`admission.webhook_path`, kubebuilder's form); each takes an
+One POST path per `Route` given to `use` (the domain gives one per served pool kind); each takes an
 `admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review (or is JSON nested too deeply to
 read) is answered 400 and logged; a review at another `/validate-...` path (a kind whose backend is not loaded,
 `--backends`) is allowed.
@@ -19,26 +19,19 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from ipam_provider.backend.contract import PoolKind
-from ipam_provider.flagforms import go_duration
-from ipam_provider.kube.errors import ApiError
-from ipam_provider.serving.admission import (
-    ALLOWED,
-    MalformedReview,
-    PoolAdmission,
-    ReviewRequest,
-    Verdict,
-    parse_review,
-    review_response,
-    webhook_path,
-)
-from ipam_provider.serving.certificates import ServingCertificate
-from ipam_provider.serving.endpoint import stop_serving, watch_certificate
+from ipam_provider.runtime.flagforms import go_duration
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import Object
+from ipam_provider.runtime.serving.certificates import ServingCertificate
+from ipam_provider.runtime.serving.endpoint import stop_serving, watch_certificate
 
 log = structlog.get_logger(__name__)
 
@@ -47,15 +40,103 @@ MARGIN = 1.0  # answer this much before the API server's timeout
 MIN_BUDGET = 0.5
 CONCURRENT_REVIEWS = 8
 MAX_BODY = 16 * 1024 * 1024  # a review carries the object twice; an object is at most ~1.5 MiB in etcd
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
+class MalformedReview(ValueError):
+    """The body is not an `admission.k8s.io/v1` AdmissionReview request this webhook can answer."""
+
+
+@dataclass(frozen=True)
+class ReviewRequest:
+    """What a review asks: may `operation` turn `old` into `new` for the object `group`/`kind` `name`?"""
+
+    uid: str
+    operation: str
+    group: str
+    kind: str
+    namespace: str | None
+    name: str
+    old: Object | None
+    new: Object | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    warnings: tuple[str, ...] = ()  # shown by kubectl as `Warning: ...`, allowed or not
+
+
+ALLOWED = Verdict(True)
+
+
+def parse_review(body: Any) -> ReviewRequest:
+    """The request of an AdmissionReview; raises MalformedReview saying what is wrong."""
+    if not isinstance(body, dict):
+        raise MalformedReview("the body is not a JSON object")
+    if (body.get("apiVersion"), body.get("kind")) != (ADMISSION_API_VERSION, "AdmissionReview"):
+        raise MalformedReview(f"expected an {ADMISSION_API_VERSION} AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise MalformedReview("the AdmissionReview has no request")
+    uid, operation, kind = request.get("uid"), request.get("operation"), request.get("kind")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("the request has no uid")
+    if operation not in OPERATIONS:
+        raise MalformedReview(f"unknown operation {operation!r}")
+    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str):
+        raise MalformedReview("the request has no kind")
+    old, new = request.get("oldObject"), request.get("object")
+    for name, obj in (("oldObject", old), ("object", new)):
+        if obj is not None and not (isinstance(obj, dict) and isinstance(obj.get("metadata", {}), dict)):
+            raise MalformedReview(f"the request's {name} is not an object")
+    namespace = request.get("namespace")
+    return ReviewRequest(
+        uid=uid,
+        operation=str(operation),
+        group=str(kind.get("group") or ""),
+        kind=str(kind["kind"]),
+        namespace=namespace if isinstance(namespace, str) and namespace else None,
+        name=str(request.get("name") or ""),
+        old=old if operation != "CREATE" else None,
+        new=new if operation != "DELETE" else None,
+    )
+
+
+def review_response(uid: str, verdict: Verdict) -> Object:
+    """The AdmissionReview answering the request `uid`."""
+    response: Object = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {
+            "status": "Failure",
+            "code": verdict.code,
+            "reason": verdict.reason,
+            "message": verdict.message,
+        }
+    if verdict.warnings:
+        response["warnings"] = list(verdict.warnings)
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+@dataclass(frozen=True)
+class Route:
+    """What answers the reviews of one path: `decide`, logged as `kind=label`. It may raise ApiError,
+    aiohttp.ClientError or OSError when it could not read what it needs (answered as a 500 refusal)."""
+
+    label: str
+    decide: Callable[[ReviewRequest], Awaitable[Verdict]]
 
 
 class WebhookServer:
-    """The webhook on one address, with `certificate`; it reviews through `admission`, set by `use`."""
+    """The webhook on one address, with `certificate`; it reviews through the routes set by `use`."""
 
     def __init__(self, certificate: ServingCertificate) -> None:
         self.certificate = certificate
-        self.admission: PoolAdmission | None = None
-        self._kinds: dict[str, PoolKind] = {}
+        self._routes: Mapping[str, Route] | None = None
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(CONCURRENT_REVIEWS)
@@ -65,13 +146,12 @@ class WebhookServer:
     @property
     def serving(self) -> bool:
         """Listening, and able to review (its API client and backends are set)."""
-        return self._runner is not None and self.admission is not None
+        return self._runner is not None and self._routes is not None
 
-    def use(self, admission: PoolAdmission) -> None:
-        """Review the kinds of `admission`'s registry through it from now on."""
-        self._kinds = {webhook_path(kind): kind for kind in admission.registry.kinds}
-        self.admission = admission
-        log.info("admission webhook paths", paths=sorted(self._kinds))
+    def use(self, routes: Mapping[str, Route]) -> None:
+        """Review through `routes` (path → route) from now on."""
+        self._routes = dict(routes)
+        log.info("admission webhook paths", paths=sorted(self._routes))
 
     async def start(self, host: str, port: int) -> None:
         """Listen on host:port. Raises OSError when the address cannot be bound."""
@@ -99,23 +179,23 @@ class WebhookServer:
 
     async def _review(self, request: web.Request) -> web.Response:
         started = time.monotonic()
-        kind = self._kinds.get(request.path)
-        admission = self.admission
-        if admission is None:
+        routes = self._routes
+        if routes is None:
             return web.Response(status=503, text="starting: not connected to the API server yet\n")
         try:
             review = parse_review(json.loads(await request.read()))
         except (MalformedReview, ValueError, UnicodeDecodeError, RecursionError) as error:  # nested too deep: JSON
             log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
             return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
-        if kind is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
+        route = routes.get(request.path)
+        if route is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
             log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)
             return web.json_response(review_response(review.uid, ALLOWED))
         budget = max(_timeout(request.query.get("timeout")) - MARGIN, MIN_BUDGET)
-        verdict = await self._decide(admission, review, kind, budget)
+        verdict = await self._decide(route, review, budget)
         (log.debug if verdict.allowed else log.info)(  # a refusal is the requester's to fix, not the controller's
             "admission review",
-            kind=kind.kind,
+            kind=route.label,
             namespace=review.namespace,
             name=review.name,
             operation=review.operation,
@@ -125,17 +205,17 @@ class WebhookServer:
         )
         return web.json_response(review_response(review.uid, verdict))
 
-    async def _decide(self, admission: PoolAdmission, review: ReviewRequest, kind: PoolKind, budget: float) -> Verdict:
+    async def _decide(self, route: Route, review: ReviewRequest, budget: float) -> Verdict:
         try:
             async with asyncio.timeout(budget):
                 async with self._slots:
-                    return await admission.decide(review, kind)
+                    return await route.decide(review)
         except TimeoutError:
             message = f"could not check the change within {budget:g} s; try again"
         except (ApiError, aiohttp.ClientError, OSError) as error:
             message = f"could not list the pool's IPAddresses to check the change: {error}; try again"
         except Exception as error:  # a backend's bug must not turn into a hung or crashed webhook
-            log.error("admission check failed", kind=kind.kind, name=review.name, exc_info=True)
+            log.error("admission check failed", kind=route.label, name=review.name, exc_info=True)
             message = f"the check failed: {type(error).__name__}: {error}"
         return Verdict(False, 500, "InternalError", message)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from sys import intern
 from typing import Any
 
-from ipam_provider.common import Object
+from ipam_provider.runtime.kube.resources import Object
 
 Projection = Callable[[Object], Object]
 """A function from an object as the API server sent it to what a cache keeps of it."""

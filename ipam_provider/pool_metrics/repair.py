@@ -13,7 +13,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ipam_provider.telemetry import POOL_LABELS, PoolLabels
+from ipam_provider.pool_metrics import POOL_LABELS, PoolLabels
 
 OK = "ok"  # every pool of the backend was compared
 BACKEND_ERROR = "backend_error"  # the backend could not be used for one pool or more: they wait for the next pass

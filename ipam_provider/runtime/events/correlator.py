@@ -26,8 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from ipam_provider.api.meta import now_rfc3339
-from ipam_provider.common import Object
+from ipam_provider.runtime.kube.resources import Object, now_rfc3339
 
 WINDOW = 600.0
 INDIVIDUAL = 10

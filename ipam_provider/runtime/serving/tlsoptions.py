@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ipam_provider.flagforms import FlagError
+from ipam_provider.runtime.flagforms import FlagError
 
 log = structlog.get_logger(__name__)
 

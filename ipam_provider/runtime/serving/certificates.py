@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from ipam_provider.serving.tlsoptions import TlsOptions
+from ipam_provider.runtime.serving.tlsoptions import TlsOptions
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,1 @@
+"""Informers: a list-then-watch per resource into a `Store` of projected objects."""
