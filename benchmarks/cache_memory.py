@@ -51,7 +51,7 @@ from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.cache.store import Store
-from ipam_provider.runtime.kube.client import APPLY_PATCH, KubeClient
+from ipam_provider.runtime.kube.client import KubeClient, apply_patch
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES
 from ipam_provider.watch.caches import Caches
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
@@ -147,9 +147,7 @@ async def populate(kubeconfig: Path, objects: int) -> None:
         async def one(index: int) -> None:
             async with semaphore:
                 name = f"claim-{index}"
-                await kube.patch(
-                    CLAIMS, name, claim_apply(index), NAMESPACE, content_type=APPLY_PATCH, field_manager="cluster-api"
-                )
+                await kube.patch(CLAIMS, name, claim_apply(index), NAMESPACE, form=apply_patch("cluster-api"))
                 finalizer = {"metadata": {"finalizers": [FINALIZER_RELEASE_ADDRESS]}}
                 await kube.patch(CLAIMS, name, finalizer, NAMESPACE)
                 claim = await kube.patch(CLAIMS, name, claim_status(index), NAMESPACE, subresource="status")

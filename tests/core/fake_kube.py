@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from ipam_provider.runtime.kube.client import MERGE_PATCH, KubeClient, Page
+from ipam_provider.runtime.kube.client import MERGE_PATCH, KubeClient, Page, PatchForm
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Resource
 
@@ -223,13 +223,11 @@ class FakeKube(KubeClient):
         namespace: str | None = None,
         *,
         subresource: str | None = None,
-        content_type: str = MERGE_PATCH,
-        field_manager: str | None = None,
-        force: bool = False,
+        form: PatchForm = MERGE_PATCH,
     ) -> Object:
         self._record("patch", resource, namespace, name, subresource, patch)
-        if content_type != MERGE_PATCH:
-            raise NotImplementedError(f"FakeKube applies merge patches only, not {content_type}")
+        if form != MERGE_PATCH:
+            raise NotImplementedError(f"FakeKube applies merge patches only, not {form.content_type}")
         key = self._key(resource, namespace, name)
         current = self._objects.get(key)
         if current is None or subresource not in (None, "status"):

@@ -33,7 +33,7 @@ import yaml
 
 from backends.incluster.reservations import RESERVATIONS
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME
-from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.client import JSON_PATCH, KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, IPAM_GROUP, NAMESPACES, Resource
 from tests.support.cluster import wait_for
@@ -214,7 +214,7 @@ def go_address(name: str, claim_obj: Object, pool_obj: Object, address: str, pre
 
 
 async def json_patch(kube: KubeClient, resource: Resource, name: str, operations: list[Object]) -> Object:
-    return await kube.patch(resource, name, operations, content_type="application/json-patch+json")
+    return await kube.patch(resource, name, operations, form=JSON_PATCH)
 
 
 async def storage_version_switch(kube: KubeClient, crd_name: str, storage: str, conversion: Object) -> None:

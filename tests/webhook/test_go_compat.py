@@ -821,7 +821,7 @@ class Pools:
     async def respec(self, name: str, spec: Object) -> None:
         """Replace the pool's whole spec (a JSON patch: no read-modify-write race with the controller's writes)."""
         change = [{"op": "replace", "path": "/spec", "value": spec}]
-        await self.kube.patch(self.resource, name, change, self.namespace, content_type=JSON_PATCH)
+        await self.kube.patch(self.resource, name, change, self.namespace, form=JSON_PATCH)
 
     async def hold(self, name: str, count: int) -> list[str]:
         """`count` claims fulfilled from the pool, one after another: their addresses."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ipam_provider.runtime.kube.client import APPLY_PATCH, KubeClient
+from ipam_provider.runtime.kube.client import KubeClient, apply_patch
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import CRDS, Resource
 
@@ -56,7 +56,7 @@ async def install_crds(
         if only_missing and await kube.get(CRDS, name) is not None:
             names.append(name)
             continue
-        await kube.patch(CRDS, name, crd, content_type=APPLY_PATCH, field_manager=FIELD_MANAGER, force=force)
+        await kube.patch(CRDS, name, crd, form=apply_patch(FIELD_MANAGER, force=force))
         names.append(name)
         installed.append(crd)
     deadline = time.monotonic() + timeout

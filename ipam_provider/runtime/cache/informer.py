@@ -37,6 +37,8 @@ def in_initial_list() -> bool:
     """Whether the handler now running was called for an object of its informer's first list."""
     return _INITIAL_LIST.get()
 
+WATCH_TIMEOUT = 300  # seconds a watch asks to be kept open before it is made again
+
 
 class Informer:
     """Keeps `store` in step with the API server and calls `handler(type, old, new)` for every change."""
@@ -50,7 +52,6 @@ class Informer:
         *,
         namespaces: Sequence[str] | None = None,
         label_selector: str | None = None,
-        watch_timeout: int = 300,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -58,7 +59,6 @@ class Informer:
         self.handler = handler
         self.scopes: list[str | None] = list(namespaces) if namespaces and resource.namespaced else [None]
         self.label_selector = label_selector
-        self.watch_timeout = watch_timeout
         self._synced = [asyncio.Event() for _ in self.scopes]
 
     async def wait_synced(self) -> None:
@@ -138,7 +138,7 @@ class Informer:
             namespace,
             resource_version=version,
             label_selector=self.label_selector,
-            timeout_seconds=self.watch_timeout,
+            timeout_seconds=WATCH_TIMEOUT,
         ):
             version = obj.get("metadata", {}).get("resourceVersion", version)
             if kind == "BOOKMARK":

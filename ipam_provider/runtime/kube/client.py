@@ -14,6 +14,7 @@ import os
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -23,15 +24,30 @@ import yarl
 from kubernetes_asyncio import client, config
 
 from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
-from ipam_provider.runtime.kube.resources import Resource
+from ipam_provider.runtime.kube.resources import Object, Resource
 from ipam_provider.runtime.telemetry.clients import host_label, observe_rest_request
 from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 
-Object = dict[str, Any]
 Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVersion
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class PatchForm:
+    """How the API server reads a PATCH: its content type and, for a server-side apply, the field manager
+    (default: the controller's) and whether it takes over conflicting fields (`force`)."""
+
+    content_type: str = "application/merge-patch+json"
+    field_manager: str | None = None
+    force: bool = False
+
+
+MERGE_PATCH = PatchForm()
+JSON_PATCH = PatchForm("application/json-patch+json")
+
+
+def apply_patch(field_manager: str | None = None, *, force: bool = False) -> PatchForm:
+    """A server-side apply by `field_manager`."""
+    return PatchForm("application/apply-patch+yaml", field_manager, force)
 
 
 def _kubeconfig_files(path: str | None) -> list[str]:
@@ -241,18 +257,16 @@ class KubeClient:
         namespace: str | None = None,
         *,
         subresource: str | None = None,
-        content_type: str = MERGE_PATCH,
-        field_manager: str | None = None,
-        force: bool = False,
+        form: PatchForm = MERGE_PATCH,
     ) -> Object:
-        """Patch an object. A merge patch that carries metadata.resourceVersion fails with 409 when stale.
-        `force` takes over conflicting fields in a server-side apply. `field_manager` defaults to the controller's."""
+        """Patch an object, read as `form` says. A merge patch that carries metadata.resourceVersion fails with 409
+        when stale."""
         return await self._json(
             "PATCH",
             resource.path(namespace, name, subresource),
             body=patch,
-            content_type=content_type,
-            query={"fieldManager": field_manager or FIELD_MANAGER, "force": True if force else None},
+            content_type=form.content_type,
+            query={"fieldManager": form.field_manager or FIELD_MANAGER, "force": True if form.force else None},
         )
 
     async def delete(
