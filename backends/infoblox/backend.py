@@ -1,15 +1,11 @@
 """The Infoblox backend: InfobloxIPPool (v1alpha1) served from an Infoblox NIOS grid through infoblox-client.
 
-How the pieces fit: `connections` turns an InfobloxInstance and its Secrets (read by `credentials`) into a cached
-connection (a Connector with its own bounded thread pool), checks the grid and writes the instance's Ready
-condition; `ledger` holds the grid objects of each pool and their index; `allocator` allocates (one WAPI request
-per allocation in steady state; ownership by the CAPI-Claim-UID extensible attribute); `checks` validates the pool
-against the grid for its status; `repair` lists, releases and restores holdings. The pool's Ready condition depends
-on its instance's: a pool is Ready only when its instance answers, accepts the credentials, verifies under TLS, and
-holds the pool's view, networks and ranges (and, for host records, the DNS view and zone). A pool whose DNS view or
-zone is missing gets no POST at all: its claims get PoolNotReady from the pool's cached check (re-asked at
-pool-check times, never per allocation). Releases on an instance whose credentials the grid refused wait for its
-next re-check instead of asking the grid again.
+A thin facade: `connections` reaches and checks an instance's grid, `ledger` holds each pool's grid objects and
+their index, `allocator` allocates, `checks` validates a pool against the grid for its status, `repair` lists,
+releases and restores holdings. A pool is Ready only when its instance answers, accepts the credentials, verifies
+under TLS, and holds the pool's view, networks and ranges (and, for host records, the DNS view and zone); a pool
+whose DNS view or zone is missing gets no POST: its claims get PoolNotReady from its cached check. Releases on an
+instance whose credentials the grid refused wait for its next re-check instead of asking the grid again.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ import structlog
 
 from backends.infoblox.allocator import Allocator
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
-from backends.infoblox.connections import Connections, GridHealth, InstanceStatus
-from backends.infoblox.credentials import InstanceProblem
+from backends.infoblox.connections import Connections, GridHealth, InstanceProblem, InstanceStatus
 from backends.infoblox.ledger import ClusterStamp, Ledger, advisory
 from backends.infoblox.repair import GridRepair, outside_of
 from backends.infoblox.settings import InfobloxSettings
@@ -173,5 +168,5 @@ class InfobloxBackend:
         return outside_of(parsed, addresses)
 
     async def close(self) -> None:
-        await self.allocator.late_commits.close()
+        await self.allocator.close()
         await self.ledger.connections.close()

@@ -5,29 +5,22 @@ Contract:
   `healthy_recheck_seconds` (`unhealthy_recheck_seconds` while failing), whether the pool's network view, each
   subnet (`network` / `ipv6network`) and each range exists, and whether its extra extensible attributes are defined;
   one search per item, each answering [] when missing. A `hostRecord` pool's DNS side is checked too: its DNS view
-  (`hostRecord.dnsView`, else the instance's `defaultDNSView`; a custom default was already found by the instance
-  check, so that one costs nothing, while NIOS's built-in `default` is asked for here) and, with `configureForDNS`,
-  an authoritative zone (`zone_auth`) in that view for `dnsZone`, or, only when that is missing, for a parent of it
-  (NIOS puts a record into the closest enclosing zone). Missing ones give `DNSViewNotFound` / `DNSZoneNotFound`;
-  a search the grid answers with a 404 on a view (`View <name> not found`, as NIOS answers a search naming a DNS
-  view it does not have) gives `DNSViewNotFound` (or `NetworkViewNotFound`) too.
-  `forget` drops a cached result (after an allocation found the pool's configuration wrong). `DNS_REASONS` are the
-  results that make allocations fail before any POST.
+  (a custom instance default was already found by the instance check; NIOS's built-in `default` is asked for here)
+  and, with `configureForDNS`, an authoritative zone (`zone_auth`) in that view for `dnsZone`, or, only when that
+  is missing, for a parent of it (NIOS puts a record into the closest enclosing zone): `DNSViewNotFound` /
+  `DNSZoneNotFound`, also when the grid answers a search with a 404 on a view. The DNS view must belong to the
+  pool's network view, since a host record takes its addresses from its DNS view's network view
+  (`DNSViewNotInNetworkView`; an answer without the view's network view is not judged). `forget` drops a cached
+  result. `DNS_REASONS` are the results that make allocations fail before any POST.
+- Bindings: each check also asks the extensible-attribute definitions (one paged search). A definition with a
+  non-empty `allowed_object_types` (NIOS's `FixedAddress`, `IPv6FixedAddress`, `HostRecord`, compared without regard
+  to case) makes the grid refuse any other object carrying its attribute. Every attribute this backend writes is
+  checked for every object type it writes it on (`written_attributes`: CAPI-Pool also on a gateway reservation);
+  the first refusal gives `ExtensibleAttributeNotAllowed`, naming the attribute, the types it is restricted to, the
+  types the pool writes it on, and what to change.
 - `usage` counts from the pool's spec and its IPAddresses: total = addresses the subnets and ranges can hand out
   (network, broadcast, subnet-router anycast and gateway excluded; a range inside a subnet counted once), used =
-  IPAddresses of the pool, free = the difference. Objects others hold in the same networks are not subtracted: the
-  grid, not this count, decides.
-- Bindings: each check also asks the extensible-attribute definitions (one paged search) with their
-  `allowed_object_types`. A definition with a non-empty list restricts its attribute to those object types (NIOS
-  names them `FixedAddress`, `IPv6FixedAddress`, `HostRecord`; compared without regard to case), and the grid
-  refuses any other object carrying it. Every attribute this backend writes is checked for every object type it
-  writes it on (`written_attributes`): the ownership attributes (CAPI-Cluster-Identity too) and the pool's own on
-  the pool's object type, and CAPI-Pool also on the fixed address that reserves a gateway the grid hands out. The
-  first refusal found gives `ExtensibleAttributeNotAllowed`, naming the attribute, the types it is restricted to,
-  the types the pool writes it on, and what to change. A hostRecord pool's DNS view must belong to the pool's
-  network view, since a host record takes its addresses from its DNS view's network view
-  (`DNSViewNotInNetworkView`, read from the same search that finds the view, or from the instance check for a
-  custom default DNS view); an answer without the view's network view is not judged.
+  IPAddresses of the pool, free = the difference (objects others hold are not subtracted: the grid decides).
 """
 
 from __future__ import annotations
@@ -92,28 +85,19 @@ class PoolChecks:
     async def _ask(self, pool: Pool, connection: Connection, health: Health) -> Verdict:
         client = connection.client
         view = connection.network_view(pool)
-        if view != connection.spec.default_network_view and not await client.search(
-            "networkview", ["name"], {"name": view}
-        ):
-            return (
-                False,
-                "NetworkViewNotFound",
-                f"network view {view!r} does not exist on the grid; fix spec.networkView",
-            )
+        custom = view != connection.spec.default_network_view
+        if custom and not await client.search("networkview", ["name"], {"name": view}):
+            message = f"network view {view!r} does not exist on the grid; fix spec.networkView"
+            return False, "NetworkViewNotFound", message
         for target in pool.targets:
             missing_target = await _missing_target(client, target, view)
             if missing_target is not None:
                 return missing_target
         missing = sorted(name for name in pool.spec.extensible_attributes if name not in health.ea_names)
         if missing:
-            return (
-                False,
-                "ExtensibleAttributesMissing",
-                (
-                    f"spec.extensibleAttributes names {', '.join(missing)}, not defined on the grid; define them or "
-                    "remove them"
-                ),
-            )
+            names = ", ".join(missing)
+            message = f"spec.extensibleAttributes names {names}, not defined on the grid; define them or remove them"
+            return False, "ExtensibleAttributesMissing", message
         restricted = await restricted_attribute(pool, client)
         if restricted is not None:
             return restricted
@@ -133,11 +117,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
     client = connection.client
     view = settings.dns_view or connection.spec.default_dns_view
     field = "spec.hostRecord.dnsView" if settings.dns_view else "the InfobloxInstance's spec.defaultDNSView"
-    view_missing = (
-        False,
-        "DNSViewNotFound",
-        f"DNS view {view!r} does not exist on the grid; create it or fix {field}",
-    )
+    view_missing = False, "DNSViewNotFound", f"DNS view {view!r} does not exist on the grid; create it or fix {field}"
     checked_by_instance = view == connection.spec.default_dns_view and view != BUILTIN_DNS_VIEW
     bound: object = health.dns_view_network_view if checked_by_instance else None
     if not checked_by_instance:
@@ -162,14 +142,11 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
             raise
         if found:
             return True, "PoolReady", f", zone {candidate!r} in DNS view {view!r}"
-    return (
-        False,
-        "DNSZoneNotFound",
-        (
-            f"DNS view {view!r} has no authoritative zone {zone!r} (nor one above it) for the host records; create "
-            "the zone on the grid, fix spec.hostRecord.dnsZone, or set spec.hostRecord.configureForDNS to false"
-        ),
+    message = (
+        f"DNS view {view!r} has no authoritative zone {zone!r} (nor one above it) for the host records; create the "
+        "zone on the grid, fix spec.hostRecord.dnsZone, or set spec.hostRecord.configureForDNS to false"
     )
+    return False, "DNSZoneNotFound", message
 
 
 def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> AddressCounts:
@@ -197,21 +174,15 @@ async def _missing_target(client: WapiClient, target: Target, view: str) -> Verd
         obj_type = "network" if target.version == 4 else "ipv6network"
         if await client.search(obj_type, ["network"], {"network": target.argument, "network_view": view}):
             return None
-        return (
-            False,
-            "NetworkNotFound",
-            f"network {target.argument} does not exist in network view {view!r}; create it on the grid or fix "
-            "spec.subnets",
-        )
-    first, last = target.argument.split("-")
-    if await client.search("range", ["start_addr"], {"start_addr": first, "end_addr": last, "network_view": view}):
-        return None
-    return (
-        False,
-        "RangeNotFound",
-        f"DHCP range {target.argument} does not exist in network view {view!r}; create it on the grid or fix "
-        "spec.ranges",
-    )
+        where = f"network {target.argument}"
+        reason, field = "NetworkNotFound", "spec.subnets"
+    else:
+        first, last = target.argument.split("-")
+        query = {"start_addr": first, "end_addr": last, "network_view": view}
+        if await client.search("range", ["start_addr"], query):
+            return None
+        where, reason, field = f"DHCP range {target.argument}", "RangeNotFound", "spec.ranges"
+    return False, reason, f"{where} does not exist in network view {view!r}; create it on the grid or fix {field}"
 
 
 def written_attributes(pool: Pool) -> dict[str, set[str]]:
@@ -240,16 +211,13 @@ async def restricted_attribute(pool: Pool, client: WapiClient) -> Verdict | None
         if not refused:
             continue
         own = " or remove it from spec.extensibleAttributes," if name in pool.spec.extensible_attributes else ""
-        return (
-            False,
-            "ExtensibleAttributeNotAllowed",
-            (
-                f"the grid's definition of extensible attribute {name} allows it only on {', '.join(allowed)} "
-                f"(allowed_object_types), but this pool writes it on {', '.join(refused)} objects, which the grid "
-                f"refuses; add {' and '.join(refused)} to the definition's allowed object types in Grid Manager "
-                f"(Administration > Extensible Attributes),{own} or clear the restriction"
-            ),
+        message = (
+            f"the grid's definition of extensible attribute {name} allows it only on {', '.join(allowed)} "
+            f"(allowed_object_types), but this pool writes it on {', '.join(refused)} objects, which the grid "
+            f"refuses; add {' and '.join(refused)} to the definition's allowed object types in Grid Manager "
+            f"(Administration > Extensible Attributes),{own} or clear the restriction"
         )
+        return False, "ExtensibleAttributeNotAllowed", message
     return None
 
 
@@ -259,13 +227,9 @@ def view_binding(view: str, bound: object, network_view: str, field: str) -> Ver
     if not isinstance(bound, str) or not bound or bound == network_view:
         return None
     own_view = "default" if network_view == "default" else f"default.{network_view}"
-    return (
-        False,
-        "DNSViewNotInNetworkView",
-        (
-            f"DNS view {view!r} belongs to network view {bound!r}, not to the pool's network view {network_view!r}, "
-            f"and a host record takes its addresses from its DNS view's network view; set {field} to a DNS view "
-            f"of network view {network_view!r} (such as {own_view!r}, which NIOS creates with it), or fix "
-            "spec.networkView"
-        ),
+    message = (
+        f"DNS view {view!r} belongs to network view {bound!r}, not to the pool's network view {network_view!r}, "
+        f"and a host record takes its addresses from its DNS view's network view; set {field} to a DNS view "
+        f"of network view {network_view!r} (such as {own_view!r}, which NIOS creates with it), or fix spec.networkView"
     )
+    return False, "DNSViewNotInNetworkView", message

@@ -6,26 +6,21 @@ Contract:
   not finish within `call_timeout` is abandoned (its thread still ends on the HTTP timeout) and reported as
   `Problem.UNKNOWN_OUTCOME`. Every request carries the controller's User-Agent.
 - Every failure surfaces as `WapiError` with a `Problem` and a `detail` that is safe to show: the grid's own error
-  `text`, or a short description. Credentials are never part of it (infoblox-client keeps them in the session's
-  auth, never in URLs; library exception strings, which embed URLs and bodies, are never passed on).
-- `search` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or timed-out
-  requests; `create` is tried once, because a lost POST may have been committed: the caller decides (see
-  `backends.infoblox.allocator`).
-- A search sends exactly one GET per attempt and per page: it builds the URL and sends the request with the
-  Connector's own session, URL builder and reply checks, but not through `Connector.get_object`, which re-sends a
-  failing GET up to four times without delay and keeps the page cursor in shared state. A paged search that fails
-  on any page is retried from its first page, so an answer is always complete (a later page refused, which can only
-  be its page cursor, counts as transient); `before_page` (a pacer) is awaited
-  before each page's GET, retries included. A 401 while the session holds a
-  cookie is answered by one fresh login (the grid may have ended the session), as infoblox-client does.
-- Never uses infoblox-client's `check_if_exists` (broken for `func:` values) nor a GET by reference (it cannot tell
-  404 from 503 to the caller); existence is asked with searches, which answer `[]`.
-- `close()` may be called while calls are still queued: they run to completion (nothing is cancelled under a
-  caller), and a call made after `close()` fails with a transient `WapiError`. Callers that replace a client while
-  it may be in use close it only after `longest_call_seconds`.
-- Every HTTP request the Connector's session sends is counted in
-  `ipam_provider_backend_requests_total{backend="infoblox"}` and timed, under the method and the WAPI object type
-  (`GET network`, `POST record:host`, `DELETE fixedaddress`), never a reference or a query value.
+  `text`, or a short description; never credentials, nor library exception strings (which embed URLs and bodies).
+- `search`, `update` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or
+  timed-out requests; `create` is tried once, because a lost POST may have been committed: the caller decides.
+- A search sends exactly one GET per attempt and per page, with the Connector's own session, URL builder and reply
+  checks, but not through `Connector.get_object` (which re-sends a failing GET up to four times without delay and
+  keeps the page cursor in shared state). A paged search that fails on any page is retried from its first page, so
+  an answer is always complete (a later page refused, which can only be its page cursor, counts as transient);
+  `before_page` is awaited before each page's GET, retries included. A 401 while the session holds a cookie is
+  answered by one fresh login (the grid may have ended the session). Existence is asked with searches, which
+  answer `[]`, never with `check_if_exists` (broken for `func:` values) nor a GET by reference (404 and 503 look
+  alike to the caller).
+- `close()` may be called while calls are still queued: they run to completion, and a call made after `close()`
+  fails with a transient `WapiError`. Callers that replace a client close it only after `longest_call_seconds`.
+- Every HTTP request is counted in `ipam_provider_backend_requests_total{backend="infoblox"}` and timed, under the
+  method and the WAPI object type (`GET network`, `POST record:host`), never a reference or a query value.
 """
 
 from __future__ import annotations
@@ -54,6 +49,7 @@ from ipam_provider.runtime.user_agent import user_agent
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+BeforePage = Callable[[], Awaitable[None]]
 PAGE_SIZE = 1000
 BACKEND = "infoblox"  # the `backend` label of the request metrics: the entry-point name
 _WAPI_PATH = re.compile(r"/wapi/v[0-9.]+/([a-z][a-z0-9_:]*)(?:/|$)")
@@ -103,28 +99,16 @@ class WapiClient:
     """One grid, one infoblox-client Connector (thread-safe, shared by the pool's threads)."""
 
     def __init__(
-        self,
-        options: Mapping[str, Any],
-        *,
-        max_workers: int,
-        request_timeout: float,
-        retry: RetryPolicy,
-        label: str,
+        self, options: Mapping[str, Any], *, max_workers: int, request_timeout: float, retry: RetryPolicy, label: str
     ) -> None:
         self.label = label
         self.retry = retry
         # A failing GET may cost four HTTP requests (infoblox-client's own retries), each bounded by the timeout.
         self.call_timeout = request_timeout * 4 + 5
-        self._connector = ib_connector.Connector(
-            {
-                **options,
-                "http_request_timeout": request_timeout,
-                "http_pool_connections": max_workers,
-                "http_pool_maxsize": max_workers,
-                "max_retries": 1,  # urllib3: re-sends only idempotent requests (never a POST)
-                "paging": False,
-            }
-        )
+        pool = {"http_pool_connections": max_workers, "http_pool_maxsize": max_workers}
+        # urllib3's max_retries re-sends only idempotent requests (never a POST)
+        settings = {"http_request_timeout": request_timeout, **pool, "max_retries": 1, "paging": False}
+        self._connector = ib_connector.Connector({**options, **settings})
         self._connector.session.headers["User-Agent"] = user_agent("infoblox-client")
         for prefix, adapter in list(self._connector.session.adapters.items()):
             self._connector.session.mount(prefix, _ObservedAdapter(adapter))
@@ -177,7 +161,7 @@ class WapiClient:
         extattrs: Mapping[str, str] | None = None,
         *,
         page_size: int | None = None,
-        before_page: Callable[[], Awaitable[None]] | None = None,
+        before_page: BeforePage | None = None,
     ) -> list[Object]:
         """Objects of `obj_type` matching `params` (field filters) and `extattrs` (`*Name=value`); [] if none.
         With a `page_size`, WAPI paging (`page_size` objects a page), awaiting `before_page` before each page."""
@@ -192,11 +176,7 @@ class WapiClient:
         )
 
     async def _all_pages(
-        self,
-        obj_type: str,
-        query: Mapping[str, Any],
-        eas: Mapping[str, Any],
-        before_page: Callable[[], Awaitable[None]] | None,
+        self, obj_type: str, query: Mapping[str, Any], eas: Mapping[str, Any], before_page: BeforePage | None
     ) -> list[Object]:
         found: list[Object] = []
         page_id: str | None = None

@@ -1,49 +1,58 @@
-"""From an InfobloxInstance to a cached, checked connection to its grid, and the instance's `Ready` condition.
+"""From an InfobloxInstance and its Secrets to a cached, checked connection to its grid, and the instance's `Ready`
+condition.
 
 Contract:
-- `Connections.connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets (see
-  `credentials`) at most once per `instance_cache_seconds`; the connection (its Connector, thread pool and private
-  files) is rebuilt when the instance's generation or either Secret's resourceVersion changes. A replaced or
-  dropped connection is closed only once every call it may be serving has ended (`Retiring`): after the longest a
-  call on it can take (`client.longest_call_seconds`), or at once when the process stops. An instance that is
-  missing, or whose spec or Secrets cannot be used, raises `InstanceProblem`; the problem is also written to the
-  instance's status when the instance exists.
+- `Connections.connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets at
+  most once per `instance_cache_seconds`: its credentials Secret (`username` and `password`, or `clientCert`/
+  `tls.crt` and `clientKey`/`tls.key`) and its CA bundle (`caBundle`, or the key of `caBundleSecretRef`). The
+  connection (its Connector, thread pool and private files) is rebuilt when the instance's generation or either
+  Secret's resourceVersion changes; a replaced or dropped one is closed after the longest a call on it can take
+  (`client.longest_call_seconds`), or at once when the process stops. A missing instance, or one whose spec or
+  Secrets cannot be used, raises `InstanceProblem` (a condition reason and message), also written to the instance's
+  status when it exists. Credentials only ever go into the Connector options (and, for a client certificate or a
+  CA bundle, 0600 files of a private 0700 temporary directory, removed with the connection, or at once if reading
+  fails); never into a log, a condition or an exception.
 - `GridHealth.health(connection)` checks the grid (reachability, TLS, credentials, the default network view, a
-  default DNS view other than NIOS's built-in one, the ownership extensible-attribute definitions, created when
-  missing if the instance allows it; so is the optional CAPI-Cluster-Identity, whose absence is no failure:
+  default DNS view other than NIOS's built-in one, the extensible-attribute definitions this backend writes,
+  created when missing if the instance allows it; the optional CAPI-Cluster-Identity's absence is no failure:
   `Health.ea_names` says whether it is defined). Results are cached on the connection: long when healthy, short
   when not. A grid that refuses the credentials is asked again later and later (the short wait doubling, up to
-  `auth_failed_max_recheck_seconds`), since a real grid may lock the account; a changed Secret builds a new
-  connection, which is checked at once. `refused(connection)` answers that cached refusal while it stands, so that
-  other paths (releases) do not ask the grid with credentials it refused either. `failed(connection, error)`
-  records a call's failure that concerns the whole instance (`INSTANCE_WIDE`: credentials, TLS, reachability);
+  `auth_failed_max_recheck_seconds`), since a real grid may lock the account. `refused(connection)` answers that
+  cached refusal while it stands, so that releases do not ask the grid with credentials it refused either.
+  `failed(connection, error)` records a call's failure that concerns the whole instance (`INSTANCE_WIDE`);
   `translate` turns any WAPI failure into a BackendError for people.
-- `InstanceStatus.publish` writes an instance's `Ready` condition (status subresource) only when it changes, and
-  keeps the object the API server answers; an instance never read is not written to. A failed write is logged,
-  never raised: the condition is written again with the next change.
+- `InstanceStatus.publish` writes an instance's `Ready` condition (status subresource) only when it changes; an
+  instance never read is not written to. A failed write is logged, never raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import os
+import ssl
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
 from backends.infoblox.client import PAGE_SIZE, Problem, WapiClient, WapiError
-from backends.infoblox.credentials import InstanceProblem, Material, read_material
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool
+from backends.validation import spec_error
 from ipam_provider.api.meta import Condition, set_condition
 from ipam_provider.backend.contract import AllocationFailedError, BackendError, PoolNotReadyError
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import SECRETS
 
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
@@ -81,10 +90,116 @@ class Connection:
     def network_view(self, pool: Pool) -> str:
         return pool.spec.network_view or self.spec.default_network_view
 
+    def dns_view(self, pool: Pool) -> str:
+        settings = pool.spec.host_record
+        return (settings.dns_view if settings else None) or self.spec.default_dns_view
+
     async def close(self) -> None:
         await self.client.close()
         if self.files is not None:
             self.files.cleanup()
+
+
+class InstanceProblem(Exception):
+    """An InfobloxInstance that cannot be used; `reason` and `message` go into conditions."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class Material:
+    """What a connection to one instance is built from."""
+
+    key: tuple[str, ...]  # instance uid and generation, Secret resourceVersions: a change means a new connection
+    spec: InstanceSpec
+    options: dict[str, Any]  # the Connector's
+    secret: str  # "<namespace>/<name>" of the credentials Secret, for messages
+    files: tempfile.TemporaryDirectory[str] | None  # the private files the options name
+
+
+async def read_material(kube: KubeClient, instance: Object) -> Material:
+    """What a connection to `instance` needs; private files are removed again if reading fails."""
+    try:
+        spec = InstanceSpec.model_validate(instance.get("spec") or {})
+    except ValidationError as error:
+        raise InstanceProblem("InvalidConfiguration", spec_error(error)) from error
+    ref = spec.credentials_secret_ref
+    secret_label = f"{ref.namespace}/{ref.name}"
+    secret = await kube.get(SECRETS, ref.name, ref.namespace)
+    if secret is None:
+        raise InstanceProblem(
+            "CredentialsNotFound", f"Secret {secret_label} (spec.credentialsSecretRef) was not found; create it"
+        )
+    data = _decode(secret)
+    pem, ca_version = (None, "") if spec.insecure_skip_verify else await _ca_bundle(kube, spec)
+    if pem is not None:
+        try:
+            ssl.create_default_context(cadata=pem)
+        except (ssl.SSLError, ValueError) as error:
+            raise InstanceProblem("InvalidCABundle", "the CA bundle holds no readable PEM certificate") from error
+    options: dict[str, Any] = {"host": spec.netloc, "wapi_version": spec.wapi_version}
+    cert = data.get("clientCert") or data.get("tls.crt")
+    key = data.get("clientKey") or data.get("tls.key")
+    use_password = bool(data.get("username") and data.get("password"))
+    if not use_password and not (cert and key):
+        raise InstanceProblem(
+            "InvalidCredentials",
+            f"Secret {secret_label} (spec.credentialsSecretRef) holds neither username and password nor clientCert "
+            "and clientKey",
+        )
+    files = None
+    if pem is not None or not use_password:
+        files = tempfile.TemporaryDirectory(prefix="ipam-infoblox-")  # 0700, removed with the connection
+    if use_password:
+        options["username"] = data["username"].decode("utf-8", "replace")
+        options["password"] = data["password"].decode("utf-8", "replace")
+    elif files is not None and cert and key:
+        options["cert"] = _private_file(files.name, "client.crt", cert)
+        options["key"] = _private_file(files.name, "client.key", key)
+    if spec.insecure_skip_verify:
+        options["ssl_verify"] = False
+    elif pem is None:
+        options["ssl_verify"] = True  # the CAs requests trusts (certifi, or REQUESTS_CA_BUNDLE)
+    elif files is not None:
+        options["ssl_verify"] = _private_file(files.name, "ca.crt", pem.encode())
+    meta = instance["metadata"]
+    key_parts = (str(meta.get("uid")), str(meta.get("generation")), str(secret["metadata"]["resourceVersion"]))
+    return Material((*key_parts, ca_version), spec, options, secret_label, files)
+
+
+async def _ca_bundle(kube: KubeClient, spec: InstanceSpec) -> tuple[str | None, str]:
+    """The instance's CA bundle (None: the default trust store) and the resourceVersion of its Secret, if any."""
+    if spec.ca_bundle:
+        return spec.ca_bundle, ""
+    ref = spec.ca_bundle_secret_ref
+    if ref is None:
+        return None, ""
+    secret = await kube.get(SECRETS, ref.name, ref.namespace)
+    if secret is None:
+        raise InstanceProblem("InvalidCABundle", f"CA bundle Secret {ref.namespace}/{ref.name} was not found")
+    value = _decode(secret).get(ref.key)
+    if not value:
+        raise InstanceProblem("InvalidCABundle", f"CA bundle Secret {ref.namespace}/{ref.name} has no key {ref.key!r}")
+    return value.decode("utf-8", "replace"), str(secret["metadata"]["resourceVersion"])
+
+
+def _decode(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    decoded: dict[str, bytes] = {}
+    for key, value in (secret.get("data") or {}).items():
+        with contextlib.suppress(binascii.Error, ValueError, TypeError):
+            decoded[key] = base64.b64decode(value)
+    return decoded
+
+
+def _private_file(directory: str, name: str, content: bytes) -> str:
+    path = os.path.join(directory, name)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(content)
+    return path
 
 
 class InstanceStatus:
@@ -131,7 +246,7 @@ class Connections:
         self._status = status
         self._connections: dict[str, Connection] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._retiring = Retiring()
+        self._closing: dict[asyncio.Task[None], Connection] = {}  # replaced ones, closed once their calls ended
 
     async def connect(self, name: str) -> Connection:
         async with self._locks[name]:
@@ -159,12 +274,8 @@ class Connections:
             connection = self._connection(name, material)
             self._retire(name)
             self._connections[name] = connection
-            log.info(
-                "connection to grid built",
-                instance=name,
-                host=connection.spec.netloc,
-                wapi=connection.spec.wapi_version,
-            )
+            spec = material.spec
+            log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
             return connection
 
     def _connection(self, name: str, material: Material) -> Connection:
@@ -181,27 +292,14 @@ class Connections:
     def _retire(self, name: str) -> None:
         connection = self._connections.pop(name, None)
         if connection is not None:
-            self._retiring.retire(connection)
+            task = asyncio.get_running_loop().create_task(_close_later(connection))
+            self._closing[task] = connection
+            task.add_done_callback(lambda done: self._closing.pop(done, None))
 
     async def close(self) -> None:
         """Close every connection now, retired ones included (the process is stopping)."""
         for name in list(self._connections):
             self._retire(name)
-        await self._retiring.close()
-
-
-class Retiring:
-    """The connections waiting to be closed."""
-
-    def __init__(self) -> None:
-        self._closing: dict[asyncio.Task[None], Connection] = {}
-
-    def retire(self, connection: Connection) -> None:
-        task = asyncio.get_running_loop().create_task(_close_later(connection))
-        self._closing[task] = connection
-        task.add_done_callback(lambda done: self._closing.pop(done, None))
-
-    async def close(self) -> None:
         for task, connection in list(self._closing.items()):
             task.cancel()
             await connection.close()

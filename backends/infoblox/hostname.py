@@ -1,14 +1,10 @@
 """The host name of a host record: the claim's name, or the name of the Machine that owns the claim.
 
-The Machine is found by following ownerReferences from the claim, breadth-first and controller references first,
-at most `depth` levels: a claim made by an infrastructure provider is typically owned by an infrastructure object
-(a VSphereVM, a Metal3Data, ...) that is owned, directly or through another, by a cluster.x-k8s.io Machine. An
-owner that is not a Machine is read from the API server to learn its own owners: its resource is the owner's
-apiVersion and the plural of its kind (lower case, English plural), in the claim's namespace. Reading it needs
-`get` on that resource (add it to the ClusterRole for your infrastructure provider's kinds); an owner that cannot
-be read is skipped.
-
-The name is lower-cased and must be a DNS name by length (`host_fqdn`).
+The Machine is found by following ownerReferences from the claim, breadth-first and controller references first, at
+most `depth` levels (an infrastructure provider's claim is typically owned by an infrastructure object that a
+cluster.x-k8s.io Machine owns, directly or through another). An owner that is not a Machine is read from the API
+server, in the claim's namespace, as the plural of its kind in its apiVersion (this needs `get` on that resource in
+the ClusterRole); an owner that cannot be read is skipped. The name is lower-cased and must be a DNS name by length.
 """
 
 from __future__ import annotations

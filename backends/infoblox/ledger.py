@@ -1,31 +1,27 @@
-"""The grid objects this backend owns, how to reach them, and the per-pool index of them.
+"""The grid objects this backend owns, the per-pool index of them, and how a pool's grid is reached.
 
 Contract:
-- Every object this backend makes (a fixedaddress, ipv6fixedaddress or record:host) carries the ownership
-  extensible attributes: CAPI-Claim-UID (the claim's uid: the one attribute ownership is decided on),
-  CAPI-Claim-Namespace, CAPI-Claim-Name, CAPI-Cluster-Name (when the claim names a cluster), CAPI-Pool
-  (`<namespace>/<pool name>`, what the per-pool index searches on) and the pool's own extra attributes. A gateway
-  reservation carries CAPI-Pool only (`gateway_marks`).
-- `ClusterStamp.marks(connection)`: what every object made or re-keyed carries besides: `{CAPI-Cluster-Identity:
-  <identity>}` when the backend knows its management cluster's identity and the grid defines the attribute (as the
-  connection's last grid check found), else nothing (NIOS refuses an undefined attribute). `judge(obj)` says how
-  the repair loop may treat one of our objects: OURS (stamped with our identity, or the backend knows no identity),
-  UNSTAMPED (no identity: listed, never released) or OTHER (another management cluster's: not listed). `advisory`
-  is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the pool stays Ready)
-  while the grid does not define the attribute, saying that leaks are then only reported.
-- A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `owned` finds them with an attribute search
-  (`*CAPI-Claim-UID=<uid>`, one GET per object type, [] when there are none) and checks the attribute again on every
-  object answered. `release` deletes what `owned` answers and nothing else: the IPAddress's ref annotation only
-  chooses the object type searched first, and the object it names is deleted only if the search answers it too, so
-  an edited annotation or a reference the grid re-used for a new object is never deleted. A 404 on DELETE counts
-  as released.
-- The index (`index`, one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, and every
-  `index_resync_seconds`, or when the pool moves to another instance) maps claim uids to the objects they own. Each
+- Every object made for a claim (a fixedaddress, ipv6fixedaddress or record:host) carries the ownership extensible
+  attributes: CAPI-Claim-UID (the one attribute ownership is decided on), CAPI-Claim-Namespace, CAPI-Claim-Name,
+  CAPI-Cluster-Name (when the claim names a cluster), CAPI-Pool (`<namespace>/<pool name>`, what the index searches
+  on), the pool's own extra attributes, and CAPI-Cluster-Identity when the backend knows its management cluster's
+  identity and the grid defines the attribute (`ClusterStamp.marks`; NIOS refuses an undefined attribute). A
+  gateway reservation carries CAPI-Pool only.
+- `ClusterStamp.judge(obj)` says how the repair loop may treat one of our objects: OURS (stamped with our identity,
+  or the backend knows no identity), UNSTAMPED (listed, never released) or OTHER (another management cluster's: not
+  listed). `advisory` is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the
+  pool stays Ready) while the grid does not define the attribute, saying that leaks are then only reported.
+- A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `owned` finds them (`*CAPI-Claim-UID=<uid>`, one
+  GET per object type, [] when there are none) and checks the attribute again on every object answered. `release`
+  deletes what `owned` answers and nothing else: the IPAddress's ref annotation only chooses the object type
+  searched first, so an edited annotation or a reference NIOS re-used for a new object is never deleted. A 404 on
+  DELETE counts as released.
+- The index (`index`: one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, again every
+  `index_resync_seconds` or when the pool moves to another instance) maps claim uids to the objects they own. Each
   write updates it in the same method: `post` records the new object as the claim's only one, `rekey` the re-keyed
   one, `delete` drops the deleted reference, `release` drops the claim and makes full subnets worth asking again.
 - `pool_connection` answers the parsed pool and its instance's connection, or PoolNotReadyError when either cannot
-  be used now (an instance whose credentials were refused is not asked again before its re-check is due);
-  `translate` turns WAPI failures into BackendErrors for people.
+  be used now (an instance whose credentials were refused is not asked again before its re-check is due).
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ from typing import Any
 import structlog
 
 from backends.infoblox.client import PAGE_SIZE, Problem, WapiError
-from backends.infoblox.connections import Connection, Connections, GridHealth
-from backends.infoblox.credentials import InstanceProblem
+from backends.infoblox.connections import Connection, Connections, GridHealth, InstanceProblem
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
     ANNOTATION_REF,
@@ -55,7 +50,6 @@ from backends.infoblox.spec import (
     HOST_RECORD,
     Pool,
     PoolSpecError,
-    Target,
     parse_pool,
 )
 from ipam_provider.backend.contract import (
@@ -188,69 +182,19 @@ def version_of(address: str) -> int | None:
         return None
 
 
-def next_available(target: Target, network_view: str) -> str:
-    return f"func:nextavailableip:{target.argument},{network_view}"
-
-
 def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return {name: {"value": value} for name, value in eas.items()}
 
 
-@dataclass(frozen=True)
-class Marks:
-    """What an object this backend writes carries besides its address: its extensible attributes, its comment,
-    and the identity an ipv6fixedaddress's DUID is derived from."""
-
-    extattrs: Mapping[str, str]
-    comment: str
-    identity: str
-
-
-def claim_marks(pool: Pool, claim: ClaimContext, stamp: Mapping[str, str], *, requested: bool = False) -> Marks:
-    """The marks of an object held for `claim`: the pool's own attributes, `stamp` and the ownership attributes;
-    an object made for a requested address says so in its comment (`GridObject.requested`)."""
-    eas = {**pool.spec.extensible_attributes, **stamp}
-    eas.update(
-        {EA_CLAIM_UID: claim.uid, EA_CLAIM_NAMESPACE: claim.namespace, EA_CLAIM_NAME: claim.name, EA_POOL: pool.label}
-    )
-    if claim.cluster_name:
-        eas[EA_CLUSTER_NAME] = claim.cluster_name
-    lead = REQUESTED_COMMENT if requested else "Cluster API IPAddressClaim "
-    return Marks(eas, f"{lead}{claim.namespace}/{claim.name}"[:256], claim.uid)
-
-
-def gateway_marks(pool: Pool) -> Marks:
-    """The marks of the reservation that keeps the pool's gateway from being handed out: CAPI-Pool only."""
-    comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
-    return Marks({EA_POOL: pool.label}, comment, pool.uid)
-
-
-def fixed_payload(pool: Pool, address: str, network_view: str, marks: Marks) -> dict[str, Any]:
+def fixed_payload(version: int, address: str, view: str, eas: Mapping[str, str], comment: str, identity: str) -> Object:
     """A fixedaddress (MAC of zeros: a reservation no DHCP client matches) or an ipv6fixedaddress (a DUID-UUID
-    derived from the marks' identity, so that no two objects share one)."""
-    payload: dict[str, Any] = {
-        "network_view": network_view,
-        "comment": marks.comment,
-        "extattrs": wapi_extattrs(marks.extattrs),
-    }
-    if pool.version == 4:
+    derived from `identity`, so that no two objects share one)."""
+    payload: Object = {"network_view": view, "comment": comment, "extattrs": wapi_extattrs(eas)}
+    if version == 4:
         payload.update(ipv4addr=address, mac=ZERO_MAC)
     else:
-        payload.update(ipv6addr=address, duid=duid_for(marks.identity))
+        payload.update(ipv6addr=address, duid=duid_for(identity))
     return payload
-
-
-def host_payload(pool: Pool, address: str, fqdn: str, dns_view: str, marks: Marks) -> dict[str, Any]:
-    """A record:host named `fqdn` in `dns_view`, registered in DNS as the pool's hostRecord.configureForDNS says."""
-    assert pool.spec.host_record is not None
-    return {
-        "name": fqdn,
-        "view": dns_view,
-        "configure_for_dns": pool.spec.host_record.configure_for_dns,
-        f"{address_field(pool.version)}s": [{address_field(pool.version): address}],
-        "comment": marks.comment,
-        "extattrs": wapi_extattrs(marks.extattrs),
-    }
 
 
 def duid_for(identity: str) -> str:
@@ -323,14 +267,21 @@ class PoolIndex:
 
 @dataclass(frozen=True)
 class Allocating:
-    """One claim's business with its pool's objects: the pool, the connection to its grid, the pool's index, the
-    claim and the network view."""
+    """One claim's business with its pool's objects: the pool, the connection to its grid, the pool's index and the
+    claim."""
 
     pool: Pool
     connection: Connection
     index: PoolIndex
     claim: ClaimContext
-    network_view: str
+
+    @property
+    def network_view(self) -> str:
+        return self.connection.network_view(self.pool)
+
+    @property
+    def log(self) -> Any:
+        return log.bind(claim=str(self.claim), pool=str(self.pool.ref))
 
 
 class Ledger:
@@ -429,9 +380,9 @@ class Ledger:
             ]
         return found
 
-    async def holders(self, connection: Connection, pool: Pool, view: str, address: str) -> list[GridObject]:
-        """The fixed addresses and host records at `address` in network view `view` (two searches)."""
-        query = {address_field(pool.version): address, "network_view": view}
+    async def holders(self, connection: Connection, pool: Pool, address: str) -> list[GridObject]:
+        """The fixed addresses and host records at `address` in the pool's network view (two searches)."""
+        query = {address_field(pool.version): address, "network_view": connection.network_view(pool)}
         found: list[GridObject] = []
         for obj_type in (fixed_type(pool.version), HOST):
             for raw in await connection.client.search(obj_type, RETURN_FIELDS[obj_type], query):
@@ -440,27 +391,47 @@ class Ledger:
                     found.append(obj)
         return found
 
-    async def post(self, job: Allocating, obj_type: str, payload: Mapping[str, Any]) -> GridObject:
-        """One POST of the claim's object, recorded as the claim's only one; WapiError when the grid refuses."""
-        raw = await job.connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
+    async def post(self, job: Allocating, address: str, hostname: str | None, *, requested: bool = False) -> GridObject:
+        """One POST of the claim's object at `address` (literal or func:), recorded as the claim's only one; a host
+        record is named `hostname`, and an object made for a requested address says so in its comment
+        (`GridObject.requested`). WapiError when the grid refuses."""
+        pool, claim, connection = job.pool, job.claim, job.connection
+        eas = {**pool.spec.extensible_attributes, **self.stamp.marks(connection), EA_CLAIM_UID: claim.uid}
+        eas.update({EA_CLAIM_NAMESPACE: claim.namespace, EA_CLAIM_NAME: claim.name, EA_POOL: pool.label})
+        if claim.cluster_name:
+            eas[EA_CLUSTER_NAME] = claim.cluster_name
+        comment = f"{REQUESTED_COMMENT if requested else 'Cluster API IPAddressClaim '}{claim}"[:256]
+        obj_type = object_type(pool)
+        if obj_type != HOST:
+            payload = fixed_payload(pool.version, address, job.network_view, eas, comment, claim.uid)
+        else:
+            assert pool.spec.host_record is not None and hostname is not None
+            field = address_field(pool.version)
+            payload = {"name": hostname, "view": connection.dns_view(pool)}
+            payload.update(
+                configure_for_dns=pool.spec.host_record.configure_for_dns, **{f"{field}s": [{field: address}]}
+            )
+            payload.update(comment=comment, extattrs=wapi_extattrs(eas), network_view=job.network_view)
+        raw = await connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
         obj = parse_object(obj_type, raw)
         if obj is None:
             raise WapiError(Problem.REFUSED, f"the grid answered a {obj_type} without an address")
-        job.index.by_claim[job.claim.uid] = [obj]
+        job.index.by_claim[claim.uid] = [obj]
         return obj
+
+    async def post_gateway(self, job: Allocating, gateway: str) -> None:
+        """One POST of the fixed address that keeps the pool's gateway from being handed out (CAPI-Pool only)."""
+        pool = job.pool
+        comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
+        payload = fixed_payload(pool.version, gateway, job.network_view, {EA_POOL: pool.label}, comment, pool.uid)
+        await job.connection.client.create(fixed_type(pool.version), payload, ["network_view"])
 
     async def rekey(self, job: Allocating, obj: GridObject) -> GridObject:
         """Re-key `obj` (one of ours recording the claim under an earlier uid) to the claim, stamped (one PUT),
         recorded as the claim's only object."""
         extattrs = {**obj.extattrs, **self.stamp.marks(job.connection), EA_CLAIM_UID: job.claim.uid}
         await job.connection.client.update(obj.ref, {"extattrs": wapi_extattrs(extattrs)})
-        log.info(
-            "grid object re-keyed to the claim's new UID",
-            claim=str(job.claim),
-            pool=str(job.pool.ref),
-            ref=obj.ref,
-            previous_uid=obj.claim_uid,
-        )
+        job.log.info("grid object re-keyed to the claim's new UID", ref=obj.ref, previous_uid=obj.claim_uid)
         kept = GridObject(obj.ref, obj.obj_type, obj.address, extattrs, obj.name, obj.comment)
         job.index.by_claim[job.claim.uid] = [kept]
         return kept
@@ -480,9 +451,7 @@ class Ledger:
             job.index.by_claim.pop(job.claim.uid, None)
             return None
         job.index.by_claim[job.claim.uid] = found
-        log.info(
-            "lost allocation found on the grid", claim=str(job.claim), pool=str(job.pool.ref), address=found[0].address
-        )
+        job.log.info("lost allocation found on the grid", address=found[0].address)
         return found[0]
 
     async def release(
@@ -492,29 +461,18 @@ class Ledger:
         ref = allocation.annotations.get(ANNOTATION_REF) if allocation is not None else None
         family = types_for_version(version_of(allocation.address) if allocation is not None else None)
         first: Sequence[str] = (type_of_ref(ref),) if ref and type_of_ref(ref) in ALL_TYPES else family
+        bound = log.bind(claim=str(claim), pool=str(pool_ref))
         try:
             objects = await self.owned(connection, first, claim.uid)
             if not objects and first != family:  # recorded again as another type since, after the mode changed
                 objects = await self.owned(connection, [t for t in family if t not in first], claim.uid)
             for obj in objects:
                 deleted = await connection.client.delete(obj.ref)
-                log.info(
-                    "grid object released",
-                    claim=str(claim),
-                    pool=str(pool_ref),
-                    address=obj.address,
-                    ref=obj.ref,
-                    already_gone=not deleted,
-                )
+                bound.info("grid object released", address=obj.address, ref=obj.ref, already_gone=not deleted)
         except WapiError as error:
             raise await self.translate(connection, error, "release") from error
         if ref and ref not in {obj.ref for obj in objects}:
-            log.info(
-                "object named by the IPAddress is not owned by the claim (or is gone); left alone",
-                claim=str(claim),
-                pool=str(pool_ref),
-                ref=ref,
-            )
+            bound.info("object named by the IPAddress is not owned by the claim (or is gone); left alone", ref=ref)
         index = self._indexes.get(pool_ref)
         if index is not None:
             index.by_claim.pop(claim.uid, None)

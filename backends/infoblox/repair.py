@@ -2,32 +2,27 @@
 
 Contract:
 - `list_holdings`: every fixedaddress, ipv6fixedaddress and record:host in the pool's network view whose CAPI-Pool
-  attribute names the pool (`*CAPI-Pool=<namespace>/<name>`) and that carries CAPI-Claim-UID, one paged search per
-  object type (WAPI paging: `_paging=1`, `_return_as_object=1`, `_max_results`, then `_page_id`), with
-  `pacer.wait()` before every page's GET. All three types are listed so that objects made before the pool's mode or
-  family changed are found too. The gateway reservation (CAPI-Pool only) is not a holding. A failure on any page
-  (after the client's retries, which start again from the first page) raises BackendError: a pass never sees a
-  partial list. Holding: `address` the object's address, `claim` from CAPI-Claim-Namespace/CAPI-Claim-Name,
-  `claim_uid` from CAPI-Claim-UID, `handle` the object's `_ref`. Several management clusters may share the grid
-  (`ClusterStamp`): an object stamped with another cluster's CAPI-Cluster-Identity is not listed; one without any
-  identity is listed with `releasable` False (reported, never released).
+  names the pool and that carries CAPI-Claim-UID, one paged search per object type (all three, so that objects made
+  before the pool's mode or family changed are found too), with `pacer.wait()` before every page's GET. The gateway
+  reservation (CAPI-Pool only) is not a holding. A failure on any page (after the client's retries) raises
+  BackendError: a pass never sees a partial list. Holding: `address`, `claim` from CAPI-Claim-Namespace/
+  CAPI-Claim-Name, `claim_uid`, `handle` the object's `_ref`. An object stamped with another management cluster's
+  CAPI-Cluster-Identity is not listed; one without any identity is listed with `releasable` False.
 - `release_holding` never touches a holding that is not `releasable`. It searches the holding's CAPI-Claim-UID
-  afresh (one GET, as a claim's release does) and deletes the object only if that answer still holds it: the same
-  `_ref`, address, CAPI-Pool and uid, stamped with our identity. Anything else (gone, re-keyed, moved to another
-  pool, or a reference NIOS re-used for a new object) answers False; so does a 404 on the DELETE.
-- `restore` searches the address afresh (the fixed addresses and host records there in the pool's network view,
-  two GETs), never the pool index: an object of the claim there -> HELD; an address the pool cannot hand out (see
-  `outside_pool`) -> OUTSIDE; an object of ours recording the same claim namespace, name and pool under another uid
-  (a moved or restored claim) -> re-keyed to the claim and stamped with our identity, RECORDED; any other
-  object -> TAKEN, naming it; nothing -> the object a normal allocation makes (fixed address or host record, the
-  claim's attributes, the IPAddress's hostname for host records), posted at that literal address and kept only if
-  it is alone there at its check (the requested-address path's create-then-recheck) -> RECORDED. An object that
-  lost the check is deleted, the index forgets what it recorded for the claim, and the holder found is reported
-  (TAKEN). Nothing else is ever deleted or re-keyed.
-- `outside_pool` sends no request: an address outside every subnet and range of the pool as configured now, or
-  one the pool never hands out (a subnet's network, broadcast or subnet-router anycast address, or a gateway).
-- Grid failures become BackendError (`GridHealth.translate`); an instance whose credentials were refused is not
-  asked again before its re-check is due.
+  afresh (one GET) and deletes the object only if that answer still holds it: the same `_ref`, address, CAPI-Pool
+  and uid, stamped with our identity. Anything else (gone, re-keyed, moved to another pool, or a reference NIOS
+  re-used for a new object) answers False; so does a 404 on the DELETE.
+- `restore` searches the address afresh (two GETs), never trusting the pool index: an object of the claim there ->
+  HELD; an address the pool cannot hand out -> OUTSIDE; an object of ours recording the same claim namespace, name
+  and pool under another uid -> re-keyed to the claim, RECORDED; any other object -> TAKEN, naming it; nothing ->
+  the object a normal allocation makes (the IPAddress's hostname for host records), posted at that literal address
+  and kept only if it is alone there at its check (`Allocator.keep_alone`) -> RECORDED. An object that lost the
+  check is deleted, the index forgets the claim, and the holder found is reported (TAKEN). Nothing else is ever
+  deleted or re-keyed.
+- `outside_pool` (`outside_of`) sends no request: an address outside every subnet and range of the pool as
+  configured now, or one the pool never hands out (a network, broadcast or subnet-router anycast address, a gateway).
+- Grid failures become BackendError; an instance whose credentials were refused is not asked again before its
+  re-check is due.
 """
 
 from __future__ import annotations
@@ -126,7 +121,7 @@ class GridRepair:
         if address is None or ipaddress.ip_address(address).version != parsed.version:
             return Restore(RestoreOutcome.OUTSIDE, outside or f"not an IPv{parsed.version} address")
         try:
-            found = await self._ledger.holders(connection, parsed, connection.network_view(parsed), address)
+            found = await self._ledger.holders(connection, parsed, address)
             if held_by(found, claim) is not None or outside is not None:
                 return held_by(found, claim) or Restore(RestoreOutcome.OUTSIDE, str(outside))
             if found and not any(o.earlier_self(parsed, claim) for o in found):
@@ -160,13 +155,7 @@ class GridRepair:
             await self._allocator.keep_alone(job, address, kept)
         except AllocationFailedError as error:  # `kept` shared the address and was deleted
             return await self._after_losing(job, address, error.message)
-        log.info(
-            "allocation restored on the grid",
-            pool=str(job.pool.ref),
-            claim=str(job.claim),
-            address=address,
-            ref=kept.ref,
-        )
+        job.log.info("allocation restored on the grid", address=address, ref=kept.ref)
         return Restore(RestoreOutcome.RECORDED, f"{kept.obj_type} {kept.ref} {did}")
 
     async def _after_losing(self, job: Allocating, address: str, why: str) -> Restore:
@@ -174,7 +163,7 @@ class GridRepair:
         index forgets what it recorded for the claim, so that the claim's own path searches the grid rather than
         believe the claim holds the address."""
         self._ledger.forget_claim(job.pool.ref, job.claim.uid)
-        found = await self._ledger.holders(job.connection, job.pool, job.network_view, address)
+        found = await self._ledger.holders(job.connection, job.pool, address)
         mine = held_by(found, job.claim)
         if mine is not None:
             return mine

@@ -14,8 +14,7 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError
-from backends.infoblox.connections import Connections, InstanceStatus
-from backends.infoblox.credentials import InstanceProblem
+from backends.infoblox.connections import Connections, InstanceProblem, InstanceStatus
 from backends.infoblox.hostname import plural
 from backends.infoblox.ledger import duid_for
 from backends.infoblox.settings import InfobloxSettings
