@@ -37,6 +37,7 @@ def in_initial_list() -> bool:
     """Whether the handler now running was called for an object of its informer's first list."""
     return _INITIAL_LIST.get()
 
+
 WATCH_TIMEOUT = 300  # seconds a watch asks to be kept open before it is made again
 
 

@@ -1,26 +1,13 @@
-"""What the caches keep of each object: the fields the controller reads, nothing of the API server's bookkeeping.
-
-An object as the API server sends it carries `metadata.managedFields` (server-side apply's record of who set each
-field), often more than half of its size, and, when it was written with `kubectl apply`, a copy of itself in the
-`kubectl.kubernetes.io/last-applied-configuration` annotation. The controller reads neither, so every object is
-projected before a store keeps it (`Store.upsert`):
+"""What the caches keep of each object (`Store.upsert` projects every object before keeping it):
 
 - claims and IPAddresses (`project_claim`, `project_address`): apiVersion, kind, the metadata in `KEPT_METADATA`,
   spec and status whole;
-- Clusters (`project_cluster`): apiVersion, kind, the metadata in `KEPT_METADATA` and `spec.paused` (a Cluster's
-  spec and status, a topology above all, can be large, and only its pause state matters here);
-- pools (`project_pool`): the whole object less managedFields and the last-applied annotation, because backends
-  read their pools' spec, status and metadata as they please; anything else (`strip_bookkeeping`, a `Store`'s
-  default) likewise, without sharing its strings.
+- Clusters (`project_cluster`): apiVersion, kind, the metadata in `KEPT_METADATA` and `spec.paused`;
+- pools (`project_pool`) and anything else (`strip_bookkeeping`, a `Store`'s default): the whole object less
+  `metadata.managedFields`, `selfLink` and the last-applied annotation, which the controller never reads.
 
-The projections of claims, IPAddresses, Clusters and pools also share their strings: every key and every short string
-value is interned (`sys.intern`), so that the names every object repeats ("metadata", "poolRef", the namespace, the
-pool's name, "AddressAllocated", ...) exist once rather than once per object. A claim decoded from a watch event has
-its own copy of each: sharing them halves what its projection holds (docs/performance.md). Interned strings are
-freed with the last object that uses them.
-
-Projections never change the object they are given: they build a new one (sharing the pool's spec and status), so
-the full answer a write returned can still be used by its caller.
+Every projection but `strip_bookkeeping` interns its keys and short strings (`shared`), so that the names every
+object repeats exist once (docs/performance.md). A projection builds a new object; the one given is left as it is.
 """
 
 from __future__ import annotations
@@ -55,7 +42,7 @@ SHARED_LENGTH = 64  # longer strings (messages, JSON in annotations) are seldom 
 def shared(value: Any) -> Any:
     """A copy of the JSON value with every key and every string of at most SHARED_LENGTH characters interned."""
     kind = type(value)
-    if kind is dict:  # strings are interned inline: this runs for every object the caches take in
+    if kind is dict:
         return {
             intern(key): intern(item) if type(item) is str and len(item) <= SHARED_LENGTH else shared(item)
             for key, item in value.items()
@@ -111,8 +98,7 @@ def project_cluster(obj: Object) -> Object:
 
 
 def project_pool(obj: Object) -> Object:
-    """A pool as the caches keep it: the whole object less the bookkeeping, strings shared (a pool decoded from a
-    watch event holds 5.9 KB with its own copies of every key and condition reason, 2.6 KB so)."""
+    """A pool as the caches keep it: the whole object less the bookkeeping, strings shared."""
     projected: Object = shared(strip_bookkeeping(obj))
     return projected
 
