@@ -59,19 +59,19 @@ class Endpoints:
             metrics = options.metrics_bind
             if metrics is not None:
                 secure = (
-                    ServingCertificate.load(options.metrics_cert, options.metrics_tls)
-                    if options.metrics_secure
+                    ServingCertificate.load(options.metrics.cert, options.metrics.tls)
+                    if options.metrics.secure
                     else None
                 )
                 endpoint = MetricsEndpoint(secure)
                 try:
                     await endpoint.start(*metrics)
                 except OSError as error:
-                    raise _bind_error(options.metrics_address, options.metrics_flag, error) from None
+                    raise _bind_error(options.metrics.address, options.metrics.flag, error) from None
                 endpoints.metrics = endpoint
             webhook = options.webhook.bind
             if webhook is not None:
-                server = WebhookServer(ServingCertificate.load(options.webhook.cert, options.metrics_tls))
+                server = WebhookServer(ServingCertificate.load(options.webhook.cert, options.metrics.tls))
                 try:
                     await server.start(*webhook)
                 except OSError as error:

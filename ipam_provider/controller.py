@@ -28,11 +28,11 @@ from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
-from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.live import Scope
 from ipam_provider.runtime.cache.informer import Informer
+from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS

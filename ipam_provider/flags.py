@@ -14,11 +14,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ipam_provider.repair.settings import RepairSettings, add_repair_flags, repair_settings
+from ipam_provider.repair.pool import RepairSettings
 from ipam_provider.runtime.flagforms import (
     CLAIM_KIND,
     FlagError,
     go_bool,
+    go_duration,
     host_port,
     positive_duration,
     split_list,
@@ -26,24 +27,20 @@ from ipam_provider.runtime.flagforms import (
 )
 from ipam_provider.runtime.leader import JITTER_FACTOR
 from ipam_provider.runtime.logconfig import library_level
-from ipam_provider.runtime.serving.certificates import CertificateFiles
 from ipam_provider.runtime.serving.options import (
+    MetricsServing,
     WebhookServing,
     add_serving_flags,
     add_webhook_flags,
     metrics_serving,
     webhook_serving,
 )
-from ipam_provider.runtime.serving.tlsoptions import TlsOptions
 from ipam_provider.version import __version__
 
 DEFAULT_WORKERS = 8
 DEFAULT_SYNC_PERIOD = 600.0  # seconds; Cluster API managers' --sync-period=10m
-
-
-# --- the parser ------------------------------------------------------------------------------------------------
-
 NOT_ACTED_ON = "accepted, not acted on"
+REPAIR = RepairSettings()  # the defaults of the --repair-* flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "one IPAM never release each other's (default: the uid of the kube-system Namespace; set it when that "
         "cannot be read; docs/repair.md)",
     )
-
     _add_leader_election_flags(run)
-    add_repair_flags(run)
+    _add_repair_flags(run)
     add_serving_flags(run)
     add_webhook_flags(run)
     _add_logging_flags(run)
@@ -123,18 +119,22 @@ def _add_reconcile_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+_ELECTION_DURATIONS = (  # flag, default (seconds), help
+    ("--leader-elect-lease-duration", 15.0, "how long standbys wait before taking over a lease that was not renewed"),
+    ("--leader-elect-renew-deadline", 10.0, "the leader gives up (and exits 1) when it could not renew for this long"),
+    ("--leader-elect-retry-period", 2.0, "how often the leader renews and standbys try to acquire"),
+)
+
+
+def _bool_flag(group: argparse._ArgumentGroup, flag: str, help: str) -> None:
+    """A boolean flag in Go's forms: `--flag` or `--flag=true|false`, false when absent."""
+    group.add_argument(flag, nargs="?", const=True, default=False, type=go_bool, metavar="BOOL", help=help)
+
+
 def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
     """The leader-election flags, with client-go's durations."""
     election = run.add_argument_group("leader election")
-    election.add_argument(
-        "--leader-elect",
-        nargs="?",
-        const=True,
-        default=False,
-        type=go_bool,
-        metavar="BOOL",
-        help="run only while holding the leader lease",
-    )
+    _bool_flag(election, "--leader-elect", "run only while holding the leader lease")
     election.add_argument(
         "--leader-election-namespace", default="capi-ipam-system", metavar="NAMESPACE", help="the lease's namespace"
     )
@@ -144,27 +144,57 @@ def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
         metavar="[NAMESPACE/]NAME",
         help="the lease's name; a NAMESPACE/ prefix overrides --leader-election-namespace",
     )
-    election.add_argument(
-        "--leader-elect-lease-duration",
-        type=positive_duration,
-        default=15.0,
+    for flag, default, help in _ELECTION_DURATIONS:
+        election.add_argument(
+            flag, type=positive_duration, default=default, metavar="DURATION", help=f"{help} (default: {default:g}s)"
+        )
+
+
+def _add_repair_flags(run: argparse.ArgumentParser) -> None:
+    """The repair loop's flags (docs/repair.md)."""
+    repair = run.add_argument_group("repair loop (docs/repair.md)")
+    repair.add_argument(
+        "--repair-interval",
+        type=_non_negative_duration,
+        default=REPAIR.interval,
         metavar="DURATION",
-        help="how long standbys wait before taking over a lease that was not renewed (default: 15s)",
+        help="how often the leader compares every pool's backend allocations with the live IPAddresses and "
+        f"claims, and repairs the difference; 0 turns the repair loop off (default: {REPAIR.interval:g}s)",
     )
-    election.add_argument(
-        "--leader-elect-renew-deadline",
-        type=positive_duration,
-        default=10.0,
+    repair.add_argument(
+        "--repair-grace-period",
+        type=_non_negative_duration,
+        default=REPAIR.grace_period,
         metavar="DURATION",
-        help="the leader gives up (and exits 1) when it could not renew for this long (default: 10s)",
+        help="a suspected leak is released only once it stayed unaccounted for across two consecutive passes or "
+        f"more, the first at least this long ago (default: {REPAIR.grace_period:g}s)",
     )
-    election.add_argument(
-        "--leader-elect-retry-period",
-        type=positive_duration,
-        default=2.0,
-        metavar="DURATION",
-        help="how often the leader renews and standbys try to acquire (default: 2s)",
+    _bool_flag(repair, "--repair-report-only", "report suspected leaks (Events, metrics) and never release them")
+    repair.add_argument(
+        "--repair-requests-per-second",
+        type=_positive_rate,
+        default=REPAIR.requests_per_second,
+        metavar="N",
+        help="the pace of a repair pass's listing requests, to the backends and to the API server "
+        f"(default: {REPAIR.requests_per_second:g})",
     )
+
+
+def _non_negative_duration(text: str) -> float:
+    seconds = go_duration(text)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must not be negative")
+    return seconds
+
+
+def _positive_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate greater than zero (requests per second)")
+    return rate
 
 
 def _add_logging_flags(run: argparse.ArgumentParser) -> None:
@@ -188,41 +218,33 @@ def _add_logging_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+_IGNORED = {  # flag → (metavar, why it changes nothing here)
+    "--profiler-address": ("ADDRESS", "no pprof endpoint"),
+    "--feature-gates": ("NAME=BOOL,...", "there are no feature gates"),
+    "--webhook-cert-secret-name": ("VALUE", "the webhook's certificate is read from --webhook-cert-dir"),
+    "--webhook-cert-secret-namespace": ("VALUE", "the webhook's certificate is read from --webhook-cert-dir"),
+    "--tls-curve-preferences": (
+        "ID,...",
+        "Python's ssl module can restrict the key exchange to one curve only, not to a list; OpenSSL's default "
+        "groups are offered",
+    ),
+}
+
+
 def _add_ignored_flags(run: argparse.ArgumentParser) -> None:
     """Flags a CAPI manager is given that are accepted and not acted on."""
     ignored = run.add_argument_group(
         f"Cluster API manager flags that are {NOT_ACTED_ON}",
         "Taken so that a manager's usual command line starts; each one given is named in a warning at start-up.",
     )
-    ignored.add_argument("--profiler-address", metavar="ADDRESS", help="no pprof endpoint")
-    ignored.add_argument("--feature-gates", metavar="NAME=BOOL,...", help="there are no feature gates")
-    for name in ("--webhook-cert-secret-name", "--webhook-cert-secret-namespace"):
-        ignored.add_argument(name, metavar="VALUE", help="the webhook's certificate is read from --webhook-cert-dir")
-    ignored.add_argument(
-        "--tls-curve-preferences",
-        metavar="ID,...",
-        help="Python's ssl module can restrict the key exchange to one curve only, not to a list; OpenSSL's "
-        "default groups are offered",
-    )
+    for flag, (metavar, help) in _IGNORED.items():
+        ignored.add_argument(flag, metavar=metavar, help=help)
 
 
 def _verbosity(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a verbosity (0, 1, 2, ...)")
     return int(text)
-
-
-# Flags that never change anything here: (attribute, flag).
-_IGNORED = [
-    ("profiler_address", "--profiler-address"),
-    ("feature_gates", "--feature-gates"),
-    ("webhook_cert_secret_name", "--webhook-cert-secret-name"),
-    ("webhook_cert_secret_namespace", "--webhook-cert-secret-namespace"),
-    ("tls_curve_preferences", "--tls-curve-preferences"),
-]
-
-
-# --- the resolved options --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -246,13 +268,9 @@ class RunOptions:
     sync_period: float
     backends: list[str] | None
     leader_election: LeaderElection
-    metrics_address: str  # "0": no metrics endpoint
-    metrics_flag: str  # the flag metrics_address came from, for error messages
-    metrics_secure: bool  # HTTPS, authenticated and authorised by the API server; else plain HTTP
-    metrics_cert: CertificateFiles
-    metrics_tls: TlsOptions  # the HTTPS endpoints' (metrics and webhook) minimum TLS version and cipher suites
+    metrics: MetricsServing  # its TLS options are the webhook's too
     probes_address: str
-    webhook: WebhookServing  # the admission webhook (port 0: off); its TLS options are metrics_tls
+    webhook: WebhookServing  # the admission webhook (port 0: off)
     log_format: str
     log_level: str
     not_acted_on: tuple[str, ...]
@@ -262,7 +280,7 @@ class RunOptions:
 
     @property
     def metrics_bind(self) -> tuple[str, int] | None:
-        return host_port(self.metrics_address)
+        return host_port(self.metrics.address)
 
     @property
     def probes_bind(self) -> tuple[str, int] | None:
@@ -271,7 +289,8 @@ class RunOptions:
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     """Resolve `run`'s parsed flags. Raises FlagError for values that parse but cannot work together."""
-    ignored = [f"{flag}={getattr(args, attr)}" for attr, flag in _IGNORED if getattr(args, attr) is not None]
+    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in _IGNORED}
+    ignored = [f"{flag}={value}" for flag, value in given.items() if value is not None]
     kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
     ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
     workers = _workers(args, ignored)
@@ -287,18 +306,16 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         sync_period=args.sync_period,
         backends=split_list([args.backends]) if args.backends else None,
         leader_election=_leader_election(args),
-        metrics_address=metrics.address,
-        metrics_flag=metrics.flag,
-        metrics_secure=metrics.secure,
-        metrics_cert=metrics.cert,
-        metrics_tls=metrics.tls,
+        metrics=metrics,
         probes_address=args.health_probe_bind_address,
         webhook=webhook,
         log_format=log_format,
         log_level=log_level,
         not_acted_on=tuple(ignored),
         library_log_level=library_log_level,
-        repair=repair_settings(args),
+        repair=RepairSettings(
+            args.repair_interval, args.repair_grace_period, args.repair_report_only, args.repair_requests_per_second
+        ),
         cluster_identity=args.cluster_identity.strip(),
     )
 

@@ -23,7 +23,7 @@ Contract (level-triggered; every step is idempotent and the reconcile may be rep
   any pause check: clusterctl removes every finalizer itself a moment later); its IPAddress is left to clusterctl;
   the backend keeps the address for the claim at the target. An IPAddress so marked being deleted loses its
   ProtectAddress finalizer and is not re-created for its claim (which clusterctl deletes next).
-- Metrics (`ipam_provider.pool_metrics.pools`): IPAddresses written, failed allocations by reason, and releases are
+- Metrics (`ipam_provider.pool_metrics`): IPAddresses written, failed allocations by reason, and releases are
   counted per pool; the time from first seeing a live claim without an address to writing its IPAddress is
   observed.
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 import structlog
 from pydantic import ValidationError
 
+from ipam_provider import pool_metrics
 from ipam_provider.api.capi import (
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
@@ -50,13 +51,12 @@ from ipam_provider.api.meta import find_condition, set_condition
 from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PoolLabels
-from ipam_provider.pool_metrics import pools as pool_metrics
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
 from ipam_provider.reconcile.collisions import give_back, holder_of
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
-from ipam_provider.reconcile.events import NORMAL, WARNING
 from ipam_provider.reconcile.release import release_claim
 from ipam_provider.reconcile.requested import RequestedAddressNotices
+from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 

@@ -24,7 +24,7 @@ from ipam_provider.backend.repair import RestoreOutcome, repairer_of
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
-from ipam_provider.reconcile.events import WARNING
+from ipam_provider.runtime.events import WARNING
 from ipam_provider.watch.caches import POOL_ADDRESS
 
 log = structlog.get_logger(__name__)

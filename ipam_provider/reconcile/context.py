@@ -23,9 +23,9 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.pool_metrics.pools import PENDING
-from ipam_provider.reconcile.events import EventRecorder
+from ipam_provider.pool_metrics import PENDING
 from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Resource

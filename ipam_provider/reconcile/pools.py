@@ -17,7 +17,7 @@ Contract:
   sync period, stretched by up to a tenth at random so that pools created together do not come back together.
 - The repair loop's finding for the pool (`ReconcileContext.repair_conditions`: the `AddressesRecorded`
   condition) is written with the report's conditions.
-- Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.pool_metrics.pools`) from the report the
+- Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.pool_metrics`) from the report the
   status is written from, and counts the cached claims of the pool still waiting for an address; a pool found gone
   loses all of its series.
 """
@@ -30,6 +30,7 @@ import random
 import structlog
 from pydantic import ValidationError
 
+from ipam_provider import pool_metrics
 from ipam_provider.api.capi import (
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
@@ -43,11 +44,10 @@ from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PoolLabels
-from ipam_provider.pool_metrics import pools as pool_metrics
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
-from ipam_provider.reconcile.events import WARNING
 from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.events import WARNING
 from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
 from ipam_provider.watch.caches import POOL
 

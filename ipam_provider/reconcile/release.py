@@ -19,7 +19,7 @@ from ipam_provider.backend.repair import orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object
 from ipam_provider.reconcile.addresses import allocation_of, belongs_to
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
-from ipam_provider.reconcile.events import WARNING
+from ipam_provider.runtime.events import WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION, Allocation, AllocationFailedError
 from ipam_provider.common import normalized_address
 from ipam_provider.reconcile.context import ClaimWork
-from ipam_provider.reconcile.events import WARNING, EventRecorder
+from ipam_provider.runtime.events import WARNING, EventRecorder
 
 REASON_REQUESTED_ADDRESS_IGNORED = "RequestedAddressIgnored"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
 from ipam_provider.backend.contract import Backend, BackendError
 from ipam_provider.backend.repair import (
@@ -39,13 +40,11 @@ from ipam_provider.backend.repair import (
     pools_lister_of,
     repairer_of,
 )
-from ipam_provider.pool_metrics import PoolLabels
-from ipam_provider.pool_metrics import repair as metrics
+from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
-from ipam_provider.repair.pool import PoolRepairs, PoolTarget
-from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
 from ipam_provider.watch.keys import ClaimKey
 
 log = structlog.get_logger(__name__)
@@ -122,7 +121,7 @@ class RepairLoop:
                 result, holdings = await self._list(one)
             except Exception:
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
-                result, holdings = metrics.ERROR, []
+                result, holdings = PASS_ERROR, []
             listed.append((one, result, holdings, time.perf_counter() - started))
         pools = [pool for _, _, holdings, _ in listed for pool in holdings]
         live = await self._live(pools) if pools else None
@@ -131,10 +130,10 @@ class RepairLoop:
             try:
                 result = await self._backend_pass(one, result, holdings, live)
             except Exception:
-                result = metrics.ERROR
+                result = PASS_ERROR
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
             finally:
-                metrics.count_pass(one.name, result, spent + time.perf_counter() - started)
+                pool_metrics.count_repair_pass(one.name, result, spent + time.perf_counter() - started)
 
     async def _live(self, listed: Listed) -> LiveState | None:
         """The live state as the watch caches show it, when it gives the listed pools nothing to do (the usual
@@ -173,23 +172,23 @@ class RepairLoop:
         """Each listed pool compared with `live` (none read: the pools are skipped), then the backend's sweep of
         deleted pools; answers the pass's result label."""
         if listed and live is None:
-            result, listed = metrics.ERROR, []
+            result, listed = PASS_ERROR, []
         for target, holdings in listed:
             assert live is not None
             try:
                 await self.pools.repair(target, holdings, live)
             except BackendError as error:
-                result = metrics.BACKEND_ERROR if result == metrics.OK else result
+                result = PASS_BACKEND_ERROR if result == PASS_OK else result
                 _skipped(target, "repair", error)
             except Exception:
-                result = metrics.ERROR
+                result = PASS_ERROR
                 log.exception("pool repair failed; trying again on the next pass", pool=str(target.ref))
         sweep = orphan_sweeper_of(one.backend)
         if sweep is not None and not self.settings.report_only:
             try:
                 swept = await sweep(self.settings.grace_period)
             except BackendError as error:
-                result = metrics.BACKEND_ERROR
+                result = PASS_BACKEND_ERROR
                 log.warning("orphan sweep skipped", backend=one.name, error=error.message)
             else:
                 if swept:
@@ -205,18 +204,18 @@ class RepairLoop:
                 found = await lister([(target.ref, target.raw) for target in one.targets], self.pacer)
             except BackendError as error:
                 log.warning("repair pass skipped its pools", backend=one.name, reason=error.reason, error=error.message)
-                return metrics.BACKEND_ERROR, []
-            return metrics.OK, [(target, list(found.get(target.ref, ()))) for target in one.targets]
-        result = metrics.OK
+                return PASS_BACKEND_ERROR, []
+            return PASS_OK, [(target, list(found.get(target.ref, ()))) for target in one.targets]
+        result = PASS_OK
         listed: Listed = []
         for target in one.targets:
             try:
                 listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
             except BackendError as error:
-                result = metrics.BACKEND_ERROR if result == metrics.OK else result
+                result = PASS_BACKEND_ERROR if result == PASS_OK else result
                 _skipped(target, "listing", error)
             except Exception:  # e.g. the pool's Secret could not be read: the backend's other pools go on
-                result = metrics.ERROR
+                result = PASS_ERROR
                 log.exception("pool listing failed; trying again on the next pass", pool=str(target.ref))
         return result, listed
 

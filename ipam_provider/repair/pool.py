@@ -1,59 +1,46 @@
-"""One pool's share of a repair pass: suspected leaks released (or reported), unrecorded addresses restored,
-duplicates and addresses outside the pool reported.
+"""One pool's share of a repair pass (the comparison itself is `compare.py`'s).
 
-Contract (the comparison itself is `compare.py`'s):
-- A suspect enters the book (`book.py`) with a `RepairSuspectedLeak` Event on the pool. A holding that is not
-  `releasable` (its record does not prove this management cluster made it) is reported the same way, its Event
-  saying why it is never released, and it is never released. One that the book finds releasable is released
-  with `release_holding` (the pool's backend turn held) only when releasing is on, its claim is neither queued
-  nor being reconciled, and fresh GETs of its claim and of the claim's IPAddress, made just before, still show it
-  unaccounted for; then `ipam_provider_repair_releases_total` and a
-  `RepairReleasedLeak` Event on the pool.
+- A suspected leak enters the book (`SuspectedLeaks`) with a `RepairSuspectedLeak` Event on the pool; one that is
+  not `releasable` says why it is never released. One the book finds releasable is released (`release_holding`,
+  under the pool's backend turn) only when releasing is on, its claim is neither queued nor being reconciled, and
+  fresh GETs of its claim and of the claim's IPAddress still show it unaccounted for; then
+  `ipam_provider_repair_releases_total` and a `RepairReleasedLeak` Event on the pool.
 - An unrecorded IPAddress whose claim is neither queued nor being reconciled, and which fresh GETs show unchanged,
-  is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool and
-  `ipam_provider_repair_restored_total`; TAKEN a duplicate (a `DuplicateAddress` Warning on the claim and the
-  pool when it is new); OUTSIDE an address outside the pool. A BackendError of one restore is logged, gives a
-  `RepairRestoreFailed` Warning on the claim once per change of its message, and the pass goes on with the other
-  items. An unrecorded IPAddress that is not restored this pass (busy, changed, paused, failed) keeps what the
-  previous pass found of it.
-- An address named by two live claims or more (`compare.py`) is a duplicate: a `DuplicateAddress` Warning on each
-  claim and on the pool when new.
-- Every request a release or a restore makes (the fresh GETs, the backend call, a finalizer's PATCH) waits for
-  the pacer first, so that a pass with many of them does not burst.
-- `outside_pool` answers are reported with one `AddressOutsidePool` Warning on the pool each time the set of
-  such addresses changes (and is not empty).
-- The pool's `AddressesRecorded` condition (False/`DuplicateAddress` naming each duplicate IPAddress and its
-  holder, else True/`Recorded`) goes to `ReconcileContext.repair_conditions`; the pool is enqueued when it
-  changes, and the pool reconciler writes it. With a watch filter it is not written at all: controllers sharded
-  by `--watch-filter` each see only their own claims, and would overwrite each other's view of the pool.
-- A deleting IPAddress that carries our ProtectAddress finalizer while its claim is gone (force-deleted) loses
-  that finalizer when releasing is on, so that it can go; its holding then takes the leak path.
+  is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool; TAKEN a duplicate
+  (a `DuplicateAddress` Warning on the claim and the pool when new); OUTSIDE an address outside the pool. A
+  BackendError of one restore gives a `RepairRestoreFailed` Warning on the claim once per change of its message and
+  the pass goes on. One not restored this pass (busy, changed, paused, failed) keeps what the previous pass found.
+- An address named by two live claims or more is a duplicate: a `DuplicateAddress` Warning on each claim and on
+  the pool when new. `outside_pool` answers give one `AddressOutsidePool` Warning each time their set changes.
+- Every request of a release or a restore (fresh GETs, the backend call, a PATCH) waits for the pacer first.
+- The pool's `AddressesRecorded` condition goes to `ReconcileContext.repair_conditions` (the pool reconciler writes
+  it), except with a watch filter: sharded controllers each see only their own claims.
+- A deleting IPAddress with our ProtectAddress finalizer whose claim is gone loses that finalizer when releasing is
+  on; its holding then takes the leak path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 from pydantic import ValidationError
 
+from ipam_provider import pool_metrics
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
 from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
-from ipam_provider.pool_metrics import repair as metrics
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
-from ipam_provider.reconcile.events import NORMAL, WARNING
-from ipam_provider.repair.book import SuspectedLeaks
 from ipam_provider.repair.compare import PoolComparison, Sharer, Unrecorded, compare_pool
 from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
 from ipam_provider.repair.pacer import CountingPacer
-from ipam_provider.repair.settings import RepairSettings
+from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch.keys import ClaimKey
@@ -76,6 +63,77 @@ LISTED_AT_MOST = 5  # addresses named in one message
 # A pool with fewer holdings and IPAddresses than this is compared on the event loop (well under a millisecond);
 # a larger one in a thread, where the hand-over costs less than the comparison.
 COMPARED_INLINE = 1000
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    """`interval`: seconds between passes (0: no repair loop); `grace_period`: a suspected leak is released only
+    once it stayed unaccounted for across two consecutive passes or more, the first at least this long ago;
+    `report_only`: leaks are reported, never released; `requests_per_second`: the pace of a pass's listing
+    requests (to the backends' external systems and to the API server)."""
+
+    interval: float = 60.0  # a pass reads every reservation (docs/performance.md, Many pools)
+    grace_period: float = 60.0
+    report_only: bool = False
+    requests_per_second: float = 20.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0
+
+
+@dataclass
+class _Suspect:
+    holding: Holding
+    first_seen: float
+    passes: int = 1
+
+
+class SuspectedLeaks:
+    """The book of suspected leaks, keyed by pool, holding handle and claim uid (a record re-used for another claim
+    is another suspect). Only consecutive sightings count; a pool whose pass was skipped keeps its suspects."""
+
+    def __init__(self) -> None:
+        self._suspects: dict[tuple[PoolRef, str, str], _Suspect] = {}
+
+    def __len__(self) -> int:
+        return len(self._suspects)
+
+    def observe(self, pool: PoolRef, suspects: Iterable[Holding], now: float) -> list[Holding]:
+        """Record a completed pass of `pool` that found `suspects` unaccounted for (forgetting the pool's suspects
+        it did not find again); answer those seen for the first time."""
+        seen = {(pool, holding.handle, holding.claim_uid): holding for holding in suspects}
+        for key in [key for key in self._suspects if key[0] == pool and key not in seen]:
+            del self._suspects[key]
+        new: list[Holding] = []
+        for key, holding in seen.items():
+            known = self._suspects.get(key)
+            if known is None:
+                self._suspects[key] = _Suspect(holding, now)
+                new.append(holding)
+            else:
+                known.holding = holding
+                known.passes += 1
+        return new
+
+    def releasable(self, pool: PoolRef, now: float, grace: float) -> list[Holding]:
+        """The pool's `releasable` suspects seen in two consecutive passes or more, first seen `grace` seconds ago
+        or earlier."""
+        return [
+            suspect.holding
+            for key, suspect in self._suspects.items()
+            if key[0] == pool and suspect.holding.releasable
+            if suspect.passes >= 2 and now - suspect.first_seen >= grace
+        ]
+
+    def count(self, pool: PoolRef) -> int:
+        return sum(1 for key in self._suspects if key[0] == pool)
+
+    def forget(self, pool: PoolRef, holding: Holding) -> None:
+        self._suspects.pop((pool, holding.handle, holding.claim_uid), None)
+
+    def keep_only(self, pools: set[PoolRef]) -> None:
+        self._suspects = {key: suspect for key, suspect in self._suspects.items() if key[0] in pools}
 
 
 @dataclass(frozen=True)
@@ -126,7 +184,7 @@ class PoolRepairs:
             del self.findings[ref]
             self.ctx.repair_conditions.pop(ref, None)
         for ref in [ref for ref in self.labels if ref not in pools]:
-            metrics.forget_pool(self.labels.pop(ref))
+            pool_metrics.forget_repair_series(self.labels.pop(ref))
 
     async def settled(self, listed: Sequence[tuple[PoolTarget, Sequence[Holding]]], live: LiveState) -> bool:
         """Whether `live` gives the pools nothing to act on or report: every holding accounted for, every live
@@ -176,7 +234,7 @@ class PoolRepairs:
         self._report(target, previous, found)
         self.findings[target.ref] = found
         self.labels[target.ref] = target.labels
-        metrics.record_pool(
+        pool_metrics.record_repair_findings(
             target.labels,
             suspected=self.book.count(target.ref),
             duplicates=len(found.duplicates),
@@ -219,7 +277,7 @@ class PoolRepairs:
         if not released:
             log.info("suspected leak had changed; not released", pool=str(target.ref), handle=holding.handle)
             return
-        metrics.count_release(target.labels)
+        pool_metrics.count_leak_released(target.labels)
         log.info("leak released", pool=str(target.ref), address=holding.address, handle=holding.handle)
         message = (
             f"{holding.address} released from the backend ({holding.handle}): it was held for claim "
@@ -290,7 +348,7 @@ class PoolRepairs:
             return
         text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
         if answer.outcome == RestoreOutcome.RECORDED:
-            metrics.count_restored(target.labels)
+            pool_metrics.count_restored(target.labels)
             log.info("allocation restored", pool=str(target.ref), address=item.name, ip=allocation.address)
             message = f"{text} recorded again in {target.ref}: the backend no longer held it"
             self.ctx.recorder.record(item.claim, NORMAL, REASON_RESTORED, message, related=target.raw)

@@ -194,9 +194,9 @@ def test_config_default_builds_into_the_provider_components() -> None:
     assert args.command == "run" and args.leader_elect and args.log_format == "json"
     assert (args.diagnostics_address, args.health_probe_bind_address) == (":8443", ":8081")
     options = parse_args(argv).options
-    assert options.metrics_secure and args.metrics_bind_address is None
+    assert options.metrics.secure and args.metrics_bind_address is None
     assert args.leader_election_namespace == SYSTEM_NAMESPACE
-    assert_metrics_are_served_securely(by_kind, pod, options.metrics_cert)
+    assert_metrics_are_served_securely(by_kind, pod, options.metrics.cert)
     assert_the_webhook_is_wired(by_kind, pod, options)
 
 

@@ -12,7 +12,6 @@ from backends.incluster.backend import IN_CLUSTER_POOL
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.reconcile.context import ReconcileContext
-from ipam_provider.reconcile.events import EventRecorder
 from ipam_provider.runtime.cache.projection import (
     LAST_APPLIED,
     project_claim,
@@ -21,6 +20,7 @@ from ipam_provider.runtime.cache.projection import (
     strip_bookkeeping,
 )
 from ipam_provider.runtime.cache.store import Store
+from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS
 from ipam_provider.watch.caches import Caches

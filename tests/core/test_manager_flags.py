@@ -55,7 +55,7 @@ def test_the_operators_command_line() -> None:
     assert (election.lease_duration, election.renew_deadline, election.retry_period) == (15.0, 10.0, 2.0)
     assert got.probes_address == ":9440" and got.probes_bind == ("0.0.0.0", 9440)
     # The diagnostics endpoint: HTTPS with authentication, on :8443.
-    assert (got.metrics_address, got.metrics_flag, got.metrics_secure) == (":8443", "--diagnostics-address", True)
+    assert (got.metrics.address, got.metrics.flag, got.metrics.secure) == (":8443", "--diagnostics-address", True)
     assert got.workers == 10
     assert (got.log_level, got.log_format) == ("info", "console")
     assert got.not_acted_on == ()
@@ -68,8 +68,8 @@ def test_the_operators_command_line() -> None:
 
 def test_no_flags_serve_cluster_apis_defaults() -> None:
     got = options()
-    assert (got.metrics_address, got.probes_address) == (":8443", ":8081")
-    assert got.metrics_secure and got.metrics_cert == CertificateFiles(None, "tls.crt", "tls.key")
+    assert (got.metrics.address, got.probes_address) == (":8443", ":8081")
+    assert got.metrics.secure and got.metrics.cert == CertificateFiles(None, "tls.crt", "tls.key")
     assert got.workers == 8 and got.namespaces == [] and got.watch_filter is None and got.backends is None
     assert not got.leader_election.enabled
     assert (got.leader_election.namespace, got.leader_election.name) == ("capi-ipam-system", "capi-ipam-provider-py")
@@ -264,25 +264,25 @@ def test_concurrency_flags_are_only_taken_from_run() -> None:
 
 def test_diagnostics_address_serves_the_metrics_securely_unless_insecure() -> None:
     got = options("--diagnostics-address=127.0.0.1:9443")
-    assert got.metrics_bind == ("127.0.0.1", 9443) and got.metrics_flag == "--diagnostics-address"
-    assert got.metrics_secure and got.not_acted_on == ()
+    assert got.metrics_bind == ("127.0.0.1", 9443) and got.metrics.flag == "--diagnostics-address"
+    assert got.metrics.secure and got.not_acted_on == ()
     got = options("--insecure-diagnostics=true", "--diagnostics-address=127.0.0.1:9443")
-    assert got.metrics_bind == ("127.0.0.1", 9443) and not got.metrics_secure and got.not_acted_on == ()
+    assert got.metrics_bind == ("127.0.0.1", 9443) and not got.metrics.secure and got.not_acted_on == ()
     got = options("--insecure-diagnostics")  # util/flags' default diagnostics address
-    assert got.metrics_address == ":8443" and not got.metrics_secure
-    assert options("--insecure-diagnostics=false").metrics_secure
+    assert got.metrics.address == ":8443" and not got.metrics.secure
+    assert options("--insecure-diagnostics=false").metrics.secure
     assert options("--diagnostics-address=0").metrics_bind is None
 
 
 def test_metrics_bind_address_wins_with_plain_http() -> None:
     got = options("--insecure-diagnostics", "--diagnostics-address=:9443", "--metrics-bind-address=:9090")
-    assert (got.metrics_address, got.metrics_flag, got.metrics_secure) == (":9090", "--metrics-bind-address", False)
+    assert (got.metrics.address, got.metrics.flag, got.metrics.secure) == (":9090", "--metrics-bind-address", False)
     assert got.not_acted_on == (
         "--diagnostics-address=:9443 (--metrics-bind-address wins)",
         "--insecure-diagnostics=true (--metrics-bind-address wins)",
     )
     got = options("--diagnostics-address=:9443", "--metrics-cert-path=/certs", "--metrics-bind-address=:9090")
-    assert got.metrics_address == ":9090" and not got.metrics_secure
+    assert got.metrics.address == ":9090" and not got.metrics.secure
     assert got.not_acted_on == (
         "--diagnostics-address=:9443 (--metrics-bind-address wins)",
         "--metrics-cert-path=/certs (--metrics-bind-address wins)",
@@ -293,24 +293,24 @@ def test_metrics_bind_address_wins_with_plain_http() -> None:
 
 def test_certificate_flags() -> None:
     got = options("--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs")
-    assert got.metrics_cert == CertificateFiles("/tmp/k8s-metrics-server/metrics-certs", "tls.crt", "tls.key")
-    assert str(got.metrics_cert.cert) == "/tmp/k8s-metrics-server/metrics-certs/tls.crt"
+    assert got.metrics.cert == CertificateFiles("/tmp/k8s-metrics-server/metrics-certs", "tls.crt", "tls.key")
+    assert str(got.metrics.cert.cert) == "/tmp/k8s-metrics-server/metrics-certs/tls.crt"
     got = options("--metrics-cert-path=/c", "--metrics-cert-name=server.pem", "--metrics-cert-key=server-key.pem")
-    assert (str(got.metrics_cert.cert), str(got.metrics_cert.key)) == ("/c/server.pem", "/c/server-key.pem")
+    assert (str(got.metrics.cert.cert), str(got.metrics.cert.key)) == ("/c/server.pem", "/c/server-key.pem")
     assert got.not_acted_on == ()
     got = options("--insecure-diagnostics", "--metrics-cert-path=/c")
     assert got.not_acted_on == ("--metrics-cert-path=/c (--insecure-diagnostics: plain HTTP)",)
 
 
 def test_tls_flags_set_the_https_endpoints_options(capsys: pytest.CaptureFixture[str]) -> None:
-    assert options().metrics_tls == TlsOptions(ssl.TLSVersion.TLSv1_2)
+    assert options().metrics.tls == TlsOptions(ssl.TLSVersion.TLSv1_2)
     got = options("--tls-min-version=VersionTLS13")
-    assert got.metrics_tls == TlsOptions(ssl.TLSVersion.TLSv1_3) and got.not_acted_on == ()
+    assert got.metrics.tls == TlsOptions(ssl.TLSVersion.TLSv1_3) and got.not_acted_on == ()
     got = options(
         "--tls-min-version=VersionTLS12",
         "--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
     )
-    assert got.metrics_tls.ciphers == "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-CHACHA20-POLY1305"
+    assert got.metrics.tls.ciphers == "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-CHACHA20-POLY1305"
     assert got.not_acted_on == ()
     assert "--tls-min-version: VersionTLS10 is not served" in usage_error(
         ["run", "--tls-min-version=VersionTLS10"], capsys
@@ -336,12 +336,12 @@ def test_tls_flags_set_the_https_endpoints_options(capsys: pytest.CaptureFixture
     )
     # The webhook (on by default) is HTTPS: there the flags act, whatever the metrics endpoint does.
     got = options("--metrics-bind-address=:8080", "--tls-min-version=VersionTLS13")
-    assert got.metrics_tls == TlsOptions(ssl.TLSVersion.TLSv1_3) and got.not_acted_on == ()
+    assert got.metrics.tls == TlsOptions(ssl.TLSVersion.TLSv1_3) and got.not_acted_on == ()
 
 
 def test_aliases_of_the_bind_addresses(capsys: pytest.CaptureFixture[str]) -> None:
     assert options("--health-addr=:9440").probes_address == ":9440"
-    assert options("--metrics-bind-addr=:9090").metrics_address == ":9090"  # cluster-api-operator's name
+    assert options("--metrics-bind-addr=:9090").metrics.address == ":9090"  # cluster-api-operator's name
     assert "put an IPv6 host in brackets" in usage_error(["run", "--health-addr=::1:80"], capsys)
     assert "the port must be a number" in usage_error(["run", "--metrics-bind-address=:http"], capsys)
     assert "write it as :8080" in usage_error(["run", "--diagnostics-address=8443"], capsys)

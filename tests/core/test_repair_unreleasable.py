@@ -6,7 +6,7 @@ from __future__ import annotations
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.repair import RepairSettings
-from ipam_provider.repair.book import SuspectedLeaks
+from ipam_provider.repair.pool import SuspectedLeaks
 from ipam_provider.runtime.kube.resources import EVENTS
 from tests.core.repair_world import make_repair_world, sample
 from tests.core.world import NS

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
 from ipam_provider.backend.contract import AddressCounts, PoolExhaustedError, PoolReport
 from ipam_provider.backend.registry import BackendRegistry, backend_name
-from ipam_provider.pool_metrics.pools import FirstSeen
+from ipam_provider.pool_metrics import FirstSeen
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.core.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend

@@ -1,10 +1,11 @@
-"""The per-pool series (`ipam_provider_*`), labelled `backend`, `kind`, `namespace` ("" for a cluster-scoped pool)
-and `name`; `ipam_provider_allocation_duration_seconds`, labelled `backend` and `kind` only (14 series a pool would
-be most of a scrape at a thousand pools), and the first-seen clock of unfulfilled claims behind it.
+"""The IPAM domain's Prometheus series (docs/metrics.md lists them), called on the event loop only.
 
-Series that carry a `reason` keep only the reasons that apply now (`pool_ready`: the current Ready reason;
-`waiting_claims`: `Pending` always, other reasons while claims have them). `forget_pool` removes every series of a
-pool, counters and histogram included. Called on the event loop only.
+Per pool (labels `backend`, `kind`, `namespace` ("" for a cluster-scoped pool), `name`): counts, readiness, waiting
+claims, allocations and releases (`ipam_provider_*`), and the repair loop's findings, releases and restores
+(`ipam_provider_repair_*`). Per backend and kind only: `ipam_provider_allocation_duration_seconds` (per pool it would
+be most of a scrape at a thousand pools). Per backend: repair passes by result and their duration. Series that carry
+a `reason` keep only the reasons that apply now (`pool_ready`: the current Ready reason; `waiting_claims`: `Pending`
+always, other reasons while claims have them). `forget_pool` removes every series of a pool that is gone.
 """
 
 from __future__ import annotations
@@ -12,13 +13,36 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ipam_provider.backend.contract import AddressCounts
-from ipam_provider.pool_metrics import POOL_LABELS, PoolLabels, repair
+import ipam_provider.runtime.telemetry  # noqa: F401  (no *_created series)
+from ipam_provider.backend.contract import AddressCounts, PoolRef
 
+POOL_LABELS = ["backend", "kind", "namespace", "name"]
 PENDING = "Pending"  # the waiting reason of a claim that has no Ready condition yet
+PASS_OK = "ok"  # every pool of the backend was compared
+PASS_BACKEND_ERROR = "backend_error"  # the backend could not be used for one pool or more: they wait for the next pass
+PASS_ERROR = "error"  # the pass failed (the API server could not be read, or an unexpected error): logged
+
+
+@dataclass(frozen=True)
+class PoolLabels:
+    """The label values of one pool's series."""
+
+    backend: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, backend: str, ref: PoolRef) -> PoolLabels:
+        return cls(backend, ref.kind, ref.namespace or "", ref.name)
+
+    def values(self) -> tuple[str, str, str, str]:
+        return self.backend, self.kind, self.namespace, self.name
+
 
 ALLOCATED = Gauge("ipam_provider_allocated_ips", "Addresses in use in the pool (its status's used count).", POOL_LABELS)
 AVAILABLE = Gauge("ipam_provider_available_ips", "Addresses free in the pool (its status's free count).", POOL_LABELS)
@@ -45,12 +69,47 @@ READY = Gauge(
     "1 when the pool is Ready, else 0; labelled with the current Ready reason.",
     [*POOL_LABELS, "reason"],
 )
+REPAIR_PASSES = Counter(
+    "ipam_provider_repair_passes_total",
+    "Repair passes per backend, by result (ok, backend_error: pools skipped until the next pass, error).",
+    ["backend", "result"],
+)
+REPAIR_PASS_SECONDS = Histogram(
+    "ipam_provider_repair_pass_duration_seconds",
+    "Time one repair pass took for a backend: listing, reading the API server, comparing and repairing.",
+    ["backend"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
+)
+SUSPECTED_LEAKS = Gauge(
+    "ipam_provider_repair_suspected_leaks",
+    "Backend allocations of the pool that no live IPAddress or claim accounts for, as of the last repair pass.",
+    POOL_LABELS,
+)
+LEAKS_RELEASED = Counter(
+    "ipam_provider_repair_releases_total",
+    "Leaked backend allocations of the pool released by the repair loop (not counted in release_total).",
+    POOL_LABELS,
+)
+RESTORED = Counter(
+    "ipam_provider_repair_restored_total",
+    "Addresses of live IPAddresses the backend no longer held, recorded again by the repair loop.",
+    POOL_LABELS,
+)
+DUPLICATES = Gauge(
+    "ipam_provider_repair_duplicates",
+    "Live IPAddresses of the pool whose address something else holds in the backend, as of the last repair pass.",
+    POOL_LABELS,
+)
+OUTSIDE_POOL = Gauge(
+    "ipam_provider_repair_outside_pool",
+    "Live IPAddresses naming the pool whose address is not an address of the pool, as of the last repair pass.",
+    POOL_LABELS,
+)
 _PLAIN = (ALLOCATED, AVAILABLE, ALLOCATIONS, RELEASES)
 _REASONED = (ALLOCATION_ERRORS, WAITING, READY)
-
-
-# The reasons each pool has a series of, per reason-labelled metric, so that they can be removed.
-_reasons: dict[tuple[PoolLabels, Gauge | Counter], set[str]] = {}
+_REPAIR = (SUSPECTED_LEAKS, LEAKS_RELEASED, RESTORED, DUPLICATES, OUTSIDE_POOL)
+_reasons: dict[tuple[PoolLabels, Gauge | Counter], set[str]] = {}  # per pool and metric: the reasons it has series of
+_findings: dict[PoolLabels, tuple[int, int, int]] = {}  # what `record_repair_findings` last set per pool
 
 
 def _with_reason(metric: Gauge | Counter, pool: PoolLabels, reason: str) -> None:
@@ -65,8 +124,7 @@ def _drop_reasons(metric: Gauge | Counter, pool: PoolLabels, keep: set[str]) -> 
 
 
 def _remove(metric: Gauge | Counter | Histogram, *values: str) -> None:
-    """Remove one labelled series; one that was never created is not an error (older prometheus-client releases
-    raise KeyError for it)."""
+    """Remove one labelled series; one that was never created is not an error."""
     with contextlib.suppress(KeyError):
         metric.remove(*values)
 
@@ -112,10 +170,41 @@ def count_release(pool: PoolLabels) -> None:
     RELEASES.labels(*pool.values()).inc()
 
 
+def count_repair_pass(backend: str, result: str, seconds: float) -> None:
+    REPAIR_PASSES.labels(backend, result).inc()
+    REPAIR_PASS_SECONDS.labels(backend).observe(seconds)
+
+
+def record_repair_findings(pool: PoolLabels, *, suspected: int, duplicates: int, outside: int) -> None:
+    """The pool's repair gauges after a pass; its repair counters start at 0 here."""
+    if _findings.get(pool) == (suspected, duplicates, outside):
+        return
+    _findings[pool] = (suspected, duplicates, outside)
+    SUSPECTED_LEAKS.labels(*pool.values()).set(suspected)
+    DUPLICATES.labels(*pool.values()).set(duplicates)
+    OUTSIDE_POOL.labels(*pool.values()).set(outside)
+    LEAKS_RELEASED.labels(*pool.values())
+    RESTORED.labels(*pool.values())
+
+
+def count_leak_released(pool: PoolLabels) -> None:
+    LEAKS_RELEASED.labels(*pool.values()).inc()
+
+
+def count_restored(pool: PoolLabels) -> None:
+    RESTORED.labels(*pool.values()).inc()
+
+
+def forget_repair_series(pool: PoolLabels) -> None:
+    """Remove the pool's repair series (it is no longer repaired)."""
+    _findings.pop(pool, None)
+    for metric in _REPAIR:
+        _remove(metric, *pool.values())
+
+
 def forget_pool(pool: PoolLabels) -> None:
-    """Remove every series of the pool (it is gone), the repair loop's (`telemetry.repair`) included; its kind's
-    duration histogram stays."""
-    repair.forget_pool(pool)
+    """Remove every series of the pool (it is gone); its kind's duration histogram stays."""
+    forget_repair_series(pool)
     for plain in _PLAIN:
         _remove(plain, *pool.values())
     for reasoned in _REASONED:
