@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 
 from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
-from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.client import Failure, WapiError
 from backends.infoblox.connections import Connection
 from backends.infoblox.hostname import HostnameError, host_fqdn, machine_name
 from backends.infoblox.ledger import (
@@ -112,7 +112,7 @@ class Allocator:
     async def _allocate_next(self, job: Allocating) -> Allocation:
         """The next free address of the pool's first subnet or range that has one."""
         pool, index = job.pool, job.index
-        hostname = await self.hostname_for(pool, job.connection, job.claim)
+        hostname = await self.hostname_for(job)
         tried_gateway: set[str] = set()
         for target in self._order(job):
             while True:
@@ -121,7 +121,7 @@ class Allocator:
                         job, f"func:nextavailableip:{target.argument},{job.network_view}", hostname
                     )
                 except WapiError as error:
-                    if error.problem is not Problem.EXHAUSTED:
+                    if error.failure is not Failure.EXHAUSTED:
                         raise await self.ledger.translate(job.connection, error, str(target)) from error
                     index.exhausted[target.argument] = time.monotonic() + self._settings.exhausted_skip_seconds
                     job.log.info("subnet full; trying the next", target=str(target))
@@ -171,16 +171,16 @@ class Allocator:
             try:
                 obj = await self.ledger.post(job, address, hostname, requested=for_request)
             except WapiError as error:
-                if error.problem is Problem.UNKNOWN_OUTCOME:
+                if error.failure is Failure.UNKNOWN_OUTCOME:
                     found = await self._after_lost_reply(job, error)
                     if found is not None:
                         return found
                     resent = True
-                elif error.problem is Problem.CONFLICT and host:
+                elif error.failure is Failure.CONFLICT and host:
                     found = await self.same_name(job, str(hostname), error)
                     assert found is not None  # given the error, same_name raises rather than answer None
                     return found
-                elif error.problem is not Problem.UNAVAILABLE:
+                elif error.failure is not Failure.UNAVAILABLE:
                     raise
                 if attempt + 1 == attempts:
                     raise
@@ -255,7 +255,7 @@ class Allocator:
                     f"address {address} of IPAddress {job.claim} is held on the grid by {found[0].ref}, which the "
                     "claim does not own; delete one of the two"
                 )
-            obj = await self.create_object(job, address, await self.hostname_for(job.pool, job.connection, job.claim))
+            obj = await self.create_object(job, address, await self.hostname_for(job))
         except WapiError as error:
             raise await self.ledger.translate(job.connection, error, f"address {address}") from error
         job.log.info("address of an existing IPAddress reserved on the grid", address=address)
@@ -274,13 +274,14 @@ class Allocator:
             await self.ledger.delete(job, obj.ref)
             await self.ledger.post_gateway(job, gateway)
         except WapiError as error:
-            if error.problem is not Problem.CONFLICT:
+            if error.failure is not Failure.CONFLICT:
                 raise await self.ledger.translate(job.connection, error, where) from error
         job.log.warning("gateway was free on the grid; reserved it", gateway=gateway)
 
-    async def hostname_for(self, pool: Pool, connection: Connection, claim: ClaimContext) -> str | None:
-        settings = pool.spec.host_record
-        if settings is None or object_type(pool) != HOST:
+    async def hostname_for(self, job: Allocating) -> str | None:
+        """The host record name of the claim (None for a fixedAddress pool); AllocationFailed when none can be had."""
+        settings, claim = job.pool.spec.host_record, job.claim
+        if settings is None or object_type(job.pool) != HOST:
             return None
         try:
             if settings.hostname_source == "claimName":
@@ -330,10 +331,10 @@ class Allocator:
         """The claim's object posted at the requested `address`; AllocationFailed naming the holder when NIOS
         refuses it as a second fixed address there."""
         try:
-            hostname = await self.hostname_for(job.pool, job.connection, job.claim)
+            hostname = await self.hostname_for(job)
             kept = await self.create_object(job, address, hostname, for_request=True)
         except WapiError as error:
-            if error.problem is Problem.CONFLICT:  # another fixed address got there first?
+            if error.failure is Failure.CONFLICT:  # another fixed address got there first?
                 found = await self.ledger.holders(job.connection, job.pool, address)
                 if found:
                     raise held(address, job.pool, found[0]) from error

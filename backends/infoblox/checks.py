@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.infoblox.client import PAGE_SIZE, Problem, WapiClient, WapiError
+from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.connections import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, GridHealth, Health, view_missing
 from backends.infoblox.ledger import FIXED_V4, FIXED_V6, HOST, fixed_type, object_type
 from backends.infoblox.settings import InfobloxSettings
@@ -71,10 +71,10 @@ class PoolChecks:
         try:
             ready, reason, message = await self._ask(pool, connection, health)
         except WapiError as error:
-            failed = await self._grid.failed(connection, error) if error.problem in INSTANCE_WIDE else None
+            failed = await self._grid.failed(connection, error) if error.failure in INSTANCE_WIDE else None
             ready, reason = False, failed.reason if failed else "WAPIError"
             message = failed.message if failed else f"checking the pool on the grid failed: {error.detail}"
-            if error.problem is Problem.VIEW_NOT_FOUND:  # a search named a view the grid does not have
+            if error.failure is Failure.VIEW_NOT_FOUND:  # a search named a view the grid does not have
                 network = error.detail.startswith("Network view")
                 reason = "NetworkViewNotFound" if network else "DNSViewNotFound"
                 message = view_missing(error.detail, "checking the pool")
@@ -137,7 +137,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
         try:
             found = await client.search("zone_auth", ["fqdn"], {"fqdn": candidate, "view": view})
         except WapiError as error:
-            if error.problem is Problem.VIEW_NOT_FOUND:
+            if error.failure is Failure.VIEW_NOT_FOUND:
                 return view_missing
             raise
         if found:

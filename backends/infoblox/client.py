@@ -4,8 +4,8 @@ Contract:
 - Every call runs in the client's own bounded thread pool (`max_workers` = the instance's maxConcurrentRequests),
   so at most that many WAPI requests are in flight per instance, and the event loop never blocks. A call that does
   not finish within `call_timeout` is abandoned (its thread still ends on the HTTP timeout) and reported as
-  `Problem.UNKNOWN_OUTCOME`. Every request carries the controller's User-Agent.
-- Every failure surfaces as `WapiError` with a `Problem` and a `detail` that is safe to show: the grid's own error
+  `Failure.UNKNOWN_OUTCOME`. Every request carries the controller's User-Agent.
+- Every failure surfaces as `WapiError` with a `Failure` and a `detail` that is safe to show: the grid's own error
   `text`, or a short description; never credentials, nor library exception strings (which embed URLs and bodies).
 - `search`, `update` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or
   timed-out requests; `create` is tried once, because a lost POST may have been committed: the caller decides.
@@ -55,7 +55,9 @@ BACKEND = "infoblox"  # the `backend` label of the request metrics: the entry-po
 _WAPI_PATH = re.compile(r"/wapi/v[0-9.]+/([a-z][a-z0-9_:]*)(?:/|$)")
 
 
-class Problem(enum.Enum):
+class Failure(enum.Enum):
+    """What went wrong in a WAPI call (`WapiError.failure`)."""
+
     AUTH = "AuthenticationFailed"
     TLS = "TLSVerificationFailed"
     UNREACHABLE = "Unreachable"
@@ -71,15 +73,15 @@ class Problem(enum.Enum):
     REFUSED = "Refused"  # any other error answer
 
 
-TRANSIENT = frozenset({Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME, Problem.UNREACHABLE})
+TRANSIENT = frozenset({Failure.UNAVAILABLE, Failure.UNKNOWN_OUTCOME, Failure.UNREACHABLE})
 
 
 class WapiError(Exception):
     """A failed WAPI call. `detail` is safe to show to people."""
 
-    def __init__(self, problem: Problem, detail: str, status: int | None = None) -> None:
-        super().__init__(f"{problem.value}: {detail}")
-        self.problem = problem
+    def __init__(self, failure: Failure, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{failure.value}: {detail}")
+        self.failure = failure
         self.detail = detail
         self.status = status
 
@@ -126,11 +128,11 @@ class WapiClient:
                 raise RuntimeError("closed")
             future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except RuntimeError as error:  # closed, or the executor refuses new work after shutdown
-            raise WapiError(Problem.UNAVAILABLE, "the connection to the grid was replaced; try again") from error
+            raise WapiError(Failure.UNAVAILABLE, "the connection to the grid was replaced; try again") from error
         try:
             return await asyncio.wait_for(future, self.call_timeout)
         except TimeoutError as error:
-            raise WapiError(Problem.UNKNOWN_OUTCOME, f"no answer within {self.call_timeout:.0f} s") from error
+            raise WapiError(Failure.UNKNOWN_OUTCOME, f"no answer within {self.call_timeout:.0f} s") from error
         except Exception as error:
             raise classify(error) from error
 
@@ -139,14 +141,14 @@ class WapiClient:
             try:
                 return await attempt_once()
             except WapiError as error:
-                if error.problem not in TRANSIENT or attempt + 1 == self.retry.attempts:
+                if error.failure not in TRANSIENT or attempt + 1 == self.retry.attempts:
                     raise
                 delay = self.retry.delay(attempt)
                 log.info(
                     "WAPI call failed; retrying",
                     grid=self.label,
                     call=what,
-                    problem=error.problem.value,
+                    failure=error.failure.value,
                     detail=error.detail,
                     retry_in=round(delay, 2),
                 )
@@ -187,15 +189,15 @@ class WapiClient:
             try:
                 page = await self._run(functools.partial(self._get, obj_type, page_query, eas))
             except WapiError as error:
-                if page_id is None or error.problem is not Problem.REFUSED:
+                if page_id is None or error.failure is not Failure.REFUSED:
                     raise
                 # The grid took the same query without a page id: it refused the cursor (expired, or used by a
                 # request whose reply was lost and which was sent again). Transient: the search starts over.
                 raise WapiError(
-                    Problem.UNAVAILABLE, f"the grid lost the search's page cursor ({error.detail})"
+                    Failure.UNAVAILABLE, f"the grid lost the search's page cursor ({error.detail})"
                 ) from error
             if not isinstance(page, dict) or not isinstance(page.get("result"), list):
-                raise WapiError(Problem.REFUSED, f"the grid answered a paged GET of {obj_type} without a result list")
+                raise WapiError(Failure.REFUSED, f"the grid answered a paged GET of {obj_type} without a result list")
             found.extend(_objects(page["result"], obj_type))
             page_id = page.get("next_page_id")
             if not page_id:
@@ -223,7 +225,7 @@ class WapiClient:
 
         result = await self._run(call)
         if not isinstance(result, dict) or "_ref" not in result:
-            raise WapiError(Problem.REFUSED, f"the grid answered the POST of a {obj_type} without an object")
+            raise WapiError(Failure.REFUSED, f"the grid answered the POST of a {obj_type} without an object")
         return result
 
     async def update(self, ref: str, payload: Mapping[str, Any]) -> None:
@@ -240,7 +242,7 @@ class WapiClient:
                 f"DELETE {ref.split('/', 1)[0]}", lambda: self._run(lambda: self._connector.delete_object(ref))
             )
         except WapiError as error:
-            if error.problem is Problem.NOT_FOUND:
+            if error.failure is Failure.NOT_FOUND:
                 return False
             raise
         return True
@@ -281,7 +283,7 @@ def _objects(answer: Any, obj_type: str) -> list[Object]:
     if answer is None:
         return []
     if not isinstance(answer, list) or not all(isinstance(item, dict) for item in answer):
-        raise WapiError(Problem.REFUSED, f"the grid answered a GET of {obj_type} with something other than objects")
+        raise WapiError(Failure.REFUSED, f"the grid answered a GET of {obj_type} with something other than objects")
     return answer
 
 
@@ -294,11 +296,11 @@ def classify(error: BaseException) -> WapiError:
     if isinstance(error, WapiError):
         return error
     if isinstance(error, ib_ex.InfobloxBadWAPICredential):
-        return WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", 401)
+        return WapiError(Failure.AUTH, "the grid refused the credentials (HTTP 401)", 401)
     if isinstance(error, ib_ex.InfobloxTimeoutError):
-        return WapiError(Problem.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
+        return WapiError(Failure.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
     if isinstance(error, ib_ex.InfobloxGridTemporaryUnavailable):
-        return WapiError(Problem.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", 503)
+        return WapiError(Failure.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", 503)
     if isinstance(error, ib_ex.InfobloxConnectionError):
         return _connection_error(error.kwargs.get("reason"))
     if isinstance(error, ib_ex.InfobloxException):
@@ -307,14 +309,14 @@ def classify(error: BaseException) -> WapiError:
         return _answer(status, error.response if isinstance(error.response, dict) else None)
     if isinstance(error, requests.RequestException):
         return _connection_error(error)
-    return WapiError(Problem.REFUSED, f"unexpected {type(error).__name__} from the WAPI client")
+    return WapiError(Failure.REFUSED, f"unexpected {type(error).__name__} from the WAPI client")
 
 
 def _connection_error(reason: Any) -> WapiError:
     if isinstance(reason, requests.exceptions.SSLError):
         found = _VERIFY.search(str(reason))
         why = f" ({found.group(1).strip()})" if found else ""
-        return WapiError(Problem.TLS, f"the grid's TLS certificate could not be verified{why}")
+        return WapiError(Failure.TLS, f"the grid's TLS certificate could not be verified{why}")
     if isinstance(reason, requests.HTTPError) and reason.response is not None:
         response = reason.response
         try:
@@ -323,13 +325,13 @@ def _connection_error(reason: Any) -> WapiError:
             body = None
         return _answer(response.status_code, body if isinstance(body, dict) else None)
     if isinstance(reason, requests.exceptions.ConnectTimeout):
-        return WapiError(Problem.UNREACHABLE, "connecting to the grid timed out")
+        return WapiError(Failure.UNREACHABLE, "connecting to the grid timed out")
     if isinstance(reason, requests.exceptions.Timeout):
-        return WapiError(Problem.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
+        return WapiError(Failure.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
     text = str(reason)
     if "NewConnectionError" in text or "Connection refused" in text or "Name or service not known" in text:
-        return WapiError(Problem.UNREACHABLE, "cannot connect to the grid (connection refused or name not resolved)")
-    return WapiError(Problem.UNKNOWN_OUTCOME, "the connection was lost before the grid answered")
+        return WapiError(Failure.UNREACHABLE, "cannot connect to the grid (connection refused or name not resolved)")
+    return WapiError(Failure.UNKNOWN_OUTCOME, "the connection was lost before the grid answered")
 
 
 # The grid's refusal of an attribute whose definition's allowed_object_types excludes the object's type.
@@ -341,23 +343,23 @@ def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
     code = str((body or {}).get("code", ""))
     text = str((body or {}).get("text", "")) or f"HTTP {status}"
     if status == 401:
-        return WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", status)
+        return WapiError(Failure.AUTH, "the grid refused the credentials (HTTP 401)", status)
     if status == 503:
-        return WapiError(Problem.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", status)
+        return WapiError(Failure.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", status)
     if "available IP address" in text and code.startswith("Client.Ibap.Data"):
-        return WapiError(Problem.EXHAUSTED, text, status)
+        return WapiError(Failure.EXHAUSTED, text, status)
     if "does not match any unique networks/ranges" in text:
-        return WapiError(Problem.TARGET_NOT_FOUND, text, status)
+        return WapiError(Failure.TARGET_NOT_FOUND, text, status)
     if "Unknown extensible attribute" in text:
-        return WapiError(Problem.UNKNOWN_EA, text, status)
+        return WapiError(Failure.UNKNOWN_EA, text, status)
     if status == 404 and _VIEW_NOT_FOUND.match(text):
-        return WapiError(Problem.VIEW_NOT_FOUND, text, status)
+        return WapiError(Failure.VIEW_NOT_FOUND, text, status)
     if status == 404:
-        return WapiError(Problem.NOT_FOUND, text, status)
+        return WapiError(Failure.NOT_FOUND, text, status)
     if code == "Client.Ibap.Data.Conflict" and _EA_NOT_ALLOWED.match(text):
-        return WapiError(Problem.EA_NOT_ALLOWED, text, status)
+        return WapiError(Failure.EA_NOT_ALLOWED, text, status)
     if code == "Client.Ibap.Data.Conflict":
-        return WapiError(Problem.CONFLICT, text, status)
+        return WapiError(Failure.CONFLICT, text, status)
     if status is not None and status >= 500:
-        return WapiError(Problem.UNAVAILABLE, f"the grid answered HTTP {status}: {text}", status)
-    return WapiError(Problem.REFUSED, text, status)
+        return WapiError(Failure.UNAVAILABLE, f"the grid answered HTTP {status}: {text}", status)
+    return WapiError(Failure.REFUSED, text, status)

@@ -43,7 +43,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from backends.infoblox.client import PAGE_SIZE, Problem, WapiClient, WapiError
+from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool
 from backends.validation import spec_error
@@ -56,9 +56,9 @@ from ipam_provider.runtime.kube.resources import SECRETS
 
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
-AUTH_FAILED = Problem.AUTH.value  # the Health reason of refused credentials
+AUTH_FAILED = Failure.AUTH.value  # the Health reason of refused credentials
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
-INSTANCE_WIDE = frozenset({Problem.AUTH, Problem.TLS, Problem.UNREACHABLE})
+INSTANCE_WIDE = frozenset({Failure.AUTH, Failure.TLS, Failure.UNREACHABLE})
 
 
 @dataclass(frozen=True)
@@ -349,8 +349,8 @@ class GridHealth:
 
     async def failed(self, connection: Connection, error: WapiError) -> Health:
         """Record that a call failed in a way that concerns the whole instance (credentials, TLS, reachability)."""
-        reason, message = problem_condition(connection, error)
-        if error.problem is Problem.AUTH:
+        reason, message = failure_condition(connection, error)
+        if error.failure is Failure.AUTH:
             connection.read_at = 0.0  # read the Secret again on the next call: it may have been fixed
             previous = connection.health
             if previous is None or previous.reason != AUTH_FAILED:
@@ -366,24 +366,24 @@ class GridHealth:
 
     async def translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
         """A BackendError for people; instance-wide failures also go to the instance's condition."""
-        if error.problem in INSTANCE_WIDE:
+        if error.failure in INSTANCE_WIDE:
             health = await self.failed(connection, error)
             return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
-        if error.problem is Problem.VIEW_NOT_FOUND:
+        if error.failure is Failure.VIEW_NOT_FOUND:
             return PoolNotReadyError(view_missing(error.detail, what))
-        if error.problem is Problem.TARGET_NOT_FOUND:
+        if error.failure is Failure.TARGET_NOT_FOUND:
             return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
-        if error.problem is Problem.UNKNOWN_EA:
+        if error.failure is Failure.UNKNOWN_EA:
             return PoolNotReadyError(
                 f"{error.detail}: define it on the grid or remove it from spec.extensibleAttributes"
             )
-        if error.problem is Problem.EA_NOT_ALLOWED:
+        if error.failure is Failure.EA_NOT_ALLOWED:
             return PoolNotReadyError(
                 f"{what}: the grid refused an extensible attribute the pool writes: {error.detail}; allow the object "
                 "type in the attribute definition's allowed_object_types, or remove the attribute from "
                 "spec.extensibleAttributes if it is the pool's own"
             )
-        if error.problem in (Problem.UNAVAILABLE, Problem.UNKNOWN_OUTCOME):
+        if error.failure in (Failure.UNAVAILABLE, Failure.UNKNOWN_OUTCOME):
             return AllocationFailedError(f"the grid did not answer ({error.detail}); retrying", retry_after=5.0)
         return AllocationFailedError(f"{what}: the grid refused: {error.detail}")
 
@@ -405,7 +405,7 @@ class GridHealth:
             bound = dns_views[0].get("network_view") if dns_views else None
             names, missing = await self._definitions(connection)
         except WapiError as error:
-            return Health(False, *problem_condition(connection, error), now)
+            return Health(False, *failure_condition(connection, error), now)
         if missing:
             how = "the API user could not create them" if spec.manage_ea_definitions else "their creation is off"
             message = (
@@ -437,20 +437,20 @@ class GridHealth:
         return names, [name for name in OWNERSHIP_EAS if name not in names]
 
 
-def problem_condition(connection: Connection, error: WapiError) -> tuple[str, str]:
+def failure_condition(connection: Connection, error: WapiError) -> tuple[str, str]:
     """The condition reason and message for an instance-wide failure."""
     where = f"WAPI {connection.spec.wapi_version} at {connection.spec.netloc}"
-    if error.problem is Problem.AUTH:
+    if error.failure is Failure.AUTH:
         return AUTH_FAILED, f"{where} refused the credentials of Secret {connection.secret} (HTTP 401); fix the Secret"
-    if error.problem is Problem.TLS:
+    if error.failure is Failure.TLS:
         return "TLSVerificationFailed", (
             f"{where}: {error.detail}; set spec.caBundle or spec.caBundleSecretRef to the CA that signed it"
         )
-    if error.problem in (Problem.UNREACHABLE, Problem.UNKNOWN_OUTCOME):
+    if error.failure in (Failure.UNREACHABLE, Failure.UNKNOWN_OUTCOME):
         return "Unreachable", f"{where} did not answer: {error.detail}; check spec.host, spec.port and the network"
-    if error.problem is Problem.UNAVAILABLE:
+    if error.failure is Failure.UNAVAILABLE:
         return "GridUnavailable", f"{where}: {error.detail}"
-    if error.problem is Problem.VIEW_NOT_FOUND:
+    if error.failure is Failure.VIEW_NOT_FOUND:
         return "NetworkViewNotFound", f"{where}: {error.detail}"
     return "WAPIError", f"{where}: {error.detail}"
 

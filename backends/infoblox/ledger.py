@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from backends.infoblox.client import PAGE_SIZE, Problem, WapiError
+from backends.infoblox.client import PAGE_SIZE, Failure, WapiError
 from backends.infoblox.connections import Connection, Connections, GridHealth, InstanceProblem
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import (
@@ -351,12 +351,6 @@ class Ledger:
         """The pool's index as it stands, without a request."""
         return self._indexes.get(pool_ref)
 
-    def released_elsewhere(self, pool_ref: PoolRef) -> None:
-        """An address of the pool came free: full subnets are worth asking again."""
-        index = self._indexes.get(pool_ref)
-        if index is not None:
-            index.exhausted.clear()
-
     def forget_claim(self, pool_ref: PoolRef, claim_uid: str) -> None:
         """Forget what the index says the claim owns in the pool: its next allocation searches the grid instead."""
         index = self._indexes.get(pool_ref)
@@ -372,7 +366,7 @@ class Ledger:
                     obj_type, RETURN_FIELDS[obj_type], extattrs={EA_CLAIM_UID: claim_uid}
                 )
             except WapiError as error:
-                if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
+                if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
                 raise
             found += [
@@ -415,7 +409,7 @@ class Ledger:
         raw = await connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
         obj = parse_object(obj_type, raw)
         if obj is None:
-            raise WapiError(Problem.REFUSED, f"the grid answered a {obj_type} without an address")
+            raise WapiError(Failure.REFUSED, f"the grid answered a {obj_type} without an address")
         job.index.by_claim[claim.uid] = [obj]
         return obj
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from backends.infoblox.allocator import Allocator
-from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.client import Failure, WapiError
 from backends.infoblox.ledger import (
     ALL_TYPES,
     RETURN_FIELDS,
@@ -78,7 +78,7 @@ class GridRepair:
                     before_page=pacer.wait,
                 )
             except WapiError as error:
-                if error.problem is Problem.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
+                if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
                 raise await self._ledger.translate(connection, error, f"listing {pool_ref}") from error
             for obj in ours(obj_type, answer, parsed.label):
@@ -139,11 +139,11 @@ class GridRepair:
         """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
         allocator = self._allocator
         hostname = allocation.annotations.get(ANNOTATION_HOSTNAME)
-        hostname = hostname or await allocator.hostname_for(job.pool, job.connection, job.claim)
+        hostname = hostname or await allocator.hostname_for(job)
         try:
             kept = await allocator.create_object(job, address, hostname, for_request=True)
         except WapiError as error:
-            if error.problem is not Problem.CONFLICT:
+            if error.failure is not Failure.CONFLICT:
                 raise
             return await self._after_losing(job, address, error.detail)
         if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address

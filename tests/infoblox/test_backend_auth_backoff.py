@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from backends.infoblox import connections as connections_module
-from backends.infoblox.client import Problem, WapiError
+from backends.infoblox.client import Failure, WapiError
 from backends.infoblox.connections import Connections, GridHealth, InstanceStatus
 from backends.infoblox.settings import InfobloxSettings
 from tests.infoblox.test_backend_units import StubKube, grid_instance, secret
@@ -108,7 +108,7 @@ async def test_refusals_of_other_calls_double_the_wait_only_when_they_probed_aga
     connections, grid = instance_parts(kube)
     connection = await connections.connect("grid")
     await grid.health(connection)  # refused at 1000: the wait is 10 s
-    refusal = WapiError(Problem.AUTH, "the grid refused the credentials (HTTP 401)", 401)
+    refusal = WapiError(Failure.AUTH, "the grid refused the credentials (HTTP 401)", 401)
     now[0] = 1001.0
     await grid.failed(connection, refusal)  # a call that was under way: no doubling
     assert connection.auth_failures == 1 and grid.refused(connection) is not None

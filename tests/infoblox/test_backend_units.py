@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.client import Failure, RetryPolicy, WapiClient, WapiError
 from backends.infoblox.connections import Connections, InstanceProblem, InstanceStatus
 from backends.infoblox.hostname import plural
 from backends.infoblox.ledger import duid_for
@@ -102,34 +102,34 @@ async def test_client_errors_map_to_problems(wapi_simulator: WapiSimulator) -> N
     body = {"ipv4addr": "func:nextavailableip:10.0.0.0/30,default", "mac": "00:00:00:00:00:00"}
     created = [await wapi.create("fixedaddress", body, ["ipv4addr"]) for _ in range(2)]
     assert [c["ipv4addr"] for c in created] == ["10.0.0.1", "10.0.0.2"]
-    cases: list[tuple[str, dict[str, Any], Problem, str]] = [
-        ("fixedaddress", body, Problem.EXHAUSTED, "Cannot find 1 available IP"),
+    cases: list[tuple[str, dict[str, Any], Failure, str]] = [
+        ("fixedaddress", body, Failure.EXHAUSTED, "Cannot find 1 available IP"),
         (
             "fixedaddress",
             {**body, "ipv4addr": "func:nextavailableip:10.9.0.0/24,default"},
-            Problem.TARGET_NOT_FOUND,
+            Failure.TARGET_NOT_FOUND,
             "",
         ),
-        ("fixedaddress", {**body, "extattrs": {"Nope": {"value": "x"}}}, Problem.UNKNOWN_EA, "Nope"),
-        ("fixedaddress", {**body, "extattrs": {"Net-Only": {"value": "x"}}}, Problem.EA_NOT_ALLOWED, "'Net-Only'"),
-        ("fixedaddress", {**body, "ipv4addr": "10.0.0.1"}, Problem.CONFLICT, "already used"),
+        ("fixedaddress", {**body, "extattrs": {"Nope": {"value": "x"}}}, Failure.UNKNOWN_EA, "Nope"),
+        ("fixedaddress", {**body, "extattrs": {"Net-Only": {"value": "x"}}}, Failure.EA_NOT_ALLOWED, "'Net-Only'"),
+        ("fixedaddress", {**body, "ipv4addr": "10.0.0.1"}, Failure.CONFLICT, "already used"),
         (
             "record:host",
             {"name": "a.b", "view": "nope", "ipv4addrs": [{"ipv4addr": "10.0.0.3"}]},
-            Problem.VIEW_NOT_FOUND,
+            Failure.VIEW_NOT_FOUND,
             "",
         ),
     ]
     for obj_type, payload, problem, text in cases:
         with pytest.raises(WapiError) as caught:
             await wapi.create(obj_type, payload, ["comment"])
-        assert caught.value.problem is problem, (payload, caught.value)
+        assert caught.value.failure is problem, (payload, caught.value)
         assert text in caught.value.detail
     for view, detail in (("nope", "View nope not found"), (" ", "View  not found")):  # a search: 404, not []
         sim.request_log.reset()
         with pytest.raises(WapiError) as caught:
             await wapi.search("record:host", ["name"], {"name": "a.b", "view": view})
-        assert (caught.value.problem, caught.value.detail, caught.value.status) == (Problem.VIEW_NOT_FOUND, detail, 404)
+        assert (caught.value.failure, caught.value.detail, caught.value.status) == (Failure.VIEW_NOT_FOUND, detail, 404)
         assert sim.request_log.count("GET") == 1, "a 404 is an answer: not retried"
     assert await wapi.delete(created[0]["_ref"]) is True
     assert await wapi.delete(created[0]["_ref"]) is False, "404 on DELETE is 'already released'"
@@ -147,11 +147,11 @@ async def test_client_retries_503_and_lost_requests_on_reads_only(wapi_simulator
     body = {"ipv4addr": "func:nextavailableip:10.0.0.0/24,default", "mac": "00:00:00:00:00:00"}
     with pytest.raises(WapiError) as caught:
         await wapi.create("fixedaddress", body, ["ipv4addr"])
-    assert caught.value.problem is Problem.UNAVAILABLE and caught.value.status == 503
+    assert caught.value.failure is Failure.UNAVAILABLE and caught.value.status == 503
     sim.faults.drop_next(1, methods="POST")
     with pytest.raises(WapiError) as caught:
         await wapi.create("fixedaddress", body, ["ipv4addr"])
-    assert caught.value.problem is Problem.UNKNOWN_OUTCOME, "a lost POST is never re-sent by the client"
+    assert caught.value.failure is Failure.UNKNOWN_OUTCOME, "a lost POST is never re-sent by the client"
     assert sim.request_log.count("POST") == 2
     await wapi.close()
 
@@ -162,12 +162,12 @@ async def test_client_bad_credentials_and_tls(wapi_simulator: WapiSimulator, tmp
     wrong = client(wapi_simulator, password="wrong-secret-value")
     with pytest.raises(WapiError) as caught:
         await wrong.search("network", ["network"])
-    assert caught.value.problem is Problem.AUTH and "wrong-secret-value" not in str(caught.value)
+    assert caught.value.failure is Failure.AUTH and "wrong-secret-value" not in str(caught.value)
     other_ca = make_tls_material(tmp_path).ca_path
     untrusted = client(wapi_simulator, ssl_verify=str(other_ca))
     with pytest.raises(WapiError) as caught:
         await untrusted.search("network", ["network"])
-    assert caught.value.problem is Problem.TLS and "could not be verified" in caught.value.detail
+    assert caught.value.failure is Failure.TLS and "could not be verified" in caught.value.detail
     for wapi in (wrong, untrusted):
         await wapi.close()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from backends.infoblox.client import Problem, RetryPolicy, WapiClient, WapiError, request_operation
+from backends.infoblox.client import Failure, RetryPolicy, WapiClient, WapiError, request_operation
 from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -80,5 +80,5 @@ async def test_requests_without_an_answer_count_as_unreachable() -> None:
             await wapi.search("network", ["network"])
     finally:
         await wapi.close()
-    assert caught.value.problem is Problem.UNREACHABLE
+    assert caught.value.failure is Failure.UNREACHABLE
     assert requests_total("GET network", "unreachable") - before >= FAST.attempts

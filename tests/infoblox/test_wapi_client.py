@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from backends.infoblox.client import PAGE_SIZE, Problem, RetryPolicy, WapiClient, WapiError
+from backends.infoblox.client import PAGE_SIZE, Failure, RetryPolicy, WapiClient, WapiError
 from backends.infoblox.connections import Connections, InstanceStatus
 from backends.infoblox.ledger import parse_object
 from backends.infoblox.settings import InfobloxSettings
@@ -46,7 +46,7 @@ async def test_each_search_attempt_is_exactly_one_get(wapi_simulator: WapiSimula
     sim.faults.fail_next(10, methods="GET")
     with pytest.raises(WapiError) as caught:
         await wapi.search("network", ["network"])
-    assert caught.value.problem is Problem.UNAVAILABLE
+    assert caught.value.failure is Failure.UNAVAILABLE
     assert get_statuses(sim) == [503] * FAST.attempts
     await wapi.close()
 
@@ -102,7 +102,7 @@ async def test_closing_lets_queued_calls_finish_and_refuses_new_ones(wapi_simula
     assert all(isinstance(a, list) and len(a) == 1 for a in answers), answers
     with pytest.raises(WapiError) as caught:
         await wapi.search("network", ["network"])
-    assert caught.value.problem is Problem.UNAVAILABLE and "replaced" in caught.value.detail
+    assert caught.value.failure is Failure.UNAVAILABLE and "replaced" in caught.value.detail
 
 
 class SecretsStub:
