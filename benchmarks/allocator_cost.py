@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.incluster import strategies
-from backends.incluster.allocatable import build_allocatable_set
+from backends.incluster import policy
+from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
 from backends.incluster.intervals import IntervalSet, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.pool_index import PoolIndex
@@ -106,7 +106,7 @@ class Layouts:
                 held += [reservation(first + size + i, family, EPOCH + i) for i in range(RECORDS)]
             else:
                 held = [reservation(first + 2 * i, family) for i in range(size)]
-            self._made[key] = PoolIndex.build(pool, family, held, None)
+            self._made[key] = PoolIndex.build(AllocatableSet(pool, family), held)
         return self._made[key]
 
     def clear(self) -> None:
@@ -140,14 +140,14 @@ def measure(row: Row, family: int, size: int, layouts: Layouts, calls: int, repe
     index = layouts.get(family, size, row.variant == "reuse")
     index.set_policy(AllocationPolicy(row.strategy, row.band))
     index.clock = lambda: float(EPOCH + 10 * RECORDS)
-    draws = strategies.RANDOM_DRAWS
-    strategies.RANDOM_DRAWS = 0 if row.variant == "exact" else draws
+    draws = policy.RANDOM_DRAWS
+    policy.RANDOM_DRAWS = 0 if row.variant == "exact" else draws
     try:
         overhead = timer_overhead_ns(calls)
         samples = [sample for _ in range(repeats) for sample in allocation_times_ns(index, calls)]
         return max(statistics.median(samples) - overhead, 0.0) / 1000
     finally:
-        strategies.RANDOM_DRAWS = draws
+        policy.RANDOM_DRAWS = draws
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.repair import PAGE_SIZE
-from ipam_provider.backend.contract import BackendContext, PoolRef
+from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES
 from tools.controlplane.assets import binaries_dir, our_crd_paths
@@ -65,7 +65,9 @@ async def reserve(backend: InClusterBackend, ref: PoolRef, count: int, base: str
     async def one(index: int) -> None:
         async with semaphore:
             address = str(first + index)
-            made = await backend.reservations.create(ref, address, 8, None, NAMESPACE, f"c-{index}", f"uid-{index}")
+            made = await backend.ledger.reservations.create(
+                ref, Allocation(address, 8, None), ClaimContext(NAMESPACE, f"c-{index}", f"uid-{index}")
+            )
             if made is None:
                 raise RuntimeError(f"{address} was reserved already")
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import structlog
 
-from backends.incluster.advisories import consistency_condition
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.overlap import overlap_condition
+from backends.incluster.domains import overlap_condition
 from backends.incluster.reservations import Reservation
+from backends.incluster.spec import consistency_condition
 from ipam_provider.api.capi import (
     FINALIZER_PROTECT_POOL,
     FINALIZER_RELEASE_ADDRESS,
@@ -47,6 +47,7 @@ from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
     BackendContext,
+    ClaimContext,
     ReportCondition,
 )
 from ipam_provider.controller import ControllerSettings
@@ -119,8 +120,8 @@ class LimitWriter:
         patched.setdefault("apiVersion", CLAIMS.api_version)
         patched.setdefault("kind", CLAIMS.kind)
         address = cursor.next_address()
-        held = await self.backend.reservations.create(
-            cursor.ref, address, cursor.prefix, None, namespace, name, meta["uid"]
+        held = await self.backend.ledger.reservations.create(
+            cursor.ref, Allocation(address, cursor.prefix, None), ClaimContext(namespace, name, meta["uid"])
         )
         if held is None:
             raise RuntimeError(f"{address} of {cursor.ref} is already reserved")
@@ -147,7 +148,7 @@ class LimitWriter:
         unprotect = {"metadata": {"finalizers": [], "resourceVersion": meta["resourceVersion"]}}
         patched = await self.kube.patch(ADDRESSES, name, unprotect, namespace)
         await self.kube.delete(ADDRESSES, name, namespace, uid=patched["metadata"]["uid"])
-        await self.backend.reservations.delete(written.reservation)
+        await self.backend.ledger.reservations.delete(written.reservation)
         claim = written.claim["metadata"]
         await self.kube.patch(CLAIMS, claim["name"], {"metadata": {"finalizers": []}}, claim["namespace"])
 

@@ -1,18 +1,9 @@
 """Parsing and validation of an in-cluster pool's address entries, and its allocatable set.
 
-An entry of `addresses` or `excludedAddresses` is one of:
-
-- a single IP: `10.0.0.5`, `fd00::5`;
-- a range `A-B` of two IPs of the same family with A <= B: `10.0.0.10-10.0.0.20` (blanks around `-` allowed);
-- a CIDR with a decimal prefix length: `10.0.0.0/24`. A CIDR with host bits set (`10.0.0.5/24`) is accepted
-  and means its whole network (`10.0.0.0/24`), as the Go in-cluster provider does.
-
-Blanks around an entry are ignored. Netmask notation (`10.0.0.0/255.255.255.0`) and scoped IPv6 addresses
-(`fe80::1%eth0`) are refused. Entries become integer intervals at once; no entry is ever expanded address by
-address, so a /16 IPv4 or /48 IPv6 pool is as cheap as a /30.
-
-Validation messages start with the exact text of the Go in-cluster provider's webhook, optionally followed by
-`: <offending entry>`, and end with the field they are about in parentheses: `(spec.addresses[1])`.
+An entry of `addresses` or `excludedAddresses` is an IP, a range `A-B` of one family with A <= B, or a CIDR (host
+bits set mean the whole network, as in the Go provider), without blanks; netmasks and scoped IPv6 addresses are
+refused. Entries become integer intervals, never expanded address by address. Messages start with the Go
+provider's webhook text, optionally `: <entry>`, and end with their field: `(spec.addresses[1])`.
 """
 
 from __future__ import annotations
@@ -47,11 +38,8 @@ def without_field(message: str) -> str:
 
 
 class PoolSpecError(ValueError):
-    """A pool spec the in-cluster backend refuses.
-
-    `messages` holds every problem found, each starting with the Go provider's text; `str(error)` joins them
-    with `; `, so it starts with the first one.
-    """
+    """A pool spec the in-cluster backend refuses: `messages`, every problem found (each starting with the Go
+    provider's text), joined by `; ` in `str(error)`."""
 
     def __init__(self, messages: Sequence[str]) -> None:
         if not messages:
@@ -72,15 +60,13 @@ class AddressEntry:
 
 @dataclass(frozen=True)
 class AllocatableSet:
-    """The addresses a pool may hand out, and the pool's IP family and subnet (as integers).
-
-    For a prefix pool (see `prefix_allocatable`) the integers are child prefix numbers, each the child's first
-    address shifted right by `host_bits`; for an address pool `host_bits` is 0 and they are the addresses."""
+    """The addresses a pool may hand out, its IP family and subnet, as integers: for a prefix pool (`host_bits` > 0
+    or not) child numbers, each the child's first address shifted right by `host_bits` (see `prefix_spec`)."""
 
     addresses: IntervalSet
     family: int
-    subnet_first: int
-    subnet_last: int
+    subnet_first: int = 0  # 0, 0: no subnet known (an index's allocatable set alone)
+    subnet_last: int = 0
     host_bits: int = 0
 
 
@@ -151,7 +137,12 @@ def _check_spec(
     gateway: str | None,
     excluded_addresses: Sequence[str],
 ) -> tuple[list[AddressEntry], list[AddressEntry], int | None, int]:
-    """Validate a pool spec; return its parsed addresses, exclusions, gateway and family, or raise."""
+    """A pool spec's parsed addresses, exclusions, gateway and family; PoolSpecError listing what is wrong, checked
+    in the Go provider's order (a failing stage stops before the next): `addresses` is not empty; every entry of
+    `addresses`, then of `excluded_addresses`, parses; `addresses` share one family; the gateway (blank: none) parses
+    and is of that family, every exclusion is of that family, the prefix is within the family's bits, and every
+    entry of `addresses` lies inside the subnet of the first address and the prefix (exclusions and the gateway may
+    lie outside it)."""
     if not addresses:
         raise PoolSpecError([f"{ADDRESSES_REQUIRED} (spec.addresses)"])
     errors: list[str] = []
@@ -201,17 +192,7 @@ def validate_pool_spec(
     gateway: str | None = None,
     excluded_addresses: Sequence[str] = (),
 ) -> None:
-    """Raise PoolSpecError listing what is wrong with a pool spec; return None when it is valid.
-
-    Checks, in the Go provider's order (a failing stage stops before the next):
-    1. `addresses` is not empty;
-    2. every entry of `addresses`, then of `excluded_addresses`, parses;
-    3. all of `addresses` share one family;
-    4. the gateway (blank means none) parses and is of that family; every exclusion is of that family; the
-       prefix is within 0..32 (IPv4) or 0..128 (IPv6); every entry of `addresses` lies wholly inside the
-       subnet formed by the first address of the first entry and the prefix.
-    Exclusions and the gateway may lie outside the subnet.
-    """
+    """Raise PoolSpecError listing what is wrong with a pool spec (see `_check_spec`); None when it is valid."""
     _check_spec(addresses, prefix, gateway, excluded_addresses)
 
 
@@ -222,14 +203,9 @@ def build_allocatable_set(
     excluded_addresses: Sequence[str] = (),
     allocate_reserved: bool = False,
 ) -> AllocatableSet:
-    """Validate a pool spec (as `validate_pool_spec`) and compute the addresses the pool may hand out.
-
-    The set is the union of `addresses` minus `excluded_addresses`. Unless `allocate_reserved`, the first
-    address of the subnet (the first address of the first entry masked by `prefix`) is removed: the network
-    address for IPv4 and the subnet-router anycast address for IPv6; for IPv4 the subnet's last (broadcast)
-    address is removed too, even for a /31 or /32. The gateway is always removed. Cost is O(k log k) for k
-    entries, whatever the pool size.
-    """
+    """The addresses a valid pool spec hands out (else PoolSpecError, see `_check_spec`): `addresses` minus
+    `excluded_addresses` and the gateway, and, unless `allocate_reserved`, minus the subnet's first address (IPv4
+    network, IPv6 subnet-router anycast) and, for IPv4, its last (broadcast, even for a /31 or /32). O(k log k)."""
     entries, exclusions, gateway_value, family = _check_spec(addresses, prefix, gateway, excluded_addresses)
     subnet_first, subnet_last = _subnet_bounds(entries[0].first, prefix, family)
     removed = [(entry.first, entry.last) for entry in exclusions]
@@ -245,8 +221,7 @@ def build_allocatable_set(
 
 def pre_allocation_problems(pre_allocations: Mapping[str, str], allocatable: AllocatableSet) -> list[str]:
     """What is wrong with a pool's `preAllocations` (claim name → address) on their own: an address that does not
-    parse, is of another family, or is not an allocatable address of the pool; and an address named for two claims.
-    Collisions with addresses already held need the pool's reservations and are checked by the caller."""
+    parse, is of another family, is not allocatable, or is named for two claims (not collisions with held ones)."""
     problems: list[str] = []
     claims_of: dict[int, list[str]] = {}
     for claim_name, text in sorted(pre_allocations.items()):

@@ -1,44 +1,52 @@
-"""Uniqueness domains: in-cluster pools that never hand out one address twice between them, although their
-addresses overlap.
+"""Uniqueness domains: in-cluster pools that never hand out one address twice between them although their addresses
+overlap; and the overlap between pools, which without a common domain can give two claims one address.
 
-A pool joins a domain with `spec.uniquenessDomain: <name>`. Domain names are cluster-wide: namespaced and global
-pools of any namespace that name the same domain share it. The field cannot change once set, nor be set later
-(a CEL rule of the CRDs): a pool's reservations are named by its domain, so a change would strand them.
+A pool joins a domain with `spec.uniquenessDomain`, a DNS label (`DOMAIN_PATTERN`, at most 63 characters; another
+name makes the pool InvalidConfiguration), cluster-wide across kinds and namespaces; it cannot change once set
+(a CEL rule): it names the reservations.
+- A domain pool's reservations are named `<domain hash>.<address>` (see `reservations`): create-uniqueness decides
+  between every pool of the domain. Its index holds every reservation of the domain; each keeps its pool's label,
+  so a pool's own accounting (claims, release, repair holdings, the sweep of deleted pools) sees only its own, and
+  a claim never takes over another pool's reservation or release record (see `allocator`, `pool_index`).
+- A release record records its pool's reuse grace period; any pool of the domain deletes it once that is over,
+  except under LeastRecentlyReleased, whose records record none. The scan before a domain pool's first allocation
+  covers the IPAddresses of every pool of the domain (`domain_pools`, see `ledger`).
 
-Contract:
-- A domain pool's reservations are named `<domain hash>.<address>` (see `reservations`), so the API server's
-  create-uniqueness decides between every pool of the domain, across processes and restarts.
-- A domain pool's index is built from every reservation of the domain (listed by the domain's label): addresses
-  held by the domain's other pools are used for it too. Each reservation keeps its own pool's label, so a pool's
-  own accounting (its claims, their release, its holdings for the repair loop, the sweep of deleted pools) sees only its
-  own reservations.
-- A released reservation records its pool's reuse grace period; any pool of the domain deletes it once that is
-  over (`PoolIndex.expired_releases`), so that a pool which no longer allocates does not keep its released
-  addresses from the others. A pool's own releases expire by its current grace period (none: at once), except under
-  LeastRecentlyReleased, whose release records are never deleted for expiry: such a pool records no grace period
-  on them, so the domain's other pools never delete them either (see `released`).
-- Before a domain pool's index serves its first allocation, the IPAddresses of every pool of the domain
-  (`domain_pools`) without a reservation get one (see `indexes`, `existing`).
-- A reservation held by another pool of the domain is never taken over by a claim of this pool (see `adoption`),
-  nor is its release record (see `pool_index`).
-- `held_elsewhere` gives the addresses of a pool held by the other pools of its domain, for its free count.
-- A domain name is a DNS label (`DOMAIN_PATTERN`, at most 63 characters), as the CRDs say; the controller checks
-  it too (it is a label value and part of label selectors): a pool with another name is InvalidConfiguration.
+Overlap (`PoolSurvey`, fed by the pool watch): `observe` answers the pools whose allocatable addresses met a changed
+pool's, before or after the change; `overlaps` the other pools of the same family sharing allocatable addresses
+with one (how many, the first, same domain or not; None until the caches synced; an invalid pool overlaps
+nothing, one being deleted still counts); each pool is parsed once per uid and generation, and indexed per family
+(`Coverage`): O(log n + k) for n pools and k segments met. `overlap_condition` is the `AddressesOverlap` condition:
+True, `PoolsOverlap`, a Warning Event, when a pool outside the domain overlaps; True, `OverlapWithinUniquenessDomain`
+when only pools of the domain do; else False, `NoOverlap` (an invalid pool too). It never makes a pool not Ready.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 
+from sortedcontainers import SortedDict
+
+from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet, address_value, int_to_address
-from backends.incluster.orphans import pool_resource
-from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.backend.contract import PoolKind, PoolRef, ReportCondition
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import Resource
 
 DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # the CRDs' pattern for spec.uniquenessDomain
 DOMAIN_MAX_LENGTH = 63
+ADDRESSES_OVERLAP = "AddressesOverlap"
+POOLS_OVERLAP = "PoolsOverlap"
+OVERLAP_WITHIN_DOMAIN = "OverlapWithinUniquenessDomain"
+NO_OVERLAP = "NoOverlap"
+NAMED_IN_MESSAGE = 5  # pools named in the condition's message; the rest are counted
+
+
+def pool_resource(kind: PoolKind) -> Resource:
+    return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
 
 
 def domain_problem(domain: str) -> str | None:
@@ -90,3 +98,195 @@ def unheld_pinned(pinned: Collection[int], family: int, own: Sequence[str]) -> f
     """The pre-allocated addresses (`pinned`) that none of the pool's own IPAddresses (`own`) holds yet."""
     used = {normalized_address(address) for address in own}
     return frozenset(value for value in pinned if int_to_address(value, family) not in used)
+
+
+# The allocatable set and uniqueness domain of a pool object; None when its spec is invalid.
+PoolParser = Callable[[Object], tuple[AllocatableSet, str | None] | None]
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Another pool sharing `count` allocatable addresses with the pool, `first` the lowest of them."""
+
+    pool: PoolRef
+    count: int
+    first: str
+    same_domain: bool
+
+
+class Coverage:
+    """Which pools cover which integers of one IP family: sorted boundaries, each mapped to the pools covering the
+    integers from it up to the next boundary (none past the last one). Adjacent segments covered by the same pools
+    are merged, so the map holds at most two boundaries per interval of the pools it covers."""
+
+    def __init__(self) -> None:
+        self._segments: SortedDict = SortedDict()  # boundary -> frozenset[PoolRef]
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def covering(self, intervals: IntervalSet) -> set[PoolRef]:
+        """The pools covering some integer of `intervals`: O(log n + s) for n boundaries and the s segments met."""
+        found: set[PoolRef] = set()
+        segments = self._segments
+        for first, last in intervals:
+            before = segments.bisect_right(first) - 1
+            start = segments.peekitem(before)[0] if before >= 0 else first
+            for boundary in segments.irange(start, last):
+                found |= segments[boundary]
+        return found
+
+    def add(self, ref: PoolRef, intervals: IntervalSet) -> None:
+        for first, last in intervals:
+            self._split(first)
+            self._split(last + 1)
+            for boundary in list(self._segments.irange(first, last)):
+                self._segments[boundary] = self._segments[boundary] | {ref}
+
+    def remove(self, ref: PoolRef, intervals: IntervalSet) -> None:
+        for first, last in intervals:
+            for boundary in list(self._segments.irange(first, last + 1)):
+                if boundary <= last:
+                    self._segments[boundary] = self._segments[boundary] - {ref}
+                self._merge(boundary)
+
+    def _split(self, at: int) -> None:
+        """Make `at` a boundary, covered by the pools that cover the segment it falls in."""
+        if at not in self._segments:
+            before = self._segments.bisect_right(at) - 1
+            self._segments[at] = self._segments.peekitem(before)[1] if before >= 0 else frozenset()
+
+    def _merge(self, boundary: int) -> None:
+        """Drop `boundary` when its segment is covered as the one before it (or by nothing, when it is first)."""
+        position = self._segments.index(boundary)
+        previous = self._segments.peekitem(position - 1)[1] if position > 0 else frozenset()
+        if self._segments[boundary] == previous:
+            del self._segments[boundary]
+
+
+class PoolSurvey:
+    """The allocatable sets of the pools the pool watch has shown, indexed per IP family (see the module)."""
+
+    def __init__(
+        self, kinds: Sequence[PoolKind], cached_pools: Callable[[PoolKind], Sequence[Object] | None], parse: PoolParser
+    ) -> None:
+        self.kinds = kinds
+        self.cached_pools = cached_pools
+        self.parse = parse
+        self._synced = False
+        self._parsed: dict[PoolRef, tuple[tuple[str, int], tuple[AllocatableSet, str | None] | None]] = {}
+        self._coverage: dict[int, Coverage] = {}
+
+    def observe(self, kind: PoolKind, old: Object | None, new: Object | None) -> set[PoolRef]:
+        """Take a pool's change (`old` None: added; `new` None: deleted); the pools it affects (see the module)."""
+        meta = (new or old or {}).get("metadata") or {}
+        ref = kind.ref(meta.get("namespace"), meta.get("name", ""))
+        known = self._parsed.get(ref)
+        before = known[1] if known is not None else None
+        if new is None:
+            self._parsed.pop(ref, None)
+            after = None
+        else:
+            key = (str(meta.get("uid", "")), int(meta.get("generation") or 0))
+            if known is not None and known[0] == key:
+                return set()
+            after = self.parse(new)
+            self._parsed[ref] = (key, after)
+        affected: set[PoolRef] = set()
+        if before is not None:
+            coverage = self._coverage[before[0].family]
+            affected |= coverage.covering(before[0].addresses)
+            coverage.remove(ref, before[0].addresses)
+        if after is not None:
+            coverage = self._coverage.setdefault(after[0].family, Coverage())
+            affected |= coverage.covering(after[0].addresses)
+            coverage.add(ref, after[0].addresses)
+        affected.discard(ref)
+        return affected
+
+    def overlaps(self, ref: PoolRef, allocatable: AllocatableSet, domain: str | None) -> list[Overlap] | None:
+        """The other pools overlapping `allocatable`, in order of their references (see the module)."""
+        if not self._synced:
+            self._synced = all(self.cached_pools(kind) is not None for kind in self.kinds)
+            if not self._synced:
+                return None
+        coverage = self._coverage.get(allocatable.family)
+        found: list[Overlap] = []
+        for other in coverage.covering(allocatable.addresses) if coverage is not None else ():
+            parsed = self._parsed[other][1]
+            if other == ref or parsed is None:
+                continue
+            shared = allocatable.addresses.intersection(parsed[0].addresses)
+            first = shared.first()
+            if first is not None:
+                same = domain is not None and parsed[1] == domain
+                found.append(Overlap(other, shared.size, int_to_address(first, allocatable.family), same))
+        return sorted(found, key=lambda overlap: overlap.pool)
+
+
+def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> ReportCondition:
+    """The pool's AddressesOverlap condition (see the module)."""
+    unsafe = [overlap for overlap in overlaps if not overlap.same_domain]
+    safe = [overlap for overlap in overlaps if overlap.same_domain]
+    if not overlaps:
+        return ReportCondition(ADDRESSES_OVERLAP, False, NO_OVERLAP, "no other pool shares an allocatable address")
+    parts = []
+    if unsafe:
+        parts.append(
+            f"shares addresses with {_describe(unsafe)}: two claims may be given the same address; make the "
+            "pools' spec.addresses disjoint (for example with spec.excludedAddresses), or create the pools anew "
+            "with one spec.uniquenessDomain"
+        )
+    if safe:
+        parts.append(
+            f"shares addresses with {_describe(safe)} of uniqueness domain {domain}, which never hands out an "
+            "address twice"
+        )
+    reason = POOLS_OVERLAP if unsafe else OVERLAP_WITHIN_DOMAIN
+    return ReportCondition(ADDRESSES_OVERLAP, True, reason, "; ".join(parts), warning=bool(unsafe))
+
+
+def invalid_pool_condition() -> ReportCondition:
+    """The AddressesOverlap condition of a pool whose spec is invalid."""
+    return ReportCondition(
+        ADDRESSES_OVERLAP, False, NO_OVERLAP, "the pool's spec is invalid: it hands out no address, so it overlaps none"
+    )
+
+
+@dataclass(frozen=True)
+class CrossPool:
+    """What a pool's report takes from the other pools: its extra conditions, the pools of its domain it overlaps
+    (their free counts follow its addresses), and which of its addresses those hold."""
+
+    conditions: Sequence[ReportCondition] = ()
+    related: Sequence[PoolRef] = ()
+    held_elsewhere: frozenset[int] = frozenset()
+
+
+def assess(
+    survey: PoolSurvey,
+    cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
+    ref: PoolRef,
+    allocatable: AllocatableSet,
+    domain: str | None,
+    own_addresses: Sequence[str],
+) -> CrossPool:
+    """The pool's CrossPool; nothing while the pool caches cannot tell. The addresses held by other pools of its
+    domain are counted from the cached IPAddresses (not at all for a pool whose IPAddresses are not cached)."""
+    overlaps = survey.overlaps(ref, allocatable, domain)
+    if overlaps is None:
+        return CrossPool()
+    related = [overlap.pool for overlap in overlaps if overlap.same_domain]
+    others = (cached_addresses(other) for other in related)
+    held = held_elsewhere(allocatable.addresses, allocatable.family, own_addresses, others) if related else frozenset()
+    return CrossPool([overlap_condition(overlaps, domain)], related, held)
+
+
+def _describe(overlaps: Sequence[Overlap]) -> str:
+    named = [f"{o.pool} ({_addresses(o.count)}, first {o.first})" for o in overlaps[:NAMED_IN_MESSAGE]]
+    more = len(overlaps) - len(named)
+    return ", ".join(named) + (f" and {more} more pools" if more else "")
+
+
+def _addresses(count: int) -> str:
+    return "1 address" if count == 1 else f"{count} addresses"

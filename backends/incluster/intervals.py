@@ -19,10 +19,7 @@ Interval = tuple[int, int]
 
 
 def int_to_address(value: int, family: int) -> str:
-    """The canonical text of the integer address `value` of IP `family` (4 or 6).
-
-    Raises ValueError when `value` is out of range for the family.
-    """
+    """The canonical text of the integer address `value` of IP `family` (4 or 6); ValueError when out of range."""
     if family == 4:
         return str(ipaddress.IPv4Address(value))
     if family == 6:
@@ -31,11 +28,9 @@ def int_to_address(value: int, family: int) -> str:
 
 
 def address_to_int(address: str, family: int | None = None) -> int:
-    """The integer of the textual IP `address`, which must be of `family` when one is given.
-
-    Raises ValueError for text that is not a plain IP address (a scoped IPv6 address such as `fe80::1%eth0`
-    is refused: an integer cannot carry its zone) or that is of another family.
-    """
+    """The integer of the textual IP `address`, of `family` when given. ValueError for text that is not a plain IP
+    address (a scoped IPv6 one such as `fe80::1%eth0` is refused: an integer cannot carry its zone) or of another
+    family."""
     parsed = ipaddress.ip_address(address.strip())
     if isinstance(parsed, ipaddress.IPv6Address) and parsed.scope_id is not None:
         raise ValueError(f"scoped IPv6 address not supported: {address!r}")
@@ -53,12 +48,8 @@ def address_value(text: str, family: int) -> int | None:
 
 
 class IntervalSet:
-    """An immutable set of integers, held as sorted, disjoint, non-adjacent closed intervals.
-
-    Construction merges overlapping and adjacent intervals, so two sets holding the same integers are
-    always equal and hash alike. Every operation returns a new set. Membership is O(log n) in the number of
-    intervals; `union`, `subtract`, `intersection` and `count_within` are linear merges, O(n + m).
-    """
+    """An immutable set of integers as sorted, disjoint, non-adjacent closed intervals (two sets of the same integers
+    are equal and hash alike). Membership is O(log n) for n intervals; set operations are linear merges, O(n + m)."""
 
     __slots__ = ("_ends", "_size", "_starts")
 
@@ -67,10 +58,8 @@ class IntervalSet:
     _size: int
 
     def __init__(self, intervals: Iterable[Interval] = ()) -> None:
-        """Build the set covering every `[start, end]` of `intervals` (any order, overlaps allowed).
-
-        Raises ValueError for an interval whose start is greater than its end.
-        """
+        """The set covering every `[start, end]` of `intervals` (any order, overlaps allowed); ValueError for an
+        interval whose start is greater than its end."""
         ordered = sorted(intervals)
         for start, end in ordered:
             if start > end:
@@ -79,7 +68,6 @@ class IntervalSet:
 
     @classmethod
     def from_points(cls, points: Iterable[int]) -> IntervalSet:
-        """The set of the given integers."""
         return cls((point, point) for point in points)
 
     @classmethod
@@ -104,7 +92,6 @@ class IntervalSet:
         return len(self._starts)
 
     def interval_at(self, index: int) -> Interval:
-        """The `index`-th interval, in ascending order."""
         return self._starts[index], self._ends[index]
 
     def index_of(self, value: int) -> int | None:
@@ -118,7 +105,6 @@ class IntervalSet:
         return isinstance(value, int) and self.index_of(value) is not None
 
     def __iter__(self) -> Iterator[Interval]:
-        """The intervals, in ascending order."""
         return zip(self._starts, self._ends, strict=True)
 
     def __bool__(self) -> bool:
@@ -133,7 +119,6 @@ class IntervalSet:
         return self._ends[-1] if self._ends else None
 
     def union(self, other: IntervalSet) -> IntervalSet:
-        """The integers in either set."""
         return IntervalSet._from_normalized(_merge_sorted(sorted([*self, *other])))
 
     def subtract(self, other: IntervalSet) -> IntervalSet:
@@ -160,7 +145,6 @@ class IntervalSet:
         return IntervalSet._from_normalized(result)
 
     def intersection(self, other: IntervalSet) -> IntervalSet:
-        """The integers in both sets."""
         return IntervalSet._from_normalized(list(_overlaps(self, other)))
 
     def count_within(self, other: IntervalSet) -> int:
@@ -208,16 +192,9 @@ def _overlaps(left: IntervalSet, right: IntervalSet) -> Iterator[Interval]:
 
 
 class PoolAllocator:
-    """The used addresses of one pool, and lowest-free allocation from its allocatable set. Mutable.
-
-    Used addresses are kept as merged runs of consecutive integers (a sorted map run start -> run end), so
-    memory and every operation follow the number of runs, never the pool size. Used addresses outside the
-    allocatable set are tracked too: a pool can shrink, and those count as out of range.
-
-    Cost: `mark_used`, `mark_free` and `is_used` are O(log r) for r runs; `lowest_free` is O(log r) per
-    allocatable interval it inspects, and it skips intervals already known to be full, so sequential
-    allocation is O(log r) amortized even in a pool fragmented by many exclusions.
-    """
+    """The used addresses of one pool (mutable), as merged runs of consecutive integers, inside the allocatable set
+    or outside it (a pool can shrink), and lowest-free allocation. `mark_used`, `mark_free` and `is_used` cost
+    O(log r) for r runs; `lowest_free` skips intervals known to be full: amortised O(log r)."""
 
     def __init__(self, allocatable: IntervalSet, used: Iterable[int] = ()) -> None:
         """Start with `used` (any order, duplicates allowed, inside or outside `allocatable`) marked used."""
@@ -231,12 +208,10 @@ class PoolAllocator:
 
     @property
     def allocatable(self) -> IntervalSet:
-        """The addresses this pool may hand out."""
         return self._allocatable
 
     @property
     def total(self) -> int:
-        """The size of the allocatable set."""
         return self._allocatable.size
 
     @property
@@ -246,12 +221,10 @@ class PoolAllocator:
 
     @property
     def used_in_range_count(self) -> int:
-        """How many used addresses lie in the allocatable set."""
         return self._used_in_range_count
 
     @property
     def out_of_range_count(self) -> int:
-        """How many used addresses lie outside the allocatable set."""
         return self._used_count - self._used_in_range_count
 
     @property
@@ -288,7 +261,6 @@ class PoolAllocator:
         return (start, end) if address <= end else None
 
     def is_used(self, address: int) -> bool:
-        """Whether `address` is marked used."""
         return self._run_holding(address) is not None
 
     def first_free_from(self, address: int) -> int:

@@ -1,14 +1,26 @@
-"""How an in-cluster pool chooses its next dynamic address: the allocation strategy, the KEP-3070 static band, and
-the pre-allocated addresses that no dynamic allocation may take.
+"""How an in-cluster pool chooses its next dynamic address (`AllocationPolicy`, from its spec): the strategy, the
+KEP-3070 static band, and the pre-allocated addresses no dynamic allocation takes.
 
-`AllocationPolicy` is built from the pool's spec (`allocationStrategy`, `reserveStaticBand`, `preAllocations`) and
-handed to the pool's index; requested and pre-allocated addresses are taken by value and ignore the policy.
+The eligible addresses (allocatable, not pinned) form two *zones*: the static band (the lowest
+`static_band_size(total)`, when on) and those above it; the band is entered only when the upper zone has nothing.
+Within a zone: LowestFree takes the lowest free address (full intervals skipped: amortised O(log r)); Random a
+uniform free one (a few draws, then the k-th free address by rank/select, `ranked`, O(log n)); LeastRecentlyReleased
+the lowest never-reserved address, else the release record released longest ago once its grace period is over.
+The chooser never scans the used addresses: the index tells it each change (`used`, `freed`, `record`, `unrecord`).
 """
 
 from __future__ import annotations
 
+import random
+from bisect import bisect_right
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from backends.incluster.intervals import IntervalSet, PoolAllocator
+from backends.incluster.ranked import RankedPoints
 
 STATIC_BAND_MIN = 16
 STATIC_BAND_MAX = 256
@@ -33,15 +45,203 @@ def static_band_size(allocatable_count: int) -> int:
 
 @dataclass(frozen=True)
 class AllocationPolicy:
-    """What a dynamic allocation of one pool may take, and in which order.
-
-    - `strategy`: LowestFree (default), Random, or LeastRecentlyReleased (never-used addresses first, then the
-      address released longest ago);
-    - `static_band`: when true, the lowest `static_band_size(total)` allocatable addresses are taken only when no
-      other address is free;
-    - `pinned`: the pool's pre-allocated addresses (as integers), never chosen for a dynamic allocation.
-    """
+    """What a dynamic allocation of one pool may take, and in which order (see the module): its `strategy`, whether
+    it keeps a `static_band`, and the `pinned` (pre-allocated) addresses it never takes."""
 
     strategy: AllocationStrategy = AllocationStrategy.LOWEST_FREE
     static_band: bool = False
     pinned: frozenset[int] = frozenset()
+
+
+RANDOM_DRAWS = 4  # uniform draws over the zone before the exact rank/select
+
+
+class Region:
+    """An immutable set of integers (an IntervalSet) with rank and select in O(log I) for I intervals."""
+
+    def __init__(self, addresses: IntervalSet) -> None:
+        self.addresses = addresses
+        self._starts = [start for start, _ in addresses]
+        self._ends = [end for _, end in addresses]
+        self._before: list[int] = []  # how many elements lie in the intervals before each interval
+        total = 0
+        for start, end in addresses:
+            self._before.append(total)
+            total += end - start + 1
+        self.size = total
+
+    def interval_index(self, value: int) -> int | None:
+        index = bisect_right(self._starts, value) - 1
+        return index if index >= 0 and value <= self._ends[index] else None
+
+    def __contains__(self, value: int) -> bool:
+        return self.interval_index(value) is not None
+
+    def rank(self, value: int) -> int:
+        """How many elements are smaller than `value`."""
+        index = bisect_right(self._starts, value) - 1
+        if index < 0:
+            return 0
+        return self._before[index] + min(value, self._ends[index] + 1) - self._starts[index]
+
+    def select(self, rank: int) -> int:
+        """The element with `rank` elements below it (0 <= rank < size)."""
+        index = bisect_right(self._before, rank) - 1
+        return self._starts[index] + rank - self._before[index]
+
+
+class Zone:
+    """One zone of a pool (the band, or the addresses above it, without the pinned ones) and what is used in it."""
+
+    def __init__(self, region: Region, used_anywhere: IntervalSet, track_points: bool) -> None:
+        self.region = region
+        used = used_anywhere.intersection(region.addresses)
+        self.used = used.size
+        self._first_unfilled = 0  # every interval of the region before this index is entirely used
+        # The used addresses of the zone one by one (Random only): the order statistics of its exact choice.
+        self.points: RankedPoints | None = None
+        if track_points:
+            self.points = RankedPoints(value for start, end in used for value in range(start, end + 1))
+        self.released: Any = SortedList()  # (releasedAt, address) of the zone's release records
+        self.released_at: dict[int, float] = {}
+
+    @property
+    def free(self) -> int:
+        return self.region.size - self.used
+
+    def used_now(self, value: int) -> None:
+        self.used += 1
+        if self.points is not None:
+            self.points.add(value)
+
+    def freed_now(self, value: int, interval: int) -> None:
+        self.used -= 1
+        self._first_unfilled = min(self._first_unfilled, interval)
+        if self.points is not None:
+            self.points.discard(value)
+
+    def add_record(self, value: int, released_at: float) -> None:
+        self.remove_record(value)
+        self.released_at[value] = released_at
+        self.released.add((released_at, value))
+
+    def remove_record(self, value: int) -> None:
+        known = self.released_at.pop(value, None)
+        if known is not None:
+            self.released.discard((known, value))
+
+    def lowest_free(self, allocator: PoolAllocator) -> int | None:
+        """The zone's lowest address that is not used."""
+        if self.free <= 0:
+            return None
+        addresses = self.region.addresses
+        for index in range(self._first_unfilled, addresses.interval_count):
+            start, end = addresses.interval_at(index)
+            candidate = allocator.first_free_from(start)
+            if candidate <= end:
+                self._first_unfilled = index
+                return candidate
+        self._first_unfilled = addresses.interval_count
+        return None
+
+    def random_free(self, allocator: PoolAllocator, rng: random.Random) -> int | None:
+        """A uniformly chosen address of the zone that is not used."""
+        if self.free <= 0:
+            return None
+        for _ in range(RANDOM_DRAWS):
+            value = self.region.select(rng.randrange(self.region.size))
+            if not allocator.is_used(value):
+                return value
+        return self._kth_free(rng.randrange(self.free))
+
+    def _kth_free(self, k: int) -> int:
+        """The free address with exactly `k` free addresses of the zone below it.
+
+        Free addresses below the j-th used one are `rank(points[j]) - j`, non-decreasing in j: count the used
+        addresses below the answer (O(log n) evaluations, each O(log I)), then select past them."""
+        assert self.points is not None, "built with track_points"
+        region = self.region
+        used_below = self.points.count_leading(lambda point, position: region.rank(point) - position <= k)
+        return region.select(k + used_below)
+
+    def oldest_record(self, now: float, grace_seconds: float) -> int | None:
+        """The address of the zone's oldest release record if its grace period is over."""
+        if not self.released:
+            return None
+        released_at, value = self.released[0]
+        return int(value) if grace_over(released_at, now, grace_seconds) else None
+
+
+def grace_over(released_at: float, now: float, grace_seconds: float) -> bool:
+    """Whether a release at `released_at` (epoch seconds) may be reused at `now`."""
+    return grace_seconds <= 0 or now - released_at >= grace_seconds
+
+
+SHARED_RNG = random.Random()  # Random's choices for every pool not given its own (a generator holds 2.5 KB)
+
+
+class Chooser:
+    """The choice of a pool's next dynamic address under one `AllocationPolicy`, built over an allocator that holds
+    the pool's used addresses. `choose` marks nothing: the index does."""
+
+    def __init__(self, policy: AllocationPolicy, allocator: PoolAllocator, rng: random.Random | None = None) -> None:
+        self.policy = policy
+        self._rng = rng or SHARED_RNG
+        allocatable = allocator.allocatable
+        band = IntervalSet()
+        if policy.static_band:
+            size = static_band_size(allocatable.size)
+            if size:
+                band = IntervalSet([(allocatable.first() or 0, Region(allocatable).select(size - 1))])
+        pinned = IntervalSet.from_points(policy.pinned)
+        points = policy.strategy is AllocationStrategy.RANDOM
+        eligible = allocatable.subtract(pinned)
+        used = allocator.used_set()
+        self.upper = Zone(Region(eligible.subtract(band)), used, points)
+        self.band = Zone(Region(eligible.intersection(band)), used, points)
+
+    def zone_of(self, value: int) -> tuple[Zone, int] | None:
+        """The zone `value` belongs to and its interval's index there; None for a pinned or unallocatable one."""
+        for zone in (self.upper, self.band):
+            interval = zone.region.interval_index(value)
+            if interval is not None:
+                return zone, interval
+        return None
+
+    def used(self, value: int) -> None:
+        found = self.zone_of(value)
+        if found is not None:
+            found[0].used_now(value)
+
+    def freed(self, value: int) -> None:
+        found = self.zone_of(value)
+        if found is not None:
+            found[0].freed_now(value, found[1])
+
+    def record(self, value: int, released_at: float) -> None:
+        """`value` now has a release record that LeastRecentlyReleased may reuse."""
+        if self.policy.strategy is not AllocationStrategy.LEAST_RECENTLY_RELEASED:
+            return
+        found = self.zone_of(value)
+        if found is not None:
+            found[0].add_record(value, released_at)
+
+    def unrecord(self, value: int) -> None:
+        """`value` has no reusable release record any more (held again, pending, or gone)."""
+        found = self.zone_of(value)
+        if found is not None:
+            found[0].remove_record(value)
+
+    def choose(self, allocator: PoolAllocator, now: float, grace_seconds: float) -> int | None:
+        """The next dynamic address under the policy, or None when nothing is eligible."""
+        strategy = self.policy.strategy
+        for zone in (self.upper, self.band):
+            if strategy is AllocationStrategy.RANDOM:
+                value = zone.random_free(allocator, self._rng)
+            else:
+                value = zone.lowest_free(allocator)
+                if value is None and strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED:
+                    value = zone.oldest_record(now, grace_seconds)
+            if value is not None:
+                return value
+        return None

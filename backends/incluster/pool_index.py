@@ -1,22 +1,11 @@
-"""The in-memory view of one pool's reservations: an allocator plus who holds what.
+"""The in-memory view of one pool's reservations: an allocator plus who holds what. A *hint* that makes allocation
+cheap: the API server's create-uniqueness decides (see `reservations`); the `ledger` keeps it in step.
 
-It is a *hint* that makes allocation cheap; correctness never depends on it. It is built from a fresh
-(consistent) list of the pool's reservations the first time the pool is used by this process, rebuilt when the
-pool looks exhausted or is older than the resync period, and updated by this process's own reservations. A
-reservation made by another process is discovered when creating it fails with AlreadyExists.
-
-Allocations for several claims of the pool run at once. Each takes its candidate with `take_candidate` (chosen by
-the pool's `AllocationPolicy`, see `strategies`) or `take_specific` (an address named by value), which marks it
-pending (used, in memory) in the same step as choosing it, so two allocations of this process never try the same
-address; `settle` ends the pending mark once the reservation's write has answered. Pending marks move to every
-index that replaces this one (rebuild, spec change), because their writes are still in flight.
-
-A candidate may be a *release record* (a released reservation kept under LeastRecentlyReleased, or one whose
-grace period is over, see `released`): `released[value]` then names it, and the caller takes it over instead of
-creating a reservation. Only the pool's own records are candidates: in a uniqueness domain the index also holds
-the records of the domain's other pools, which stay theirs (they expire by their recorded grace, see `domains`).
-
-Prefix pools: the index's integers are child prefix numbers (`host_bits`, `value_of`, `address_of`).
+Allocations of the pool run at once: each takes its candidate with `take_candidate` (by the pool's policy) or
+`take_specific` (by value), marking it pending in the same step, so two allocations of this process never try one
+address; `settle` ends the mark when the write answered. Pending marks move to every index replacing this one. A
+candidate may be an own release record (`released[value]`), taken over instead of created; the records of a
+domain's other pools are held, never candidates. A prefix pool's integers are child numbers (`value_of`).
 """
 
 from __future__ import annotations
@@ -26,58 +15,47 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
-from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.incluster.released import released_epoch
+from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.intervals import PoolAllocator, address_to_int, int_to_address
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Chooser, grace_over
 from backends.incluster.reservations import Reservation
-from backends.incluster.strategies import Chooser, grace_over
 
 
 @dataclass
 class PoolIndex:
+    allocatable: AllocatableSet
     allocator: PoolAllocator
-    family: int
     chooser: Chooser
     policy: AllocationPolicy = field(default_factory=AllocationPolicy)
     by_claim: dict[str, Reservation] = field(default_factory=dict)
     by_address: dict[int, Reservation] = field(default_factory=dict)
-    # The release records (a subset of by_address), so that finding the expired ones costs what was released, not
-    # what is allocated.
+    # The release records (a subset of by_address): finding the expired ones costs what was released.
     released: dict[int, Reservation] = field(default_factory=dict)
     # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
     doubly_held: set[str] = field(default_factory=set)
     # Candidates whose reservation write is in flight → the claim uid it is for.
     pending: dict[int, str] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
-    spec_key: object = None
     generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
-    # Whether IPAddresses naming the pool without a reservation have been given one (see `existing`); an index
-    # prepared at start, before the IPAddress cache synced, is not, until its first allocation.
+    # Whether IPAddresses naming the pool without a reservation have been given one (see `ledger`).
     scanned: bool = False
     reuse_grace_seconds: int = 0  # the pool's addressReuseGracePeriodSeconds (None is 0)
     clock: Callable[[], float] = time.time  # wall-clock seconds, compared with releasedAt
-    # Prefix pools: the index's values are child prefix numbers, a reservation's address shifted right by this.
-    host_bits: int = 0
-    # The pool's own reservations carry this pool label (see `reservations.pool_hash`); only they name its claims
-    # (by_claim, doubly_held) and only its release records are candidates. Those of the other pools of its
-    # uniqueness domain hold addresses only. None: every reservation is its own.
+    # The pool label of the pool's own reservations: only they name its claims and only its release records are
+    # candidates; those of the other pools of its uniqueness domain hold addresses only. None: all are its own.
     own_label: str | None = None
     pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
-    # The epoch `releasedAt` of the pool's own release records: the candidates for a take-over.
-    _released_at: dict[int, float] = field(default_factory=dict)
+    _released_at: dict[int, float] = field(default_factory=dict)  # the own release records' releasedAt (epoch)
 
     @classmethod
     def build(
         cls,
-        allocatable: IntervalSet,
-        family: int,
+        allocatable: AllocatableSet,
         reservations: list[Reservation],
-        spec_key: object,
-        pending: dict[int, str] | None = None,
         policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
-        rng: random.Random | None = None,
         *,
-        host_bits: int = 0,
+        pending: dict[int, str] | None = None,
+        rng: random.Random | None = None,
         own_label: str | None = None,
     ) -> PoolIndex:
         """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits.
@@ -85,71 +63,51 @@ class PoolIndex:
         valued: list[tuple[int, Reservation]] = []
         for reservation in reservations:
             try:
-                valued.append((address_to_int(reservation.address, family) >> host_bits, reservation))
+                value = address_to_int(reservation.address, allocatable.family) >> allocatable.host_bits
             except ValueError:
                 continue  # another family: cannot collide with this pool's addresses
-        return cls._build(allocatable, family, valued, spec_key, pending, policy, rng, host_bits, own_label)
+            valued.append((value, reservation))
+        return cls._build(allocatable, valued, policy, pending if pending is not None else {}, rng, own_label)
 
     @classmethod
     def _build(
         cls,
-        allocatable: IntervalSet,
-        family: int,
+        allocatable: AllocatableSet,
         valued: list[tuple[int, Reservation]],
-        spec_key: object,
-        pending: dict[int, str] | None,
         policy: AllocationPolicy,
-        rng: random.Random | None = None,
-        host_bits: int = 0,
-        own_label: str | None = None,
+        pending: dict[int, str],
+        rng: random.Random | None,
+        own_label: str | None,
     ) -> PoolIndex:
-        pending = pending if pending is not None else {}
-        allocator = PoolAllocator(allocatable, [*(value for value, _ in valued), *pending])
-        index = cls(
-            allocator,
-            family,
-            Chooser(policy, allocator, rng),
-            policy,
-            spec_key=spec_key,
-            pending=pending,
-            host_bits=host_bits,
-            own_label=own_label,
-        )
+        allocator = PoolAllocator(allocatable.addresses, [*(value for value, _ in valued), *pending])
+        index = cls(allocatable, allocator, Chooser(policy, allocator, rng), policy, pending=pending)
+        index.own_label = own_label
         for value, reservation in valued:
             index._hold(value, reservation, marked=True)
         return index
 
-    def with_allocatable(
-        self,
-        allocatable: IntervalSet,
-        spec_key: object,
-        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
-    ) -> PoolIndex:
-        """The same holdings and pending candidates over a new allocatable set and policy (the pool's spec
-        changed)."""
+    def with_allocatable(self, allocatable: AllocatableSet, policy: AllocationPolicy) -> PoolIndex:
+        """The same holdings and pending candidates over a new allocatable set and policy (the spec changed)."""
         held = list(self.by_address.items())
-        index = PoolIndex._build(
-            allocatable, self.family, held, spec_key, self.pending, policy, None, self.host_bits, self.own_label
-        )
-        index.reuse_grace_seconds, index.clock = self.reuse_grace_seconds, self.clock
-        index.pool_uid = self.pool_uid
+        index = PoolIndex._build(allocatable, held, policy, self.pending, None, self.own_label)
+        index.reuse_grace_seconds, index.clock, index.pool_uid = self.reuse_grace_seconds, self.clock, self.pool_uid
         return index
 
     def value_of(self, address: str) -> int:
         """The index's integer for an address of the pool's family (ValueError for another family or no IP)."""
-        return address_to_int(address, self.family) >> self.host_bits
+        return address_to_int(address, self.allocatable.family) >> self.allocatable.host_bits
 
     def address_of(self, value: int) -> str:
         """The address an integer of the index stands for (for a prefix pool, its child prefix's first address)."""
-        return int_to_address(value << self.host_bits, self.family)
+        return int_to_address(value << self.allocatable.host_bits, self.allocatable.family)
 
     def owns(self, reservation: Reservation) -> bool:
         """Whether the reservation is the pool's own (not another pool's of its uniqueness domain)."""
         return self.own_label is None or reservation.pool_label == self.own_label
 
     def set_policy(self, policy: AllocationPolicy) -> None:
-        """Choose by `policy` from now on, over the same holdings (the pool's spec changed its policy alone).
-        Cost: O(r) for r runs of used addresses, plus the release records; no reservation is parsed again."""
+        """Choose by `policy` from now on, over the same holdings. Cost: O(r) for r runs of used addresses, plus
+        the release records; no reservation is parsed again."""
         self.policy = policy
         self.chooser = Chooser(policy, self.allocator)
         for value, released_at in self._released_at.items():
@@ -159,8 +117,7 @@ class PoolIndex:
     def take_candidate(self, claim_uid: str) -> int | None:
         """The next address under the policy (never a pinned one, the band last), now marked pending for
         `claim_uid`; None if nothing is eligible. Choosing and marking happen in one step (no await), so concurrent
-        allocations get distinct candidates. A release record chosen (always the pool's own) stays in `released`:
-        take it over."""
+        allocations get distinct candidates. A release record chosen stays in `released`: take it over."""
         value = self.chooser.choose(self.allocator, self.clock(), self.reuse_grace_seconds)
         if value is not None:
             self._mark_pending(value, claim_uid)
@@ -168,12 +125,13 @@ class PoolIndex:
 
     def take_specific(self, value: int, claim_uid: str) -> bool:
         """Mark `value` pending for `claim_uid` and return True if it is allocatable, not pending, and held by no
-        reservation but a release record of the pool's own whose grace period is over (then in `released`: take it
-        over); else False. The policy does not apply: pinned and band addresses may be taken this way."""
+        reservation but an own release record whose grace period is over (then in `released`: take it over); else
+        False. The policy does not apply: pinned and band addresses may be taken this way."""
         if not self.allocator.is_allocatable(value) or value in self.pending:
             return False
         if value in self.by_address:
-            if value not in self.released or not self._reusable(value):
+            released_at = self._released_at.get(value)
+            if released_at is None or not grace_over(released_at, self.clock(), self.reuse_grace_seconds):
                 return False
         elif self.allocator.is_used(value):
             return False
@@ -185,13 +143,9 @@ class PoolIndex:
         self.chooser.unrecord(value)
         self.pending[value] = claim_uid
 
-    def _reusable(self, value: int) -> bool:
-        released_at = self._released_at.get(value)
-        return released_at is not None and grace_over(released_at, self.clock(), self.reuse_grace_seconds)
-
     def settle(self, value: int) -> None:
-        """The write for the pending candidate `value` has answered: unmark it, and free it unless a
-        reservation for it is now known (call `hold` first when the answer named one)."""
+        """The write for the pending candidate `value` has answered: unmark it, and free it unless a reservation for
+        it is now known (`hold` it first when the answer named one)."""
         self.pending.pop(value, None)
         if value not in self.by_address:
             self._free(value)
@@ -208,19 +162,16 @@ class PoolIndex:
     def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
         """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
         self.by_address[value] = reservation
-        if reservation.released_at is not None:
+        self._released_at.pop(value, None)
+        self.chooser.unrecord(value)
+        if reservation.released_at is None:
+            self.released.pop(value, None)
+        else:
             self.released[value] = reservation
-            if self.owns(reservation):
-                self._released_at[value] = released_epoch(reservation)
+            if self.owns(reservation):  # another pool's record of the domain is held, never taken over from here
+                self._released_at[value] = reservation.released_epoch
                 if value not in self.pending:
                     self.chooser.record(value, self._released_at[value])
-            else:  # another pool's record of the domain: held, never taken over from here
-                self._released_at.pop(value, None)
-                self.chooser.unrecord(value)
-        else:
-            self.released.pop(value, None)
-            self._released_at.pop(value, None)
-            self.chooser.unrecord(value)
         if reservation.claim_uid and self.owns(reservation):
             known = self.by_claim.get(reservation.claim_uid)
             if known is not None and known.name != reservation.name:
@@ -245,6 +196,13 @@ class PoolIndex:
         if self.by_claim.get(reservation.claim_uid) == reservation:
             del self.by_claim[reservation.claim_uid]
 
+    def held_alone(self, claim_uid: str, value: int) -> None:
+        """The claim holds `value` and no other address of the pool now (its other reservations are deleted)."""
+        self.doubly_held.discard(claim_uid)
+        held = self.by_address.get(value)
+        if held is not None and self.owns(held):
+            self.by_claim[claim_uid] = held
+
     def _use(self, value: int) -> None:
         if self.allocator.mark_used(value):
             self.chooser.used(value)
@@ -255,8 +213,8 @@ class PoolIndex:
 
     def expired_releases(self, grace_seconds: int) -> list[Reservation]:
         """Release records to delete, their reuse grace period being over: the pool's own by `grace_seconds` (none
-        under LeastRecentlyReleased, whose records are the reuse order: they are taken over instead); another
-        pool's of the domain by the grace period recorded on it (never when none is recorded, see `domains`)."""
+        under LeastRecentlyReleased, whose records are the reuse order); another pool's of the domain by the grace
+        period recorded on it (never when none is recorded, see `domains`)."""
         keep_own = self.policy.strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED
         now = self.clock()
         expired = []
@@ -266,6 +224,6 @@ class PoolIndex:
             if value in self._released_at:
                 if not keep_own and grace_over(self._released_at[value], now, grace_seconds):
                     expired.append(record)
-            elif record.grace_seconds is not None and grace_over(released_epoch(record), now, record.grace_seconds):
+            elif record.grace_seconds is not None and grace_over(record.released_epoch, now, record.grace_seconds):
                 expired.append(record)
         return expired

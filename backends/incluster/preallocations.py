@@ -1,14 +1,9 @@
-"""`spec.preAllocations` of an in-cluster pool: a map from claim to the address that claim gets.
+"""`spec.preAllocations` of an in-cluster pool: claim → the address it gets. An `InClusterIPPool` names claims of its
+namespace by name, a `GlobalInClusterIPPool` as `namespace/name`.
 
-Keys: an `InClusterIPPool` names claims of its own namespace by name (`node-a-eth0`); a `GlobalInClusterIPPool`,
-whose claims live in any namespace, names them as `namespace/name` (`cluster-a/node-a-eth0`).
-
-Every entry whose address is an allocatable address of the pool *pins* it: no dynamic allocation takes it, even
-before the named claim exists, and a claim that requests it by annotation is refused unless it is the named
-claim. The named claim gets exactly that address, through the same path as a requested address. The entries that
-are wrong (see `problems`) make the pool `Ready=False`; the valid ones stay pinned and serve their claims, and
-dynamic allocation goes on for every other claim. A claim whose own entry is wrong, or whose address is named for
-two claims, gets `AllocationFailed` until the pool is fixed.
+An entry whose address is allocatable *pins* it: no dynamic allocation takes it, and only the named claim may
+request it; that claim gets exactly it. Wrong entries (`problems`) make the pool Ready=False, the others keep
+serving; a claim whose own entry is wrong, or whose address is named twice, gets AllocationFailed.
 """
 
 from __future__ import annotations
@@ -21,7 +16,13 @@ from backends.incluster.allocatable import AllocatableSet, pre_allocation_proble
 from backends.incluster.intervals import address_value, int_to_address
 from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolRef
+from ipam_provider.backend.contract import (
+    REQUESTED_ADDRESS_ANNOTATION,
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    PoolRef,
+)
 from ipam_provider.common import Object, normalized_address
 
 NAMESPACED_KEY = "an InClusterIPPool names claims of its own namespace by name alone"
@@ -33,6 +34,12 @@ def claim_key(ref: PoolRef, namespace: str, name: str) -> str:
     return name if ref.namespace is not None else f"{namespace}/{name}"
 
 
+def pinned_values(entries: Mapping[str, Any], allocatable: AllocatableSet) -> frozenset[int]:
+    """The allocatable addresses that string entries of `preAllocations` name: the keys of `PreAllocations.pinned`."""
+    values = (address_value(text, allocatable.family) for text in entries.values() if isinstance(text, str))
+    return frozenset(value for value in values if value is not None and value in allocatable.addresses)
+
+
 def _key_problem(ref: PoolRef, key: str) -> str | None:
     if ref.namespace is not None:
         return None if "/" not in key else f"spec.preAllocations[{key}]: {NAMESPACED_KEY}"
@@ -42,11 +49,8 @@ def _key_problem(ref: PoolRef, key: str) -> str | None:
 
 @dataclass(frozen=True)
 class PreAllocations:
-    """A pool's preAllocations as allocation sees them.
-
-    `entries`: key → address as written (a value that is not a string is a problem of its entry, not of the
-    whole pool); `pinned`: each allocatable address named by an entry → the keys naming it; `problems`: what is
-    wrong with the entries on their own (type, addresses, family, duplicates, key form)."""
+    """A pool's preAllocations: `entries` as written (a value not a string is a problem of its entry alone), each
+    allocatable address named → the keys naming it (`pinned`), and what is wrong with the entries on their own."""
 
     ref: PoolRef
     family: int
@@ -70,6 +74,18 @@ class PreAllocations:
         problems += pre_allocation_problems(texts, allocatable)
         problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
         return cls(ref, allocatable.family, dict(entries), pinned, tuple(problems))
+
+    def wanted(self, claim: ClaimContext) -> str | None:
+        """The address the claim must get: its pre-allocated one, else the one it requests, else None (any).
+        Raises AllocationFailedError for a non-IP annotation, a wrong entry of its own, or the two disagreeing."""
+        requested = claim.requested_address
+        pre_allocated = self.address_of(claim)
+        if pre_allocated is None or requested in (None, pre_allocated):
+            return requested if pre_allocated is None else pre_allocated
+        raise AllocationFailedError(
+            f"claim {claim} requests {requested} with annotation {REQUESTED_ADDRESS_ANNOTATION}, but {self.ref} "
+            f"pre-allocates {pre_allocated} to it in spec.preAllocations; remove the annotation or change the pool"
+        )
 
     def address_of(self, claim: ClaimContext) -> str | None:
         """The canonical address pre-allocated to the claim, or None when no entry names it. Raises
@@ -118,25 +134,6 @@ class PreAllocations:
             return self.ref.namespace, keys[0]
         namespace, _, name = keys[0].partition("/")
         return namespace, name
-
-
-def pre_allocated_address_held(address: str, pool: PoolRef, holder: str) -> str:
-    """The Ready message of a claim whose pre-allocated address (it requests none) is held by another claim."""
-    return (
-        f"pre-allocated address {address} is already held by {holder} in {pool}; delete that claim or change "
-        "spec.preAllocations"
-    )
-
-
-def exhausted_message(ref: PoolRef, total: int, pre: PreAllocations) -> str:
-    """The claim's PoolExhausted message."""
-    if not pre.pinned:
-        return f"{ref} has no free address: all {total} are in use; add addresses to the pool or delete claims"
-    return (
-        f"{ref} has no free address for this claim: of its {total} addresses, those not pre-allocated are all in use "
-        f"and {len(pre.pinned)} are pre-allocated to named claims (spec.preAllocations); add addresses to the pool "
-        "or delete claims"
-    )
 
 
 async def collisions(

@@ -1,14 +1,8 @@
-"""A sorted set of integers with positional search in O(log n): the used addresses of a zone, for Random's exact
-choice (see `strategies`).
+"""A sorted set of integers with positional search in O(log n): a zone's used addresses, for Random's exact choice.
 
-The points are kept in sorted blocks of about `LOAD` (each a plain list, kept sorted with `bisect.insort`), the
-blocks' first points in a list for locating a block, and the blocks' sizes in a Fenwick tree. `add` and `discard`
-are O(log n) plus a memmove of one block; a block that grows past `2 * LOAD` is split, and an emptied block
-removed, which rebuilds the tree (O(n / LOAD), once per `LOAD` changes at most: amortised O(n / LOAD²)).
-
-`count_leading(predicate)` finds how many leading points satisfy a predicate that is monotone over them (true,
-then false), evaluating it O(log n) times: a descent of the Fenwick tree over the blocks' first points, then a
-binary search inside one block.
+Points are kept in sorted blocks of about `LOAD`, the blocks' first points in a list and their sizes in a Fenwick
+tree: `add`/`discard` cost O(log n) plus a block's memmove (a split or an emptied block rebuilds the tree, amortised
+O(n / LOAD²)); `count_leading(predicate)`, for a predicate monotone over the points, evaluates it O(log n) times.
 """
 
 from __future__ import annotations

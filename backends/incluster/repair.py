@@ -1,33 +1,20 @@
-"""The repair capability of the in-cluster backends (address and prefix pools), for the core's repair loop (see
-`ipam_provider.backend.repair` for the contract every backend shares).
+"""The repair capability of the in-cluster backends (contract: `ipam_provider.backend.repair`), built from the
+ledger. A pool's holdings are its own reservations (by pool label), read fresh from the API server, never an index.
 
-A pool's holdings are its own reservations (by its pool label, see `reservations`): in a uniqueness domain, never
-those of the domain's other pools, although they share one name space (see `domains`). Everything here is read
-fresh from the API server, never from a pool's index, which is a hint only (see `pool_index`).
-
-- `list_holdings` lists them page by page (PAGE_SIZE, one `pacer.wait()` before each page);
-  `list_pools_holdings` lists every reservation with a pool label that way once, for all the pass's pools. A
-  release record and a pin not yet taken (see `released`, `pins`) are listed with claim uid "": they hold the
-  address for no claim, so they are never leaks; the pool's index deletes release records whose reuse grace
-  period is over, and `pins` frees removed pins.
-- `release_holding` releases exactly the listed reservation the way a claim's release does (`release`): back to its
-  pin while the spec pre-allocates the address to its claim, a release record when the pool keeps them (a reuse
-  grace period, or LeastRecentlyReleased), else deleted; every write is guarded by its resourceVersion (a delete by
-  its uid too). A reservation that changed, went, or holds for no claim is left alone (False).
-- `restore` makes the claim hold the address its IPAddress names, as adoption does (`adoption.hold_existing`), but
-  from a fresh read of the address's reservation: none -> created for the claim (Recorded); the claim's own
-  (Held); the pool's own reservation under the claim's namespace/name with another uid, a pin of the claim, or a
-  release record of the pool -> taken over, guarded by its resourceVersion (Recorded); a release record of another
-  pool of the uniqueness domain (no claim holds the address) -> deleted once its recorded reuse grace period is
-  over, then restored as above; while it runs (or under LeastRecentlyReleased, whose records only their pool
-  reuses), AllocationFailedError naming the pool and the end of the period: the loop reports that restore as
-  failed (a `RepairRestoreFailed` Warning, not a duplicate) and tries again on its next pass; any other -> Taken,
-  naming the holder. It never frees anything: a second reservation of the claim is a leak for the loop to release.
-- `outside_pool` names the addresses the pool would not hand out now, with why (the report's outOfRange).
-- `sweep_orphaned` removes the reservations of pools that are gone (see `orphans`). It lists every reservation, so
-  it runs at most once per `orphan_sweep_every` seconds (10 minutes) per process, the first time at the loop's
-  first call; a call in between answers 0 at once. A sweep that failed is tried again at the next call.
-API server failures surface as PoolNotReadyError, so that the loop skips the pool for this pass.
+- `list_holdings`, `list_pools_holdings`: paged (PAGE_SIZE, `pacer.wait()` before each page); a release record and
+  a pin not yet taken hold for no claim (uid ""), so they are never leaks.
+- `release_holding` releases the listed reservation as a claim's release does; one that changed, went, or holds for
+  no claim is left alone (False).
+- `restore`, from a fresh read of the address's reservation: none -> created (Recorded); the claim's (Held); an own
+  one under the claim's namespace/name with another uid, a pin of the claim, or an own release record -> taken
+  over (Recorded); another domain pool's release record -> deleted once its recorded grace period is over and
+  restored, else AllocationFailedError until then (retried on a later pass); any other -> Taken. It frees nothing.
+- `outside_pool`: the addresses the pool would not hand out now, with why.
+- `sweep_orphaned`: deletes the reservations of pools that no longer exist (deleted skipping the webhook, as
+  `clusterctl move` does), older than `grace_seconds`, that no IPAddress still names, past their recorded grace
+  period. Cached pools exist; others are read first; kinds not served are left alone. At most once per
+  `orphan_sweep_every` seconds (a call in between answers 0); a failed sweep is retried at the next call.
+API server failures surface as PoolNotReadyError: the loop skips the pool for this pass.
 """
 
 from __future__ import annotations
@@ -35,24 +22,24 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import structlog
 
-from backends.incluster.allocatable import AllocatableSet
-from backends.incluster.indexes import PoolIndexes
-from backends.incluster.orphans import sweep_orphans
-from backends.incluster.pool_spec import InClusterPoolSpec
-from backends.incluster.release import ReleaseTerms, release_reservation
-from backends.incluster.released import released_epoch, take_over
+from backends.incluster.domains import pool_resource
+from backends.incluster.ledger import Ledger
 from backends.incluster.reservations import (
     LABEL_POOL,
     RESERVATIONS,
     Reservation,
     ReservationClient,
     age_seconds,
+    epoch,
     pool_hash,
+    pool_of,
 )
+from backends.incluster.spec import ParsedPool, ReleaseTerms
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -63,7 +50,6 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 
 log = structlog.get_logger(__name__)
@@ -75,8 +61,7 @@ RESTORE_ATTEMPTS = 5  # the address's reservation changed this many times under 
 
 @contextlib.contextmanager
 def _api_server_errors(what: str) -> Iterator[None]:
-    """API server failures as PoolNotReadyError (the loop skips the pool, or the sweep, for this pass); `what`:
-    the reservations concerned, for people."""
+    """API server failures as PoolNotReadyError; `what`: the reservations concerned, for people."""
     try:
         yield
     except ApiError as error:
@@ -87,14 +72,6 @@ def _api_server_errors(what: str) -> Iterator[None]:
         raise PoolNotReadyError(f"the API server cannot be reached now for {what}: {error}") from error
 
 
-def _epoch(timestamp: str) -> float | None:
-    try:
-        moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)).timestamp()
-
-
 def holding_of(reservation: Reservation) -> Holding:
     """The reservation as a holding: a release record holds for no claim (uid ""), nor does a pin not yet taken."""
     return Holding(
@@ -102,7 +79,7 @@ def holding_of(reservation: Reservation) -> Holding:
         claim=reservation.claim if reservation.claim != "/" else "",
         claim_uid="" if reservation.released_at else reservation.claim_uid,
         handle=reservation.name,
-        created_at=_epoch(reservation.created_at),
+        created_at=epoch(reservation.created_at),
     )
 
 
@@ -116,52 +93,46 @@ def holder_text(reservation: Reservation) -> str:
     return f"claim {reservation.claim} in {pool}"
 
 
-class ReservationRepair:
-    """The repair capability (see the module's contract), mixed into `InClusterBackend` and so into the prefix
-    backend; the hooks below are the backend's."""
+class Repair:
+    """The repair capability (see the module) over the ledger; `parse` reads a pool of the backend's `kinds`."""
 
-    kube: KubeClient
-    reservations: ReservationClient
-    indexes: PoolIndexes
-    cached_pools: Callable[[PoolKind], Sequence[Object] | None]  # the controller's pool caches (None: not synced)
     orphan_sweep_every: float = ORPHAN_SWEEP_EVERY
     orphan_sweep_clock: Callable[[], float] = time.monotonic
-    _orphans_swept_at: float | None = None  # when the last sweep of deleted pools' reservations completed
-    # Per pool, what the last `outside_pool` call that found none outside was asked: uid, resourceVersion, addresses.
-    all_inside: dict[PoolRef, tuple[str, str, tuple[str, ...]]]
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        parse: Callable[[PoolRef, Object], ParsedPool],
+        kinds: Sequence[PoolKind],
+        cached_pools: Callable[[PoolKind], Sequence[Object] | None],
+    ) -> None:
+        self.ledger = ledger
+        self.parse = parse
+        self.kinds = kinds
+        self.cached_pools = cached_pools  # the controller's pool caches (None: not synced)
+        self._orphans_swept_at: float | None = None  # when the last sweep completed
+        # Per pool, what the last `outside_pool` finding none outside was asked: uid, resourceVersion, addresses.
+        self.all_inside: dict[PoolRef, tuple[str, str, tuple[str, ...]]] = {}
 
     @property
-    def kinds(self) -> Sequence[PoolKind]:
-        raise NotImplementedError
-
-    def _parse(self, ref: PoolRef, pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
-        """The pool's spec and allocatable set; PoolNotReadyError when it is invalid."""
-        raise NotImplementedError
-
-    def _why_not(self, spec: InClusterPoolSpec, allocatable: AllocatableSet, address: str) -> str | None:
-        """Why the pool cannot hand out `address`, or None when it can."""
-        raise NotImplementedError
+    def reservations(self) -> ReservationClient:
+        return self.ledger.reservations
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         """The pool's own reservations, read page by page from the API server."""
-        selector = f"{LABEL_POOL}={pool_hash(pool_ref)}"
-        holdings: list[Holding] = []
-        with _api_server_errors(f"the reservations of {pool_ref}"):
-            async for items, _ in self.kube.list_pages(
-                RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
-            ):
-                holdings += (holding_of(Reservation.parse(item)) for item in items)
-        return holdings
+        found = await self.list_pools_holdings([(pool_ref, pool)], pacer, f"{LABEL_POOL}={pool_hash(pool_ref)}")
+        return found[pool_ref]
 
     async def list_pools_holdings(
-        self, pools: Sequence[tuple[PoolRef, Object]], pacer: Pacer
+        self, pools: Sequence[tuple[PoolRef, Object]], pacer: Pacer, selector: str = LABEL_POOL
     ) -> dict[PoolRef, list[Holding]]:
-        """The pools' own reservations, from one paged LIST of every reservation with a pool label, split by it."""
+        """The pools' own reservations, from one paged LIST of the reservations with a pool label, split by it."""
         wanted = {pool_hash(ref): ref for ref, _ in pools}
         found: dict[PoolRef, list[Holding]] = {ref: [] for ref, _ in pools}
-        with _api_server_errors("the reservations"):
-            async for items, _ in self.kube.list_pages(
-                RESERVATIONS, label_selector=LABEL_POOL, limit=PAGE_SIZE, before_page=pacer.wait
+        what = f"the reservations of {pools[0][0]}" if len(pools) == 1 else "the reservations"
+        with _api_server_errors(what):
+            async for items, _ in self.reservations.kube.list_pages(
+                RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
             ):
                 for item in items:
                     ref = wanted.get(((item.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL, ""))
@@ -172,16 +143,12 @@ class ReservationRepair:
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         """Release the listed reservation as a claim's release would; False when it changed or went."""
         with _api_server_errors(f"the reservations of {pool_ref}"):
-            found = await self.kube.get(RESERVATIONS, holding.handle)
-            if found is None:
-                return False
-            reservation = Reservation.parse(found)
-            if not _still_as_listed(pool_ref, reservation, holding):
+            found = await self.reservations.kube.get(RESERVATIONS, holding.handle)
+            reservation = Reservation.parse(found) if found is not None else None
+            if reservation is None or not _still_as_listed(pool_ref, reservation, holding):
                 return False
             try:
-                released = await release_reservation(
-                    self.reservations, self.indexes, pool_ref, ReleaseTerms.of(pool_ref, pool), reservation
-                )
+                released = await self.ledger.release(pool_ref, ReleaseTerms.of(pool_ref, pool), reservation)
             except ApiError as error:
                 if error.conflict or error.not_found:
                     return False
@@ -191,15 +158,15 @@ class ReservationRepair:
         return released
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        """Make the claim hold the address its IPAddress names (see the module's contract)."""
-        spec, allocatable = self._parse(pool_ref, pool)
+        """Make the claim hold the address its IPAddress names (see the module)."""
         address = normalized_address(allocation.address)
-        why = self._why_not(spec, allocatable, address)
+        why = self.ledger.noted(self.parse(pool_ref, pool)).why_not(address)
         if why is not None:
             return Restore(RestoreOutcome.OUTSIDE, f"{address} is not an address {pool_ref} hands out: {why}")
+        held = Allocation(address, allocation.prefix, allocation.gateway)
         with _api_server_errors(f"the reservations of {pool_ref}"):
             for _ in range(RESTORE_ATTEMPTS):
-                answer = await self._restore_once(pool_ref, claim, allocation, address)
+                answer = await self._restore_once(pool_ref, claim, held)
                 if answer is not None:
                     return answer
         raise AllocationFailedError(
@@ -207,38 +174,32 @@ class ReservationRepair:
             "retried on the next repair pass"
         )
 
-    async def _restore_once(
-        self, ref: PoolRef, claim: ClaimContext, allocation: Allocation, address: str
-    ) -> Restore | None:
+    async def _restore_once(self, ref: PoolRef, claim: ClaimContext, held: Allocation) -> Restore | None:
         """One look at the address's reservation and one write; None when it changed meanwhile (look again)."""
-        found = await self.reservations.get(ref, address)
+        found = await self.reservations.get(ref, held.address)
         if found is None:
-            made = await self.reservations.create(
-                ref, address, allocation.prefix, allocation.gateway, claim.namespace, claim.name, claim.uid
-            )
+            made = await self.reservations.create(ref, held, claim)
             if made is None:
                 return None  # reserved meanwhile by someone: look at who holds it
-            self._learn(ref, None, made)
-            log.info("reservation restored", pool=str(ref), address=address, claim=str(claim))
+            self.ledger.learn(ref, made)
+            log.info("reservation restored", pool=str(ref), address=held.address, claim=str(claim))
             return Restore(RestoreOutcome.RECORDED, f"reservation {made.name} created for claim {claim}")
         own = found.pool_label == pool_hash(ref)
         if own and found.claim_uid == claim.uid and not found.released_at:
             return Restore(RestoreOutcome.HELD)
         if not own and found.released_at:
-            return await self._other_pools_record(found, claim, address)
+            return await self._other_pools_record(found, claim, held.address)
         if not own or not (found.released_at or found.claim == str(claim)):
             return Restore(RestoreOutcome.TAKEN, holder_text(found))
-        taken = await self._take(found, claim, allocation)
+        taken = await self.ledger.give(ref, None, found, claim, held)
         if taken is None:
             return None
-        self._learn(ref, found, taken)
-        log.info("reservation taken over for its IPAddress", pool=str(ref), address=address, claim=str(claim))
+        log.info("reservation taken over for its IPAddress", pool=str(ref), address=held.address, claim=str(claim))
         return Restore(RestoreOutcome.RECORDED, f"reservation {taken.name} taken over for claim {claim}")
 
     async def _other_pools_record(self, found: Reservation, claim: ClaimContext, address: str) -> Restore | None:
-        """A release record of another pool of the domain holds the address for no claim: not a duplicate. Past its
-        recorded reuse grace period any pool of the domain deletes it (then None: look again); else the restore
-        waits for a later pass (AllocationFailedError)."""
+        """A release record of another pool of the domain holds the address for no claim. Past its recorded reuse
+        grace period any pool of the domain deletes it (then None: look again); else AllocationFailedError."""
         grace = found.grace_seconds
         if grace is not None and age_seconds(found.released_at or "") >= grace:
             await self.reservations.delete(found)
@@ -246,51 +207,26 @@ class ReservationRepair:
         if grace is None:
             until = f"{found.pool} reuses it (LeastRecentlyReleased: its records do not expire)"
         else:
-            end = datetime.datetime.fromtimestamp(released_epoch(found) + grace, datetime.UTC)
+            end = datetime.datetime.fromtimestamp(found.released_epoch + grace, datetime.UTC)
             until = end.strftime("%Y-%m-%dT%H:%M:%SZ")
         raise AllocationFailedError(
             f"{address} of IPAddress {claim} is in the reuse grace period of pool {found.pool} until {until} (a "
             "release record, no claim holds it); it is recorded again on a later repair pass"
         )
 
-    async def _take(self, found: Reservation, claim: ClaimContext, allocation: Allocation) -> Reservation | None:
-        """Give the pool's own `found` (a release record, or held under the claim's namespace/name) to the claim,
-        guarded by its resourceVersion; None when it changed or went meanwhile."""
-        if found.released_at:
-            return await take_over(
-                self.reservations, found, allocation.prefix, allocation.gateway, claim.namespace, claim.name, claim.uid
-            )
-        try:
-            return await self.reservations.reassign(found, claim.uid)
-        except ApiError as error:
-            if error.conflict or error.not_found:
-                return None
-            raise
-
-    def _learn(self, ref: PoolRef, replaced: Reservation | None, reservation: Reservation) -> None:
-        index = self.indexes.get(ref)
-        if index is not None:
-            if replaced is not None:
-                index.drop(replaced)
-            index.hold(reservation)
-
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
-        """The addresses the pool would not hand out now, each with why; {} for an invalid pool (its condition
-        says why). The answer depends on the pool's object and `addresses` alone: when both are as at the last
-        call that found none outside (the same resourceVersion), it is {} again without parsing the pool."""
+        """The addresses the pool would not hand out now, each with why; {} for an invalid pool (its condition says
+        why). When the pool's object (its resourceVersion) and `addresses` are as at the last call that found none
+        outside, it is {} again without parsing the pool."""
         meta = pool["metadata"]
         asked = (str(meta.get("uid")), str(meta.get("resourceVersion") or ""), tuple(addresses))
         if asked[1] and self.all_inside.get(pool_ref) == asked:
             return {}
         try:
-            spec, allocatable = self._parse(pool_ref, pool)
+            parsed = self.ledger.noted(self.parse(pool_ref, pool))
         except PoolNotReadyError:
             return {}
-        outside: dict[str, str] = {}
-        for address in addresses:
-            why = self._why_not(spec, allocatable, normalized_address(address))
-            if why is not None:
-                outside[address] = why
+        outside = {address: why for address in addresses if (why := parsed.why_not(normalized_address(address)))}
         if outside:
             self.all_inside.pop(pool_ref, None)
         else:
@@ -298,9 +234,7 @@ class ReservationRepair:
         return outside
 
     async def sweep_orphaned(self, grace_seconds: float) -> int:
-        """Remove the reservations of this backend's pools that are gone (see `orphans`); answer how many. The
-        pools in the controller's caches exist: only the others are read from the API server. At most once per
-        `orphan_sweep_every` seconds (see the module's contract)."""
+        """Delete the reservations of this backend's pools that are gone (see the module); answer how many."""
         now = self.orphan_sweep_clock()
         if self._orphans_swept_at is not None and now - self._orphans_swept_at < self.orphan_sweep_every:
             return 0
@@ -310,7 +244,7 @@ class ReservationRepair:
                 meta = pool["metadata"]
                 known.add(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
         with _api_server_errors("the reservations of deleted pools"):
-            swept = await sweep_orphans(self.kube, self.reservations, self.kinds, grace_seconds, known)
+            swept = await sweep_orphans(self.reservations, self.kinds, grace_seconds, known)
         self._orphans_swept_at = now
         return swept
 
@@ -323,3 +257,37 @@ def _still_as_listed(ref: PoolRef, reservation: Reservation, holding: Holding) -
         and reservation.claim_uid == holding.claim_uid
         and not reservation.released_at
     )
+
+
+async def sweep_orphans(
+    reservations: ReservationClient, kinds: Sequence[PoolKind], grace_seconds: float, known: Collection[PoolRef] = ()
+) -> int:
+    """Delete the reservations of the pools of `kinds` that are gone, but those of `known` pools (see the module);
+    answer how many. Deletion is guarded by uid and resourceVersion: several processes may sweep at once."""
+    served = {(kind.group, kind.kind): kind for kind in kinds}
+    items, _ = await reservations.kube.list(RESERVATIONS)
+    by_pool: defaultdict[PoolRef, list[Reservation]] = defaultdict(list)
+    for item in items:
+        ref = pool_of(item)
+        if ref is not None and (ref.group, ref.kind) in served and ref not in known:
+            by_pool[ref].append(Reservation.parse(item))
+    deleted = 0
+    for ref, held in by_pool.items():
+        kind = served[(ref.group, ref.kind)]
+        namespace = ref.namespace if kind.namespaced else None
+        if await reservations.kube.get(pool_resource(kind), ref.name, namespace) is not None:
+            continue
+        for reservation in held:
+            if age_seconds(reservation.created_at) < grace_seconds or _in_reuse_grace(reservation):
+                continue
+            if await reservations.still_named(reservation, ref) or not await reservations.delete(reservation):
+                continue  # named by an IPAddress; or gone or changed since it was listed
+            deleted += 1
+            log.info("reservation of a deleted pool removed", pool=str(ref), address=reservation.address)
+    return deleted
+
+
+def _in_reuse_grace(reservation: Reservation) -> bool:
+    """Whether a release record's recorded reuse grace period is still running."""
+    grace = reservation.grace_seconds
+    return bool(reservation.released_at) and grace is not None and age_seconds(reservation.released_at or "") < grace

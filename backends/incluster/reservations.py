@@ -1,14 +1,10 @@
 """Reservations: the record that an address of an in-cluster pool is held by one claim.
 
-A reservation is a cluster-scoped `InClusterIPReservation` whose *name* encodes (pool, address). The API
-server refuses to create a second object of the same name, so two controller processes, or one with a stale
-cache, can never both hold an address: etcd's create-uniqueness decides, as for Service ClusterIPs (KEP-1880).
-
-A pool of a uniqueness domain (see `domains`) names its reservations by (domain, address) instead, so that no two
-pools of the domain hold one address. Every reservation carries its pool's label (`list_pool`, `list_claim`); those
-of a domain also carry the domain's label, by which `list_index` lists what a domain pool must treat as used.
-The client learns each pool's domain from `note_domain`, which the backend calls whenever it reads a pool, before
-it makes or reads any of the pool's reservations.
+An `InClusterIPReservation`'s *name* encodes (pool, address), or (domain, address) for a pool of a uniqueness
+domain (see `domains`): the API server's create-uniqueness decides who holds an address (as for Service ClusterIPs,
+KEP-1880). Each carries its pool's label, a domain's also the domain's label. A *release record* is one marked
+released (`spec.releasedAt`, claim uid ""): it holds the address for no claim until its grace period is over or,
+under LeastRecentlyReleased, as its place in the reuse order. Writes but `create` are guarded by resourceVersion.
 """
 
 from __future__ import annotations
@@ -19,18 +15,18 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ipam_provider.backend.contract import PoolRef
-from ipam_provider.common import Object
+from ipam_provider.api.pools import names_pool
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
+from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP, Resource
 
 RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
 LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"
 LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
 LABEL_DOMAIN = "ipam.cluster.x-k8s.io/uniqueness-domain"
-# On a released reservation: the reuse grace period of its pool when it was released, so that the other pools of
-# its uniqueness domain know when it may be deleted.
+# On a release record: its pool's reuse grace period when it was released, for the other pools of its domain.
 ANNOTATION_GRACE = "ipam.cluster.x-k8s.io/reuse-grace-period-seconds"
 
 
@@ -39,27 +35,30 @@ def pool_hash(ref: PoolRef) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:20]
 
 
-def age_seconds(timestamp: str) -> float:
-    """Seconds since an RFC 3339 timestamp (`creationTimestamp`, `releasedAt`); infinite if it does not parse."""
-    try:
-        then = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return float("inf")
-    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
-
-
 def domain_hash(domain: str) -> str:
     return hashlib.sha256(f"uniqueness-domain/{domain}".encode()).hexdigest()[:20]
 
 
-def _encoded(address: str) -> str:
-    ip = ipaddress.ip_address(address)
-    return str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
+def epoch(timestamp: str) -> float | None:
+    """An RFC 3339 timestamp in epoch seconds (UTC when it names no zone); None when it does not parse."""
+    try:
+        moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def age_seconds(timestamp: str) -> float:
+    """Seconds since an RFC 3339 timestamp (`creationTimestamp`, `releasedAt`); infinite if it does not parse."""
+    then = epoch(timestamp)
+    return float("inf") if then is None else datetime.datetime.now(datetime.UTC).timestamp() - then
 
 
 def reservation_name(ref: PoolRef, address: str, domain: str | None = None) -> str:
     """The name of the reservation of `address` for the pool `ref`, or for every pool of `domain` when given."""
-    return f"{domain_hash(domain) if domain else pool_hash(ref)}.{_encoded(address)}"
+    ip = ipaddress.ip_address(address)
+    encoded = str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
+    return f"{domain_hash(domain) if domain else pool_hash(ref)}.{encoded}"
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class Reservation:
     uid: str
     created_at: str = ""
     pool_label: str = ""  # the pool hash of the pool holding it (see `pool_hash`)
-    grace_seconds: int | None = None  # a released reservation's recorded reuse grace period (ANNOTATION_GRACE)
+    grace_seconds: int | None = None  # a release record's recorded reuse grace period (ANNOTATION_GRACE)
     pool: PoolRef | None = None  # the pool holding it, from its spec (see `pool_of`)
 
     @classmethod
@@ -99,6 +98,12 @@ class Reservation:
             pool=pool_of(obj),
         )
 
+    @property
+    def released_epoch(self) -> float:
+        """`releasedAt` in epoch seconds; minus infinity (the oldest) when it does not parse."""
+        released = epoch(self.released_at or "")
+        return float("-inf") if released is None else released
+
     def holder(self) -> str:
         """Who holds it, for messages: its claim and, when known, its pool."""
         return f"claim {self.claim} of {self.pool}" if self.pool is not None else f"claim {self.claim}"
@@ -113,10 +118,12 @@ def pool_of(obj: Object) -> PoolRef | None:
 
 
 class ReservationClient:
+    """The API calls on reservations; the index of a pool is kept in step by the `ledger`, never here."""
+
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._domains: dict[PoolRef, str] = {}
-        # Told of each reservation this client creates for a pool of a uniqueness domain (see `indexes`).
+        # Told of each reservation this client creates for a pool of a uniqueness domain (see `ledger`).
         self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
 
     def note_domain(self, ref: PoolRef, domain: str | None) -> None:
@@ -133,37 +140,21 @@ class ReservationClient:
         """The pools noted as naming `domain` (by `note_domain`)."""
         return [ref for ref, noted in self._domains.items() if noted == domain]
 
-    async def create(
-        self,
-        ref: PoolRef,
-        address: str,
-        prefix: int,
-        gateway: str | None,
-        claim_ns: str,
-        claim_name: str,
-        claim_uid: str,
-    ) -> Reservation | None:
-        """Create the reservation; None when the address is already reserved (by anyone)."""
+    async def create(self, ref: PoolRef, held: Allocation, claim: ClaimContext) -> Reservation | None:
+        """Create the reservation of `held` for `claim`; None when the address is already reserved (by anyone)."""
+        pool = {"apiGroup": ref.group, "kind": ref.kind, "name": ref.name}
         spec: Object = {
-            "pool": {"apiGroup": ref.group, "kind": ref.kind, "name": ref.name},
-            "address": address,
-            "prefix": prefix,
-            "claim": {"namespace": claim_ns, "name": claim_name, "uid": claim_uid},
+            "pool": {**pool, "namespace": ref.namespace} if ref.namespace else pool,
+            "address": held.address,
+            "prefix": held.prefix,
+            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
         }
-        if ref.namespace:
-            spec["pool"]["namespace"] = ref.namespace
-        if gateway:
-            spec["gateway"] = gateway
+        if held.gateway:
+            spec["gateway"] = held.gateway
         domain = self.domain_of(ref)
-        labels = {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim_uid}
-        if domain:
-            labels[LABEL_DOMAIN] = domain
-        body = {
-            "apiVersion": RESERVATIONS.api_version,
-            "kind": RESERVATIONS.kind,
-            "metadata": {"name": reservation_name(ref, address, domain), "labels": labels},
-            "spec": spec,
-        }
+        labels = {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim.uid} | ({LABEL_DOMAIN: domain} if domain else {})
+        metadata = {"name": reservation_name(ref, held.address, domain), "labels": labels}
+        body = {"apiVersion": RESERVATIONS.api_version, "kind": RESERVATIONS.kind, "metadata": metadata, "spec": spec}
         try:
             created = Reservation.parse(await self.kube.create(RESERVATIONS, body))
         except ApiError as error:
@@ -179,35 +170,28 @@ class ReservationClient:
         obj = await self.kube.get(RESERVATIONS, reservation_name(ref, address, self.domain_of(ref)))
         return Reservation.parse(obj) if obj is not None else None
 
-    async def list_pool(self, ref: PoolRef) -> list[Reservation]:
-        """The pool's own reservations."""
-        items, _ = await self.kube.list(RESERVATIONS, label_selector=f"{LABEL_POOL}={pool_hash(ref)}")
-        return [Reservation.parse(item) for item in items]
-
-    async def list_index(self, ref: PoolRef) -> list[Reservation]:
-        """The reservations that hold addresses the pool must not hand out: its own, or, for a domain pool, those
-        of every pool of the domain."""
-        domain = self.domain_of(ref)
-        if not domain:
-            return await self.list_pool(ref)
-        items, _ = await self.kube.list(RESERVATIONS, label_selector=f"{LABEL_DOMAIN}={domain}")
-        return [Reservation.parse(item) for item in items]
-
-    async def list_claim(self, ref: PoolRef, claim_uid: str) -> list[Reservation]:
-        selector = f"{LABEL_POOL}={pool_hash(ref)},{LABEL_CLAIM_UID}={claim_uid}"
+    async def _list(self, selector: str) -> list[Reservation]:
         items, _ = await self.kube.list(RESERVATIONS, label_selector=selector)
         return [Reservation.parse(item) for item in items]
 
+    async def list_pool(self, ref: PoolRef) -> list[Reservation]:
+        """The pool's own reservations."""
+        return await self._list(f"{LABEL_POOL}={pool_hash(ref)}")
+
+    async def list_index(self, ref: PoolRef) -> list[Reservation]:
+        """The reservations holding addresses the pool must not hand out: its own, or a domain pool's domain's."""
+        domain = self.domain_of(ref)
+        return await self._list(f"{LABEL_DOMAIN}={domain}") if domain else await self.list_pool(ref)
+
+    async def list_claim(self, ref: PoolRef, claim_uid: str) -> list[Reservation]:
+        return await self._list(f"{LABEL_POOL}={pool_hash(ref)},{LABEL_CLAIM_UID}={claim_uid}")
+
     async def delete(self, reservation: Reservation) -> bool:
-        """Delete exactly this reservation (uid and resourceVersion preconditions); gone already is fine. True when
-        this call deleted it; False when it was gone, or changed since it was read (or was re-created for someone
-        else): then it is left alone."""
+        """Delete exactly this reservation; True when this call deleted it, False when it was gone or changed since
+        it was read (then it is left alone)."""
         try:
             return await self.kube.delete(
-                RESERVATIONS,
-                reservation.name,
-                uid=reservation.uid,
-                resource_version=reservation.resource_version,
+                RESERVATIONS, reservation.name, uid=reservation.uid, resource_version=reservation.resource_version
             )
         except ApiError as error:
             if not error.conflict:
@@ -215,28 +199,50 @@ class ReservationClient:
             return False
 
     async def mark_released(self, reservation: Reservation, at: str, grace_seconds: int | None = None) -> Reservation:
-        """Keep the address held, without an owner, until the pool's reuse grace period (`grace_seconds`, recorded
-        on the reservation) has passed."""
+        """Make the reservation a release record, recording the pool's reuse grace period `grace_seconds`."""
         annotations = {ANNOTATION_GRACE: str(grace_seconds)} if grace_seconds is not None else None
         return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}}, annotations)
 
     async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
-        """Give the reservation to the claim of the same namespace/name with another uid (one made from an
-        IPAddress before its claim existed, with a uid that predates a restore, a pin not yet taken, or a released
-        one of that claim, which is live again), or back to its pin (`claim_uid` ""). The address stays held
-        throughout; the resourceVersion precondition makes a concurrent change fail with a conflict."""
-        spec: Object = {"claim": {"uid": claim_uid}}
-        if reservation.released_at:
-            spec["releasedAt"] = None
+        """Give the reservation to the claim of the same namespace/name with another uid, or back to its pin
+        (`claim_uid` ""); the address stays held throughout. A concurrent change raises ApiError (conflict)."""
+        spec: Object = {"claim": {"uid": claim_uid}} | ({"releasedAt": None} if reservation.released_at else {})
         return await self._patch_claim(reservation, claim_uid, spec)
+
+    async def take_over(self, record: Reservation, held: Allocation, claim: ClaimContext) -> Reservation | None:
+        """Give the release record `record` to `claim`. None when it changed or went since it was read, or when its
+        prefix or gateway are not `held`'s (which a reservation never changes): then it is deleted, and the address
+        is free to reserve anew. The caller reads the current state."""
+        if record.prefix != held.prefix or (record.gateway or None) != (held.gateway or None):
+            await self.delete(record)
+            return None
+        spec: Object = {
+            "releasedAt": None,
+            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        }
+        try:
+            return await self._patch_claim(record, claim.uid, spec)
+        except ApiError as error:
+            if error.conflict or error.not_found:
+                return None
+            raise
 
     async def _patch_claim(
         self, reservation: Reservation, uid_label: str | None, spec: Object, annotations: Object | None = None
     ) -> Reservation:
-        """Patch the reservation's spec and its claim-uid label (None removes it), and add `annotations`, guarded by
-        its resourceVersion."""
+        """Patch the spec and the claim-uid label (None removes it), add `annotations`, guarded by the
+        resourceVersion."""
         meta: Object = {"resourceVersion": reservation.resource_version, "labels": {LABEL_CLAIM_UID: uid_label}}
         if annotations:
             meta["annotations"] = annotations
         updated = await self.kube.patch(RESERVATIONS, reservation.name, {"metadata": meta, "spec": spec})
         return Reservation.parse(updated)
+
+    async def still_named(self, reservation: Reservation, ref: PoolRef) -> bool:
+        """Whether the IPAddress of the reservation's claim name, read now, names the pool `ref` and its address."""
+        namespace, _, name = reservation.claim.partition("/")
+        address = await self.kube.get(ADDRESSES, name, namespace) if name else None
+        if address is None or not names_pool(address, ref):
+            return False
+        named = str((address.get("spec") or {}).get("address", ""))
+        return normalized_address(named) == normalized_address(reservation.address)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.incluster.admission import pool_change_problems
+from backends.incluster.spec import pool_change_problems
 from ipam_provider.backend.contract import AddressInUse
 from ipam_provider.common import Object
 

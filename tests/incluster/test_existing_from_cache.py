@@ -115,12 +115,12 @@ async def test_a_prepared_index_is_scanned_before_its_first_allocation(kube: Kub
     backend = InClusterBackend(BackendContext(kube=kube, cached_addresses=cached))
     try:
         await backend.prepare(ref, created)
-        prepared = backend.indexes.get(ref)
+        prepared = backend.ledger.get(ref)
         assert prepared is not None and not prepared.scanned, "built from the reservations alone"
         synced = True
         allocation = await allocate(backend, ref, created, ClaimContext(namespace, "new", "uid-new"))
         assert allocation.address == "10.51.0.11", "the scan ran first, from the synced cache"
-        assert backend.indexes.get(ref) is prepared and prepared.scanned
+        assert backend.ledger.get(ref) is prepared and prepared.scanned
     finally:
         await backend.close()
 
@@ -138,4 +138,4 @@ async def test_the_controller_prepares_the_pools_it_finds_at_start(
 
 
 async def _prepared(backend: InClusterBackend, ref: PoolRef) -> bool:
-    return backend.indexes.get(ref) is not None
+    return backend.ledger.get(ref) is not None

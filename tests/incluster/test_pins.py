@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend, parse_pool
+from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.preallocations import PreAllocations, collisions
 from backends.incluster.reservations import Reservation, ReservationClient
+from backends.incluster.spec import parse_pool
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -47,7 +48,7 @@ async def storage_ready(reservations: ReservationClient, ref: PoolRef) -> None:
 
 
 async def reservation(backend: InClusterBackend, ref: PoolRef, address: str) -> Reservation:
-    found = await backend.reservations.get(ref, address)
+    found = await backend.ledger.reservations.get(ref, address)
     assert found is not None, f"{address} must be reserved"
     return found
 
@@ -60,7 +61,7 @@ async def test_a_pin_is_reserved_so_a_process_with_a_stale_spec_cannot_take_it(
     stale = InClusterBackend(BackendContext(kube=kube))  # its cache never sees the pin
     current = InClusterBackend(BackendContext(kube=kube))
     try:
-        await storage_ready(current.reservations, ref)
+        await storage_ready(current.ledger.reservations, ref)
         await stale.prepare(ref, old)
         new = await kube.patch(POOLS, "pins", {"spec": {"preAllocations": {"named": "10.73.0.10"}}}, namespace)
         assert (await current.report(ref, new, [])).ready
@@ -83,7 +84,7 @@ async def test_a_pin_is_reserved_so_a_process_with_a_stale_spec_cannot_take_it(
         # The pin removed: its reservation goes and the address is the lowest free one again.
         removed = await kube.patch(POOLS, "pins", {"spec": {"preAllocations": None}}, namespace)
         await current.report(ref, removed, [Allocation("10.73.0.11", 24, None)])
-        assert await current.reservations.get(ref, "10.73.0.10") is None
+        assert await current.ledger.reservations.get(ref, "10.73.0.10") is None
         assert (await allocate(current, ref, removed, ClaimContext(namespace, "e", "uid-e"))).address == "10.73.0.10"
     finally:
         await stale.close()
@@ -128,7 +129,7 @@ async def test_a_released_reservation_unknown_to_the_index_fails_the_claim_until
     stale = InClusterBackend(BackendContext(kube=kube))
     current = InClusterBackend(BackendContext(kube=kube))
     try:
-        await storage_ready(current.reservations, ref)
+        await storage_ready(current.ledger.reservations, ref)
         await stale.prepare(ref, created)
         first = requesting(namespace, "first", "uid-f", "10.77.0.5")
         await current.release(ref, created, first, await allocate(current, ref, created, first))
@@ -177,7 +178,7 @@ async def test_collisions_without_a_cache_read_the_pool_s_reservations_once(kube
     await storage_ready(counting, ref)
     counting.lists = 0
     for address, holder in (("10.76.0.10", "x"), ("10.76.0.11", "b"), ("10.76.0.12", "y")):
-        await counting.create(ref, address, 24, None, namespace, holder, f"uid-{holder}")
+        await counting.create(ref, Allocation(address, 24, None), ClaimContext(namespace, holder, f"uid-{holder}"))
     spec, allocatable = parse_pool(created)
     pre = PreAllocations.of(ref, spec.pre_allocations, allocatable)
     used = [Allocation(address, 24, None) for address in ("10.76.0.10", "10.76.0.11", "10.76.0.12")]

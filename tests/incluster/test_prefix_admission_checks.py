@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from backends.incluster.prefix_admission import prefix_pool_change_problems
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
+from backends.incluster.prefix_spec import prefix_pool_change_problems
 from ipam_provider.admission import PoolAdmission
 from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolRef, admission_reviewer_of
 from ipam_provider.backend.registry import BackendRegistry

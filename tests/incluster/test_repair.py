@@ -101,7 +101,7 @@ async def test_a_holding_that_changed_since_it_was_listed_is_kept(
     # The claim was re-created under its name and took its reservation over (adoption) after the listing.
     reservation = await stored(kube, ref, got.address)
     assert reservation is not None
-    await backend.reservations.reassign(reservation, "uid-new")
+    await backend.ledger.reservations.reassign(reservation, "uid-new")
     assert not await repairer(backend).release_holding(ref, obj, listed)
     assert (await stored(kube, ref, got.address)) is not None
     gone = Holding("10.120.1.19", f"{namespace}/x", "uid-x", reservation_name(ref, "10.120.1.19"))
@@ -240,14 +240,18 @@ async def test_pools_of_a_uniqueness_domain_never_touch_each_others_reservations
 async def test_reservations_of_deleted_pools_are_swept_unless_an_ipaddress_names_them(
     kube: KubeClient, namespace: str, backend: InClusterBackend
 ) -> None:
-    backend.orphan_sweep_every = 0.0  # every call sweeps
+    backend.repair.orphan_sweep_every = 0.0  # every call sweeps
     sweep = orphan_sweeper_of(backend)
     assert sweep is not None
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-away")
     named = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-with-address")
     young = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "just-gone")
-    await backend.reservations.create(gone, "10.120.8.5", 24, None, namespace, "ghost", "uid-ghost")
-    await backend.reservations.create(named, "10.120.9.5", 24, None, namespace, "kept", "uid-kept")
+    await backend.ledger.reservations.create(
+        gone, Allocation("10.120.8.5", 24, None), ClaimContext(namespace, "ghost", "uid-ghost")
+    )
+    await backend.ledger.reservations.create(
+        named, Allocation("10.120.9.5", 24, None), ClaimContext(namespace, "kept", "uid-kept")
+    )
     # The IPAddress of the second one is still there (its move is not finished): its address stays held.
     ipaddress_object = {
         "apiVersion": ADDRESSES.api_version,
@@ -264,7 +268,9 @@ async def test_reservations_of_deleted_pools_are_swept_unless_an_ipaddress_names
     assert await sweep(0.0) >= 1
     assert await stored(kube, gone, "10.120.8.5") is None
     assert await stored(kube, named, "10.120.9.5") is not None, "a reservation an IPAddress still names is kept"
-    await backend.reservations.create(young, "10.120.10.5", 24, None, namespace, "new", "uid-new")
+    await backend.ledger.reservations.create(
+        young, Allocation("10.120.10.5", 24, None), ClaimContext(namespace, "new", "uid-new")
+    )
     await sweep(3600.0)
     assert await stored(kube, young, "10.120.10.5") is not None, "younger than the grace period"
 
@@ -349,12 +355,14 @@ async def test_the_sweep_of_deleted_pools_runs_at_most_once_per_ten_minutes(
     kube: KubeClient, namespace: str, backend: InClusterBackend
 ) -> None:
     now = [1000.0]
-    backend.orphan_sweep_clock = lambda: now[0]
+    backend.repair.orphan_sweep_clock = lambda: now[0]
     sweep = orphan_sweeper_of(backend)
     assert sweep is not None
     await sweep(0.0)  # the first call sweeps
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "gone-later")
-    await backend.reservations.create(gone, "10.120.11.5", 24, None, namespace, "ghost", "uid-ghost")
+    await backend.ledger.reservations.create(
+        gone, Allocation("10.120.11.5", 24, None), ClaimContext(namespace, "ghost", "uid-ghost")
+    )
 
     now[0] += 599.0
     assert await sweep(0.0) == 0

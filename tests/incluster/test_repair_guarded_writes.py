@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.orphans import sweep_orphans
-from backends.incluster.release import ReleaseTerms, release_reservation
+from backends.incluster.repair import sweep_orphans
 from backends.incluster.reservations import Reservation, ReservationClient
-from ipam_provider.backend.contract import AllocationFailedError, BackendContext, ClaimContext, PoolRef
+from backends.incluster.spec import ReleaseTerms
+from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
@@ -33,13 +33,13 @@ async def test_a_release_whose_delete_found_the_reservation_changed_keeps_it_in_
     got = await allocate(backend, ref, obj, ClaimContext(namespace, "c", "uid-c"))
     listed = await stored(kube, ref, got.address)
     assert listed is not None
-    await backend.reservations.reassign(listed, "uid-someone-else")  # changed after it was read
+    await backend.ledger.reservations.reassign(listed, "uid-someone-else")  # changed after it was read
 
-    released = await release_reservation(backend.reservations, backend.indexes, ref, ReleaseTerms.of(ref, obj), listed)
+    released = await backend.ledger.release(ref, ReleaseTerms.of(ref, obj), listed)
 
     assert not released
     assert await stored(kube, ref, got.address) is not None
-    index = backend.indexes.get(ref)
+    index = backend.ledger.get(ref)
     assert index is not None and index.value_of(got.address) in index.by_address, "still held in the index"
 
 
@@ -55,10 +55,12 @@ async def test_the_sweep_of_deleted_pools_counts_only_what_it_deleted(
     kube: KubeClient, namespace: str, backend: InClusterBackend
 ) -> None:
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "gone-but-changing")
-    await backend.reservations.create(gone, "10.121.2.5", 24, None, namespace, "ghost", "uid-ghost")
+    await backend.ledger.reservations.create(
+        gone, Allocation("10.121.2.5", 24, None), ClaimContext(namespace, "ghost", "uid-ghost")
+    )
     changing = ChangedBeforeDelete(kube)
 
-    assert await sweep_orphans(kube, changing, [IN_CLUSTER_POOL], 0.0) == 0
+    assert await sweep_orphans(changing, [IN_CLUSTER_POOL], 0.0) == 0
     assert await stored(kube, gone, "10.121.2.5") is not None
 
 
@@ -83,7 +85,7 @@ async def test_another_pools_release_record_is_no_duplicate_and_is_restored_over
     record = await stored(kube, b, got.address, domain)
     assert record is not None and record.released_at, "b's record is left alone during its grace period"
 
-    await backend.reservations.mark_released(record, "2020-01-01T00:00:00Z", 3600)  # its period is over
+    await backend.ledger.reservations.mark_released(record, "2020-01-01T00:00:00Z", 3600)  # its period is over
     answer = await repairer(backend).restore(a, a_obj, claim, got)
     assert answer.outcome is RestoreOutcome.RECORDED, answer
     held = await stored(kube, a, got.address, domain)

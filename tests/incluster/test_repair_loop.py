@@ -20,7 +20,7 @@ from backends.incluster.reservations import (
     reservation_name,
 )
 from ipam_provider.api.capi import ANNOTATION_PAUSED
-from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, IPAM_GROUP
@@ -95,8 +95,10 @@ async def test_stray_reservations_are_released_and_rightful_ones_kept(
         kept = (await wait_address(kube, namespace, "kept"))["spec"]["address"]
         kept_uid = ((await kube.get(CLAIMS, "kept", namespace)) or {})["metadata"]["uid"]
         # One whose claim never existed, and an extra one held for the live claim, whose IPAddress names another.
-        await reservations.create(ref, "10.122.1.9", 28, None, namespace, "ghost", "ghost-uid")
-        await reservations.create(ref, "10.122.1.10", 28, None, namespace, "kept", kept_uid)
+        await reservations.create(
+            ref, Allocation("10.122.1.9", 28, None), ClaimContext(namespace, "ghost", "ghost-uid")
+        )
+        await reservations.create(ref, Allocation("10.122.1.10", 28, None), ClaimContext(namespace, "kept", kept_uid))
 
         async def swept() -> list[str] | None:
             items, _ = await kube.list(RESERVATIONS, label_selector=f"{LABEL_POOL}={pool_hash(ref)}")
@@ -117,7 +119,9 @@ async def test_an_address_held_for_another_claim_is_reported_as_a_duplicate_and_
         address = (await wait_address(kube, namespace, "twice"))["spec"]["address"]
         # Behind the controller's back, the address's reservation now holds it for another claim.
         await kube.delete(RESERVATIONS, reservation_name(ref, address))
-        await ReservationClient(kube).create(ref, address, 24, None, namespace, "elsewhere", "uid-elsewhere")
+        await ReservationClient(kube).create(
+            ref, Allocation(address, 24, None), ClaimContext(namespace, "elsewhere", "uid-elsewhere")
+        )
 
         async def duplicate_condition() -> str:
             stored = await kube.get(POOLS, "net", namespace) or {}
@@ -158,8 +162,8 @@ async def test_reservations_of_a_deleted_pool_go_unless_an_ipaddress_names_them(
     reservations = ReservationClient(kube)
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-away")
     named = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-with-address")
-    await reservations.create(gone, "10.122.3.5", 24, None, namespace, "ghost", "uid-ghost")
-    await reservations.create(named, "10.122.4.5", 24, None, namespace, "kept", "uid-kept")
+    await reservations.create(gone, Allocation("10.122.3.5", 24, None), ClaimContext(namespace, "ghost", "uid-ghost"))
+    await reservations.create(named, Allocation("10.122.4.5", 24, None), ClaimContext(namespace, "kept", "uid-kept"))
     # The IPAddress of the second one is still there (its move is not finished): its address stays held.
     body = {
         "apiVersion": ADDRESSES.api_version,
@@ -176,7 +180,7 @@ async def test_reservations_of_a_deleted_pool_go_unless_an_ipaddress_names_them(
     async with controller_factory(namespaces=[namespace], repair=REPAIR) as controller:
         for backend in controller.registry.backends:  # every pass sweeps (else once per ten minutes)
             if isinstance(backend, InClusterBackend):
-                backend.orphan_sweep_every = 0.0
+                backend.repair.orphan_sweep_every = 0.0
 
         async def orphan_removed() -> bool:
             return await reservation_of(kube, gone, "10.122.3.5") is None

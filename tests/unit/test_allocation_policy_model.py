@@ -25,7 +25,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
-from backends.incluster.allocatable import build_allocatable_set
+from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, static_band_size
 from backends.incluster.pool_index import PoolIndex
@@ -103,12 +103,10 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
     def _build(self) -> PoolIndex:
         pending = self.index.pending if hasattr(self, "index") else None
         index = PoolIndex.build(
-            self.allocatable_set,
-            FAMILY,
+            AllocatableSet(self.allocatable_set, FAMILY),
             list(self.server.values()),
-            spec_key=None,
+            self.policy,
             pending=pending,
-            policy=self.policy,
             rng=random.Random(self.serial),
         )
         index.clock = lambda: float(self.now)
@@ -246,7 +244,7 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
             self.index.set_policy(self.policy)
             return
         clock = self.index.clock
-        self.index = self.index.with_allocatable(self.allocatable_set, None, self.policy)
+        self.index = self.index.with_allocatable(AllocatableSet(self.allocatable_set, FAMILY), self.policy)
         assert self.index.clock is clock and self.index.reuse_grace_seconds == (self.grace or 0)
 
     # --- what always holds

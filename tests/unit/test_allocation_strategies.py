@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.incluster.allocatable import build_allocatable_set
-from backends.incluster.backend import InClusterPoolSpec, allocation_policy
+from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
-from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Region, Zone
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.ranked import RankedPoints
-from backends.incluster.strategies import Region, Zone
+from backends.incluster.spec import InClusterPoolSpec, allocation_policy
 
 points = st.sets(st.integers(min_value=0, max_value=80), min_size=1, max_size=40)
 
@@ -71,7 +70,7 @@ def test_the_exact_random_choice_is_the_kth_free_address(members: set[int], data
 
 def test_random_finds_the_only_free_address_of_a_nearly_full_pool() -> None:
     pool = IntervalSet([(1, 500)])
-    index = PoolIndex.build(pool, 4, [], None, policy=AllocationPolicy(AllocationStrategy.RANDOM))
+    index = PoolIndex.build(AllocatableSet(pool, 4), [], AllocationPolicy(AllocationStrategy.RANDOM))
     for value in range(1, 501):
         if value != 377:
             assert index.take_specific(value, f"claim-{value}")
@@ -88,7 +87,7 @@ def test_a_64_pool_with_band_and_pinned_addresses() -> None:
     lowest_above_band = [value for value in range(low + 256, low + 400) if value not in pinned][:50]
     for strategy in AllocationStrategy:
         index = PoolIndex.build(
-            allocatable, 6, [], None, policy=AllocationPolicy(strategy, True, pinned), rng=random.Random(7)
+            AllocatableSet(allocatable, 6), [], AllocationPolicy(strategy, True, pinned), rng=random.Random(7)
         )
         taken = [index.take_candidate("claim") for _ in range(50)]
         if strategy is AllocationStrategy.RANDOM:

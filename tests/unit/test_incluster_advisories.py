@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.incluster.advisories import (
+from backends.incluster.allocatable import build_allocatable_set
+from backends.incluster.prefix_spec import build_prefix_set, prefix_pool_advisories
+from backends.incluster.spec import (
     EXCLUSION_OUTSIDE,
     GATEWAY_OUTSIDE_SUBNET,
     NO_ALLOCATABLE,
@@ -12,10 +14,7 @@ from backends.incluster.advisories import (
     SPEC_CONSISTENT,
     address_pool_advisories,
     consistency_condition,
-    prefix_pool_advisories,
 )
-from backends.incluster.allocatable import build_allocatable_set
-from backends.incluster.prefix_allocatable import build_prefix_set
 
 
 def advise(

@@ -270,7 +270,7 @@ def test_allocatable_set_matches_brute_force(
 
 def test_an_empty_gateway_is_no_gateway() -> None:
     """`gateway: ""` passes the Go webhook (it checks only a non-empty gateway): the pool has no gateway."""
-    from backends.incluster.backend import parse_pool
+    from backends.incluster.spec import parse_pool
 
     spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/30"], "prefix": 30, "gateway": ""}})
     assert spec.gateway is None

@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
+from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet, int_to_address
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation
@@ -47,7 +48,7 @@ class ConcurrentIndexMachine(RuleBasedStateMachine):
     def start(self, allocatable: set[int]) -> None:
         self.allocatable = allocatable
         self.intervals = IntervalSet.from_points(BASE + value for value in allocatable)
-        self.index = PoolIndex.build(self.intervals, FAMILY, [], spec_key=None)
+        self.index = PoolIndex.build(AllocatableSet(self.intervals, FAMILY), [])
         self.held: dict[int, Reservation] = {}  # what the API server holds: address value → reservation
         self.pending: dict[int, str] = {}  # in-flight candidates → claim uid
         self.serial = 0
@@ -100,7 +101,7 @@ class ConcurrentIndexMachine(RuleBasedStateMachine):
     @rule()
     def rebuild(self) -> None:
         self.index = PoolIndex.build(
-            self.intervals, FAMILY, list(self.held.values()), spec_key=None, pending=self.index.pending
+            AllocatableSet(self.intervals, FAMILY), list(self.held.values()), pending=self.index.pending
         )
 
     def _known(self) -> set[int]:

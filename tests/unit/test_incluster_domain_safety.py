@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend, parse_pool
-from backends.incluster.domains import DOMAIN_PATTERN
-from backends.incluster.orphans import pool_resource, sweep_orphans
-from backends.incluster.overlap import ADDRESSES_OVERLAP, NO_OVERLAP
+from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
+from backends.incluster.domains import ADDRESSES_OVERLAP, DOMAIN_PATTERN, NO_OVERLAP, pool_resource
 from backends.incluster.pool_index import PoolIndex
+from backends.incluster.repair import sweep_orphans
 from backends.incluster.reservations import RESERVATIONS, Reservation, ReservationClient, pool_hash
+from backends.incluster.spec import parse_pool
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -123,14 +123,14 @@ async def test_a_domain_pool_knows_only_its_own_reservations_as_its_claims() -> 
     held = await backend.allocate(B, pool("b"), ClaimContext("ns", "c", "U1"))
     got = await backend.allocate(A, pool("a"), ClaimContext("ns", "c", "U1"))
     assert got.address != held.address, "b's reservation is not a's claim's, whatever uid it names"
-    assert [r.address for r in await backend.reservations.list_claim(A, "U1")] == [got.address]
-    index = backend.indexes.get(A)
+    assert [r.address for r in await backend.ledger.reservations.list_claim(A, "U1")] == [got.address]
+    index = backend.ledger.get(A)
     assert index is not None and index.by_claim["U1"].pool_label == pool_hash(A)
 
 
 def test_the_index_keeps_other_pools_reservations_out_of_its_claims() -> None:
     parsed = parse_pool(pool("a"))[1]
-    index = PoolIndex.build(parsed.addresses, 4, [], spec_key=None, own_label=pool_hash(A))
+    index = PoolIndex.build(parsed, [], own_label=pool_hash(A))
     mine = Reservation("d.10.0.0.1", "10.0.0.1", 24, None, "U", "ns/c", None, "1", "r1", "", pool_hash(A))
     theirs = Reservation("d.10.0.0.2", "10.0.0.2", 24, None, "U", "ns/c", None, "1", "r2", "", pool_hash(B))
     index.hold(mine)
@@ -172,13 +172,13 @@ async def test_the_orphan_sweep_keeps_releases_until_their_recorded_grace_period
     reservations = ReservationClient(kube)
     reservations.note_domain(B, "d")  # pool b of domain d is gone; pool a of d would reuse its addresses
     released_at = (datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=100)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kept = await reservations.create(B, "10.0.0.1", 24, None, "ns", "c1", "U1")
-    over = await reservations.create(B, "10.0.0.2", 24, None, "ns", "c2", "U2")
-    live = await reservations.create(B, "10.0.0.3", 24, None, "ns", "c3", "U3")
+    kept = await reservations.create(B, Allocation("10.0.0.1", 24, None), ClaimContext("ns", "c1", "U1"))
+    over = await reservations.create(B, Allocation("10.0.0.2", 24, None), ClaimContext("ns", "c2", "U2"))
+    live = await reservations.create(B, Allocation("10.0.0.3", 24, None), ClaimContext("ns", "c3", "U3"))
     assert kept is not None and over is not None and live is not None
     await reservations.mark_released(kept, released_at, 3600)
     await reservations.mark_released(over, released_at, 30)
-    deleted = await sweep_orphans(kube, reservations, [IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL], 0.0)
+    deleted = await sweep_orphans(reservations, [IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL], 0.0)
     assert deleted == 2
     assert [r.address for r in stored_reservations(kube)] == ["10.0.0.1"], "its grace period of an hour is not over"
 
@@ -188,7 +188,9 @@ async def test_the_orphan_sweep_trusts_the_pool_caches_for_pools_that_exist_and_
     backend = backend_of(kube, pools=[pool("a", domain=None)])  # a is cached (the API server read is skipped)
     kube.put(pool_resource(IN_CLUSTER_POOL), pool("b", domain=None))  # b is not cached, but exists
     for ref, address in ((A, "10.0.0.1"), (B, "10.0.0.2"), (IN_CLUSTER_POOL.ref("ns", "gone"), "10.0.0.3")):
-        assert await backend.reservations.create(ref, address, 24, None, "ns", f"c-{address}", f"U-{address}")
+        assert await backend.ledger.reservations.create(
+            ref, Allocation(address, 24, None), ClaimContext("ns", f"c-{address}", f"U-{address}")
+        )
     assert await backend.sweep_orphaned(0.0) == 1
     assert sorted(r.address for r in stored_reservations(kube)) == ["10.0.0.1", "10.0.0.2"]
 
@@ -211,7 +213,7 @@ async def test_a_uniqueness_domain_that_is_not_a_dns_label_makes_the_pool_invali
     assert "uniquenessDomain" in report.message, report.message
     with pytest.raises(PoolNotReadyError):
         await backend.allocate(A, pool("a", domain=domain), ClaimContext("ns", "c", "U1"))
-    assert backend.reservations.domain_of(A) is None
+    assert backend.ledger.reservations.domain_of(A) is None
 
 
 def test_the_controller_checks_the_crds_pattern_for_domains() -> None:
@@ -238,7 +240,7 @@ async def test_a_prepared_index_of_an_older_pool_object_is_rebuilt() -> None:
     backend = backend_of(kube)
     await backend.prepare(A, pool("a", domain=None, uid="u1", generation=5))
     await backend.prepare(A, pool("a", domain=None, uid="u2", generation=1, addresses=["10.9.0.0/29"]))
-    index = backend.indexes.get(A)
+    index = backend.ledger.get(A)
     assert index is not None and index.pool_uid == "u2" and index.generation == 1
     got = await backend.allocate(
         A, pool("a", domain=None, uid="u2", addresses=["10.9.0.0/29"]), ClaimContext("ns", "c", "U")
@@ -256,10 +258,10 @@ async def test_a_prefix_pools_prepared_index_serves_its_first_allocation() -> No
     }
     backend = InClusterPrefixBackend(BackendContext(kube=FakeKube(), cached_addresses=lambda ref: []))
     await backend.prepare(ref, prefix_pool)
-    prepared = backend.indexes.get(ref)
+    prepared = backend.ledger.get(ref)
     got = await backend.allocate(ref, prefix_pool, ClaimContext("ns", "c", "U"))
     assert (got.address, got.prefix) == ("10.0.0.0", 28)
-    assert backend.indexes.get(ref) is prepared, "the index prepared for this pool object, not a rebuilt one"
+    assert backend.ledger.get(ref) is prepared, "the index prepared for this pool object, not a rebuilt one"
 
 
 def test_the_overlap_survey_parses_a_recreated_pool_anew() -> None:

@@ -10,10 +10,17 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.domains import held_elsewhere
+from backends.incluster.domains import (
+    NAMED_IN_MESSAGE,
+    Coverage,
+    Overlap,
+    PoolSurvey,
+    held_elsewhere,
+    overlap_condition,
+)
 from backends.incluster.intervals import IntervalSet, address_to_int
-from backends.incluster.overlap import NAMED_IN_MESSAGE, Coverage, Overlap, PoolSurvey, overlap_condition
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation, pool_hash
@@ -120,7 +127,7 @@ def test_releases_expire_by_their_own_pools_grace_period() -> None:
     allocatable = IntervalSet([(address_to_int("10.0.0.1"), address_to_int("10.0.0.6"))])
 
     def expired(grace: int, policy: AllocationPolicy = AllocationPolicy()) -> list[str]:  # noqa: B008 - frozen
-        index = PoolIndex.build(allocatable, 4, reservations, None, policy=policy, own_label=pool_hash(A))
+        index = PoolIndex.build(AllocatableSet(allocatable, 4), reservations, policy, own_label=pool_hash(A))
         return sorted(r.name for r in index.expired_releases(grace))
 
     assert expired(30) == ["other-old", "own-old"]
@@ -139,7 +146,7 @@ def test_an_index_takes_over_only_its_own_pools_release_records() -> None:
     records = [at("10.0.0.1", "own", "a", None), at("10.0.0.2", "b-kept", "b", None), at("10.0.0.3", "b-60", "b", 60)]
     policy = AllocationPolicy(LRR)
     allocatable = IntervalSet([(address_to_int("10.0.0.1"), address_to_int("10.0.0.3"))])
-    index = PoolIndex.build(allocatable, 4, records, None, policy=policy, own_label=pool_hash(A))
+    index = PoolIndex.build(AllocatableSet(allocatable, 4), records, policy, own_label=pool_hash(A))
     assert not index.take_specific(address_to_int("10.0.0.2"), "x"), "another pool's record is held"
     assert [r.name for r in index.expired_releases(0)] == ["b-60"], "own kept under LRR; b's by its grace"
     assert index.take_candidate("y") == address_to_int("10.0.0.1") and index.released[address_to_int("10.0.0.1")]

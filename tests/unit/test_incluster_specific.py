@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from backends.incluster.backend import InClusterPoolSpec, allocation_policy, parse_pool
 from backends.incluster.intervals import address_to_int
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.preallocations import PreAllocations
-from backends.incluster.requested import wanted_address, why_not_allocatable
 from backends.incluster.reservations import Reservation
+from backends.incluster.spec import InClusterPoolSpec, allocation_policy, parse_pool, why_not_allocatable
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     AllocationFailedError,
@@ -32,7 +31,7 @@ def parsed(**spec: object) -> tuple[InClusterPoolSpec, PoolIndex, PreAllocations
     pre = PreAllocations.of(REF, pool_spec.pre_allocations, allocatable)
     policy = allocation_policy(pool_spec, allocatable, pre)
     assert policy.pinned == allocation_policy(pool_spec, allocatable).pinned, "one pinned set, however derived"
-    return pool_spec, PoolIndex.build(allocatable.addresses, 4, [], spec_key=None, policy=policy), pre
+    return pool_spec, PoolIndex.build(allocatable, [], policy), pre
 
 
 def held(address: str, uid: str) -> Reservation:
@@ -72,28 +71,28 @@ def test_pre_allocations_resolve_to_the_named_claim_only() -> None:
     assert set(pre.pinned) == {ip("10.0.0.1"), ip("10.0.0.7"), ip("10.0.0.8")}
     assert any("x/y" in problem and "by name alone" in problem for problem in pre.problems)
     vip = ClaimContext("ns", "vip", "u1")
-    assert wanted_address(vip, pre) == "10.0.0.1"
+    assert pre.wanted(vip) == "10.0.0.1"
     assert pre.pinned_for_others(ip("10.0.0.1"), vip) == ()
     other = ClaimContext("ns", "other", "u2")
-    assert wanted_address(other, pre) is None
+    assert pre.wanted(other) is None
     assert pre.pinned_for_others(ip("10.0.0.1"), other) == ("vip",)
     with pytest.raises(AllocationFailedError, match=r"more than one claim \(a, b\)"):
-        wanted_address(ClaimContext("ns", "a", "u3"), pre)
+        pre.wanted(ClaimContext("ns", "a", "u3"))
     with pytest.raises(AllocationFailedError, match=r"preAllocations\[far\]: 10.9.9.9 is not an allocatable"):
-        wanted_address(ClaimContext("ns", "far", "u4"), pre)
+        pre.wanted(ClaimContext("ns", "far", "u4"))
     asks_other = ClaimContext("ns", "vip", "u5", annotations={REQUESTED_ADDRESS_ANNOTATION: "10.0.0.2"})
     with pytest.raises(AllocationFailedError, match=r"pre-allocates 10\.0\.0\.1 to it"):
-        wanted_address(asks_other, pre)
+        pre.wanted(asks_other)
     same = ClaimContext("ns", "vip", "u6", annotations={REQUESTED_ADDRESS_ANNOTATION: "10.0.0.1"})
-    assert wanted_address(same, pre) == "10.0.0.1"
+    assert pre.wanted(same) == "10.0.0.1"
     assert spec.pre_allocations == entries
 
 
 def test_global_pools_name_claims_as_namespace_slash_name() -> None:
     pool_spec, allocatable = parse_pool({"spec": {"addresses": ["10.0.0.0/28"], "prefix": 28}})
     pre = PreAllocations.of(GLOBAL_REF, {"team-a/vip": "10.0.0.1", "vip": "10.0.0.2"}, allocatable)
-    assert wanted_address(ClaimContext("team-a", "vip", "u1"), pre) == "10.0.0.1"
-    assert wanted_address(ClaimContext("team-b", "vip", "u2"), pre) is None
+    assert pre.wanted(ClaimContext("team-a", "vip", "u1")) == "10.0.0.1"
+    assert pre.wanted(ClaimContext("team-b", "vip", "u2")) is None
     assert pre.pinned_for_others(ip("10.0.0.1"), ClaimContext("team-b", "vip", "u2")) == ("team-a/vip",)
     assert pre.problems == ("spec.preAllocations[vip]: a GlobalInClusterIPPool names claims as namespace/name",)
     assert pool_spec.pre_allocations == {}

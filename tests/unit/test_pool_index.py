@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 
+from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet
 from backends.incluster.pool_index import PoolIndex
 from backends.incluster.reservations import Reservation
@@ -32,7 +33,7 @@ def test_only_released_reservations_are_examined_for_expiry() -> None:
     live = [reservation(i) for i in range(1, 20_001)]
     old = reservation(30_000, "2020-01-01T00:00:00Z")
     fresh = reservation(30_001, "2999-01-01T00:00:00Z")
-    index = PoolIndex.build(IntervalSet([(BASE, BASE + 65_535)]), 4, [*live, old, fresh], spec_key=None)
+    index = PoolIndex.build(AllocatableSet(IntervalSet([(BASE, BASE + 65_535)]), 4), [*live, old, fresh])
     assert set(index.released) == {BASE + 30_000, BASE + 30_001}
     assert index.expired_releases(60) == [old]
     index.drop(old)

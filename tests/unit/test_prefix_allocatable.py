@@ -8,7 +8,7 @@ import pytest
 
 from backends.incluster.allocatable import PoolSpecError
 from backends.incluster.pool_index import PoolIndex
-from backends.incluster.prefix_allocatable import build_prefix_set, child_of
+from backends.incluster.prefix_spec import build_prefix_set, child_of
 
 
 def oracle(prefixes: list[str], length: int, excluded: list[str]) -> list[str]:
@@ -35,7 +35,7 @@ def oracle(prefixes: list[str], length: int, excluded: list[str]) -> list[str]:
 )
 def test_children_match_the_oracle(prefixes: list[str], length: int, excluded: list[str]) -> None:
     allocatable = build_prefix_set(prefixes, length, None, excluded)
-    index = PoolIndex.build(allocatable.addresses, allocatable.family, [], None, host_bits=allocatable.host_bits)
+    index = PoolIndex.build(allocatable, [])
     handed_out = []
     while (value := index.take_candidate("uid")) is not None:
         handed_out.append(f"{index.address_of(value)}/{length}")

@@ -1,0 +1,365 @@
+"""The ledger of the in-cluster pools: their reservations (see `reservations`) and this process's index of each
+(see `pool_index`), kept in step: a write and the index update it implies are one method.
+
+- An index is built from a fresh list of the pool's reservations (a domain pool's: the domain's) on first use (or
+  by `prepare`, while the caches sync), on each resync, and when the pool looks exhausted; one build per pool at a
+  time, the others use its result; pending candidates move to it. It belongs to one pool object (uid) and is
+  never replaced by one of an older spec (generation); a new allocatable set or policy keeps its holdings.
+- Before an index serves, the *scan* gives each IPAddress naming the pool (a domain pool: any pool of the domain)
+  without a reservation one, for its claim (its controller ownerReference, else the claim of its claimRef name,
+  else uid "" until adopted), from the synced cache or a LIST; an address reserved meanwhile is learned.
+- Expired release records are deleted as the index is used (not under LeastRecentlyReleased); a reservation made
+  for a domain pool is held at once in the indexes of its domain's pools.
+- `release`: back to its pin (uid "") when the spec pre-allocates the address to its claim; else a release record
+  when the pool keeps them (recording its grace period, but under LeastRecentlyReleased); else deleted.
+Every write but a create is guarded by the resourceVersion (a delete by the uid too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+
+from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.intervals import address_value, int_to_address
+from backends.incluster.policy import AllocationPolicy
+from backends.incluster.pool_index import PoolIndex
+from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
+from backends.incluster.spec import ParsedPool, ReleaseTerms
+from ipam_provider.api.pools import names_pool
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
+from ipam_provider.common import Object
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.errors import ApiError
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, now_rfc3339
+
+log = structlog.get_logger(__name__)
+RESYNC_SECONDS = 600.0
+Parsed = TypeVar("Parsed", bound=ParsedPool)
+
+
+@dataclass(frozen=True)
+class IndexBasis:
+    """What a pool's index is built over: the allocatable set and policy of the pool object `uid` at `generation`."""
+
+    allocatable: AllocatableSet
+    policy: AllocationPolicy
+    generation: int
+    uid: str
+
+
+class Ledger:
+    def __init__(
+        self,
+        kube: KubeClient,
+        cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
+        domain_pools: Callable[[str], Awaitable[Sequence[PoolRef]]] | None = None,
+    ) -> None:
+        self.reservations = ReservationClient(kube)
+        self.cached_addresses = cached_addresses
+        self.domain_pools = domain_pools  # the pools naming a uniqueness domain (see `domains.domain_pools`)
+        self._indexes: dict[PoolRef, PoolIndex] = {}
+        self._building: dict[PoolRef, asyncio.Lock] = {}  # one index build (or scan) per pool at a time
+        self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
+        self.reservations.on_domain_create = self._share
+
+    def _share(self, ref: PoolRef, reservation: Reservation) -> None:
+        """Hold a reservation made for a domain pool in the indexes of the domain's other pools (a hint: they would
+        learn it when their own create collides)."""
+        domain = self.reservations.domain_of(ref)
+        for other, index in list(self._indexes.items()):
+            if other != ref and self.reservations.domain_of(other) == domain:
+                index.hold(reservation)
+
+    def noted(self, pool: Parsed) -> Parsed:
+        """`pool`, its uniqueness domain noted: a pool's reservations are named by it (see `reservations`)."""
+        self.reservations.note_domain(pool.ref, pool.domain)
+        return pool
+
+    def get(self, ref: PoolRef) -> PoolIndex | None:
+        return self._indexes.get(ref)
+
+    def clear(self) -> None:
+        self._indexes.clear()
+
+    def current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
+        """The pool's index now, if built for the same pool object from the same or a newer spec than `index`;
+        else `index`."""
+        current = self._indexes.get(ref)
+        if current is None or current.pool_uid != index.pool_uid or current.generation < index.generation:
+            return index
+        return current
+
+    async def index(self, pool: ParsedPool) -> PoolIndex:
+        """The pool's index for a caller that read `pool`. A caller that read an older spec than the index's gets
+        the index as it is. Release records whose reuse grace period is over are deleted first (all when the pool
+        has no grace period), except under LeastRecentlyReleased."""
+        ref, allocatable, index = pool.ref, pool.allocatable, self._indexes.get(pool.ref)
+        if index is not None and index.pool_uid == pool.uid and pool.generation < index.generation:
+            return index
+        if (
+            index is None
+            or index.pool_uid != pool.uid
+            or (index.allocatable.family, index.allocatable.host_bits) != (allocatable.family, allocatable.host_bits)
+            or time.monotonic() - index.built_at > RESYNC_SECONDS
+        ):
+            basis = IndexBasis(allocatable, pool.policy, pool.generation, pool.uid)
+            index = await self._rebuild(ref, basis, index, scan=True)
+        elif index.allocator.allocatable != allocatable.addresses or index.policy != pool.policy:
+            scanned = index.scanned
+            if index.allocator.allocatable == allocatable.addresses:
+                index.set_policy(pool.policy)
+            else:
+                index = self._indexes[ref] = index.with_allocatable(allocatable, pool.policy)
+            index.generation, index.scanned = pool.generation, scanned
+        index.reuse_grace_seconds = pool.reuse_grace_seconds or 0
+        if not index.scanned:
+            await self._scan(ref, index)
+        if index.released:
+            await self._reclaim_expired(ref, index, pool.reuse_grace_seconds or 0)
+        return self.current(ref, index)
+
+    async def prepare(self, pool: ParsedPool) -> None:
+        """Build the pool's index from its reservations only (no scan), unless it has one."""
+        known = self._indexes.get(pool.ref)
+        if known is None or known.pool_uid != pool.uid:
+            basis = IndexBasis(pool.allocatable, pool.policy, pool.generation, pool.uid)
+            await self._rebuild(pool.ref, basis, known, scan=False)
+
+    async def refresh(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
+        """The pool's index rebuilt over the same basis as `index`, which looks exhausted (another process may have
+        released addresses since it was built)."""
+        return await self._rebuild(
+            ref, IndexBasis(index.allocatable, index.policy, index.generation, index.pool_uid), index, scan=False
+        )
+
+    async def _rebuild(self, ref: PoolRef, basis: IndexBasis, replacing: PoolIndex | None, scan: bool) -> PoolIndex:
+        """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
+        `replacing` with one of the same or a newer spec meanwhile. With `scan`, the scan comes first."""
+        async with self._building.setdefault(ref, asyncio.Lock()):
+            current, allocatable = self._indexes.get(ref), basis.allocatable
+            newer = current is not None and current.pool_uid == basis.uid and current.generation >= basis.generation
+            if current is not None and current is not replacing and newer:
+                return current
+            reservations = await self._reservations_of(ref, allocatable.family, scan=scan)
+            shape = (allocatable.family, allocatable.host_bits)
+            inherits = (
+                replacing is not None and (replacing.allocatable.family, replacing.allocatable.host_bits) == shape
+            )
+            pending = replacing.pending if replacing is not None and inherits else None
+            index = PoolIndex.build(allocatable, reservations, basis.policy, pending=pending, own_label=pool_hash(ref))
+            if replacing is not None:
+                index.reuse_grace_seconds, index.clock = replacing.reuse_grace_seconds, replacing.clock
+            index.generation, index.pool_uid = basis.generation, basis.uid
+            index.scanned = scan or (replacing is not None and replacing.pool_uid == basis.uid and replacing.scanned)
+            self._indexes[ref] = index
+            return index
+
+    async def _reservations_of(self, ref: PoolRef, family: int, *, scan: bool) -> list[Reservation]:
+        """A fresh list of the pool's reservations (a domain pool's: the domain's), plus those the scan made."""
+        started = time.monotonic()
+        reservations = await self.reservations.list_index(ref)
+        listed = time.monotonic()
+        found = await self._reserve_existing(ref, family, reservations) if scan else []
+        log.info(
+            "pool index built",
+            pool=str(ref),
+            reservations=len(reservations) + len(found),
+            reserved_for_existing=len(found),
+            list_seconds=round(listed - started, 3),
+            scan_seconds=round(time.monotonic() - listed, 3),
+        )
+        return reservations + found
+
+    async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
+        """The scan into `index` (once, one caller at a time)."""
+        async with self._building.setdefault(ref, asyncio.Lock()):
+            if index.scanned:
+                return
+            for reservation in await self._reserve_existing(
+                ref, index.allocatable.family, list(index.by_address.values())
+            ):
+                index.hold(reservation)
+            index.scanned = True
+
+    async def _reserve_existing(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
+        """The reservations made or found for the IPAddresses of the pool and, for a domain pool, of every other pool
+        of the domain, beyond `held` (what the index has)."""
+        refs = [ref]
+        domain = self.reservations.domain_of(ref)
+        if domain:
+            listed = await self.domain_pools(domain) if self.domain_pools is not None else []
+            refs += sorted({*listed, *self.reservations.noted_pools(domain)} - {ref})
+        found: list[Reservation] = []
+        for pool in refs:
+            if pool != ref:
+                self.reservations.note_domain(pool, domain)  # its reservations are named by the domain
+            found += await self._reserve_addresses(pool, family, held + found)
+        return found
+
+    async def _reserve_addresses(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
+        """A reservation for each IPAddress naming the pool whose address (of `family`) `held` does not hold."""
+        held_values = {address_value(reservation.address, family) for reservation in held}
+        cached = self.cached_addresses(ref)
+        kube = self.reservations.kube
+        found: list[Reservation] = []
+        for address in cached if cached is not None else (await kube.list(ADDRESSES, ref.namespace))[0]:
+            spec = address.get("spec") or {}
+            value = address_value(str(spec.get("address", "")), family)
+            if not names_pool(address, ref) or value is None or value in held_values:
+                continue
+            text = int_to_address(value, family)
+            claim = await self._claim_of(address)
+            made = await self.reservations.create(
+                ref, Allocation(text, int(spec.get("prefix") or 0), spec.get("gateway") or None), claim
+            )
+            if made is not None:
+                log.info("reserved the address of an existing IPAddress", pool=str(ref), address=text, claim=claim.name)
+            reservation = made or await self.reservations.get(ref, text)  # reserved meanwhile: who holds it
+            if reservation is not None:
+                held_values.add(value)
+                found.append(reservation)
+        return found
+
+    async def _claim_of(self, address: Object) -> ClaimContext:
+        """The claim an IPAddress belongs to: its controller ownerReference's uid when that is a claim, else the uid
+        of the claim of its claimRef name, else "" (none of that name exists yet)."""
+        spec, meta = address.get("spec") or {}, address["metadata"]
+        namespace, name = meta.get("namespace", ""), (spec.get("claimRef") or {}).get("name") or meta["name"]
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("controller") and owner.get("kind") == CLAIMS.kind and owner.get("uid"):
+                return ClaimContext(namespace, name, str(owner["uid"]))
+        claim = await self.reservations.kube.get(CLAIMS, name, namespace)
+        return ClaimContext(namespace, name, str(claim["metadata"].get("uid", "")) if claim is not None else "")
+
+    async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
+        """Delete the pool's release records whose grace period is over; one caller at a time per pool, the
+        others go on without waiting."""
+        if ref in self._reclaiming:
+            return
+        self._reclaiming.add(ref)
+        try:
+            for reservation in index.expired_releases(grace_seconds):
+                await self.delete(ref, index, reservation)
+        finally:
+            self._reclaiming.discard(ref)
+
+    async def reserve(
+        self, ref: PoolRef, index: PoolIndex, held: Allocation, claim: ClaimContext
+    ) -> Reservation | None:
+        """Reserve the address `held` names, pending in `index`, for the claim: take over its release record when
+        the index has one, else create its reservation; then settle it. The reservation made, else the one found in
+        its place, else None (none holds the address now)."""
+        value = index.value_of(held.address)
+        record = index.released.get(value)
+        learned: Reservation | None = None
+        try:
+            if record is not None:
+                made = await self.reservations.take_over(record, held, claim)
+            else:
+                made = await self.reservations.create(ref, held, claim)
+            learned = made if made is not None else await self.reservations.get(ref, held.address)
+        finally:
+            current = self.current(ref, index)
+            if learned is not None:
+                current.hold(learned)
+            elif record is not None:
+                current.drop(record)
+            current.settle(value)
+        return learned
+
+    async def read(self, ref: PoolRef, index: PoolIndex, address: str) -> Reservation | None:
+        """The reservation of `address` as the API server has it now, learned by `index` in place of what it knew."""
+        known = index.by_address.get(index.value_of(address))
+        fresh = await self.reservations.get(ref, address)
+        if known is not None and (fresh is None or fresh.uid != known.uid):
+            self.forget(ref, known, index)
+        if fresh is not None:
+            self.learn(ref, fresh, index=index)
+        return fresh
+
+    async def reassign(
+        self, ref: PoolRef, index: PoolIndex | None, reservation: Reservation, claim_uid: str
+    ) -> Reservation | None:
+        """`ReservationClient.reassign`, learned by `index`; None when the reservation changed or went meanwhile."""
+        try:
+            reassigned = await self.reservations.reassign(reservation, claim_uid)
+        except ApiError as error:
+            if error.conflict or error.not_found:
+                return None
+            raise
+        self.learn(ref, reassigned, replacing=reservation, index=index)
+        return reassigned
+
+    async def give(
+        self, ref: PoolRef, index: PoolIndex | None, found: Reservation, claim: ClaimContext, held: Allocation
+    ) -> Reservation | None:
+        """Give the pool's own `found` to the claim, learned by `index`: a release record is taken over (see
+        `ReservationClient.take_over`), a live reservation reassigned. None when it changed or went meanwhile, or
+        was a record of another prefix or gateway than `held`'s (then deleted)."""
+        if not found.released_at:
+            return await self.reassign(ref, index, found, claim.uid)
+        taken = await self.reservations.take_over(found, held, claim)
+        if taken is None:
+            self.forget(ref, found, index)
+        else:
+            self.learn(ref, taken, replacing=found, index=index)
+        return taken
+
+    async def delete(self, ref: PoolRef, index: PoolIndex | None, reservation: Reservation) -> bool:
+        """`ReservationClient.delete`, learned by `index` (the pool's, when None)."""
+        deleted = await self.reservations.delete(reservation)
+        self.forget(ref, reservation, index)
+        return deleted
+
+    def _now(self, ref: PoolRef, index: PoolIndex | None) -> PoolIndex | None:
+        return self.current(ref, index) if index is not None else self._indexes.get(ref)
+
+    def learn(
+        self,
+        ref: PoolRef,
+        reservation: Reservation,
+        replacing: Reservation | None = None,
+        index: PoolIndex | None = None,
+    ) -> None:
+        """Put a reservation read or written now in `index` as it is now (the pool's, when None), in place of
+        `replacing`."""
+        current = self._now(ref, index)
+        if current is not None:
+            if replacing is not None:
+                current.drop(replacing)
+            current.hold(reservation)
+
+    def forget(self, ref: PoolRef, reservation: Reservation, index: PoolIndex | None = None) -> None:
+        """Take a reservation that is gone (or changed) out of `index` as it is now (the pool's, when None)."""
+        current = self._now(ref, index)
+        if current is not None:
+            current.drop(reservation)
+
+    async def release(self, ref: PoolRef, terms: ReleaseTerms, reservation: Reservation) -> bool:
+        """Release one reservation of the pool by `terms` (see the module). True when this call released it; False
+        when a delete found it gone or changed. A patch of a reservation that changed or went since it was read
+        raises ApiError (conflict, not found)."""
+        if terms.pre is not None and terms.pre.pins(reservation):
+            changed: Reservation | None = await self.reservations.reassign(reservation, "")
+        elif terms.keep_record:
+            changed = await self.reservations.mark_released(reservation, now_rfc3339(), terms.recorded_grace)
+        else:
+            changed = None
+            if not await self.reservations.delete(reservation):
+                return False  # changed meanwhile: its watch tells
+        if changed is None:
+            self.forget(ref, reservation)
+        else:
+            self.learn(ref, changed, replacing=reservation)
+        return True
+
+    async def release_claim(self, ref: PoolRef, terms: ReleaseTerms, claim_uid: str) -> None:
+        """Release the claim's reservations of the pool."""
+        for reservation in await self.reservations.list_claim(ref, claim_uid):
+            await self.release(ref, terms, reservation)

@@ -1,0 +1,408 @@
+"""An in-cluster address pool (InClusterIPPool / GlobalInClusterIPPool) as allocation and admission read it.
+
+`ParsedPool` is what one call reads of a pool, parsed once (allocatable set, IPAddress prefix and gateway, grace
+period, uniqueness domain, policy, preAllocations, generation and uid); `AddressPool` is an address pool's.
+
+`pool_change_problems(old, new, in_use)`: the admission webhook's reasons to refuse a CREATE or UPDATE beyond the
+CRD's rules: a spec the backend cannot use; bad `spec.preAllocations` entries (see `pre_allocation_problems`), or
+ones naming an address another claim's live IPAddress holds; on UPDATE, addresses in use the new spec leaves out
+(the Go provider's "pool addresses do not contain allocated addresses", with their holders). An unchanged spec is
+never refused, nor an UPDATE for problems the old spec had. Cost: O(k log k + n log k); no request is made.
+
+`address_pool_advisories` tells what the Go provider accepts but is most likely a mistake, for the pool's
+`SpecConsistent` condition (a Warning Event when it turns False): True when none applies; else False with the
+reason of the first that applies, in this order, and a message naming each field: `NoAllocatableAddresses`
+(exclusions, the gateway or the subnet's reserved addresses leave nothing to hand out), `GatewayOutsideSubnet`,
+`OverlappingEntries` (of `spec.addresses`), `ExclusionOutsideAddresses` (an exclusion excluding none of them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+
+from backends.incluster.allocatable import (
+    AddressEntry,
+    AllocatableSet,
+    PoolSpecError,
+    build_allocatable_set,
+    parse_address_entry,
+    pre_allocation_problems,
+)
+from backends.incluster.domains import domain_problem
+from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.preallocations import PreAllocations, claim_key, pinned_values
+from backends.validation import spec_error
+from ipam_provider.api.meta import Model
+from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef, ReportCondition
+from ipam_provider.common import Object, normalized_address
+
+STRANDED = "pool addresses do not contain allocated addresses"  # the Go provider's text
+LISTED_HOLDERS = 10  # IPAddresses named in one message; the rest are counted
+SPEC_ERRORS = (PoolSpecError, ValidationError, ValueError)
+SPEC_CONSISTENT = "SpecConsistent"
+NO_ALLOCATABLE = "NoAllocatableAddresses"
+GATEWAY_OUTSIDE_SUBNET = "GatewayOutsideSubnet"
+OVERLAPPING_ENTRIES = "OverlappingEntries"
+EXCLUSION_OUTSIDE = "ExclusionOutsideAddresses"
+LISTED_ENTRIES = 5  # entries named per kind of advisory; the rest are counted
+
+
+class InClusterPoolSpec(Model):
+    addresses: list[str] = Field(default_factory=list)
+    prefix: int = 0
+    gateway: str | None = None
+    excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
+    allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
+    reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    pre_allocations: dict[str, Any] = Field(default_factory=dict, alias="preAllocations")
+    uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
+    allocation_strategy: AllocationStrategy = Field(default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy")
+    reserve_static_band: bool = Field(default=False, alias="reserveStaticBand")
+
+    @field_validator("uniqueness_domain")
+    @classmethod
+    def _domain_is_a_dns_label(cls, value: str | None) -> str | None:
+        problem = domain_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("gateway")
+    @classmethod
+    def _empty_gateway_is_none(cls, value: str | None) -> str | None:
+        """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
+        return value if value is None or value.strip() else None
+
+
+def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
+    """The pool's spec and allocatable set; PoolSpecError or ValidationError when invalid."""
+    spec = InClusterPoolSpec.model_validate(pool.get("spec") or {})
+    allocatable = build_allocatable_set(
+        spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved
+    )
+    return spec, allocatable
+
+
+def first_line(error: Exception) -> str:
+    """A spec error on one line: pydantic's as `spec_error` words it, any other's first line."""
+    return spec_error(error) if isinstance(error, ValidationError) else str(error).splitlines()[0]
+
+
+def survey_parse(pool: Object) -> tuple[AllocatableSet, str | None] | None:
+    """The pool's allocatable set and uniqueness domain, for the overlap survey; None for an invalid pool."""
+    try:
+        spec, allocatable = parse_pool(pool)
+    except SPEC_ERRORS:
+        return None
+    return allocatable, spec.uniqueness_domain or None
+
+
+def allocation_policy(
+    spec: InClusterPoolSpec, allocatable: AllocatableSet, pre: PreAllocations | None = None
+) -> AllocationPolicy:
+    """The pool's allocation policy: its strategy, its static band, and the addresses its preAllocations pin."""
+    pinned = frozenset(pre.pinned) if pre is not None else pinned_values(spec.pre_allocations, allocatable)
+    return AllocationPolicy(spec.allocation_strategy, spec.reserve_static_band, pinned)
+
+
+def why_not_allocatable(spec: InClusterPoolSpec, allocatable: AllocatableSet, text: str) -> str | None:
+    """Why the address `text` is not an allocatable address of the pool, or None when it is one."""
+    family = allocatable.family
+    try:
+        value = address_to_int(text, family)
+    except ValueError:
+        return f"it is not an IPv{family} address, as spec.addresses are"
+    if value in allocatable.addresses:
+        return None
+    if not any(entry.first <= value <= entry.last for entry in map(parse_address_entry, spec.addresses)):
+        return "it is not in spec.addresses"
+    if spec.gateway is not None and value == address_to_int(spec.gateway, family):
+        return "it is the pool's gateway, spec.gateway"
+    if not spec.allocate_reserved and value == allocatable.subnet_first:
+        name = "network address" if family == 4 else "subnet-router anycast address"
+        return f"it is the subnet's {name}, reserved unless spec.allocateReservedIPAddresses is true"
+    if not spec.allocate_reserved and family == 4 and value == allocatable.subnet_last:
+        return "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"
+    return "it is in spec.excludedAddresses"
+
+
+def metadata_of(pool: Object) -> tuple[int, str]:
+    """The pool object's metadata.generation (0 when unset) and uid (a pool re-created under its name is new)."""
+    meta = pool.get("metadata") or {}
+    return int(meta.get("generation") or 0), str(meta.get("uid") or "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsedPool:
+    """What one call reads of a pool, parsed once (see the module)."""
+
+    ref: PoolRef
+    allocatable: AllocatableSet
+    prefix: int
+    gateway: str | None
+    pre: PreAllocations
+    generation: int = 0
+    uid: str = ""
+    reuse_grace_seconds: int | None = None
+    domain: str | None = None
+    policy: AllocationPolicy = AllocationPolicy()  # noqa: RUF009 - frozen, so one shared default is safe
+
+    @classmethod
+    def parse(cls, ref: PoolRef, pool: Object) -> ParsedPool:
+        """The pool as one call reads it; PoolNotReadyError when its spec is invalid."""
+        raise NotImplementedError
+
+    def why_not(self, address: str) -> str | None:
+        """Why the pool cannot hand out the (canonical) `address`, or None when it can."""
+        raise NotImplementedError
+
+    def exhausted(self, total: int) -> str:
+        """The PoolExhausted message of a claim that finds none of the pool's `total` addresses free."""
+        if not self.pre.pinned:
+            return f"{self.ref} has no free address: all {total} are in use; add addresses to the pool or delete claims"
+        return (
+            f"{self.ref} has no free address for this claim: of its {total} addresses, those not pre-allocated are "
+            f"all in use and {len(self.pre.pinned)} are pre-allocated to named claims (spec.preAllocations); add "
+            "addresses to the pool or delete claims"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddressPool(ParsedPool):
+    fields: InClusterPoolSpec
+
+    @classmethod
+    def parse(cls, ref: PoolRef, pool: Object) -> AddressPool:
+        try:
+            fields, allocatable = parse_pool(pool)
+        except SPEC_ERRORS as error:
+            raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
+        pre = PreAllocations.of(ref, fields.pre_allocations, allocatable)
+        generation, uid = metadata_of(pool)
+        return cls(
+            ref=ref,
+            allocatable=allocatable,
+            prefix=fields.prefix,
+            gateway=fields.gateway,
+            pre=pre,
+            generation=generation,
+            uid=uid,
+            reuse_grace_seconds=fields.reuse_grace_seconds,
+            domain=fields.uniqueness_domain,
+            policy=allocation_policy(fields, allocatable, pre),
+            fields=fields,
+        )
+
+    def why_not(self, address: str) -> str | None:
+        return why_not_allocatable(self.fields, self.allocatable, address)
+
+
+@dataclass(frozen=True)
+class ReleaseTerms:
+    """What a release does with a reservation of the pool, by its spec (see `Ledger.release`): back to its pin when
+    `pre` pins the address to its claim; else a release record when `keep_record` (a reuse grace period, or
+    LeastRecentlyReleased), carrying `recorded_grace` for the other pools of its domain; else deleted."""
+
+    keep_record: bool = False
+    recorded_grace: int | None = None
+    pre: PreAllocations | None = None
+
+    @classmethod
+    def of(cls, ref: PoolRef, pool: Object | None) -> ReleaseTerms:
+        """The terms of the pool `ref` as far as its spec parses (`pool`: its object, None when it is gone)."""
+        try:
+            spec = InClusterPoolSpec.model_validate((pool or {}).get("spec") or {})
+        except ValidationError:
+            return cls()
+        try:
+            _, allocatable = parse_pool(pool or {})
+            pre: PreAllocations | None = PreAllocations.of(ref, spec.pre_allocations, allocatable)
+        except SPEC_ERRORS:
+            pre = None
+        least_recently = spec.allocation_strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED
+        grace = spec.reuse_grace_seconds
+        return cls(bool(grace) or least_recently, None if least_recently else grace, pre)
+
+
+def pool_change_problems(old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]) -> list[str]:
+    """The reasons to refuse changing the pool `old` into `new` (see the module)."""
+    if new is None or (old is not None and (old.get("spec") or {}) == (new.get("spec") or {})):
+        return []
+    try:
+        _, allocatable = parse_pool(new)
+    except SPEC_ERRORS as error:
+        return [f"the pool's spec is invalid: {first_line(error)}"]
+    problems = _pre_allocation_problems(new, allocatable, in_use)
+    if old is None:
+        return problems
+    try:
+        _, previous = parse_pool(old)
+    except SPEC_ERRORS:
+        return problems + _stranded(None, allocatable, in_use)
+    known = set(_pre_allocation_problems(old, previous, in_use))
+    return [problem for problem in problems if problem not in known] + _stranded(previous, allocatable, in_use)
+
+
+def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]) -> list[str]:
+    raw: Any = (pool.get("spec") or {}).get("preAllocations")
+    if raw is None:
+        return []
+    if not isinstance(raw, Mapping):
+        return ["spec.preAllocations must map claim names to addresses"]
+    entries = {str(name): str(address) for name, address in raw.items()}
+    problems = pre_allocation_problems(entries, allocatable)
+    holders: dict[str, list[AddressInUse]] = {}
+    for address in in_use:
+        holders.setdefault(normalized_address(address.address), []).append(address)
+    ref = PoolRef.from_object(pool)
+    for claim_name, text in sorted(entries.items()):
+        for holder in holders.get(normalized_address(text), []):
+            if claim_key(ref, *holder.claim.partition("/")[::2]) != claim_name:
+                problems.append(
+                    f"spec.preAllocations[{claim_name}]: {normalized_address(text)} is already held by claim "
+                    f"{holder.claim} (IPAddress {holder}); pre-allocate another address or release that one first"
+                )
+    return problems
+
+
+def _stranded(
+    previous: AllocatableSet | None, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]
+) -> list[str]:
+    """The Go provider's refusal for addresses in use that the new spec leaves out (and the old one held, when it
+    parsed), as ranges per family, then the IPAddresses holding them."""
+    values: set[tuple[int, int]] = set()
+    holders: list[AddressInUse] = []
+    for address in in_use:
+        held = _family_value(address.address)
+        if held is None or _contains(allocatable, held) or (previous is not None and not _contains(previous, held)):
+            continue  # not an address, still in the pool, or outside it already
+        values.add(held)
+        holders.append(address)
+    if not values:
+        return []
+    runs: list[tuple[int, int, int]] = []  # consecutive (family, value) pairs as (family, first, last)
+    for family, value in sorted(values):
+        if runs and runs[-1][0] == family and runs[-1][2] + 1 == value:
+            runs[-1] = (family, runs[-1][1], value)
+        else:
+            runs.append((family, value, value))
+    ranges = " ".join(f"{int_to_address(first, family)}-{int_to_address(last, family)}" for family, first, last in runs)
+    names = sorted(str(holder) for holder in holders)
+    holding = listed(names, LISTED_HOLDERS)
+    return [f"{STRANDED}: [{ranges}] (held by IPAddresses {holding}); keep them in the pool or release them first"]
+
+
+def _contains(allocatable: AllocatableSet, held: tuple[int, int]) -> bool:
+    family, value = held
+    return family == allocatable.family and value in allocatable.addresses
+
+
+def _family_value(text: str) -> tuple[int, int] | None:
+    """The IP family and integer of an IPAddress's `spec.address`, or None if it is not an address."""
+    try:
+        version = ipaddress.ip_address(text.split("/")[0].strip()).version
+        return version, address_to_int(text.split("/")[0], version)
+    except ValueError:  # not an address, or a scoped IPv6 one: no pool holds it
+        return None
+
+
+@dataclass(frozen=True)
+class Advisory:
+    """One problem of an accepted spec: the condition's reason and a message naming the field."""
+
+    reason: str
+    message: str
+
+
+def consistency_condition(advisories: Sequence[Advisory]) -> ReportCondition:
+    """The pool's `SpecConsistent` condition for these advisories (a Warning Event while False)."""
+    if not advisories:
+        return ReportCondition(SPEC_CONSISTENT, True, SPEC_CONSISTENT, "the spec has none of the known mistakes")
+    message = "; ".join(advisory.message for advisory in advisories)
+    return ReportCondition(SPEC_CONSISTENT, False, advisories[0].reason, message, warning=True)
+
+
+def address_pool_advisories(
+    addresses: Sequence[str],
+    prefix: int,
+    gateway: str | None,
+    excluded: Sequence[str],
+    allocate_reserved: bool,
+    allocatable: AllocatableSet,
+) -> list[Advisory]:
+    """The advisories of an address pool whose spec parsed into `allocatable` (see the module's docstring)."""
+    family = allocatable.family
+    entries = [parse_address_entry(text) for text in addresses]
+    exclusions = [parse_address_entry(text) for text in excluded]
+    gateway_value = address_to_int(gateway, family) if gateway is not None and gateway.strip() else None
+    advisories: list[Advisory] = []
+    if not allocatable.addresses:
+        advisories.append(_nothing_left(entries, exclusions, gateway_value, allocate_reserved))
+    if gateway_value is not None and not allocatable.subnet_first <= gateway_value <= allocatable.subnet_last:
+        subnet = f"{int_to_address(allocatable.subnet_first, family)}/{prefix}"
+        advisories.append(
+            Advisory(
+                GATEWAY_OUTSIDE_SUBNET,
+                f"spec.gateway {gateway} lies outside the pool's subnet {subnet} (the first address of "
+                "spec.addresses with spec.prefix): its machines cannot reach it directly; correct spec.gateway",
+            )
+        )
+    advisories += _overlapping(entries)
+    advisories += _excluding_nothing(entries, exclusions)
+    return advisories
+
+
+def _nothing_left(
+    entries: Sequence[AddressEntry], exclusions: Sequence[AddressEntry], gateway: int | None, allocate_reserved: bool
+) -> Advisory:
+    """Which field leaves the pool without an address: the exclusions, else the gateway, else the reserved ones."""
+    left = IntervalSet((entry.first, entry.last) for entry in entries)
+    left = left.subtract(IntervalSet((entry.first, entry.last) for entry in exclusions))
+    if not left:
+        field = "spec.excludedAddresses"
+    elif gateway is not None and not left.subtract(IntervalSet([(gateway, gateway)])):
+        field = "spec.gateway"
+    else:
+        field = "the subnet's reserved addresses (spec.allocateReservedIPAddresses is false)"
+    return Advisory(NO_ALLOCATABLE, f"{field} leaves no address of spec.addresses to hand out")
+
+
+def _overlapping(entries: Sequence[AddressEntry]) -> list[Advisory]:
+    """An advisory per entry of addresses that overlaps an earlier-starting one."""
+    found: list[str] = []
+    widest: tuple[int, int] | None = None  # (last, index) of the entry reaching furthest so far
+    for index, entry in sorted(enumerate(entries), key=lambda pair: (pair[1].first, pair[0])):
+        if widest is not None and entry.first <= widest[0]:
+            other = entries[widest[1]]
+            found.append(f"spec.addresses[{index}] ({entry.text}) overlaps spec.addresses[{widest[1]}] ({other.text})")
+        if widest is None or entry.last > widest[0]:
+            widest = (entry.last, index)
+    if not found:
+        return []
+    message = listed(found, LISTED_ENTRIES, "; ") + ": merge them into one entry"
+    return [Advisory(OVERLAPPING_ENTRIES, message)]
+
+
+def _excluding_nothing(entries: Sequence[AddressEntry], exclusions: Sequence[AddressEntry]) -> list[Advisory]:
+    """An advisory naming the entries of excludedAddresses that share no address with addresses."""
+    addresses = IntervalSet((entry.first, entry.last) for entry in entries)
+    found = [
+        f"spec.excludedAddresses[{index}] ({entry.text})"
+        for index, entry in enumerate(exclusions)
+        if not addresses.intersection(IntervalSet([(entry.first, entry.last)]))
+    ]
+    if not found:
+        return []
+    message = f"{listed(found, LISTED_ENTRIES)} excludes none of spec.addresses: correct or remove it"
+    return [Advisory(EXCLUSION_OUTSIDE, message)]
+
+
+def listed(items: Sequence[str], limit: int, separator: str = ", ") -> str:
+    """The first `limit` items joined by `separator`, the rest counted."""
+    return separator.join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
