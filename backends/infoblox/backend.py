@@ -10,6 +10,7 @@ instance whose credentials the grid refused wait for its next re-check instead o
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import structlog
@@ -97,12 +98,10 @@ class InfobloxBackend:
         # re-pointed at another instance since.
         instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
         if instance is None and pool is not None:
-            try:
+            with contextlib.suppress(PoolNotReadyError):
                 instance = self.ledger.parse(pool_ref, pool).instance
-            except PoolNotReadyError:
-                instance = None
-        if instance is None and pool_ref in self.ledger.known:
-            instance = self.ledger.known[pool_ref].instance
+        known = self.ledger.known.get(pool_ref)
+        instance = instance if instance is not None or known is None else known.instance
         if instance is None:
             raise ReleaseImpossibleError(
                 f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "

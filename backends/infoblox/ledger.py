@@ -105,12 +105,9 @@ class GridObject:
 
     def earlier_self(self, pool: Pool, claim: ClaimContext) -> bool:
         """Whether this is the claim's object under an earlier uid (its namespace, name and pool recorded)."""
-        recorded = (self.extattrs.get(EA_CLAIM_NAMESPACE), self.extattrs.get(EA_CLAIM_NAME), self.extattrs.get(EA_POOL))
-        return (
-            bool(self.claim_uid)
-            and self.claim_uid != claim.uid
-            and recorded == (claim.namespace, claim.name, pool.label)
-        )
+        recorded = tuple(self.extattrs.get(name) for name in (EA_CLAIM_NAMESPACE, EA_CLAIM_NAME, EA_POOL))
+        other_uid = bool(self.claim_uid) and self.claim_uid != claim.uid
+        return other_uid and recorded == (claim.namespace, claim.name, pool.label)
 
 
 def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
@@ -130,14 +127,8 @@ def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
         for name, entry in (extattrs.items() if isinstance(extattrs, Mapping) else ())
     }
     name, comment = raw.get("name"), raw.get("comment")
-    return GridObject(
-        ref,
-        obj_type,
-        address,
-        eas,
-        name if isinstance(name, str) else None,
-        comment if isinstance(comment, str) else "",
-    )
+    name, comment = name if isinstance(name, str) else None, comment if isinstance(comment, str) else ""
+    return GridObject(ref, obj_type, address, eas, name, comment)
 
 
 def host_entries(raw: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -399,13 +390,11 @@ class Ledger:
         if obj_type != HOST:
             payload = fixed_payload(pool.version, address, job.network_view, eas, comment, claim.uid)
         else:
-            assert pool.spec.host_record is not None and hostname is not None
-            field = address_field(pool.version)
-            payload = {"name": hostname, "view": connection.dns_view(pool)}
-            payload.update(
-                configure_for_dns=pool.spec.host_record.configure_for_dns, **{f"{field}s": [{field: address}]}
-            )
-            payload.update(comment=comment, extattrs=wapi_extattrs(eas), network_view=job.network_view)
+            settings, field = pool.spec.host_record, address_field(pool.version)
+            assert settings is not None and hostname is not None
+            dns = {"name": hostname, "view": connection.dns_view(pool), "configure_for_dns": settings.configure_for_dns}
+            payload = {**dns, f"{field}s": [{field: address}], "comment": comment, "extattrs": wapi_extattrs(eas)}
+            payload["network_view"] = job.network_view  # as real clients do; refused unless the DNS view is in it
         raw = await connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
         obj = parse_object(obj_type, raw)
         if obj is None:
