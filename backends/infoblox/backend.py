@@ -18,7 +18,7 @@ import structlog
 from backends.infoblox.allocator import Allocator
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.connections import Connections, GridHealth, InstanceProblem, InstanceStatus
-from backends.infoblox.ledger import ClusterStamp, Ledger, advisory
+from backends.infoblox.ledger import ClusterStamp, Ledger
 from backends.infoblox.repair import GridRepair, outside_of
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, PoolSpecError, parse_pool
@@ -147,7 +147,7 @@ class InfobloxBackend:
         except Exception as error:  # the index is rebuilt on the next allocation anyway
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
-        stamped = advisory(self.ledger.stamp, connection)
+        stamped = self.ledger.stamp.condition(connection)
         return PoolReport(True, "PoolReady", message, status, counts, conditions=(stamped,) if stamped else ())
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:

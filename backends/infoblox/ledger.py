@@ -9,7 +9,7 @@ Contract:
   gateway reservation carries CAPI-Pool only.
 - `ClusterStamp.judge(obj)` says how the repair loop may treat one of our objects: OURS (stamped with our identity,
   or the backend knows no identity), UNSTAMPED (listed, never released) or OTHER (another management cluster's: not
-  listed). `advisory` is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the
+  listed). `condition` is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the
   pool stays Ready) while the grid does not define the attribute, saying that leaks are then only reported.
 - A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `owned` finds them (`*CAPI-Claim-UID=<uid>`, one
   GET per object type, [] when there are none) and checks the attribute again on every object answered. `release`
@@ -214,8 +214,12 @@ CONDITION = "ClusterIdentityStamped"
 class ClusterStamp:
     identity: str  # "" when unknown
 
+    def defined(self, connection: Connection) -> bool:
+        """Whether the connection's last grid check found the CAPI-Cluster-Identity definition."""
+        return connection.health is not None and EA_CLUSTER_IDENTITY in connection.health.ea_names
+
     def marks(self, connection: Connection) -> Mapping[str, str]:
-        return {EA_CLUSTER_IDENTITY: self.identity} if self.identity and identity_defined(connection) else {}
+        return {EA_CLUSTER_IDENTITY: self.identity} if self.identity and self.defined(connection) else {}
 
     def judge(self, obj: GridObject) -> Made:
         stamped = obj.extattrs.get(EA_CLUSTER_IDENTITY) or ""
@@ -223,26 +227,20 @@ class ClusterStamp:
             return Made.OURS
         return Made.UNSTAMPED if not stamped else Made.OTHER
 
-
-def identity_defined(connection: Connection) -> bool:
-    """Whether the connection's last grid check found the CAPI-Cluster-Identity definition."""
-    return connection.health is not None and EA_CLUSTER_IDENTITY in connection.health.ea_names
-
-
-def advisory(stamp: ClusterStamp, connection: Connection) -> ReportCondition | None:
-    """The pool's ClusterIdentityStamped condition (None when the backend knows no identity)."""
-    if not stamp.identity:
-        return None
-    if identity_defined(connection):
-        message = f"new grid objects carry {EA_CLUSTER_IDENTITY}={stamp.identity} (this management cluster)"
-        return ReportCondition(CONDITION, True, "Stamped", message)
-    message = (
-        f"the grid has no {EA_CLUSTER_IDENTITY} extensible attribute definition: grid objects are not stamped with "
-        f"this management cluster's identity ({stamp.identity}), so the repair loop only reports their leaks and "
-        "never releases them; define it (STRING) in Grid Manager, or let the provider's API user create extensible "
-        "attribute definitions"
-    )
-    return ReportCondition(CONDITION, False, "ExtensibleAttributeMissing", message)
+    def condition(self, connection: Connection) -> ReportCondition | None:
+        """The pool's ClusterIdentityStamped condition (None when the backend knows no identity)."""
+        if not self.identity:
+            return None
+        if self.defined(connection):
+            message = f"new grid objects carry {EA_CLUSTER_IDENTITY}={self.identity} (this management cluster)"
+            return ReportCondition(CONDITION, True, "Stamped", message)
+        message = (
+            f"the grid has no {EA_CLUSTER_IDENTITY} extensible attribute definition: grid objects are not stamped with "
+            f"this management cluster's identity ({self.identity}), so the repair loop only reports their leaks and "
+            "never releases them; define it (STRING) in Grid Manager, or let the provider's API user create extensible "
+            "attribute definitions"
+        )
+        return ReportCondition(CONDITION, False, "ExtensibleAttributeMissing", message)
 
 
 @dataclass
