@@ -98,7 +98,7 @@ def delete_ids(api: Any, ids: list[int]) -> None:
 
 async def offset_listing(backend: NetboxBackend, body: dict[str, Any], cidr: str, size: int) -> int:
     """Pages the same addresses by `offset` (unpaced): the number of requests."""
-    client = await backend.connections.client(backend.parse(PoolRef.from_object(body), body))
+    client = await backend.resolver.connections.client(backend.resolver.parse(PoolRef.from_object(body), body))
     filters = {"tag": OWNER_TAG, f"cf_{CLAIM_UID_FIELD}__empty": "false", "parent": [cidr], "vrf_id": "null"}
     filters["fields"] = HOLDING_FIELDS
     offset, pages = 0, 0
@@ -128,7 +128,7 @@ async def measure(url: str, token: str, count: int, rate: float, page_size: int)
         ids = create_marked(url, token, cidr, count)
         print(f"{count} marked addresses created in {time.monotonic() - started:.1f} s", flush=True)
         await backend.list_holdings(ref, body, CountingPacer())  # warm-up
-        client = await backend.connections.client(backend.parse(ref, body))
+        client = await backend.resolver.connections.client(backend.resolver.parse(ref, body))
         figures = []
         for pacer in (CountingPacer(), RatePacer(rate)):
             sent, started = client.requests_sent, time.monotonic()

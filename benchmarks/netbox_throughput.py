@@ -136,7 +136,7 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
     try:
         one = pool("one", cidrs[0])
         await backend.allocate(PoolRef.from_object(one), one, ClaimContext(NAMESPACE, "warm-up", new_uid()))
-        client = await backend.connections.client(backend.parse(PoolRef.from_object(one), one))
+        client = await backend.resolver.connections.client(backend.resolver.parse(PoolRef.from_object(one), one))
         wanted = claims(n, "one")
         before, started = client.requests_sent, time.perf_counter()
         allocations = [await backend.allocate(PoolRef.from_object(one), one, c) for c in wanted]
@@ -153,7 +153,7 @@ async def bench_ours(url: str, token: str, cidrs: list[str], n: int, pools: int,
             )
         )
         before, started = client.requests_sent, time.perf_counter()
-        ref = backend.parse(PoolRef.from_object(one), one).ref
+        ref = backend.resolver.parse(PoolRef.from_object(one), one).ref
         for c, a in zip(wanted, allocations, strict=True):
             await backend.release(ref, one, c, a)
         figures.append(Figure("ours, releases", n, time.perf_counter() - started, client.requests_sent - before))

@@ -31,9 +31,9 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from backends.netbox import problems
+from backends.netbox import reasons
 from backends.netbox.client import ClientSettings, Endpoint, NetboxClient, display_url
-from backends.netbox.problems import Problem
+from backends.netbox.reasons import PoolUnusableError
 from backends.netbox.spec import Pool
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
@@ -94,7 +94,7 @@ class Connections:
         task.add_done_callback(self._closing.discard)
 
     async def client(self, pool: Pool) -> NetboxClient:
-        """The client for `pool`'s Secret; raises Problem when the Secret is missing or unusable."""
+        """The client for `pool`'s Secret; raises PoolUnusableError when the Secret is missing or unusable."""
         key = (pool.secret_namespace, pool.secret_name)
         data = self._secrets.get(key)
         if data is None or time.monotonic() - data.read_at > self.secret_seconds:
@@ -123,13 +123,13 @@ class Connections:
         try:
             secret = await self.kube.get(SECRETS, pool.secret_name, pool.secret_namespace)
         except ApiError as error:
-            raise Problem(
-                problems.SECRET_NOT_FOUND,
+            raise PoolUnusableError(
+                reasons.SECRET_NOT_FOUND,
                 f"{where} cannot be read ({error.status} {error.reason}); the controller needs `get` on it",
             ) from error
         if secret is None:
-            raise Problem(
-                problems.SECRET_NOT_FOUND,
+            raise PoolUnusableError(
+                reasons.SECRET_NOT_FOUND,
                 f"{where} does not exist; create it with keys `url` and `token` (and optionally `caBundle`)",
             )
         data = {**_decoded(secret.get("data") or {}), **(secret.get("stringData") or {})}
@@ -139,12 +139,12 @@ class Connections:
             url = url[: -len("/api")]
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise Problem(problems.INVALID_SECRET, f"{where}: key `url` must be an http(s) URL of NetBox")
+            raise PoolUnusableError(reasons.INVALID_SECRET, f"{where}: key `url` must be an http(s) URL of NetBox")
         if not token:
-            raise Problem(problems.INVALID_SECRET, f"{where}: key `token` is missing or empty")
+            raise PoolUnusableError(reasons.INVALID_SECRET, f"{where}: key `token` is missing or empty")
         ca = data.get("caBundle") or None
         if ca is not None and "BEGIN CERTIFICATE" not in ca:
-            raise Problem(problems.INVALID_SECRET, f"{where}: key `caBundle` must hold PEM certificates")
+            raise PoolUnusableError(reasons.INVALID_SECRET, f"{where}: key `caBundle` must hold PEM certificates")
         return _SecretData(url, token, ca, time.monotonic())
 
     def _new_client(self, data: _SecretData, insecure: bool, fingerprint: str) -> NetboxClient:

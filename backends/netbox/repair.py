@@ -1,38 +1,29 @@
-"""The NetBox backend's repair capability (the contract is `ipam_provider.backend.repair`).
+"""The NetBox backend's repair capability (the contract is `ipam_provider.backend.repair`; costs in docs/netbox.md).
 
 Contract:
 - A pool's holdings are the NetBox IP addresses inside its sources (each prefix or ip-range, in the source's VRF)
-  that carry both ownership marks: the owner tag and a claim UID in the custom field. NetBox filters them itself
-  (`tag`, `cf_<uid field>__empty=false`, `parent=<the sources' networks>`, `vrf_id`: one listing per VRF of the
-  pool) and answers only the fields a holding needs (`fields=`; not the tags, which the filter vouches for). The
-  sources, not the whole VRF: that is exact (another pool's addresses in a shared VRF or global table are not
-  listed) and as cheap (NetBox filters by `parent` on its address index). The sources come from the backend's
-  cache (refreshed by every pool report); a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
-- Pages: `limit=NetboxSettings.repair_page_size` (1000 by default; NetBox caps it at its MAX_PAGE_SIZE, 1000 by
-  default, and its `next` link says whether more follow), one `pacer.wait()` before each. Cursor pagination
-  (`start=<last id + 1>`, NetBox 4.6+): no count and no OFFSET scan per page, and an address that exists during
-  the whole listing is listed exactly once. A NetBox that ignores `start` (it answers with a `count`) is paged
-  by `offset` instead. A listing of N addresses costs floor(N / page size) + 1 pages per VRF.
-- Several management clusters may share the NetBox (custom field capi_cluster_identity, the backend's
-  `cluster_identity`): an address stamped with another cluster's identity is not listed; one without identity
-  (made before identities were stamped) is listed with `releasable` False (reported, never released). A backend
-  without an identity lists every address as releasable.
+  that carry both ownership marks. NetBox filters them itself (`tag`, `cf_<uid field>__empty=false`,
+  `parent=<the sources' networks>`, `vrf_id`: one listing per VRF of the pool; not the whole VRF, so another pool's
+  addresses in a shared VRF are not listed) and answers only the fields a holding needs (`fields=`). The sources
+  come from the resolver's cache; a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
+- Pages: `limit=NetboxSettings.repair_page_size`, one `pacer.wait()` before each. Cursor pagination (`start=<last
+  id + 1>`, NetBox 4.6+) lists an address that exists during the whole listing exactly once; a NetBox that ignores
+  `start` (it answers with a `count`) is paged by `offset`. N addresses cost floor(N / page size) + 1 pages per VRF.
+- An address stamped with another management cluster's identity is not listed; one without identity is listed
+  with `releasable` False (reported, never released). A backend without an identity lists every address as
+  releasable.
 - `release_holding` never touches a holding that is not `releasable`. It reads the address fresh by id and deletes
   it only if it still carries our tag, the listed claim UID and claim name and our identity, at the listed
   address; gone (404) or changed: False.
-- `restore` reads NetBox fresh (never the allocator's trusted shortcut) at the address in its source's VRF: an object
-  of ours for the claim, alone there: HELD; nothing there: the address is created for the claim like a requested
-  address (the claim's marks, then kept only if alone at its last listing: see `requested`), RECORDED; an object of
-  ours recording the same claim name under an older UID (a restore or a move), alone there: re-keyed to the claim and
-  stamped with our identity, RECORDED; anything else there (not ours, another claim's, or a second object beside
-  ours): TAKEN, naming it. An address no source of the pool could hand out (outside every source, its gateway, a
-  reserved address, an ip-range marked populated: the source itself, or one inside a prefix source): OUTSIDE. A
+- `restore` reads NetBox fresh at the address in its source's VRF: an object of ours for the claim, alone there:
+  HELD; nothing there: created for the claim like a requested address (kept only if alone at its last listing),
+  RECORDED; an object of ours recording the same claim name under an older UID, alone there: re-keyed to the claim,
+  RECORDED; anything else there: TAKEN, naming it. An address no source of the pool could hand out: OUTSIDE. A
   created address is listed once more before RECORDED: a second object there by then (another pool's `POST
   available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by the
-  first restore after the pool's listing (once per pass), from the cache after that, so a restore costs a bounded
-  number of requests (docs/netbox.md).
-- `outside_pool` checks addresses against the pool's sources as last resolved, without a request when cached,
-  and those inside a prefix source against the ip-ranges marked populated (one GET per VRF of those prefixes).
+  first restore after the pool's listing (once per pass), from the cache after that.
+- `outside_pool` checks addresses against the pool's sources as last resolved (no request when cached), and those
+  inside a prefix source against the ip-ranges marked populated (one GET per VRF of those prefixes).
 - Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
 """
 
@@ -42,26 +33,18 @@ import contextlib
 import ipaddress
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from backends.netbox import calls, problems, requested
+from backends.netbox import calls
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient
-from backends.netbox.connections import Connections
-from backends.netbox.problems import Problem
-from backends.netbox.records import claim_ref, claim_ref_of, host_of, is_ours, vrf_id_of
-from backends.netbox.resolver import Resolved, Source
-from backends.netbox.settings import NetboxSettings
+from backends.netbox.ledger import Ledger, claim_ref, claim_ref_of, host_of, is_ours, uid_of, vrf_id_of
+from backends.netbox.reasons import PoolUnusableError
+from backends.netbox.resolver import Resolved, Resolver, Source, offered_by, populated_ranges, populated_why
 from backends.netbox.spec import CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool
-from ipam_provider.backend.contract import (
-    Allocation,
-    AllocationFailedError,
-    ClaimContext,
-    PoolNotReadyError,
-    PoolRef,
-)
+from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 
@@ -72,28 +55,14 @@ log = structlog.get_logger(__name__)
 HOLDING_FIELDS = "id,address,vrf,custom_fields,created"
 
 
-class RepairHost(Protocol):
-    """What the repair capability uses of its backend: its settings, connections and allocator, and its pools'
-    parsing and resolved sources."""
-
-    settings: NetboxSettings
-    connections: Connections
-    allocator: Allocator
-
-    def parse(self, pool_ref: PoolRef, pool: Object) -> Pool: ...
-
-    async def resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved: ...
-
-    def has_resolved(self, pool: Pool, client: NetboxClient) -> bool: ...
-
-    def forget(self, pool: Pool, problem: Problem) -> None: ...
-
-
 class NetboxRepair:
-    """The repair capability of one NetboxBackend, through the narrow `RepairHost` view of it."""
+    """The repair capability, composed of the backend's resolver, ledger and allocator."""
 
-    def __init__(self, backend: RepairHost) -> None:
-        self.backend = backend
+    def __init__(self, resolver: Resolver, ledger: Ledger, allocator: Allocator, page_size: int) -> None:
+        self.resolver = resolver
+        self.ledger = ledger
+        self.allocator = allocator
+        self.page_size = page_size
         # The pools whose sources a restore resolved afresh since their last listing (one listing per pass).
         self._resolved_this_pass: set[PoolRef] = set()
 
@@ -101,103 +70,73 @@ class NetboxRepair:
     async def _netbox(self, pool_ref: PoolRef, pool: Object, doing: str) -> AsyncIterator[tuple[Pool, NetboxClient]]:
         """The parsed pool and its client, lent for one operation; failures become PoolNotReadyError."""
         try:
-            parsed = self.backend.parse(pool_ref, pool)
-            client: NetboxClient | None = None
-            try:
-                async with self.backend.connections.use(parsed) as client:
-                    yield parsed, client
-            except problems.FAILURES as error:
-                token = client.endpoint.token if client is not None else None
-                problem = problems.from_failure(error, f"{doing} {parsed.ref}", token)
-                self.backend.forget(parsed, problem)
-                raise problem from error
-        except Problem as problem:
+            parsed = self.resolver.parse(pool_ref, pool)
+            async with self.resolver.session(parsed, doing) as client:
+                yield parsed, client
+        except PoolUnusableError as problem:
             raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
-
-    async def _sources(self, client: NetboxClient, pool: Pool, pacer: Pacer | None = None) -> Resolved:
-        """The pool's resolved sources, from the backend's cache when it holds them."""
-        if pacer is not None and not self.backend.has_resolved(pool, client):
-            await pacer.wait()
-        return await self.backend.resolve(client, pool)
-
-    # --- listing --------------------------------------------------------------------------------------------------
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         async with self._netbox(pool_ref, pool, "listing the NetBox addresses of") as (parsed, client):
             self._resolved_this_pass.discard(parsed.ref)
-            resolved = await self._sources(client, parsed, pacer)
+            if not self.resolver.has_resolved(parsed, client):
+                await pacer.wait()  # the resolver's few GETs
+            resolved = await self.resolver.resolve(client, parsed)
             found: dict[int, Holding] = {}
             for vrf_id, sources in _by_vrf(resolved.sources).items():
                 filters = {
                     "tag": OWNER_TAG,
                     f"cf_{CLAIM_UID_FIELD}__empty": "false",
-                    "parent": [str(n) for s in sources for n in s.networks()],
-                    "vrf_id": vrf_id if vrf_id is not None else "null",
+                    "parent": [n for s in sources for n in s.networks()],
+                    "vrf_id": calls.vrf_filter(vrf_id),
                     "fields": HOLDING_FIELDS,
                 }
-                size = self.backend.settings.repair_page_size
-                async for page in _pages(client, filters, size, pacer):
+                async for page in _pages(client, filters, self.page_size, pacer):
                     for obj in page:
-                        made = made_by(obj, self.backend.allocator.cluster_identity)
+                        made = made_by(obj, self.ledger.cluster_identity)
                         holding = holding_of(obj, releasable=made == OURS)
                         inside = any(s.contains(holding.address) for s in sources)
                         if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id and made != OTHER:
                             found[int(obj["id"])] = holding
             return sorted(found.values(), key=lambda h: int(h.handle))
 
-    # --- releasing a leak -----------------------------------------------------------------------------------------
-
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         if not holding.releasable or not holding.handle.isdigit() or not holding.claim_uid:
             return False
         address_id = int(holding.handle)
         async with self._netbox(pool_ref, pool, "releasing a leaked NetBox address of") as (parsed, client):
-            obj = await client.call(f"GET address #{address_id}", calls.get_address(address_id))
+            obj = await client.call(f"GET address #{address_id}", calls.get("ipam", "ip_addresses", address_id))
             unchanged = (
                 obj is not None
                 and is_ours(obj, holding.claim_uid)
                 and (claim_ref_of(obj) or "") == holding.claim
                 and host_of(obj) == holding.address
-                and made_by(obj, self.backend.allocator.cluster_identity) == OURS
+                and made_by(obj, self.ledger.cluster_identity) == OURS
             )
             if not unchanged:
                 log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
                 return False
-            deleted: bool = await client.call(f"delete address #{address_id}", calls.delete_address(address_id))
+            deleted = await self.ledger.delete(client, parsed.ref, address_id, holding.claim_uid)
             if deleted:
-                state = self.backend.allocator.state(parsed.ref)
-                state.verified.pop(holding.claim_uid, None)
-                state.full_since.clear()  # room was made: try the sources in order again
                 log.info("leaked address released", pool=str(parsed.ref), address=holding.address, id=address_id)
             return deleted
-
-    # --- restoring an allocation ----------------------------------------------------------------------------------
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
         address = normalized_address(allocation.address)
         async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
             # Afresh once per pool and pass (the first restore after the pool's listing), then from the cache.
             fresh = parsed.ref not in self._resolved_this_pass
-            resolved = await self.backend.resolve(client, parsed, fresh=fresh)
+            resolved = await self.resolver.resolve(client, parsed, fresh=fresh)
             self._resolved_this_pass.add(parsed.ref)
-            source, why = requested.source_for(resolved, address)
+            source, why = await offered_by(client, resolved, address)
             if source is None:
-                return Restore(RestoreOutcome.OUTSIDE, why or _nowhere(resolved))
-            populated = await requested.populated_range(client, address, source) if source.type == "prefix" else None
-            if populated:
-                return Restore(RestoreOutcome.OUTSIDE, requested.populated_why(populated, source))
-            holders = await requested.holders_at(client, address, source)
+                return Restore(RestoreOutcome.OUTSIDE, why or resolved.nowhere())
+            holders = await self.ledger.holders_at(client, address, source)
             outcome = await self._settle(client, parsed, claim, address, holders)
             if outcome is None:
                 outcome = await self._record(client, parsed, resolved, claim, address, source)
-            log.info(
-                "restore",
-                claim=str(claim),
-                pool=str(parsed.ref),
-                address=address,
-                outcome=outcome.outcome.value,
-                detail=outcome.detail,
-            )
+            kind, detail = outcome.outcome.value, outcome.detail
+            log.info("restore", claim=str(claim), pool=str(parsed.ref), address=address, outcome=kind, detail=detail)
             return outcome
 
     async def _settle(
@@ -210,85 +149,65 @@ class NetboxRepair:
             earlier = others[0]
             if mine or len(others) > 1 or not is_ours(earlier) or claim_ref_of(earlier) != claim_ref(claim):
                 return Restore(RestoreOutcome.TAKEN, holder_of(earlier))
-            await self.backend.allocator._rekey(client, pool, claim, earlier)  # this claim's, under an older UID
-            self._verified(pool, claim, earlier, address)
+            await self.ledger.rekey(client, pool.ref, claim, earlier)  # this claim's, under an older UID
+            self.ledger.hold(pool.ref, claim.uid, int(earlier["id"]), address)
             return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {earlier['id']} re-keyed to the claim's UID")
         if mine:
-            self._verified(pool, claim, mine[0], address)
+            self.ledger.hold(pool.ref, claim.uid, int(mine[0]["id"]), address)
             return Restore(RestoreOutcome.HELD, f"NetBox IP address {mine[0]['id']}")
         return None
 
     async def _record(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
     ) -> Restore:
-        allocator = self.backend.allocator
         try:
-            created = await allocator.record_alone(client, pool, resolved, claim, address, source)
+            created = await self.allocator.record_alone(client, pool, resolved, claim, address, source)
         except AllocationFailedError:
-            holders = await requested.holders_at(client, address, source)  # who took it meanwhile?
+            holders = await self.ledger.holders_at(client, address, source)  # who took it meanwhile?
             taken = [o for o in holders if not is_ours(o, claim.uid)]
             if taken:
                 return Restore(RestoreOutcome.TAKEN, holder_of(taken[0]))
             raise
         # Once more: another pool over the same prefix may have been handed the address by `POST available-ips`
         # (which does not check after the fact) since the last listing.
-        holders = await requested.holders_at(client, address, source)
+        holders = await self.ledger.holders_at(client, address, source)
         others = [o for o in holders if o["id"] != created["id"] and not is_ours(o, claim.uid)]
         if others:
-            await client.call(f"delete address #{created['id']}", calls.delete_address(int(created["id"])))
+            await self.ledger.delete(client, pool.ref, int(created["id"]), claim.uid)
             log.info("restored address taken meanwhile; ours deleted", pool=str(pool.ref), address=address)
             return Restore(RestoreOutcome.TAKEN, holder_of(others[0]))
-        self._verified(pool, claim, created, address)
+        self.ledger.hold(pool.ref, claim.uid, int(created["id"]), address)
         return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {created['id']}")
-
-    def _verified(self, pool: Pool, claim: ClaimContext, obj: Mapping[str, Any], address: str) -> None:
-        self.backend.allocator.state(pool.ref).verified[claim.uid] = (int(obj["id"]), address)
-
-    # --- addresses outside the pool -------------------------------------------------------------------------------
 
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
         try:
             async with self._netbox(pool_ref, pool, "checking the addresses of") as (parsed, client):
-                resolved = await self._sources(client, parsed)
+                resolved = await self.resolver.resolve(client, parsed)
         except PoolNotReadyError:
             return {}  # the pool cannot be checked now
         result: dict[str, str] = {}
-        inside_prefixes: dict[str, Source] = {}
+        in_prefixes: dict[str, Source] = {}
         for address in addresses:
             try:
                 ipaddress.ip_address(address)
             except ValueError:
                 result[address] = "not an IP address"
                 continue
-            source, why = requested.source_for(resolved, normalized_address(address))
+            source, why = resolved.offering(normalized_address(address))
             if source is None:
-                result[address] = why or _nowhere(resolved)
+                result[address] = why or resolved.nowhere()
             elif source.type == "prefix":
-                inside_prefixes[address] = source
-        result.update(await self._in_populated_ranges(pool_ref, pool, inside_prefixes))
-        return result
-
-    async def _in_populated_ranges(
-        self, pool_ref: PoolRef, pool: Object, inside_prefixes: Mapping[str, Source]
-    ) -> dict[str, str]:
-        """The addresses (of prefix sources) inside an ip-range marked populated, each with why: one GET per VRF of
-        those prefixes; {} when NetBox cannot be asked now."""
-        if not inside_prefixes:
-            return {}
-        result: dict[str, str] = {}
-        try:
-            async with self._netbox(pool_ref, pool, "checking the populated ip-ranges of") as (_, client):
-                ranges = {
-                    vrf: await requested.populated_ranges(client, vrf)
-                    for vrf in {source.vrf_id for source in inside_prefixes.values()}
-                }
-        except PoolNotReadyError:
-            return {}
-        for address, source in inside_prefixes.items():
-            populated = requested.range_holding(ranges[source.vrf_id], normalized_address(address))
-            if populated:
-                result[address] = requested.populated_why(populated, source)
-        return result
+                in_prefixes[address] = source
+        if in_prefixes:  # those inside an ip-range marked populated: one GET per VRF of their prefixes
+            try:
+                async with self._netbox(pool_ref, pool, "checking the populated ip-ranges of") as (_, client):
+                    vrfs = {source.vrf_id for source in in_prefixes.values()}
+                    ranges = {vrf: await populated_ranges(client, vrf) for vrf in vrfs}
+            except PoolNotReadyError:
+                return result
+            for address, source in in_prefixes.items():
+                result[address] = populated_why(ranges[source.vrf_id], normalized_address(address), source)
+        return {address: why for address, why in result.items() if why}
 
 
 async def _pages(
@@ -339,10 +258,11 @@ def holding_of(obj: Mapping[str, Any], *, releasable: bool = True) -> Holding:
     """The Holding for one of our NetBox IP addresses."""
     created = obj.get("created")
     created_at = datetime.fromisoformat(str(created)).timestamp() if created else None
-    uid = (obj.get("custom_fields") or {}).get(CLAIM_UID_FIELD)
     why = "" if releasable else WHY_UNSTAMPED
     address, claim = host_of(obj), claim_ref_of(obj) or ""
-    return Holding(address, claim, str(uid or ""), str(obj["id"]), created_at, releasable=releasable, why_kept=why)
+    return Holding(
+        address, claim, str(uid_of(obj) or ""), str(obj["id"]), created_at, releasable=releasable, why_kept=why
+    )
 
 
 def holder_of(obj: Mapping[str, Any]) -> str:
@@ -350,9 +270,4 @@ def holder_of(obj: Mapping[str, Any]) -> str:
     if not is_ours(obj):
         return f"NetBox IP address {obj['id']} (not ours)"
     recorded = claim_ref_of(obj)
-    owner = f"claim {recorded}" if recorded else f"claim UID {(obj.get('custom_fields') or {}).get(CLAIM_UID_FIELD)}"
-    return f"NetBox IP address {obj['id']} ({owner})"
-
-
-def _nowhere(resolved: Resolved) -> str:
-    return f"in none of the pool's NetBox sources ({', '.join(s.display for s in resolved.sources)})"
+    return f"NetBox IP address {obj['id']} ({f'claim {recorded}' if recorded else f'claim UID {uid_of(obj)}'})"

@@ -2,32 +2,43 @@
 
 Contract:
 - `ensure_ownership` makes sure the owner tag and the three custom fields (claim UID, claim namespace/name, the
-  management cluster's identity) exist,
-  creating them when missing. A custom field that cannot be created (no permission) or has the wrong shape (not
-  Text on IP addresses; for the UID field, a filter logic other than Exact or Loose, which would make NetBox
-  ignore the lookup by UID) is a Problem whose message says how to fix it by hand. A UID field without `unique`
-  still works, but costs a lookup per allocation (see allocator).
-- `resolve` turns every source (by id, by CIDR/VRF, by start-end/VRF), the tenant and the tags into ids, in a few
-  GETs. The allocator caches the result per pool generation and client; the periodic report resolves afresh.
-  It also checks what NetBox cannot: one IP family per pool, gateways and prefix lengths of the source's family,
-  and that a gateway inside a source NetBox could hand out is recorded in NetBox (one GET per such gateway), so
-  that available-ips never offers it (else Problem GatewayNotRecorded).
-- `usage` counts, per source, the IP addresses NetBox holds in it (one GET with limit=1 per source).
-- Everything raises Problem (pool-level, with a reason) or NetboxError (from the client).
+  management cluster's identity) exist, creating them when missing; one that cannot be created, or has the wrong
+  shape (not Text on IP addresses; for the UID field, a filter logic that makes NetBox ignore the lookup by UID),
+  is a PoolUnusableError saying how to fix it by hand. A UID field without Unique costs a lookup per allocation.
+- `resolve_pool` turns the sources, the tenant and the tags into ids in a few GETs, and checks what NetBox cannot:
+  one IP family per pool, gateways and prefix lengths of the source's family, and that a gateway NetBox could hand
+  out is recorded in NetBox (else GatewayNotRecorded), so that available-ips never offers it.
+- `Resolver` caches the ownership marks per client for `ownership_seconds`, and the resolved pool per generation
+  and client (the periodic report resolves afresh).
+- Everything raises PoolUnusableError (pool-level, with a reason) or NetboxError (from the client).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.netbox import calls, problems
+from backends.netbox import calls, reasons
 from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
-from backends.netbox.problems import Problem
-from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool, SourceRef
-from ipam_provider.common import cap_int64
+from backends.netbox.connections import Connections
+from backends.netbox.reasons import PoolUnusableError
+from backends.netbox.spec import (
+    CLAIM_REF_FIELD,
+    CLAIM_UID_FIELD,
+    CLUSTER_IDENTITY_FIELD,
+    OWNER_TAG,
+    Pool,
+    PoolSpecError,
+    SourceRef,
+    parse_pool,
+)
+from ipam_provider.backend.contract import PoolRef
+from ipam_provider.common import Object, cap_int64
 
 IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -51,7 +62,7 @@ class Source:
     mask: int  # the prefix length NetBox gives its addresses
     vrf_id: int | None
     total: int  # the addresses NetBox hands out from it
-    reserved: tuple[IPAddr, ...] = ()  # addresses in it that NetBox never hands out (network, broadcast, anycast)
+    reserved: tuple[IPAddr, ...] = ()  # addresses in it that NetBox never hands out (network, broadcast)
 
     @property
     def type(self) -> str:
@@ -59,9 +70,7 @@ class Source:
 
     @property
     def display(self) -> str:
-        if self.type == "prefix":
-            return f"{self.first}/{self.mask}"
-        return f"{self.first}-{self.last}"
+        return f"{self.first}/{self.mask}" if self.type == "prefix" else f"{self.first}-{self.last}"
 
     def contains(self, address: str) -> bool:
         try:
@@ -74,8 +83,13 @@ class Source:
         """Whether NetBox's available-ips could hand out `address` from this source (if it were free)."""
         return self.total > 0 and self.contains(address) and ipaddress.ip_address(address) not in self.reserved
 
-    def networks(self) -> list[IPNet]:
-        return list(ipaddress.summarize_address_range(self.first, self.last))
+    def status(self, used: int) -> dict[str, Any]:
+        """The source's entry in the pool's `status.sources`, `used` of its addresses being held in NetBox."""
+        counts = {"total": self.total, "used": used, "free": max(self.total - used, 0)}
+        return {"type": self.type, "id": self.id, "range": self.display, **{k: cap_int64(v) for k, v in counts.items()}}
+
+    def networks(self) -> list[str]:
+        return [str(n) for n in ipaddress.summarize_address_range(self.first, self.last)]
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,29 @@ class Resolved:
     def source_of(self, address: str) -> Source | None:
         return next((s for s in self.sources if s.contains(address)), None)
 
+    def offering(self, address: str) -> tuple[Source | None, str]:
+        """The first source that could hand out `address`, or None and why none can (outside every source: "")."""
+        why = ""
+        for source in self.sources:
+            if not source.contains(address):
+                continue
+            gateway = source.ref.gateway
+            if gateway is not None and ipaddress.ip_address(gateway) == ipaddress.ip_address(address):
+                why = why or f"the gateway of {source.display}"
+            elif source.total == 0:
+                why = why or f"NetBox hands out no address of {source.display} (it is marked populated)"
+            elif not source.offers(address):
+                why = (
+                    why
+                    or f"a reserved address of {source.display} (its network address, or its IPv4 broadcast address)"
+                )
+            else:
+                return source, ""
+        return None, why
+
+    def nowhere(self) -> str:
+        return f"in none of the pool's NetBox sources ({', '.join(s.display for s in self.sources)})"
+
 
 async def ensure_ownership(client: NetboxClient) -> Ownership:
     """The owner tag's id and whether the claim-UID field is unique; creates what is missing (the tag and the three
@@ -97,8 +134,8 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
         "the owner tag",
         calls.find("extras", "tags", {"slug": OWNER_TAG}),
         calls.create("extras", "tags", calls.OWNER_TAG_BODY),
-        lambda error: Problem(
-            problems.TAG_MISSING,
+        lambda error: PoolUnusableError(
+            reasons.TAG_MISSING,
             f"the tag {OWNER_TAG!r} does not exist in NetBox and this token may not create it ({error.message}); "
             f"create it in NetBox (Customization → Tags: name and slug {OWNER_TAG!r})",
         ),
@@ -107,8 +144,8 @@ async def ensure_ownership(client: NetboxClient) -> Ownership:
     field = await _ensure_field(client, CLAIM_UID_FIELD, calls.CLAIM_UID_FIELD_BODY, unique)
     logic = _choice(field.get("filter_logic"))
     if logic not in ("exact", "loose"):
-        raise Problem(
-            problems.CUSTOM_FIELD_INVALID,
+        raise PoolUnusableError(
+            reasons.CUSTOM_FIELD_INVALID,
             f"the NetBox custom field {CLAIM_UID_FIELD!r} has filter logic {logic!r}, so NetBox ignores the lookup "
             f"of a claim's address by UID (cf_{CLAIM_UID_FIELD}=…) and it would list every address of ours; set its "
             "filter logic to Exact in NetBox (Customization → Custom Fields)",
@@ -130,8 +167,8 @@ async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any]
         f"the custom field {name}",
         calls.find("extras", "custom_fields", {"name": name}, brief=False),
         calls.create("extras", "custom_fields", body),
-        lambda error: Problem(
-            problems.CUSTOM_FIELD_MISSING,
+        lambda error: PoolUnusableError(
+            reasons.CUSTOM_FIELD_MISSING,
             f"the custom field {name!r} does not exist in NetBox and this token may not create it "
             f"({error.message}); create it in NetBox (Customization → Custom Fields): name {name!r}, "
             f"type Text, object type IPAM > IP Address, {how}; or give the token the permission "
@@ -140,8 +177,8 @@ async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any]
     )
     kind_value = _choice(field.get("type"))
     if kind_value != "text" or "ipam.ipaddress" not in (field.get("object_types") or []):
-        raise Problem(
-            problems.CUSTOM_FIELD_INVALID,
+        raise PoolUnusableError(
+            reasons.CUSTOM_FIELD_INVALID,
             f"the NetBox custom field {name!r} must be of type Text and apply to IPAM > IP Address "
             f"(it is {kind_value!r} on {', '.join(field.get('object_types') or []) or 'no object type'}); fix it in "
             "NetBox (Customization → Custom Fields)",
@@ -150,7 +187,11 @@ async def _ensure_field(client: NetboxClient, name: str, body: Mapping[str, Any]
 
 
 async def _ensure(
-    client: NetboxClient, what: str, lookup: calls.Call, create: calls.Call, refused: Callable[[HTTPError], Problem]
+    client: NetboxClient,
+    what: str,
+    lookup: calls.Call,
+    create: calls.Call,
+    refused: Callable[[HTTPError], PoolUnusableError],
 ) -> dict[str, Any]:
     """The object `lookup` finds, created with `create` when there is none (a concurrent creator wins too)."""
     found = await client.call(f"look up {what}", lookup)
@@ -171,8 +212,8 @@ async def _ensure(
         raise refused(error) from error
 
 
-async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Resolved:
-    """Ids and extents of every source, and the tenant's and tags' ids; Problem for anything missing."""
+async def resolve_pool(client: NetboxClient, pool: Pool, ownership: Ownership) -> Resolved:
+    """Ids and extents of every source, and the tenant's and tags' ids; PoolUnusableError for anything missing."""
     sources = []
     for index, ref in enumerate(pool.sources):
         sources.append(await _resolve_source(client, pool, index, ref))
@@ -183,8 +224,8 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
     if fields.tenant:
         found = await client.call("look up the tenant", calls.find("tenancy", "tenants", {"slug": fields.tenant}))
         if not found:
-            raise Problem(
-                problems.OBJECT_NOT_FOUND,
+            raise PoolUnusableError(
+                reasons.OBJECT_NOT_FOUND,
                 f"{pool.ref}: spec.addressFields.tenant names tenant slug {fields.tenant!r}, which NetBox does not "
                 "have; create the tenant or fix the slug",
             )
@@ -195,8 +236,8 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
         by_slug = {t["slug"]: int(t["id"]) for t in found}
         missing = [slug for slug in fields.tags if slug not in by_slug]
         if missing:
-            raise Problem(
-                problems.OBJECT_NOT_FOUND,
+            raise PoolUnusableError(
+                reasons.OBJECT_NOT_FOUND,
                 f"{pool.ref}: spec.addressFields.tags names {', '.join(missing)}, which NetBox does not have; create "
                 "the tags in NetBox or remove them from the pool",
             )
@@ -207,25 +248,26 @@ async def resolve(client: NetboxClient, pool: Pool, ownership: Ownership) -> Res
 async def _resolve_source(client: NetboxClient, pool: Pool, index: int, ref: SourceRef) -> Source:
     where = f"{pool.ref}: spec.sources[{index}] ({ref})"
     if ref.id is not None:
-        found = await client.call(f"GET {ref}", calls.get_source(ref.type, ref.id))
+        found = await client.call(f"GET {ref}", calls.get("ipam", calls.SOURCE_ENDPOINTS[ref.type], ref.id))
         matches = [found] if found is not None else []
     else:
         vrf_id = await _vrf_id(client, where, ref)
-        filters: dict[str, Any] = {"vrf_id": vrf_id if vrf_id is not None else "null"}
+        filters: dict[str, Any] = {"vrf_id": calls.vrf_filter(vrf_id)}
         if ref.type == "prefix":
             filters["prefix"] = ref.value
         else:
             start, _, end = (ref.value or "").partition("-")
             filters.update(start_address=start, end_address=end)
-        matches = await client.call(f"look up {ref}", calls.find_sources(ref.type, filters))
+        lookup = calls.find("ipam", calls.SOURCE_ENDPOINTS[ref.type], filters, brief=False)
+        matches = await client.call(f"look up {ref}", lookup)
     if not matches:
-        raise Problem(
-            problems.SOURCE_NOT_FOUND,
+        raise PoolUnusableError(
+            reasons.SOURCE_NOT_FOUND,
             f"{where} does not exist in NetBox at {client.endpoint.display_url}; create it or fix the pool's sources",
         )
     if len(matches) > 1:
-        raise Problem(
-            problems.SOURCE_NOT_FOUND,
+        raise PoolUnusableError(
+            reasons.SOURCE_NOT_FOUND,
             f"{where} matches {len(matches)} objects in NetBox (ids {', '.join(str(m['id']) for m in matches)}); "
             "name it by id",
         )
@@ -236,23 +278,18 @@ def _check_sources(pool: Pool, sources: Sequence[Source]) -> None:
     """One IP family per pool (the CAPI contract is single-stack); gateways and prefix lengths of the source's
     family."""
     if len({s.first.version for s in sources}) > 1:
-        raise Problem(
-            problems.INVALID, f"{pool.ref}: its sources mix IPv4 and IPv6 in NetBox; make one pool per IP family"
+        raise PoolUnusableError(
+            reasons.INVALID, f"{pool.ref}: its sources mix IPv4 and IPv6 in NetBox; make one pool per IP family"
         )
     for source in sources:
         where = f"{pool.ref}: spec.sources[{source.index}] ({source.display})"
-        gateway = source.ref.gateway
-        gateway_version: int | None
-        try:
-            gateway_version = ipaddress.ip_address(gateway).version if gateway is not None else None
-        except ValueError:
-            gateway_version = 0
-        if gateway_version not in (None, source.first.version):
-            raise Problem(problems.INVALID, f"{where}: the gateway {gateway} is not of the source's IP family")
+        gateway = source.ref.gateway  # a plain IP address: the spec checked it
+        if gateway is not None and ipaddress.ip_address(gateway).version != source.first.version:
+            raise PoolUnusableError(reasons.INVALID, f"{where}: the gateway {gateway} is not of the source's IP family")
         length, longest = source.ref.prefix_length, 32 if source.first.version == 4 else 128
         if length is not None and length > longest:
-            raise Problem(
-                problems.INVALID,
+            raise PoolUnusableError(
+                reasons.INVALID,
                 f"{where}: prefixLength {length} is longer than an IPv{source.first.version} address (at most "
                 f"{longest}); fix spec.sources[{source.index}].prefixLength or spec.prefixLength",
             )
@@ -267,8 +304,8 @@ async def _check_gateways(client: NetboxClient, pool: Pool, sources: Sequence[So
         found = await client.call(f"look up the gateway {gateway}", calls.find_address(gateway, source.vrf_id))
         if not found:
             vrf = f"VRF #{source.vrf_id}" if source.vrf_id is not None else "the global table"
-            raise Problem(
-                problems.GATEWAY_NOT_RECORDED,
+            raise PoolUnusableError(
+                reasons.GATEWAY_NOT_RECORDED,
                 f"{pool.ref}: the gateway {gateway} of spec.sources[{source.index}] lies in {source.display}, and "
                 f"NetBox holds no IP address for it, so NetBox could hand it to a machine; record {gateway}/"
                 f"{source.mask} in NetBox (IPAM → IP Addresses, in {vrf}), or use a gateway outside the source",
@@ -281,7 +318,7 @@ async def _vrf_id(client: NetboxClient, where: str, ref: SourceRef) -> int | Non
     found = await client.call(f"look up VRF {ref.vrf}", calls.find("ipam", "vrfs", {"name": ref.vrf}))
     if len(found) != 1:
         state = "does not exist" if not found else f"is ambiguous ({len(found)} VRFs have that name; use vrfID)"
-        raise Problem(problems.OBJECT_NOT_FOUND, f"{where}: VRF {ref.vrf!r} {state} in NetBox")
+        raise PoolUnusableError(reasons.OBJECT_NOT_FOUND, f"{where}: VRF {ref.vrf!r} {state} in NetBox")
     return int(found[0]["id"])
 
 
@@ -292,8 +329,8 @@ def source_from(ref: SourceRef, index: int, obj: dict[str, Any]) -> Source:
     if ref.type == "prefix":
         network = ipaddress.ip_network(str(obj["prefix"]), strict=False)
         first, last, mask = network.network_address, network.broadcast_address, network.prefixlen
-        total = _usable(network, bool(obj.get("is_pool")))
         reserved = _reserved(network, bool(obj.get("is_pool")))
+        total = network.num_addresses - len(reserved)
     else:
         start = ipaddress.ip_interface(str(obj["start_address"]))
         end = ipaddress.ip_interface(str(obj["end_address"]))
@@ -304,7 +341,7 @@ def source_from(ref: SourceRef, index: int, obj: dict[str, Any]) -> Source:
 
 
 def _reserved(network: IPNet, is_pool: bool) -> tuple[IPAddr, ...]:
-    """The addresses of a prefix NetBox never hands out (the ones `_usable` does not count)."""
+    """The addresses of a prefix NetBox never hands out (its rules for network and broadcast addresses)."""
     if is_pool or network.prefixlen >= (31 if network.version == 4 else 127):
         return ()
     if network.version == 4:
@@ -312,44 +349,121 @@ def _reserved(network: IPNet, is_pool: bool) -> tuple[IPAddr, ...]:
     return (network.network_address,)
 
 
-def _usable(network: IPNet, is_pool: bool) -> int:
-    """How many addresses NetBox hands out from a prefix (its rules for network, broadcast and anycast)."""
-    size = network.num_addresses
-    if is_pool:
-        return size
-    if network.version == 4:
-        return size if network.prefixlen >= 31 else size - 2
-    return size if network.prefixlen >= 127 else size - 1
-
-
-@dataclass(frozen=True)
-class Usage:
-    source: Source
-    used: int
-
-    @property
-    def free(self) -> int:
-        return max(self.source.total - self.used, 0)
-
-    def wire(self) -> dict[str, Any]:
-        return {
-            "type": self.source.type,
-            "id": self.source.id,
-            "range": self.source.display,
-            "total": cap_int64(self.source.total),
-            "used": cap_int64(self.used),
-            "free": cap_int64(self.free),
-        }
-
-
-async def usage(client: NetboxClient, sources: Sequence[Source]) -> list[Usage]:
-    """The IP addresses NetBox holds in each source (any owner), one counting GET per source."""
-    result = []
+async def usage(client: NetboxClient, sources: Sequence[Source]) -> list[int]:
+    """How many IP addresses NetBox holds in each source (any owner; at most its total), one counting GET each."""
+    used = []
     for source in sources:
-        filters = {
-            "parent": [str(n) for n in source.networks()],
-            "vrf_id": source.vrf_id if source.vrf_id is not None else "null",
-        }
-        used = await client.call(f"count the addresses of {source.ref}", calls.count_addresses(filters))
-        result.append(Usage(source, min(used, source.total)))
-    return result
+        filters = {"parent": source.networks(), "vrf_id": calls.vrf_filter(source.vrf_id)}
+        count = await client.call(f"count the addresses of {source.ref}", calls.count_addresses(filters))
+        used.append(min(count, source.total))
+    return used
+
+
+async def offered_by(client: NetboxClient, resolved: Resolved, address: str) -> tuple[Source | None, str]:
+    """`Resolved.offering`, and for a prefix source one GET more: an address in an ip-range marked populated in the
+    source's VRF is not the pool's to hand out (NetBox's available-ips of a prefix skips it)."""
+    source, why = resolved.offering(address)
+    if source is None or source.type != "prefix":
+        return source, why
+    why = populated_why(await populated_ranges(client, source.vrf_id), address, source)
+    return (None, why) if why else (source, "")
+
+
+async def populated_ranges(client: NetboxClient, vrf_id: int | None) -> list[Object]:
+    """The ip-ranges marked populated in the VRF (None: the global table), with one GET."""
+    # Not `contains=`: NetBox compares it with the ranges' masks too, so a bare address misses its range.
+    filters = {"mark_populated": "true", "vrf_id": calls.vrf_filter(vrf_id)}
+    found = await client.call("look up populated ip-ranges", calls.find("ipam", "ip_ranges", filters, brief=False))
+    return [obj for obj in found if obj.get("mark_populated")]
+
+
+def populated_why(ranges: Sequence[Object], address: str, source: Source) -> str:
+    """Why `address` of the prefix `source` is not the pool's: the range of `ranges` that holds it ("": none)."""
+    parsed = ipaddress.ip_address(address)
+    for obj in ranges:
+        first, last = (ipaddress.ip_interface(str(obj[key])).ip for key in ("start_address", "end_address"))
+        if first.version == last.version == parsed.version and int(first) <= int(parsed) <= int(last):
+            return f"in ip-range {first}-{last} of {source.display}, marked populated: NetBox hands out none of it"
+    return ""
+
+
+class Resolver:
+    """The NetBox side of every pool: its parsed spec (the last good one is kept, for releases after the pool is
+    gone), its client lent per operation, and what `resolve_pool` and `ensure_ownership` found."""
+
+    def __init__(self, connections: Connections, ownership_seconds: float) -> None:
+        self.connections = connections
+        self.ownership_seconds = ownership_seconds
+        self._known: dict[PoolRef, Pool] = {}
+        self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
+        self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
+        self._ownership_locks: dict[str, asyncio.Lock] = {}
+
+    def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
+        """The pool's spec, remembered as the last good one; PoolUnusableError (InvalidConfiguration) if invalid."""
+        try:
+            parsed = parse_pool(pool_ref, pool)
+        except PoolSpecError as error:
+            message = f"{pool_ref} is invalid: {error}; fix the pool's spec"
+            raise PoolUnusableError(reasons.INVALID, message) from error
+        self._known[parsed.ref] = parsed
+        return parsed
+
+    def known(self, pool_ref: PoolRef) -> Pool | None:
+        """The last good spec `parse` saw of the pool."""
+        return self._known.get(pool_ref)
+
+    @contextlib.asynccontextmanager
+    async def session(self, pool: Pool, doing: str) -> AsyncIterator[NetboxClient]:
+        """`pool`'s client, lent for one operation. A failure of one of `reasons.CAUGHT` becomes PoolUnusableError
+        (its message begins with "`doing` <pool>"), and every PoolUnusableError first drops what it may have made
+        stale (`forget`)."""
+        client: NetboxClient | None = None
+        try:
+            try:
+                async with self.connections.use(pool) as client:
+                    yield client
+            except reasons.CAUGHT as error:
+                token = client.endpoint.token if client is not None else None
+                raise reasons.of_failure(error, f"{doing} {pool.ref}", token) from error
+        except PoolUnusableError as problem:
+            self.forget(pool, problem)
+            raise
+
+    async def ownership(self, client: NetboxClient, *, any_age: bool = False) -> Ownership:
+        """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time; with `any_age`, a
+        cached answer of any age."""
+        async with self._ownership_locks.setdefault(client.endpoint.url, asyncio.Lock()):
+            for dead in [c for c in self._ownership if c.closed]:  # clients replaced after a Secret changed
+                del self._ownership[dead]
+            cached = self._ownership.get(client)
+            if cached is not None and (any_age or time.monotonic() - cached[0] < self.ownership_seconds):
+                return cached[1]
+            ownership = await ensure_ownership(client)
+            self._ownership[client] = (time.monotonic(), ownership)
+            return ownership
+
+    async def resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved:
+        """The pool's NetBox ids, cached per generation and client; `fresh` asks NetBox again."""
+        if not fresh and self.has_resolved(pool, client):
+            return self._resolved[pool.ref][2]
+        resolved = await resolve_pool(client, pool, await self.ownership(client))
+        self._resolved[pool.ref] = (pool.generation, client, resolved)
+        return resolved
+
+    def has_resolved(self, pool: Pool, client: NetboxClient) -> bool:
+        """Whether `resolve` answers from the cache (no NetBox request) for this generation of the pool."""
+        cached = self._resolved.get(pool.ref)
+        return cached is not None and cached[0] == pool.generation and cached[1] is client
+
+    def forget(self, pool: Pool, problem: PoolUnusableError) -> None:
+        """Drop what a failure may have made stale: the resolved pool, and the Secret on auth failures."""
+        self._resolved.pop(pool.ref, None)
+        if problem.reason == reasons.AUTH_FAILED:
+            self.connections.invalidate(pool)
+            self._ownership.clear()
+
+    async def close(self) -> None:
+        self._resolved.clear()
+        self._ownership.clear()
+        await self.connections.close()

@@ -133,10 +133,6 @@ class Pool:
     sources: tuple[SourceRef, ...]
     fields: AddressFields
 
-    @property
-    def key(self) -> tuple[PoolRef, int]:
-        return (self.ref, self.generation)
-
 
 def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     """The spec of the pool `ref`, checked; PoolSpecError says what is wrong."""

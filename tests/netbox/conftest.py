@@ -178,7 +178,7 @@ def new_claim(namespace: str, name: str) -> ClaimContext:
 
 
 async def client_of(backend: NetboxBackend, pool: Object) -> NetboxClient:
-    return await backend.connections.client(backend.parse(PoolRef.from_object(pool), pool))
+    return await backend.resolver.connections.client(backend.resolver.parse(PoolRef.from_object(pool), pool))
 
 
 def marked(netbox: NetBoxServer, uid: str) -> list[Any]:

@@ -86,13 +86,13 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
     first = pool_of(namespace, "first", [prefix("10.91.0.0/29")])
     second = pool_of(namespace, "second", [prefix("10.91.0.0/29")])
     assert (await backend.report(PoolRef.from_object(first), first, [])).ready
-    parsed_first = backend.parse(PoolRef.from_object(first), first)
-    parsed_second = backend.parse(PoolRef.from_object(second), second)
+    parsed_first = backend.resolver.parse(PoolRef.from_object(first), first)
+    parsed_second = backend.resolver.parse(PoolRef.from_object(second), second)
     rotated = create_token(netbox, 1)
-    async with backend.connections.use(parsed_first) as old:  # the first pool is in the middle of an operation
+    async with backend.resolver.connections.use(parsed_first) as old:  # the first pool is in the middle of an operation
         await kube.patch(SECRETS, "netbox", {"stringData": {"token": rotated}}, namespace)
-        backend.connections.invalidate(parsed_second)
-        new = await backend.connections.client(parsed_second)
+        backend.resolver.connections.invalidate(parsed_second)
+        new = await backend.resolver.connections.client(parsed_second)
         assert new is not old and not old.closed
         assert await old.call("GET status", lambda api: api.status())  # still works with the old token
 
@@ -104,7 +104,7 @@ async def test_a_rotated_token_never_closes_a_client_in_use(
     assert (
         await backend.allocate(PoolRef.from_object(second), second, new_claim(namespace, "rotated"))
     ).address == "10.91.0.1"
-    assert old not in backend._ownership and new in backend._ownership
+    assert old not in backend.resolver._ownership and new in backend.resolver._ownership
 
 
 async def test_a_v1_token_allocates_and_releases(
@@ -168,5 +168,5 @@ async def test_an_owner_tag_the_token_may_not_create(
             await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "no-tag"))
     finally:
         get_or_create_tag(netbox, OWNER_TAG)
-    backend._ownership.clear()
+    backend.resolver._ownership.clear()
     assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready

@@ -257,7 +257,7 @@ async def test_custom_field_that_cannot_be_created(
     # An administrator creates the field without Unique: the pool works, and says what would make it cheaper.
     netbox.create_custom_field(CLAIM_UID_FIELD)
     get_or_create_field(netbox, CLAIM_REF_FIELD)  # made by an earlier test, unless this one runs alone
-    backend._ownership.clear()
+    backend.resolver._ownership.clear()
     report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert report.ready and "not Unique" in report.message
     claim = new_claim(namespace, "late")

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.netbox import NetboxBackend, requested, resolver
+from backends.netbox import NetboxBackend, resolver
+from backends.netbox.allocator import Allocator
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
@@ -59,13 +60,13 @@ async def test_a_pass_resolves_the_sources_once_and_each_restore_costs_a_bounded
     for claim in claims:
         marked(netbox, claim.uid)[0].delete()  # a bulk deletion behind our back
     resolutions: list[str] = []
-    real_resolve = resolver.resolve
+    real_resolve = resolver.resolve_pool
 
     async def counting_resolve(*args: Any, **kwargs: Any) -> Any:
         resolutions.append("resolve")
         return await real_resolve(*args, **kwargs)
 
-    monkeypatch.setattr(resolver, "resolve", counting_resolve)
+    monkeypatch.setattr(resolver, "resolve_pool", counting_resolve)
     client = await client_of(backend, pool)
 
     await backend.list_holdings(ref, pool, CountingPacer())  # a pass starts
@@ -96,7 +97,7 @@ async def test_an_object_that_joins_a_restored_address_after_its_check_makes_it_
     claim = new_claim(namespace, "victim")
     allocation = await backend.allocate(ref, pool, claim)
     marked(netbox, claim.uid)[0].delete()
-    real_keep = requested.keep_if_alone
+    real_keep = Allocator.keep_if_alone
     joined: list[Any] = []
 
     async def then_another_pool_allocates(*args: Any, **kwargs: Any) -> None:
@@ -111,7 +112,7 @@ async def test_an_object_that_joins_a_restored_address_after_its_check_makes_it_
             )
         )
 
-    monkeypatch.setattr(requested, "keep_if_alone", then_another_pool_allocates)
+    monkeypatch.setattr(Allocator, "keep_if_alone", then_another_pool_allocates)
 
     restore = await backend.restore(ref, pool, claim, allocation)
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.netbox import NetboxBackend, requested
+from backends.netbox import NetboxBackend
+from backends.netbox.allocator import Allocator
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -340,7 +341,7 @@ async def test_crash_between_post_and_check_then_annotation_removed(
 
     crashing = NetboxBackend(BackendContext(kube=kube), fast_settings())
     try:
-        monkeypatch.setattr(requested, "keep_if_alone", crash)
+        monkeypatch.setattr(Allocator, "keep_if_alone", crash)
         with pytest.raises(RuntimeError):
             await crashing.allocate(ref, pool, claim)
     finally:

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from backends.netbox import NetboxBackend
 from backends.netbox.client import ClientSettings
-from backends.netbox.problems import RETRY_UNREACHABLE
+from backends.netbox.reasons import RETRY_UNREACHABLE
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD
 from ipam_provider.backend.contract import (
     Allocation,

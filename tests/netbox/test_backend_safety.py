@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.netbox import NetboxBackend, problems
+from backends.netbox import NetboxBackend, reasons
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD
 from ipam_provider.backend.contract import (
     Allocation,
@@ -104,7 +104,7 @@ async def test_a_uid_field_netbox_does_not_filter_by_is_refused(
     field = netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD)
     field.update({"filter_logic": "disabled"})
     try:
-        backend._ownership.clear()
+        backend.resolver._ownership.clear()
         report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert (report.ready, report.reason) == (False, "CustomFieldInvalid"), report.message
         assert "filter logic" in report.message and "Exact" in report.message
@@ -112,7 +112,7 @@ async def test_a_uid_field_netbox_does_not_filter_by_is_refused(
             await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "unfiltered"))
     finally:
         field.update({"filter_logic": "exact"})
-    backend._ownership.clear()
+    backend.resolver._ownership.clear()
     assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready
 
 
@@ -236,7 +236,7 @@ async def _report_until_ready(backend: NetboxBackend, pool: Any, within: float) 
     deadline = asyncio.get_running_loop().time() + within
     while True:
         report = await backend.report(PoolRef.from_object(pool), pool, [])
-        if report.ready or report.reason != problems.UNREACHABLE or asyncio.get_running_loop().time() > deadline:
+        if report.ready or report.reason != reasons.UNREACHABLE or asyncio.get_running_loop().time() > deadline:
             return report
         await asyncio.sleep(0.5)
 

@@ -46,9 +46,11 @@ async def test_answers_and_error_answers_are_counted(netbox: NetBoxServer) -> No
     ok, missing = requests_total("GET ipam/prefixes", "success"), requests_total("GET ipam/ip-addresses", "error")
     durations = timed("GET ipam/prefixes")
     try:
-        found = await client.call("GET prefix", calls.get_source("prefix", int(created.id)))
+        found = await client.call("GET prefix", calls.get("ipam", "prefixes", int(created.id)))
         assert found is not None and found["prefix"] == "10.93.0.0/29"
-        assert await client.call("GET address", calls.get_address(2_000_000_000)) is None  # a 404 answer
+        assert (
+            await client.call("GET address", calls.get("ipam", "ip_addresses", 2_000_000_000)) is None
+        )  # a 404 answer
     finally:
         await client.close()
     assert requests_total("GET ipam/prefixes", "success") - ok == 1
@@ -64,7 +66,7 @@ async def test_requests_without_an_answer_count_as_unreachable() -> None:
     before = requests_total("GET ipam/prefixes", "unreachable")
     try:
         with pytest.raises(UnreachableError):
-            await client.call("GET prefix", calls.get_source("prefix", 1))
+            await client.call("GET prefix", calls.get("ipam", "prefixes", 1))
     finally:
         await client.close()
     assert requests_total("GET ipam/prefixes", "unreachable") - before == FAST.attempts
