@@ -1,20 +1,15 @@
-"""Admission of pool changes: `PoolAdmission.decide` answers a review (`runtime.serving.webhook` reads it off the
-wire) for any served pool kind, reading no more than the answer needs:
+"""Admission of pool changes: `PoolAdmission.decide` answers a review for any served pool kind, reading no more than
+the answer needs.
 
-- UPDATE that leaves `spec` as it is (finalizers, labels, annotations: the controller's own patches, clusterctl
-  move's): allowed at once, with no request made;
-- DELETE (every kind, here in the core): allowed at once when the pool carries
-  `clusterctl.cluster.x-k8s.io/delete-for-move` (set by `clusterctl move` before it deletes its source copy), and
-  when it carries `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` (the Go provider's annotation), then with a
-  warning if IPAddresses still name it (as far as a short, best-effort read tells); otherwise refused while live
-  IPAddresses (not being deleted) name the pool. A review without `oldObject` reads the pool's annotations from the
-  cache or the API server; when neither answers, the pool is refused only if it is in use;
-- CREATE and UPDATE, and a DELETE that passed: whatever the kind's backend refuses through its optional
-  `review_pool_change` (`admission_reviewer_of`); a kind whose backend has none is allowed without a read.
+- An UPDATE that leaves `spec` as it is: allowed at once.
+- A DELETE: allowed at once under clusterctl move's `delete-for-move` annotation; under
+  `skip-validate-delete-webhook` too, with a warning if IPAddresses name the pool (as far as a short read tells);
+  otherwise refused while live IPAddresses name the pool. Without `oldObject` the pool's annotations come from the
+  cache or the API server; when neither answers, it is refused only if in use.
+- CREATE, UPDATE and a DELETE that passed: what the kind's backend refuses through `review_pool_change`.
 
-The IPAddresses in use come from the controller's synced cache when it can answer for the pool, else from a fresh
-LIST. Refusals of CREATE and UPDATE are 422 (Invalid), of DELETE 403 (Forbidden); a check that cannot be made (the
-API server did not answer the LIST) is 500, so that the API server refuses the change with the reason.
+IPAddresses in use come from the synced cache when it can answer for the pool, else from a LIST. Refusals are 422
+(CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500), so that the change is refused.
 """
 
 from __future__ import annotations

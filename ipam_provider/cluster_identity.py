@@ -1,15 +1,10 @@
-"""The management cluster's identity: what the NetBox and Infoblox backends stamp on the objects they make, so that
-several management clusters can share one NetBox or grid without one's repair loop releasing another's addresses.
+"""The management cluster's identity, stamped by the NetBox and Infoblox backends on the objects they make, so that
+management clusters sharing one NetBox or grid never release each other's addresses. Not a secret.
 
-Contract:
-- The identity is the uid of the `kube-system` Namespace of the cluster the controller runs against (it never
-  changes for the life of that cluster), read once at start, or the `--cluster-identity` flag's value when given
-  (for a controller that cannot read kube-system, or to keep the identity of a cluster that was rebuilt).
-- It is not a secret: it appears in logs, Events and on the external objects.
-- `cluster_identity` raises ClusterIdentityError, naming the flag, when the kube-system Namespace cannot be read
-  (refused, forbidden, or absent). `wait_for_identity` asks again, later and later (up to every 30 s, as the
-  informers do while the API server cannot be used), logging why, until it has the identity or `stopping` is set:
-  the controller does not serve without an identity, since it could not tell its objects from another cluster's.
+It is the `--cluster-identity` flag's value when given, else the uid of the `kube-system` Namespace (read once at
+start). `cluster_identity` raises ClusterIdentityError, naming the flag, when that Namespace cannot be read;
+`wait_for_identity` asks again, later and later (up to every 30 s), until it has the identity or `stopping` is set:
+the controller does not serve without one.
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import WorkQueue
 from ipam_provider.watch.caches import POOL, Caches
-from ipam_provider.watch.handlers import EventHandlers
-from ipam_provider.watch.keys import ClaimKey, QueueKey
+from ipam_provider.watch.handlers import ClaimKey, EventHandlers, QueueKey
 
 log = structlog.get_logger(__name__)
 

@@ -1,17 +1,12 @@
 """`ipam-provider status [claims|pools] [-o table|json]`: what the controller did, read from the API server.
 
-The claims view (the default) lists every IPAddressClaim with its pool, address and Ready reason. The pools view
-(`status pools` or `status --pools`) lists every pool of each kind an installed backend serves with its Ready
-condition, its address counts (`status.ipAddresses`) and how many claims wait on it (claims naming it that have
-no address yet). A pool kind whose CRD is not installed (or that may not be listed) is skipped with a note on
-stderr.
-
-`-o json` prints one JSON document whose field names are stable:
-- claims: `{"claims": [{"namespace", "name", "pool": {"apiGroup", "kind", "name"}, "address" ("10.0.0.1/24" or
-  null), "ready" (true, false or null: no Ready condition or Unknown), "reason" (the Ready reason or null)}]}`
-- pools: `{"pools": [{"apiGroup", "kind", "namespace" ("" for a cluster-scoped pool), "name", "ready", "reason",
-  "total", "used", "free", "outOfRange" (null where not reported), "waiting"}], "skipped": [{"apiGroup", "kind",
-  "reason"}]}`
+The claims view lists every IPAddressClaim with its pool, address and Ready reason; the pools view every pool of
+the installed backends' kinds with its Ready condition, `status.ipAddresses` counts and waiting claims (a kind
+whose CRD is missing or may not be listed is skipped, with a note on stderr). `-o json`'s field names are stable:
+- `{"claims": [{"namespace", "name", "pool": {"apiGroup", "kind", "name"}, "address" ("10.0.0.1/24" or null),
+  "ready" (true, false, or null: absent or Unknown), "reason"}]}`
+- `{"pools": [{"apiGroup", "kind", "namespace" ("": cluster-scoped), "name", "ready", "reason", "total", "used",
+  "free", "outOfRange" (null: not reported), "waiting"}], "skipped": [{"apiGroup", "kind", "reason"}]}`
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import STATUS_COUNTS_FIELD, BackendContext, PoolKind
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.common import Object
@@ -72,7 +68,7 @@ async def claim_rows(kube: KubeClient, namespaces: Sequence[str | None]) -> list
         by_name = {(a["metadata"]["namespace"], a["metadata"]["name"]): a for a in addresses}
         for claim in claims:
             meta = claim["metadata"]
-            ref = _address_of(claim)
+            ref = ((claim.get("status") or {}).get("addressRef") or {}).get("name")
             address = by_name.get((meta["namespace"], ref)) if ref else None
             pool = claim["spec"]["poolRef"]
             ready, reason = _ready(claim)
@@ -124,7 +120,7 @@ def _pool_row(kind: PoolKind, pool: Object, claims: Iterable[Object]) -> Object:
     waiting = sum(
         1
         for claim in claims
-        if _names_pool(claim, kind, namespace, meta["name"])
+        if names_pool(claim, kind.ref(namespace, meta["name"]))
         and not claim["metadata"].get("deletionTimestamp")  # as ipam_provider_waiting_claims counts them
         and not ((claim.get("status") or {}).get("addressRef") or {}).get("name")
     )
@@ -141,18 +137,6 @@ def _pool_row(kind: PoolKind, pool: Object, claims: Iterable[Object]) -> Object:
         "outOfRange": counts.get("outOfRange"),
         "waiting": waiting,
     }
-
-
-def _names_pool(claim: Object, kind: PoolKind, namespace: str, name: str) -> bool:
-    ref = claim["spec"].get("poolRef") or {}
-    same_namespace = not kind.namespaced or claim["metadata"]["namespace"] == namespace
-    return same_namespace and (ref.get("apiGroup"), ref.get("kind"), ref.get("name")) == (kind.group, kind.kind, name)
-
-
-def _address_of(claim: Object) -> str | None:
-    """The name of the claim's IPAddress (`status.addressRef`), or None while it has none."""
-    name = ((claim.get("status") or {}).get("addressRef") or {}).get("name")
-    return str(name) if name else None
 
 
 def _ready(obj: Object) -> tuple[bool | None, str | None]:

@@ -55,50 +55,24 @@ class Condition(Model):
 
 
 def set_condition(
-    conditions: Sequence[Condition],
-    *,
-    type: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int | None,
+    conditions: Sequence[Condition], *, type: str, status: bool, reason: str, message: str, generation: int | None
 ) -> tuple[list[Condition], bool]:
-    """The conditions with `type` set; lastTransitionTime moves only when the status flips.
-
-    Returns the new list and whether anything changed.
-    """
-    wanted_status = "True" if status else "False"
-    result: list[Condition] = []
-    changed = True
-    found = False
-    for condition in conditions:
-        if condition.type != type:
-            result.append(condition)
-            continue
-        found = True
-        transition = condition.last_transition_time if condition.status == wanted_status else now_rfc3339()
-        updated = Condition(
-            type=type,
-            status=wanted_status,
-            reason=reason,
-            message=message,
-            last_transition_time=transition,
-            observed_generation=generation,
-        )
-        changed = updated.wire() != condition.wire()
-        result.append(updated)
-    if not found:
-        result.append(
-            Condition(
-                type=type,
-                status=wanted_status,
-                reason=reason,
-                message=message,
-                last_transition_time=now_rfc3339(),
-                observed_generation=generation,
-            )
-        )
-    return result, changed
+    """The conditions with `type` set (lastTransitionTime moves only when the status flips), and whether anything
+    changed."""
+    wanted = "True" if status else "False"
+    previous = find_condition(conditions, type)
+    transition = previous.last_transition_time if previous is not None and previous.status == wanted else now_rfc3339()
+    updated = Condition(
+        type=type,
+        status=wanted,
+        reason=reason,
+        message=message,
+        last_transition_time=transition,
+        observed_generation=generation,
+    )
+    if previous is None:
+        return [*conditions, updated], True
+    return [updated if c.type == type else c for c in conditions], updated.wire() != previous.wire()
 
 
 def find_condition(conditions: Sequence[Condition], type: str) -> Condition | None:

@@ -1,15 +1,10 @@
-"""The contract between the claim reconciler and a pool backend.
+"""The contract between the reconcilers and a pool backend.
 
-A backend serves one or more pool kinds. The reconciler calls it with plain data: the pool's identity
-(`PoolRef`), the pool object as the API server returned it (a JSON mapping), and a `ClaimContext` describing the
-claim. It never calls a backend for a paused claim, cluster or pool, and never makes two calls for the same claim
-at once. Calls for different pools may run concurrently. Calls for the same pool are serialised, unless the
-backend declares `concurrent_claims = True` (see `serves_claims_concurrently`): then calls for different claims
-of one pool, and the pool's `report`, may run at once, and the backend itself keeps them from handing out one
-address twice.
-
-Every method must be idempotent and safe to repeat after a crash at any point: the reconciler is
-level-triggered and will call again.
+A backend serves one or more pool kinds. It is called with plain data: the pool's identity (`PoolRef`), the pool
+object as the API server returned it, and a `ClaimContext`; never for a paused claim, cluster or pool, and never
+twice at once for one claim. Calls for one pool are serialised unless the backend declares `concurrent_claims =
+True` (`serves_claims_concurrently`): then the backend itself keeps them from handing out one address twice. Every
+method must be idempotent and safe to repeat after a crash at any point.
 """
 
 from __future__ import annotations
@@ -86,11 +81,9 @@ class ClaimContext:
 
     @functools.cached_property
     def requested_address(self) -> str | None:
-        """The canonical text of the address the claim asks for with REQUESTED_ADDRESS_ANNOTATION, or None when it
-        asks for none (absent or blank); parsed once per context (the core hands one context per reconcile to the
-        backend). Raises AllocationFailedError when the annotation is not a plain IP address, or is an IPv4-mapped
-        or IPv4-compatible IPv6 address (the message names the IPv4 address to write instead).
-        """
+        """The canonical text of the address REQUESTED_ADDRESS_ANNOTATION asks for, or None when absent or blank.
+        Raises AllocationFailedError when it is not a plain IP address, or is an IPv4-mapped or IPv4-compatible
+        IPv6 address (the message names the IPv4 address to write instead)."""
         text = (self.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
         if not text:
             return None
@@ -114,8 +107,8 @@ class ClaimContext:
 
 
 def _embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d) IPv6 address.
-    Such addresses are written differently by different systems (Python, PostgreSQL), so lookups by text miss."""
+    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d) IPv6 address (such
+    addresses are written differently by different systems, so lookups by text miss)."""
     if not isinstance(address, ipaddress.IPv6Address):
         return None
     if address.ipv4_mapped is not None:
@@ -132,20 +125,16 @@ def requested_address_held(address: str, pool: PoolRef | str, holder: str) -> st
 
 
 def requested_address_outside(address: str, pool: PoolRef | str, why: str = "") -> str:
-    """The claim's Ready message when its requested address is not an allocatable address of the pool (`why`, if
-    given, says which rule excludes it: excluded, the gateway, a reserved address, pre-allocated to another claim)."""
+    """The claim's Ready message when its requested address is not an allocatable address of the pool (`why`: the
+    rule that excludes it)."""
     detail = f" ({why})" if why else ""
     return f"requested address {address} is outside {pool}{detail}; request an address of the pool"
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """An address held for one claim.
-
-    `annotations` is backend bookkeeping (for example an external object reference). The reconciler stores it on
-    the IPAddress under the backend's own annotation keys and hands it back on release, so that release needs no
-    search in the external system.
-    """
+    """An address held for one claim. `annotations` is the backend's bookkeeping: stored on the IPAddress and handed
+    back on release."""
 
     address: str
     prefix: int
@@ -155,11 +144,8 @@ class Allocation:
 
 @dataclass(frozen=True)
 class AddressCounts:
-    """How many addresses a pool has, as the pool's `status.ipAddresses` shows them.
-
-    `used` counts the IPAddresses naming the pool; `free` the addresses still to be handed out; `out_of_range`
-    (None where a backend does not count it) the IPAddresses whose address lies outside the pool's addresses.
-    """
+    """A pool's `status.ipAddresses`: `used` counts the IPAddresses naming the pool, `free` the addresses still to
+    be handed out, `out_of_range` (None: not counted) the IPAddresses whose address lies outside the pool."""
 
     total: int
     used: int
@@ -185,8 +171,8 @@ def reported_free(pool: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class ReportCondition:
-    """A pool condition besides `Ready` (see `PoolReport.conditions`). With `warning`, the reconciler records a
-    Warning Event with the condition's reason and message each time the condition enters this status and reason."""
+    """A pool condition besides `Ready`. With `warning`, a Warning Event is recorded each time the condition enters
+    this status and reason."""
 
     type: str
     status: bool
@@ -197,14 +183,10 @@ class ReportCondition:
 
 @dataclass(frozen=True)
 class PoolReport:
-    """The state of a pool as the backend sees it.
-
-    The reconciler writes the pool's status from it: the `Ready` condition from `ready`, `reason` and `message`;
-    each of `conditions` (other condition types; those the report leaves out are left as they are);
-    `status.ipAddresses` from `counts` (left as it is when None); and `status`, the pool kind's other status fields
-    (for example `networkView`), merged in as they are. `related` names other pools whose report depends on this
-    pool's addresses: the reconciler looks at them again soon when this pool's status changed.
-    """
+    """The state of a pool as the backend sees it, written to its status: `Ready` from `ready`, `reason` and
+    `message`; each of `conditions` (types left out are left as they are); `status.ipAddresses` from `counts` (None:
+    left as it is); `status`, the kind's other status fields, merged in. `related` names the pools whose report
+    depends on this pool's addresses: they are reported again soon when this pool's status changed."""
 
     ready: bool
     reason: str
@@ -223,11 +205,8 @@ class PoolReport:
 
 
 class BackendError(Exception):
-    """A failure the reconciler turns into `Ready=False` on the claim, with `reason` and `message`.
-
-    Messages are shown to people (conditions and Events): they must say what to do, and must never contain
-    credentials.
-    """
+    """A failure that becomes `Ready=False` on the claim, with `reason` and `message` (shown to people: it must
+    say what to do and never contain a credential)."""
 
     reason = "AllocationFailed"
 
@@ -256,13 +235,9 @@ class AllocationFailedError(BackendError):
 
 
 class ReleaseImpossibleError(BackendError):
-    """The address can never be released by this backend (for example its pool and credentials are gone).
-
-    The reconciler records a Warning Event with the message and lets the claim go, so that the owning machine can
-    be deleted; what the backend still holds for the claim is left to the repair loop, which releases it once the
-    backend can be used again (see `backend/repair.py`). Transient failures must raise another BackendError (or
-    any exception) instead, to be retried.
-    """
+    """The address can never be released by this backend (for example its pool and credentials are gone): a
+    Warning Event, and the claim is let go; what the backend still holds is left to the repair loop. Transient
+    failures must raise another exception, to be retried."""
 
     reason = "ReleaseFailed"
 
@@ -271,18 +246,14 @@ class ReleaseImpossibleError(BackendError):
 class BackendContext:
     """What the controller hands to a backend factory.
 
-    `cached_addresses(pool_ref)` gives the IPAddresses that name the pool, from the controller's watch cache, or
-    None when that cache cannot answer for the pool (not synced yet, or the pool's IPAddresses may lie in
-    namespaces this controller does not watch); a backend then reads the API server. `cached_pools(kind)` gives
-    the pools of a kind the controller serves, from its watch cache (those of the watched namespaces), or None
-    before the pool caches have synced. The objects are the cache's projections and must not be changed.
-
-    `cluster_identity` names the management cluster this controller serves (the kube-system Namespace's uid, or
-    `--cluster-identity`). A backend whose external system may be shared by several management clusters stamps it
-    on every object it makes and lists as its own, for the repair loop, only objects stamped with it (objects
-    without any identity as holdings that are never released: see `Holding.releasable`). "" means unknown (the
-    `status` command, tests of a single cluster): a backend then stamps nothing and lists every object carrying its
-    other marks as releasable. The controller always has one. It is not a secret.
+    `cached_addresses(pool_ref)`: the IPAddresses naming the pool from the watch cache, or None when the cache
+    cannot answer for it (not synced, or the IPAddresses may lie in unwatched namespaces: read the API server).
+    `cached_pools(kind)`: the kind's pools from the watch cache, or None before it synced. Both are the cache's
+    projections, not to be changed. `cluster_identity` names this management cluster (not a secret): a backend
+    whose external system several clusters may share stamps it on every object it makes, and lists as releasable
+    holdings only objects stamped with it (unstamped ones are never released: `Holding.releasable`). "" (the
+    `status` command, tests) means unknown: nothing is stamped and every object with the backend's other marks is
+    releasable.
     """
 
     kube: KubeClient
@@ -293,18 +264,16 @@ class BackendContext:
 
 
 def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]] | None:
-    """The backend's optional `async prepare(pool_ref, pool)`, or None. The controller calls it once for each pool
-    known when it starts, while its claim and IPAddress caches are still syncing (they must not be relied on), so
-    that a backend can warm what a pool's first allocation needs. A failure is logged and otherwise ignored."""
+    """The backend's optional `async prepare(pool_ref, pool)`, or None: called once per pool known at start, while
+    the claim and IPAddress caches still sync, to warm what a first allocation needs. A failure is only logged."""
     prepare = getattr(backend, "prepare", None)
     return prepare if callable(prepare) else None
 
 
 @dataclass(frozen=True)
 class AddressInUse:
-    """A live IPAddress (not being deleted) that names a pool: its `namespace`/`name`, the `address` of its spec
-    and the claim of its `claimRef` (namespace/name), for admission checks and their messages; `prefix`, its
-    spec's prefix length (None when it has none)."""
+    """A live IPAddress naming a pool, for admission checks: `namespace`/`name`, its spec's `address` and `prefix`
+    (None: none), and its claim as namespace/name."""
 
     namespace: str
     name: str
@@ -322,28 +291,24 @@ AdmissionReviewer = Callable[[PoolRef, Object | None, Object | None, Sequence[Ad
 def admission_reviewer_of(backend: object) -> AdmissionReviewer | None:
     """The backend's optional `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`, or None.
 
-    The controller's admission webhook calls it for a pool of the backend's kinds being created (`old` None),
-    updated (not when `spec` is unchanged: such an UPDATE is allowed without asking), or deleted (`new` None;
-    only once the core's own delete check has passed, and not under a skip annotation), with `in_use`, the live
-    IPAddresses naming the pool. It answers the reasons to refuse the change, each a sentence a person can act on
-    (empty: allowed). It must be quick (the API server waits for it: seconds, not more), must not write, and must
-    not raise for a spec it cannot parse: that is a reason to refuse."""
+    The admission webhook calls it for a pool being created (`old` None), updated (not when `spec` is unchanged),
+    or deleted (`new` None; once the core's delete check passed), with the live IPAddresses naming the pool. It
+    answers the reasons to refuse, each a sentence a person can act on (empty: allowed); it must be quick, must not
+    write, and must not raise for a spec it cannot parse (that is a reason to refuse)."""
     review = getattr(backend, "review_pool_change", None)
     return review if callable(review) else None
 
 
 def report_interval_of(backend: object) -> float | None:
-    """How often each live pool of the backend is reported again: its optional class or instance attribute
-    `report_interval` (seconds), for a backend whose reports follow an external system that no watch shows. A
-    backend without it has its pools reported again only when a watched object changes, and at the controller's
-    sync period (`--sync-period`)."""
+    """The backend's optional attribute `report_interval` (seconds): how often each live pool is reported again,
+    for reports that follow an external system no watch shows; None: on changes and every `--sync-period`."""
     interval = getattr(backend, "report_interval", None)
     return float(interval) if isinstance(interval, int | float) and interval > 0 else None
 
 
 def serves_claims_concurrently(backend: object) -> bool:
-    """Whether the backend accepts concurrent calls for several claims of one pool: its optional class or
-    instance attribute `concurrent_claims` is True. A backend without it gets its calls for a pool one at a time."""
+    """Whether the backend's optional attribute `concurrent_claims` is True: it accepts concurrent calls for several
+    claims of one pool (else it gets them one at a time)."""
     return getattr(backend, "concurrent_claims", False) is True
 
 
@@ -351,14 +316,11 @@ PoolObserver = Callable[[PoolKind, Object | None, Object | None], Collection[Poo
 
 
 def pool_observer_of(backend: object) -> PoolObserver | None:
-    """The backend's optional `observe_pool(kind, old, new) -> Collection[PoolRef]`, or None: for a backend whose
-    pool reports depend on its other pools (for example to find pools whose addresses overlap).
-
-    The controller calls it for every change its watch of the backend's pool kinds sees (`old` None: added; `new`
-    None: deleted), those of the initial list included, before any reconcile that follows from it. It answers the
-    other pools whose report the change may alter; the controller reports them again (not for the initial list,
-    whose pools all get a first report anyway). It runs in the watch's event handler: it must be quick, must not
-    block, and should cost what the change touches, not what every pool would."""
+    """The backend's optional `observe_pool(kind, old, new) -> Collection[PoolRef]`, or None, for reports that
+    depend on other pools (overlaps). Called in the watch's event handler for every change of the backend's pools
+    (`old` None: added; `new` None: deleted), the initial list included, before any reconcile that follows; it
+    answers the other pools whose report the change may alter (reported again). It must be quick and must not
+    block."""
     observe = getattr(backend, "observe_pool", None)
     return observe if callable(observe) else None
 
@@ -375,23 +337,18 @@ class Backend(Protocol):
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
-        """Return the address the pool `pool_ref` holds for `claim.uid`, allocating one if it holds none.
-
-        With `existing` (an IPAddress already names this claim), the claim must end up holding exactly that
-        address: record it for the claim, or raise AllocationFailedError if another claim holds it.
-        Raises PoolNotReadyError, PoolExhaustedError or AllocationFailedError. Never hands out an address that
-        another claim holds, even when several controller processes call at once.
-        """
+        """The address the pool holds for `claim.uid`, allocating one if it holds none; with `existing` (an
+        IPAddress names the claim) exactly that address, or AllocationFailedError if another claim holds it.
+        Raises PoolNotReadyError, PoolExhaustedError or AllocationFailedError. Never hands out an address another
+        claim holds, even when several controller processes call at once."""
         ...
 
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        """Release whatever the pool holds for `claim.uid`. Releasing what is already gone succeeds.
-
-        `pool` is None when the pool object no longer exists; `allocation` is None when no IPAddress recorded
-        one. Never releases an address that this controller did not allocate for this claim.
-        """
+        """Release whatever the pool holds for `claim.uid` (what is gone already succeeds). `pool` is None when the
+        pool is gone, `allocation` when no IPAddress recorded one. Never releases what this controller did not
+        allocate for this claim."""
         ...
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:

@@ -1,13 +1,6 @@
-"""Backends register per (apiGroup, kind) through the entry-point group `ipam_provider.backends`.
-
-An entry point names a factory `create_backend(context: BackendContext) -> Backend`. The built-in backends are
-registered by this project's own pyproject; a separately installed package adds a pool kind by declaring an
-entry point in the same group. The reconciler looks backends up here and knows none by name.
-
-Each backend has a name, the `backend` label of its metrics: its entry-point name when loaded by
-`load_registry`. A backend registered without one (`BackendRegistry(backends)`, as tests do) is named by its
-`name` attribute when that is a non-empty string, else by its class's module: the last component of the module
-path, skipping a final `backend` (`backends.netbox.backend` → `netbox`, `my_plugin.pools` → `pools`).
+"""Backends register per (apiGroup, kind) through the entry-point group `ipam_provider.backends`, each naming a
+factory `create_backend(context: BackendContext) -> Backend`; an installed package adds a pool kind by declaring
+one. Each backend's name (its metrics' `backend` label) is its entry-point name, else `backend_name`.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ class BackendRegistry:
             self.register(backend)
 
     def register(self, backend: Backend, name: str | None = None) -> None:
-        """Serve the backend's pool kinds; `name` (default: derived, see above) labels its metrics."""
+        """Serve the backend's pool kinds; `name` (default: `backend_name`) labels its metrics."""
         if not isinstance(backend, Backend):
             raise RegistryError(f"{backend!r} does not implement the Backend protocol")
         name = name or backend_name(backend)
@@ -55,12 +48,11 @@ class BackendRegistry:
         return self._by_kind.get((group, kind))
 
     def kind_of(self, group: str, kind: str) -> PoolKind | None:
-        """The registered pool kind `kind` of API group `group`, or None when no backend serves it."""
         found = self._by_kind.get((group, kind))
         return found[1] if found is not None else None
 
     def name_of(self, group: str, kind: str) -> str:
-        """The name of the backend serving pool kind `kind` of API group `group` ("" when none does)."""
+        """The name of the backend serving the pool kind ("" when none does)."""
         return self._names.get((group, kind), "")
 
     @property
@@ -100,7 +92,7 @@ def load_registry(context: BackendContext, enabled: Iterable[str] | None = None)
 
 def backend_name(backend: Backend) -> str:
     """The name of a backend registered without one: its `name` attribute if that is a non-empty string, else the
-    last component of its class's module path other than a final `backend`."""
+    last component of its class's module path other than a final `backend` (`backends.netbox.backend` → `netbox`)."""
     name = getattr(backend, "name", None)
     if isinstance(name, str) and name:
         return name

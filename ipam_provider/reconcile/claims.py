@@ -1,31 +1,29 @@
 """The claim reconciler: IPAddressClaim → backend allocation → IPAddress → claim status.
 
-Contract (level-triggered; every step is idempotent and the reconcile may be repeated at any point):
-- Claims whose poolRef names no registered backend are ignored.
-- A paused claim, Cluster or pool gets no allocation and no release.
-- A live claim gets the ReleaseAddress finalizer, an address from its backend, an IPAddress of its own name
-  (claim as controller owner, pool as owner, ProtectAddress finalizer, cluster label), `status.addressRef`
-  and `Ready=True/AddressAllocated`. Failures give `Ready=False` with PoolNotReady, PoolExhausted or
-  AllocationFailed and a message that says what to do; every transition also records an Event. While the
-  pool is missing or being deleted only claims without an IPAddress get PoolNotReady: a fulfilled claim stays
-  Ready=True/AddressAllocated (its address is still held).
-- A deleted claim: its IPAddress is let go and deleted first, then the backend releases, then the claim's
-  finalizer is removed. The address is therefore never free in the backend while an IPAddress still names it.
-- An IPAddress deleted while its claim lives is re-created with identical values (the backend holds the
-  address for the claim's uid); a pre-existing IPAddress for the claim is adopted, its spec untouched.
-- The annotation `ipam.cluster.x-k8s.io/requested-address` is the backend's to honour; a value that is not an IP
-  address gives a claim without an IPAddress `Ready=False/AllocationFailed` whatever the backend. On a fulfilled
-  claim a value other than its IPAddress's changes nothing (IPAddresses are immutable): a Warning Event
-  `RequestedAddressIgnored` says so, once per change of the annotation (see `requested`).
-- `clusterctl move` (annotation `clusterctl.cluster.x-k8s.io/delete-for-move`, set on each source object just
-  before clusterctl deletes it, the copy already being at the target): a claim or IPAddress so marked is never
-  released, allocated or re-created. A deleted claim so marked only loses the ReleaseAddress finalizer (before
-  any pause check: clusterctl removes every finalizer itself a moment later); its IPAddress is left to clusterctl;
-  the backend keeps the address for the claim at the target. An IPAddress so marked being deleted loses its
-  ProtectAddress finalizer and is not re-created for its claim (which clusterctl deletes next).
-- Metrics (`ipam_provider.pool_metrics`): IPAddresses written, failed allocations by reason, and releases are
-  counted per pool; the time from first seeing a live claim without an address to writing its IPAddress is
-  observed.
+Contract (level-triggered; every step is idempotent and may be repeated at any point):
+- Claims whose poolRef names no registered backend are ignored; a paused claim, Cluster or pool gets no allocation
+  and no release.
+- A live claim gets the ReleaseAddress finalizer, an address from its backend, an IPAddress of its own name (claim
+  as controller owner, pool as owner, ProtectAddress finalizer, cluster label), `status.addressRef` and
+  `Ready=True/AddressAllocated`; failures give `Ready=False` with PoolNotReady, PoolExhausted or AllocationFailed
+  and a message saying what to do, and every transition an Event. While the pool is missing or being deleted, a
+  fulfilled claim stays Ready (its address is still held); the others get PoolNotReady.
+- A deleted claim: its IPAddress (read fresh, not from the cache) goes first, then the backend releases, then the
+  finalizer: the address is never free in the backend while an IPAddress names it, and the release waits while
+  other finalizers keep the IPAddress. A backend that cannot release (ReleaseImpossibleError) gets a Warning Event
+  and the claim is let go; the Event says whether the repair loop releases what the backend still holds (it has the
+  repair capability, releases, and the pool exists or the backend sweeps gone pools) or a person must.
+- An IPAddress deleted while its claim lives is re-created with identical values; a pre-existing IPAddress of the
+  claim is adopted, its spec untouched.
+- The requested-address annotation is the backend's to honour; a value that is no IP address fails a claim without
+  an IPAddress (AllocationFailed). On a fulfilled claim another value changes nothing (IPAddresses are immutable):
+  one Warning Event `RequestedAddressIgnored` per change of the annotation says so.
+- `clusterctl move` (`clusterctl.cluster.x-k8s.io/delete-for-move` on each source object clusterctl deletes): such
+  a claim or IPAddress is never released, allocated or re-created; a deleted claim so marked only loses the
+  ReleaseAddress finalizer (before any pause check), and an IPAddress so marked being deleted only its
+  ProtectAddress finalizer.
+- Metrics (`ipam_provider.pool_metrics`): IPAddresses written, failed allocations by reason and releases per pool,
+  and the time from first seeing a live claim without an address to writing its IPAddress.
 """
 
 from __future__ import annotations
@@ -48,13 +46,13 @@ from ipam_provider.api.capi import (
     IPAddressClaim,
 )
 from ipam_provider.api.meta import find_condition, set_condition
-from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError
+from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError, ReleaseImpossibleError
+from ipam_provider.backend.repair import orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PoolLabels
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
 from ipam_provider.reconcile.collisions import give_back, holder_of
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
-from ipam_provider.reconcile.release import release_claim
 from ipam_provider.reconcile.requested import RequestedAddressNotices
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
@@ -65,7 +63,18 @@ log = structlog.get_logger(__name__)
 RETRY_NOT_READY = 30.0
 RETRY_EXHAUSTED = 60.0
 RETRY_FAILED = 15.0
+RETRY_LINGERING = 30.0  # a deleted claim whose IPAddress other finalizers keep
 LIVE, GONE, DELETING = "live", "gone", "deleting"
+LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
+LEFT_WITHOUT_REPAIR = (
+    "the repair loop would release it once the pool's backend can be reached again, but it does not release "
+    "(--repair-interval=0 or --repair-report-only): release the address in the backend by hand"
+)
+NOT_REPAIRABLE = "this backend has no repair loop to release it: release the address in the backend by hand"
+POOL_GONE = (
+    "the pool is gone and the repair loop does not look for this backend's holdings of gone pools: release the "
+    "address in the backend by hand"
+)
 
 
 class ClaimReconciler:
@@ -143,32 +152,62 @@ class ClaimReconciler:
         return await self._allocate(work, confirmed)
 
     async def _release(self, work: ClaimWork) -> float | None:
-        """Release a deleted claim's address and drop its finalizer; seconds until a retry, or None when done."""
-        key = (work.namespace, work.claim.metadata.name)
-        self._first_seen.forget(key)
-        self._requested.forget(*key)
+        """Release a deleted claim (see the module's contract); seconds until a retry, or None when done."""
+        self._first_seen.forget((work.namespace, work.name))
+        self._requested.forget(work.namespace, work.name)
         if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
             return None
-        retry = await release_claim(self.ctx, work)
-        if retry is None:
-            work.log.info("claim released")
-            pool_metrics.count_release(self._labels(work))
-        return retry
-
-    async def _moving(self, work: ClaimWork) -> None:
-        """A claim clusterctl is deleting for a move: nothing is released; a deleted one loses our finalizer only."""
-        finalizers = work.claim.metadata.finalizers
-        if not work.claim.metadata.deleting or FINALIZER_RELEASE_ADDRESS not in finalizers:
-            work.log.debug("being moved by clusterctl; nothing done")
-            return
-        remaining = [f for f in finalizers if f != FINALIZER_RELEASE_ADDRESS]
+        allocation: Allocation | None = None
+        address_raw = await self.ctx.kube.get(ADDRESSES, work.name, work.namespace)
+        if address_raw is not None and belongs_to(address_raw, work):
+            allocation = allocation_of(IPAddress.model_validate(address_raw))
+            holders = await self._delete_address(address_raw)
+            if holders:
+                work.log.info("IPAddress still held by other finalizers; release waits", finalizers=",".join(holders))
+                return RETRY_LINGERING
         try:
-            await self.ctx.patch_cached(
-                self.ctx.caches.claims, CLAIMS, work.raw, {"metadata": {"finalizers": remaining}}
-            )
+            async with self.ctx.backend_turn(work.backend, work.pool_ref):
+                await work.backend.release(work.pool_ref, work.pool, work.context(), allocation)
+        except ReleaseImpossibleError as error:
+            message = f"{error.message}; {_left_to(self.ctx, work)}"
+            self.ctx.recorder.record(work.raw, WARNING, error.reason, message, related=work.pool)
+        await self._drop_finalizer(work)
+        self.ctx.pool_changed(work.pool_ref)
+        work.log.info("claim released")
+        pool_metrics.count_release(self._labels(work))
+        return None
+
+    async def _delete_address(self, address_raw: Object) -> list[str]:
+        """Let go of the IPAddress and delete it; the finalizers of others that keep it (empty once it is gone)."""
+        meta = address_raw["metadata"]
+        try:
+            await self._let_go(address_raw)
+            await self.ctx.kube.delete(ADDRESSES, meta["name"], meta["namespace"], uid=meta.get("uid"))
         except ApiError as error:
             if not error.not_found:
                 raise
+            return []
+        others = [f for f in meta.get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
+        if not others:
+            self.ctx.caches.addresses.remove((meta["namespace"], meta["name"]))
+        return others
+
+    async def _drop_finalizer(self, work: ClaimWork) -> None:
+        """Remove the ReleaseAddress finalizer from the claim (gone already: done)."""
+        remaining = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
+        patch = {"metadata": {"finalizers": remaining}}
+        try:
+            await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, work.raw, patch)
+        except ApiError as error:
+            if not error.not_found:
+                raise
+
+    async def _moving(self, work: ClaimWork) -> None:
+        """A claim clusterctl is deleting for a move: nothing is released; a deleted one loses our finalizer only."""
+        if not work.claim.metadata.deleting or FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
+            work.log.debug("being moved by clusterctl; nothing done")
+            return
+        await self._drop_finalizer(work)
         work.log.info("claim deleted by clusterctl move; its address is kept in the backend for the target")
 
     async def _ensure_finalizer(self, work: ClaimWork) -> bool:
@@ -313,7 +352,7 @@ class ClaimReconciler:
         return True
 
     async def _let_go(self, address_raw: Object) -> None:
-        """Remove our finalizer from an IPAddress someone deleted, so that it can be re-created afresh."""
+        """Remove our ProtectAddress finalizer from the IPAddress, if it carries it."""
         finalizers = [f for f in address_raw["metadata"].get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
         if finalizers != (address_raw["metadata"].get("finalizers") or []):
             patch = {"metadata": {"finalizers": finalizers}}
@@ -346,6 +385,15 @@ class ClaimReconciler:
         )
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
             self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message, related=work.pool)
+
+
+def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
+    """Who releases what the backend could not, for the Warning Event."""
+    if repairer_of(work.backend) is None:
+        return NOT_REPAIRABLE
+    if work.pool is None and orphan_sweeper_of(work.backend) is None:
+        return POOL_GONE
+    return LEFT_TO_REPAIR if ctx.repair_releases else LEFT_WITHOUT_REPAIR
 
 
 def _paused(work: ClaimWork, cluster_raw: Object | None) -> bool:

@@ -1,16 +1,12 @@
-"""An address a backend hands out although a live IPAddress of the pool already names it for another claim.
+"""An address a backend hands out although a live IPAddress of the pool names it for another claim (the backend
+lost that claim's record). The claim path never writes such an address.
 
-An external system's record of an allocation can be deleted behind the controller's back; the system may then hand
-that address to the next request while a machine still uses it. The claim path never writes such an address.
-
-Contract:
-- `holder_of(ctx, work, allocation)` answers the live IPAddress (from the watch cache, indexed by pool and address)
-  that names `allocation.address` in the claim's pool for another claim, or None.
-- `give_back(ctx, work, pool, allocation, holder)` releases what the backend just made for this claim, then, when
-  the backend offers the repair capability and the holder's claim is cached, restores the address for the holder's
-  claim, so that the backend records it again for the machine that uses it. It records a Warning Event on the pool
-  and answers the error to fail this claim's attempt with (retried after `RETRY_SECONDS`; the next attempt gets
-  another address). Nothing here ever hands the address to this claim.
+- `holder_of` answers the live cached IPAddress of the claim's pool naming the allocation's address for another
+  claim, or None.
+- `give_back` releases what the backend just made for this claim, then, when the backend offers the repair
+  capability and the holder's claim is cached, restores the address for the holder's claim. It records a Warning
+  Event on the pool and answers the error that fails this claim's attempt (retried after `RETRY_SECONDS`, for
+  another address).
 """
 
 from __future__ import annotations

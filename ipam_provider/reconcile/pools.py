@@ -1,25 +1,19 @@
 """The pool reconciler: the ProtectPool finalizer, status counts and the pool's Ready condition.
 
 Contract:
-- A live pool carries the ProtectPool finalizer, a `Ready` condition from its backend's report, the report's other
-  conditions (a Warning Event when one marked `warning` enters its status and reason), and the status fields of the
-  report: `ipAddresses{total,free,used[,outOfRange]}` from its counts, and the kind's own fields. When they change,
-  the pools the report names as `related` are looked at again soon.
-- A deleted pool keeps the finalizer while any IPAddress references it (the cache's count while it shows any; read
-  fresh from the API server before the finalizer goes), with
-  `Ready=False/Deleting` saying why; the annotation `ipam.cluster.x-k8s.io/skip-validate-delete-webhook` lets
-  it go at once, and so does clusterctl move's `clusterctl.cluster.x-k8s.io/delete-for-move` (clusterctl's patch
-  replaces the annotations, so the skip-validate annotation a user set is gone by then).
-- A pool clusterctl is moving (delete-for-move) is neither reported nor tidied up by its backend: its copy at the
-  target owns its addresses now.
-- A paused pool is left alone.
-- A live pool is reported again after its backend's `report_interval` (see `report_interval_of`), else after the
-  sync period, stretched by up to a tenth at random so that pools created together do not come back together.
-- The repair loop's finding for the pool (`ReconcileContext.repair_conditions`: the `AddressesRecorded`
-  condition) is written with the report's conditions.
-- Each reconcile of a live or deleting pool sets its metrics (`ipam_provider.pool_metrics`) from the report the
-  status is written from, and counts the cached claims of the pool still waiting for an address; a pool found gone
-  loses all of its series.
+- A live pool carries the ProtectPool finalizer and its backend's report: `Ready`, the report's other conditions (a
+  Warning Event when one marked `warning` enters its status and reason), `ipAddresses` and the kind's own status
+  fields; when they change, the pools the report names as `related` are looked at again soon. The repair loop's
+  `AddressesRecorded` condition (`ReconcileContext.repair_conditions`) is written with them.
+- A deleted pool keeps the finalizer while any IPAddress names it (as the cache counts them, else as a fresh LIST
+  does), with `Ready=False/Deleting`; the skip-validate-delete-webhook annotation lets it go at once, and so does
+  clusterctl move's delete-for-move (clusterctl's patch drops the other annotations).
+- A pool clusterctl is moving is neither reported nor tidied up (its copy at the target owns its addresses); a
+  paused pool is left alone.
+- A live pool is reported again after its backend's `report_interval`, else the sync period, stretched by up to a
+  tenth at random so that pools created together do not come back together.
+- Each reconcile sets the pool's metrics from the report its status is written from and counts its waiting
+  claims; a pool found gone loses all of its series.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """The comparison of one pool's holdings with the live IPAddresses and claims (no I/O).
 
-- A holding (with a claim uid) is accounted for by a live IPAddress that names the pool and its address and
-  names its claim (by `namespace/name`, or by the claim's uid among its owner references). It is accounted for
-  too by a live IPAddress of its recorded claim `namespace/name` that names its address in any pool, whatever
-  the claim's uid: pools over overlapping sources list each other's holdings, and a holding recorded under an
-  older uid (after a move or a restore) waits for its re-key.
-- An unaccounted holding is a suspected leak when its claim is gone (not found, or found with another uid), or
-  when its claim lives with that uid but its IPAddress names another address. It is left alone when its claim
-  lives and has no IPAddress yet (an allocation under way), when its claim is not one this controller serves,
-  when its claim's namespace is not watched, and when it names no claim (its namespace cannot be known).
-- A live IPAddress (not being deleted) that names the pool is to be restored when no holding holds its address
-  for its claim, its claim lives (not being deleted, not paused) with the uid of the IPAddress's owner reference
-  (when it has one), and the claim is one this controller serves. (A claim whose Cluster is paused is left alone
-  too; `pool.py` asks the watch cache about Clusters.)
-- An address of the pool named by more than one distinct live claim is *shared* (a duplicate), whether or not the
-  backend holds it for them and whether or not the claims are served or paused. A claim names an address through
-  a live IPAddress of the pool (not being deleted, its claim live with the uid of its owner reference), or through
-  a holding recorded with the uid of a live claim that has no IPAddress yet. A shared address is never restored.
+- A holding with a claim uid is accounted for by a live IPAddress naming the pool, its address and its claim (by
+  `namespace/name`, or by the claim's uid among its owner references); and by a live IPAddress of its recorded claim
+  naming its address in any pool, whatever the uid (pools over overlapping sources list each other's holdings, and
+  a holding recorded under an older uid waits for its re-key).
+- An unaccounted holding is a suspected leak when its claim is gone (or has another uid), or lives with that uid
+  but its IPAddress names another address. It is left alone while its claim has no IPAddress yet, when its claim is
+  not served or its namespace not watched, and when it names no claim.
+- A live IPAddress (not deleting) of the pool is to be restored when no holding holds its address for its claim,
+  and its claim is live (not deleting, not paused), served, and has the uid of the IPAddress's owner reference.
+- An address named by more than one distinct live claim is *shared* (a duplicate) and never restored. A claim names
+  an address through a live IPAddress of the pool (its claim live with its owner reference's uid), or through a
+  holding recorded with the uid of a live claim that has no IPAddress yet.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The live IPAddresses and claims for one repair pass: as the watch caches show them, or read fresh.
-
-`read_live` reads the lists page by page from the API server (never from the watch cache, which may lag), one
-`pacer.wait()` before each page, in every namespace the controller watches (all when it watches all). Claims are
-read without the watch filter's label selector, so that a claim this controller does not serve still counts as
-existing; `served` tells the served ones apart. `cached_live` builds the same view from the watch caches, for a
-pass to look with: nothing is ever released, restored or reported as a duplicate on what it shows.
+"""The live IPAddresses and claims for one repair pass: as the watch caches show them (`cached_live`: for a pass to
+look with, never to act on), or read fresh (`read_live`: page by page from the API server, one `pacer.wait()`
+before each page, in every watched namespace). Claims are read without the watch filter, so that a claim this
+controller does not serve still counts as existing; `Scope.serves` tells the served ones apart.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """The repair loop: now and then, every pool's backend holdings compared with the live IPAddresses and claims.
 
 Contract:
-- `run()` makes a first pass soon after it starts (the controller starts it, in the leader only, once its caches
-  have synced), then one every `settings.interval` seconds, until cancelled.
-- A pass takes the backends that offer the repair capability (`repairer_of`). The holdings of every pool they
-  serve (from the watch cache of pools; paused pools and pools clusterctl is moving are left alone) are listed
-  first, in one listing per backend when it offers one (`pools_lister_of`), else pool by pool; THEN they are
-  compared with the watch caches, and when that finds nothing to act on or report (and the last pass left no
-  finding), the pass ends there; else the live IPAddresses and claims are read fresh from the API server, once for
-  all backends, and each pool is compared and repaired on what it read (`pool.py`). Nothing is released, restored
-  or reported as a duplicate on what the caches show. Reading the API server after the backends means that an
-  allocation completing meanwhile shows its IPAddress, so it is never taken for a leak; a cache that lags only
-  delays what a pass finds by a pass.
+- `run()` (in the leader only, once the caches synced) makes a first pass soon, then one every `settings.interval`
+  seconds, until cancelled.
+- A pass lists the holdings of every pool that the backends offering the repair capability serve (paused pools and
+  pools clusterctl is moving are left alone), in one listing per backend when it offers one, else pool by pool;
+  THEN compares them with the watch caches. When that finds nothing to act on or report (and the last pass left no
+  finding) the pass ends; else the live IPAddresses and claims are read fresh, once for all backends, and each pool
+  is repaired on that read (`pool.py`): nothing is released, restored or reported as a duplicate on what the caches
+  show. Reading after the backends means an allocation completing meanwhile is never taken for a leak.
 - Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
-- A `BackendError` skips the pool for this pass (its findings stay as they were); any other exception, in the
-  pool's listing or its repair, is logged with its traceback and skips the pool too (when the API server cannot be
-  read, the backend's pass). Neither stops the loop nor the backend's other pools. Each backend's pass is counted by
-  result (`ipam_provider_repair_passes_total`) and timed.
-- When releasing is on, the backend's `sweep_orphaned(grace)` (if it has one) runs once per pass.
+- A `BackendError` skips the pool for this pass; any other exception is logged with its traceback and skips the pool
+  too (the backend's pass when the API server cannot be read). Neither stops the loop. Each backend's pass is counted
+  by result and timed. When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
-from ipam_provider.watch.keys import ClaimKey
+from ipam_provider.watch.handlers import ClaimKey
 
 log = structlog.get_logger(__name__)
 

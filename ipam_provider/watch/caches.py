@@ -1,10 +1,5 @@
-"""The informers' stores, with the indexes the event handlers and reconcilers look objects up by.
-
-Indexes: claims by the pool they reference (`POOL`) and by their Cluster (`CLUSTER`, (namespace, name)); IPAddresses
-by the pool they reference (`POOL`) and by pool and canonical address (`POOL_ADDRESS`). Each store keeps its kind's
-projection (`runtime/cache/projection.py`): claims, IPAddresses and Clusters only the fields the controller
-reads, pools all but the API server's bookkeeping; all with their strings shared.
-"""
+"""The informers' stores with their indexes: claims by referenced pool (`POOL`) and by Cluster (`CLUSTER`), IPAddresses
+by referenced pool (`POOL`) and by pool and canonical address (`POOL_ADDRESS`)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,24 @@
-"""Event handlers: which queue keys a watch event enqueues (controller-runtime's predicates and map functions).
+"""The work queue's keys, and which keys a watch event enqueues (controller-runtime's predicates and map functions).
 
-- A claim event enqueues the claim; a deleted claim (its address released) also enqueues the claims of its pool
-  still waiting for an address.
+- A claim event enqueues the claim; a deleted claim also enqueues the claims of its pool still waiting for an
+  address.
 - An IPAddress event enqueues its claim and, a little later, its pool (status counts); a deleted IPAddress also
   enqueues the claims of its pool still waiting for an address.
 - A Cluster event enqueues its claims when the Cluster appears, goes, or changes its pause state.
 - A pool event enqueues the pool and its claims, except for a status-only change, which enqueues only the waiting
   claims and only when the pool became usable (turned Ready, or reports free addresses where it reported none).
-  Every pool event goes to its backend's observer first (`observe_pool`, see `pool_observer_of`); the other pools
-  it answers are enqueued a little later (not for the initial list, whose pools are all reported anyway).
+  Every pool event goes to its backend's observer first (`observe_pool`); the other pools it answers are enqueued a
+  little later (not for the initial list, whose pools are all reported anyway).
 
-Claims are sharded by the pool they reference, so that the queue serves pools in turn. A claim enqueued for an
-object of a cache's initial list gets the low priority when it is fulfilled and not being deleted (after a
-restart its reconcile only confirms what exists), so that claims waiting for an address are served first.
+Claims are sharded by the pool they reference, so that the queue serves pools in turn. A claim of a cache's initial
+list gets the low priority when it is fulfilled and not being deleted (its reconcile only confirms what exists), so
+that claims waiting for an address are served first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.api.pools import KindLookup, referenced_pool
@@ -26,10 +27,34 @@ from ipam_provider.common import Object
 from ipam_provider.runtime.cache.informer import in_initial_list
 from ipam_provider.runtime.workqueue import Priority, WorkQueue
 from ipam_provider.watch.caches import CLUSTER, POOL, Caches
-from ipam_provider.watch.keys import ClaimKey, PoolKey, QueueKey, Shard
 
 EventHandler = Callable[[str, Object | None, Object | None], None]
 POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts after this many seconds
+
+
+@dataclass(frozen=True)
+class ClaimKey:
+    """An IPAddressClaim, reconciled by the claim reconciler."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"claim/{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """A pool, reconciled by the pool reconciler."""
+
+    ref: PoolRef
+
+    def __str__(self) -> str:
+        return f"pool/{self.ref}"
+
+
+QueueKey = ClaimKey | PoolKey
+Shard = PoolRef | None  # a key's pool: the queue serves pools in turn; None for a claim whose pool is not served
 
 
 class EventHandlers:

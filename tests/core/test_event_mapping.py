@@ -18,7 +18,7 @@ from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.cache import informer
 from ipam_provider.watch import handlers
-from ipam_provider.watch.keys import ClaimKey, PoolKey
+from ipam_provider.watch.handlers import ClaimKey, PoolKey
 
 GROUP = "ipam.cluster.x-k8s.io"
 
