@@ -24,13 +24,7 @@ import structlog
 
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_SKIP_DELETE_VALIDATION
 from ipam_provider.api.pools import names_pool
-from ipam_provider.backend.contract import (
-    AddressInUse,
-    AdmissionReviewer,
-    PoolKind,
-    PoolRef,
-    admission_reviewer_of,
-)
+from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef, admission_reviewer_of
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient

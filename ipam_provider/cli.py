@@ -18,8 +18,6 @@ from ipam_provider.backend.registry import load_registry
 from ipam_provider.cluster_identity import wait_for_identity
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
-from ipam_provider.flags import build_parser as build_parser  # re-exported: tests build the parser from here
-from ipam_provider.runtime.flagforms import host_port, split_list
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import KubeconfigError
 from ipam_provider.runtime.leader import LeaderElector
@@ -32,10 +30,6 @@ from ipam_provider.statusview import status
 from ipam_provider.version import __version__
 
 log = structlog.get_logger(__name__)
-
-# The names these helpers had when they lived here (tests import them from the CLI).
-_host_port = host_port
-_split = split_list
 
 
 class BindError(Exception):
@@ -58,12 +52,9 @@ class Endpoints:
         try:
             metrics = options.metrics_bind
             if metrics is not None:
-                secure = (
-                    ServingCertificate.load(options.metrics.cert, options.metrics.tls)
-                    if options.metrics.secure
-                    else None
-                )
-                endpoint = MetricsEndpoint(secure)
+                served = options.metrics
+                cert = ServingCertificate.load(served.cert, served.tls) if served.secure else None
+                endpoint = MetricsEndpoint(cert)
                 try:
                     await endpoint.start(*metrics)
                 except OSError as error:
@@ -95,12 +86,10 @@ class Endpoints:
             # With the webhook, readiness is the webhook's alone: it needs no synced cache (it lists instead), and
             # a standby that wins the lease must stay in the webhook Service while its caches sync.
             if self.webhook is not None:
-                if self.webhook.serving:
-                    return web.Response(text="ok")
-                return web.Response(status=503, text="webhook not serving")
-            if self.ready():
-                return web.Response(text="ok")
-            return web.Response(status=503, text="caches not synced")
+                ready, why = self.webhook.serving, "webhook not serving"
+            else:
+                ready, why = self.ready(), "caches not synced"
+            return web.Response(text="ok") if ready else web.Response(status=503, text=why)
 
         app = web.Application()
         app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
@@ -287,7 +276,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubeconfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,13 +17,7 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
-from ipam_provider.backend.contract import (
-    PoolKind,
-    PoolRef,
-    pool_observer_of,
-    preparer_of,
-    serves_claims_concurrently,
-)
+from ipam_provider.backend.contract import PoolKind, PoolRef, pool_observer_of, preparer_of, serves_claims_concurrently
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.reconcile.claims import ClaimReconciler

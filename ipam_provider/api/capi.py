@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError
 
 from ipam_provider.api.meta import Condition, Model, ObjectMeta
 
@@ -77,3 +80,11 @@ class Cluster(Model):
     @property
     def paused(self) -> bool:
         return bool(self.spec.paused) or ANNOTATION_PAUSED in self.metadata.annotations
+
+
+def cluster_paused(raw: Mapping[str, Any] | None) -> bool:
+    """Whether a Cluster object is paused (None, or one that does not parse, is not)."""
+    try:
+        return raw is not None and Cluster.model_validate(raw).paused
+    except ValidationError:
+        return False

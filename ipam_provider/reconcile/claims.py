@@ -41,9 +41,9 @@ from ipam_provider.api.capi import (
     REASON_ALLOCATED,
     REASON_ALLOCATION_FAILED,
     REASON_POOL_NOT_READY,
-    Cluster,
     IPAddress,
     IPAddressClaim,
+    cluster_paused,
 )
 from ipam_provider.api.meta import find_condition, set_condition
 from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError, ReleaseImpossibleError
@@ -397,13 +397,6 @@ def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
 
 
 def _paused(work: ClaimWork, cluster_raw: Object | None) -> bool:
-    if ANNOTATION_PAUSED in work.claim.metadata.annotations:
-        return True
-    if cluster_raw is not None:
-        try:
-            if Cluster.model_validate(cluster_raw).paused:
-                return True
-        except ValidationError:
-            pass
-    pool = work.pool
-    return pool is not None and ANNOTATION_PAUSED in (pool.get("metadata", {}).get("annotations") or {})
+    pool_annotations = (work.pool or {}).get("metadata", {}).get("annotations") or {}
+    claim_paused = ANNOTATION_PAUSED in work.claim.metadata.annotations
+    return claim_paused or cluster_paused(cluster_raw) or ANNOTATION_PAUSED in pool_annotations

@@ -92,13 +92,7 @@ class ReconcileContext:
         return waiting
 
     async def patch_cached(
-        self,
-        store: Store,
-        resource: Resource,
-        obj: Object,
-        patch: Object,
-        *,
-        subresource: str | None = None,
+        self, store: Store, resource: Resource, obj: Object, patch: Object, *, subresource: str | None = None
     ) -> Object:
         """Merge-patch `obj` guarded by its resourceVersion, and cache the answer (read-your-writes).
 

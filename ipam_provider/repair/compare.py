@@ -23,14 +23,7 @@ from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.repair.live import (
-    LiveState,
-    Scope,
-    address_text,
-    claim_of_address,
-    deleting,
-    owner_claim_uid,
-)
+from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,7 @@ import structlog
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
 from ipam_provider.backend.contract import Backend, BackendError
-from ipam_provider.backend.repair import (
-    Holding,
-    Pacer,
-    Repairable,
-    orphan_sweeper_of,
-    pools_lister_of,
-    repairer_of,
-)
+from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, pools_lister_of, repairer_of
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live

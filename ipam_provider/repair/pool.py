@@ -30,7 +30,7 @@ import structlog
 from pydantic import ValidationError
 
 from ipam_provider import pool_metrics
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, Cluster, IPAddress, IPAddressClaim
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim, cluster_paused
 from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
@@ -336,7 +336,8 @@ class PoolRepairs:
         except ValidationError as error:
             log.warning("IPAddress or claim does not parse; not restored", address=item.name, error=str(error))
             return
-        if self._cluster_paused(claim):  # no allocation for a paused Cluster's claim, as on the claim's own path
+        name = claim.cluster_name
+        if name and cluster_paused(self.ctx.caches.clusters.get(claim.metadata.namespace or "", name)):
             _keep_previous(item, previous, found)
             return
         await self.pacer.wait()
@@ -409,15 +410,6 @@ class PoolRepairs:
         for sharer in changed:
             self.ctx.recorder.record(sharer.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
         self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
-
-    def _cluster_paused(self, claim: IPAddressClaim) -> bool:
-        """Whether the claim's Cluster, as the watch cache has it, is paused."""
-        name = claim.cluster_name
-        raw = self.ctx.caches.clusters.get(claim.metadata.namespace or "", name) if name else None
-        try:
-            return raw is not None and Cluster.model_validate(raw).paused
-        except ValidationError:
-            return False
 
     async def _unchanged(self, item: Unrecorded) -> bool:
         """Fresh GETs: the IPAddress and its claim are still as listed (neither gone, replaced nor deleting)."""

@@ -19,8 +19,7 @@ from backends.infoblox.spec import INFOBLOX_POOL
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.admission import webhook_path
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
-from ipam_provider.cli import build_parser
-from ipam_provider.flags import RunOptions, parse_args
+from ipam_provider.flags import RunOptions, build_parser, parse_args
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
 from ipam_provider.runtime.serving.certificates import CertificateFiles

@@ -14,7 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ipam_provider.cli import _host_port, _split, build_parser
+from ipam_provider.flags import build_parser
+from ipam_provider.runtime.flagforms import host_port, split_list
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.support.cluster import wait_for
@@ -45,11 +46,11 @@ def test_controller_runtime_flag_forms() -> None:
             "127.0.0.1:9",
         ]
     )
-    assert _split(args.namespace) == ["a", "b", "c"]
+    assert split_list(args.namespace) == ["a", "b", "c"]
     assert args.watch_filter == "x" and args.leader_elect
-    assert _host_port(args.metrics_bind_address) is None
-    assert _host_port(args.health_probe_bind_address) == ("127.0.0.1", 9)
-    assert _host_port(":8080") == ("0.0.0.0", 8080)
+    assert host_port(args.metrics_bind_address) is None
+    assert host_port(args.health_probe_bind_address) == ("127.0.0.1", 9)
+    assert host_port(":8080") == ("0.0.0.0", 8080)
 
 
 async def test_probes_metrics_and_status(kube: KubeClient, kubeconfig: Path, namespace: str) -> None:

@@ -11,20 +11,21 @@ from typing import cast
 import pytest
 
 from ipam_provider import cli
-from ipam_provider.cli import _host_port, lead_and_run
+from ipam_provider.cli import lead_and_run
 from ipam_provider.controller import Controller
+from ipam_provider.runtime.flagforms import host_port
 from ipam_provider.runtime.leader import LeaderElector
 
 
 def test_bind_addresses_in_every_controller_runtime_form() -> None:
-    assert _host_port("0") is None and _host_port("") is None
-    assert _host_port(":8080") == ("0.0.0.0", 8080)
-    assert _host_port("127.0.0.1:8080") == ("127.0.0.1", 8080)
-    assert _host_port("[::]:8080") == ("::", 8080)
-    assert _host_port("[::1]:9090") == ("::1", 9090)
-    assert _host_port("localhost:8081") == ("localhost", 8081)
+    assert host_port("0") is None and host_port("") is None
+    assert host_port(":8080") == ("0.0.0.0", 8080)
+    assert host_port("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert host_port("[::]:8080") == ("::", 8080)
+    assert host_port("[::1]:9090") == ("::1", 9090)
+    assert host_port("localhost:8081") == ("localhost", 8081)
     with pytest.raises(ValueError, match="brackets"):
-        _host_port("::1:8080")
+        host_port("::1:8080")
 
 
 class FakeController:
