@@ -15,6 +15,9 @@ Contract (level-triggered; every step is idempotent and may be repeated at any p
   repair capability, releases, and the pool exists or the backend sweeps gone pools) or a person must.
 - An IPAddress deleted while its claim lives is re-created with identical values; a pre-existing IPAddress of the
   claim is adopted, its spec untouched.
+- An address the backend hands out although a live IPAddress of the pool names it for another claim (the backend
+  lost that claim's record) is never written: it is released, restored for the holder's claim when the backend
+  can repair and the claim is cached, a Warning Event goes to the pool, and the claim retries for another address.
 - The requested-address annotation is the backend's to honour; a value that is no IP address fails a claim without
   an IPAddress (AllocationFailed). On a fulfilled claim another value changes nothing (IPAddresses are immutable):
   one Warning Event `RequestedAddressIgnored` per change of the annotation says so.
@@ -46,17 +49,23 @@ from ipam_provider.api.capi import (
     cluster_paused,
 )
 from ipam_provider.api.meta import find_condition, set_condition
-from ipam_provider.backend.contract import Allocation, BackendError, PoolExhaustedError, ReleaseImpossibleError
-from ipam_provider.backend.repair import orphan_sweeper_of, repairer_of
-from ipam_provider.common import Object
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    BackendError,
+    PoolExhaustedError,
+    ReleaseImpossibleError,
+)
+from ipam_provider.backend.repair import RestoreOutcome, orphan_sweeper_of, repairer_of
+from ipam_provider.common import Object, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
-from ipam_provider.reconcile.collisions import give_back, holder_of
-from ipam_provider.reconcile.context import ClaimWork, ReconcileContext
+from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
 from ipam_provider.reconcile.requested import RequestedAddressNotices
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
+from ipam_provider.watch.caches import POOL_ADDRESS
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +73,8 @@ RETRY_NOT_READY = 30.0
 RETRY_EXHAUSTED = 60.0
 RETRY_FAILED = 15.0
 RETRY_LINGERING = 30.0  # a deleted claim whose IPAddress other finalizers keep
+RETRY_IN_USE = 2.0  # an address a live IPAddress still names was given back: ask for another
+REASON_ADDRESS_IN_USE = "AddressStillInUse"
 LIVE, GONE, DELETING = "live", "gone", "deleting"
 LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
 LEFT_WITHOUT_REPAIR = (
@@ -271,9 +282,9 @@ class ClaimReconciler:
             except BackendError as error:
                 return await self._failed(work, error)
             if address_raw is None:
-                holder = holder_of(self.ctx, work, allocation)
+                holder = self._holder_of(work, allocation)
                 if holder is not None:  # the backend lost the holder's record and handed its address out again
-                    return await self._failed(work, await give_back(self.ctx, work, pool_now, allocation, holder))
+                    return await self._failed(work, await self._give_back(work, pool_now, allocation, holder))
                 if not await self._create_address(work, pool_now, allocation):
                     return 0.0  # look again with the IPAddress that exists
             else:
@@ -298,6 +309,57 @@ class ClaimReconciler:
         if error.retry_after is not None:
             return error.retry_after
         return RETRY_EXHAUSTED if isinstance(error, PoolExhaustedError) else RETRY_NOT_READY
+
+    def _holder_of(self, work: ClaimWork, allocation: Allocation) -> Object | None:
+        """The live cached IPAddress of the claim's pool naming `allocation.address` for another claim, or None."""
+        key = (work.pool_ref, normalized_address(allocation.address))
+        for address in self.ctx.caches.addresses.by_index(POOL_ADDRESS, key):
+            meta = address["metadata"]
+            claim_name = ((address.get("spec") or {}).get("claimRef") or {}).get("name")
+            if not meta.get("deletionTimestamp") and (meta.get("namespace"), claim_name) != (work.namespace, work.name):
+                return address
+        return None
+
+    async def _give_back(
+        self, work: ClaimWork, pool: Object, allocation: Allocation, holder: Object
+    ) -> AllocationFailedError:
+        """Release this claim's new allocation, restore it for the holder; the error that fails this attempt."""
+        holder_name = f"{holder['metadata'].get('namespace')}/{holder['metadata'].get('name')}"
+        async with self.ctx.backend_turn(work.backend, work.pool_ref):
+            await work.backend.release(work.pool_ref, pool, work.context(), allocation)
+        outcome = await self._restore_for_holder(work, pool, holder)
+        work.log.warning(
+            "backend handed out an address a live IPAddress still names; given back",
+            address=allocation.address,
+            holder=holder_name,
+            restored=outcome,
+        )
+        message = (
+            f"{work.pool_ref} handed {allocation.address} to claim {work.namespace}/{work.name}, but IPAddress "
+            f"{holder_name} still names it (its record in the backend was lost); it was given back"
+            + (" and recorded again for its claim" if outcome == RestoreOutcome.RECORDED else "")
+        )
+        self.ctx.recorder.record(pool, WARNING, REASON_ADDRESS_IN_USE, message)
+        why = (
+            f"{allocation.address} is still used by IPAddress {holder_name}; asking {work.pool_ref} for another address"
+        )
+        return AllocationFailedError(why, retry_after=RETRY_IN_USE)
+
+    async def _restore_for_holder(self, work: ClaimWork, pool: Object, holder: Object) -> str:
+        """Restore the holder's address for its claim when possible; the outcome, or "not tried"."""
+        repairer = repairer_of(work.backend)
+        claim_name = ((holder.get("spec") or {}).get("claimRef") or {}).get("name") or ""
+        claim_raw = self.ctx.caches.claims.get(holder["metadata"].get("namespace"), claim_name)
+        if repairer is None or claim_raw is None:
+            return "not tried"
+        try:
+            claim = IPAddressClaim.model_validate(claim_raw)
+            allocation = allocation_of(IPAddress.model_validate(holder))
+        except ValidationError:
+            return "not tried"
+        async with self.ctx.backend_turn(work.backend, work.pool_ref):
+            answer = await repairer.restore(work.pool_ref, pool, claim_context(claim), allocation)
+        return str(answer.outcome)
 
     async def _report_foreign(self, work: ClaimWork, address_raw: Object) -> None:
         """An IPAddress of the claim's name exists for another claim or pool."""

@@ -60,22 +60,17 @@ RECORDED_MESSAGE = (
     "address with another claim"
 )
 LISTED_AT_MOST = 5  # addresses named in one message
-# A pool with fewer holdings and IPAddresses than this is compared on the event loop (well under a millisecond);
-# a larger one in a thread, where the hand-over costs less than the comparison.
-COMPARED_INLINE = 1000
+COMPARED_INLINE = 1000  # holdings and IPAddresses of a pool compared on the event loop; more in a thread
 
 
 @dataclass(frozen=True)
 class RepairSettings:
-    """`interval`: seconds between passes (0: no repair loop); `grace_period`: a suspected leak is released only
-    once it stayed unaccounted for across two consecutive passes or more, the first at least this long ago;
-    `report_only`: leaks are reported, never released; `requests_per_second`: the pace of a pass's listing
-    requests (to the backends' external systems and to the API server)."""
+    """The repair loop's settings (the `--repair-*` flags, docs/repair.md)."""
 
-    interval: float = 60.0  # a pass reads every reservation (docs/performance.md, Many pools)
-    grace_period: float = 60.0
-    report_only: bool = False
-    requests_per_second: float = 20.0
+    interval: float = 60.0  # seconds between passes (0: no repair loop)
+    grace_period: float = 60.0  # a suspect is released once first seen this long ago, and seen again since
+    report_only: bool = False  # leaks are reported, never released
+    requests_per_second: float = 20.0  # the pace of a pass's requests
 
     @property
     def enabled(self) -> bool:
@@ -138,7 +133,7 @@ class SuspectedLeaks:
 
 @dataclass(frozen=True)
 class PoolTarget:
-    """A pool to repair: its identity, its object (from the watch cache), its backend and the metrics labels."""
+    """A pool to repair, with its cached object, its backend and its metrics labels."""
 
     ref: PoolRef
     raw: Object
@@ -149,13 +144,11 @@ class PoolTarget:
 
 @dataclass
 class PoolFindings:
-    """What the last completed pass of a pool found: duplicates (`IPAddress namespace/name`, or `claim
-    namespace/name` for a claim without an IPAddress → who else holds or names its address), addresses outside the
-    pool (canonical address → why), and failed restores (IPAddress `namespace/name` → the Event's message)."""
+    """What the last completed pass of a pool found."""
 
-    duplicates: dict[str, str] = field(default_factory=dict)
-    outside: dict[str, str] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
+    duplicates: dict[str, str] = field(default_factory=dict)  # "IPAddress ns/name" or "claim ns/name" → who else
+    outside: dict[str, str] = field(default_factory=dict)  # canonical address → why
+    failures: dict[str, str] = field(default_factory=dict)  # IPAddress ns/name → the failed restore's message
 
 
 @dataclass
@@ -169,7 +162,6 @@ class PoolRepairs:
     findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
     labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
     pacer: Pacer = field(default_factory=CountingPacer)  # the loop's, set before each pass
-    # What `settled` compared, for `repair` to reuse when it is handed the same live state (a settled pass).
     _settled: dict[PoolRef, tuple[LiveState, PoolComparison]] = field(default_factory=dict)
 
     @property
@@ -204,12 +196,10 @@ class PoolRepairs:
     async def _compared(self, ref: PoolRef, holdings: Sequence[Holding], live: LiveState) -> PoolComparison:
         if len(holdings) + len(live.addresses_of(ref)) < COMPARED_INLINE:
             return compare_pool(ref, holdings, live, self.scope)
-        # for a pool of 100,000 addresses the comparison takes about a second of CPU
         return await asyncio.to_thread(compare_pool, ref, holdings, live, self.scope)
 
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
-        """The pool's share of the pass (see the module's contract). BackendError propagates: the pool's findings
-        stay as they were until a pass completes."""
+        """The pool's share of the pass. BackendError propagates: the findings stay as they were."""
         settled = self._settled.pop(target.ref, None)
         if settled is not None and settled[0] is live:
             comparison = settled[1]  # and `settled` saw no deleting IPAddress of the pool
@@ -240,8 +230,6 @@ class PoolRepairs:
             duplicates=len(found.duplicates),
             outside=len(found.outside),
         )
-
-    # --- leaks ----------------------------------------------------------------------------------------------------
 
     def _suspected(self, target: PoolTarget, holding: Holding) -> None:
         held = (
@@ -286,9 +274,8 @@ class PoolRepairs:
         self.ctx.recorder.record(target.raw, NORMAL, REASON_RELEASED_LEAK, message)
 
     async def _still_unaccounted(self, ref: PoolRef, holding: Holding) -> bool:
-        """Fresh GETs of the holding's claim and of the IPAddress of the claim's name: whether the holding is still
-        a leak (its claim gone, or live with an IPAddress of another address). An IPAddress of the claim's name at
-        the holding's address accounts for it in any pool and whatever the claim's uid, as in `compare.py`."""
+        """Whether fresh GETs still show the holding unaccounted for: its claim gone, or its claim's IPAddress (of
+        any pool, whatever the uid, as in `compare.py`) at another address."""
         namespace, _, name = holding.claim.partition("/")
         await self.pacer.wait()
         claim = await self.ctx.kube.get(CLAIMS, name, namespace)
@@ -322,8 +309,6 @@ class PoolRepairs:
                     raise
                 continue
             log.info("finalizer removed from a deleted IPAddress whose claim is gone", address=_name(address))
-
-    # --- restores -------------------------------------------------------------------------------------------------
 
     async def _restore(self, target: PoolTarget, item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
         claim_meta = item.claim["metadata"]
@@ -422,8 +407,6 @@ class PoolRepairs:
             return False
         same_address = address["metadata"].get("uid") == meta.get("uid")
         return same_address and bool(claim["metadata"].get("uid") == claim_meta.get("uid"))
-
-    # --- reports --------------------------------------------------------------------------------------------------
 
     def _report(self, target: PoolTarget, previous: PoolFindings, found: PoolFindings) -> None:
         if found.outside and found.outside != previous.outside:

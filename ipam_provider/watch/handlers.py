@@ -1,17 +1,11 @@
 """The work queue's keys, and which keys a watch event enqueues (controller-runtime's predicates and map functions).
 
-- A claim event enqueues the claim; a deleted claim also enqueues the claims of its pool still waiting for an
-  address.
-- An IPAddress event enqueues its claim and, a little later, its pool (status counts); a deleted IPAddress also
-  enqueues the claims of its pool still waiting for an address.
-- A Cluster event enqueues its claims when the Cluster appears, goes, or changes its pause state.
-- A pool event enqueues the pool and its claims, except for a status-only change, which enqueues only the waiting
-  claims and only when the pool became usable (turned Ready, or reports free addresses where it reported none).
-  Every pool event goes to its backend's observer first (`observe_pool`); the other pools it answers are enqueued a
-  little later (not for the initial list, whose pools are all reported anyway).
-
-Claims are sharded by the pool they reference, so that the queue serves pools in turn. A claim of a cache's initial
-list gets the low priority when it is fulfilled and not being deleted (its reconcile only confirms what exists), so
+A claim or IPAddress event enqueues the claim (an IPAddress's also its pool, a little later, for the status
+counts); a deleted one also the claims still waiting on its pool. A Cluster event enqueues its claims when the
+Cluster appears, goes or changes its pause state. A pool event goes to its backend's observer first (the other pools
+it answers are enqueued a little later, except for the initial list), then enqueues the pool and its claims; a
+status-only change only the waiting claims, and only when the pool became usable (Ready, or free addresses where it
+reported none). Claims are sharded by pool; a fulfilled claim of a cache's initial list gets the low priority, so
 that claims waiting for an address are served first.
 """
 
