@@ -32,8 +32,7 @@ FIELD_SUFFIX = re.compile(r" \(spec\.[A-Za-z.]+(\[\d+\])?\)$")
 
 
 def without_field(message: str) -> str:
-    """A validation message without the field it ends with, so that one problem is recognised again when its
-    entry moved to another index."""
+    """A validation message without its field, to recognise one problem whose entry moved to another index."""
     return FIELD_SUFFIX.sub("", message)
 
 
@@ -71,8 +70,7 @@ class AllocatableSet:
 
 
 def _parse_ip(text: str) -> tuple[int, int]:
-    """The (family, integer) of a plain IP address, without blanks (the Go provider's parser refuses them). Raises
-    ValueError, also for a scoped IPv6 address."""
+    """The (family, integer) of a plain IP address without blanks; ValueError else (a scoped IPv6 one too)."""
     if text != text.strip():  # ip_address itself tolerates a trailing newline
         raise ValueError("blanks around the address")
     address = ipaddress.ip_address(text)
@@ -114,8 +112,7 @@ def shown(text: str) -> str:
 
 
 def _parse_entries(entries: Sequence[str], errors: list[str], field: str) -> list[AddressEntry]:
-    """The parsed entries of the list `field` (`spec.addresses`); a problem per entry that does not parse, naming
-    it by its index."""
+    """The parsed entries of the list `field`; a problem in `errors` per entry that does not parse."""
     parsed: list[AddressEntry] = []
     for position, text in enumerate(entries):
         try:
@@ -137,12 +134,9 @@ def _check_spec(
     gateway: str | None,
     excluded_addresses: Sequence[str],
 ) -> tuple[list[AddressEntry], list[AddressEntry], int | None, int]:
-    """A pool spec's parsed addresses, exclusions, gateway and family; PoolSpecError listing what is wrong, checked
-    in the Go provider's order (a failing stage stops before the next): `addresses` is not empty; every entry of
-    `addresses`, then of `excluded_addresses`, parses; `addresses` share one family; the gateway (blank: none) parses
-    and is of that family, every exclusion is of that family, the prefix is within the family's bits, and every
-    entry of `addresses` lies inside the subnet of the first address and the prefix (exclusions and the gateway may
-    lie outside it)."""
+    """A pool spec's parsed addresses, exclusions, gateway and family; else PoolSpecError, checked in the Go
+    provider's order, a failing stage stopping the next: addresses given; all entries parse; one family; the gateway
+    and exclusions of it, the prefix within its bits, `addresses` inside the first address's subnet."""
     if not addresses:
         raise PoolSpecError([f"{ADDRESSES_REQUIRED} (spec.addresses)"])
     errors: list[str] = []

@@ -31,19 +31,19 @@ from collections.abc import Sequence
 import structlog
 
 from backends.incluster.intervals import address_value, int_to_address
-from backends.incluster.ledger import Ledger
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, age_seconds, pool_hash
-from backends.incluster.spec import ParsedPool
+from backends.incluster.ledger import Ledger, PoolIndex, Reservation, ReservationClient, age_seconds, pool_hash
+from backends.incluster.spec import ParsedPool, PreAllocations
+from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     ClaimContext,
     PoolExhaustedError,
+    PoolRef,
     requested_address_held,
     requested_address_outside,
 )
-from ipam_provider.common import cap_int64, normalized_address
+from ipam_provider.common import Object, cap_int64, normalized_address
 
 log = structlog.get_logger(__name__)
 
@@ -61,8 +61,7 @@ class Allocator:
         self.ledger = ledger
 
     async def allocate(self, pool: ParsedPool, claim: ClaimContext, existing: Allocation | None) -> Allocation:
-        """The claim's address (see the module): adopted when it has an IPAddress, else the one it holds, else the
-        one it must get, else a dynamic one."""
+        """The claim's address: adopted, else the one it holds, else the one it must get, else a dynamic one."""
         index = await self.ledger.index(pool)
         if existing is not None:
             return await self._adopt(pool, index, claim, existing)
@@ -125,8 +124,7 @@ class Allocator:
     async def _holder(
         self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext, address: str
     ) -> Reservation | None:
-        """The reservation of `address` after one attempt to reserve it for the claim: the one made, or its holder;
-        None when it is to be looked at again."""
+        """After one attempt to reserve `address` for the claim: its reservation, or None (look again)."""
         index = self.ledger.current(pool.ref, index)
         value = index.value_of(address)
         if index.take_specific(value, claim.uid):
@@ -262,3 +260,43 @@ def _adopted_held_message(pool: ParsedPool, claim: ClaimContext, address: str, h
     else:
         owner = f"claim {holder.claim} in {pool.ref}"
     return f"address {address} of IPAddress {claim} is already held by {owner}; delete one of the two IPAddresses"
+
+
+async def collisions(
+    pre: PreAllocations,
+    addresses: Sequence[Allocation],
+    cached: Sequence[Object] | None,
+    reservations: ReservationClient,
+) -> tuple[list[str], int]:
+    """The pre-allocated addresses already held by a claim they are not pre-allocated to (as problems), and how
+    many pinned addresses no IPAddress names yet. Holders come from the pool's cached IPAddresses, else (the cache
+    cannot answer for the pool) from one list of the pool's reservations."""
+    used = {normalized_address(allocation.address) for allocation in addresses}
+    taken = {value: int_to_address(value, pre.family) for value in pre.pinned}
+    taken = {value: text for value, text in taken.items() if text in used}
+    problems: list[str] = []
+    if taken:
+        holders = _holders(pre.ref, cached) if cached is not None else await _reserved_by(pre.ref, reservations)
+        for value, text in sorted(taken.items()):
+            holder = holders.get(text)
+            if holder is not None and not pre.held_by_named(value, holder):
+                keys = ", ".join(pre.pinned[value])
+                problems.append(f"spec.preAllocations[{keys}]: {text} is already held by claim {holder}")
+    return problems, len(pre.pinned) - len(taken)
+
+
+async def _reserved_by(ref: PoolRef, reservations: ReservationClient) -> dict[str, str]:
+    """Address → namespace/name of the claim of each live reservation of the pool."""
+    listed = await reservations.list_pool(ref)
+    return {normalized_address(r.address): r.claim for r in listed if not r.released_at}
+
+
+def _holders(ref: PoolRef, cached: Sequence[Object]) -> dict[str, str]:
+    """Address → namespace/name of the claim of each cached IPAddress naming the pool."""
+    holders: dict[str, str] = {}
+    for address in cached:
+        if names_pool(address, ref):
+            spec, meta = address.get("spec") or {}, address["metadata"]
+            claim_name = (spec.get("claimRef") or {}).get("name") or meta["name"]
+            holders[normalized_address(str(spec.get("address", "")))] = f"{meta.get('namespace', '')}/{claim_name}"
+    return holders

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from backends.incluster.allocator import Allocator
+from backends.incluster.allocator import Allocator, collisions
 from backends.incluster.domains import (
     CrossPool,
     PoolSurvey,
@@ -21,11 +21,9 @@ from backends.incluster.domains import (
 )
 from backends.incluster.intervals import address_value
 from backends.incluster.ledger import Ledger
-from backends.incluster.preallocations import collisions
 from backends.incluster.repair import Repair
 from backends.incluster.spec import (
     AddressPool,
-    InClusterPoolSpec,
     ParsedPool,
     ReleaseTerms,
     address_pool_advisories,
@@ -46,8 +44,6 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
-
-__all__ = ["GLOBAL_IN_CLUSTER_POOL", "IN_CLUSTER_POOL", "InClusterBackend", "InClusterPoolSpec"]
 
 IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "inclusterippools", namespaced=True)
 GLOBAL_IN_CLUSTER_POOL = PoolKind(
@@ -79,15 +75,13 @@ class InClusterBackend:
         return self.ledger.noted(self.pool_type.parse(ref, pool))
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """A pool's change seen by the watch: the pools overlapping it before or after, whose AddressesOverlap
-        condition and free counts may change with it (see `overlap`)."""
+        """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`)."""
         if new is None and old is not None:
             self.repair.all_inside.pop(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]), None)
         return self.survey.observe(kind, old, new)
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
-        """Build the pool's index from its reservations ahead of its first allocation (while the controller's caches
-        sync); the scan is left to that allocation. An invalid pool is left alone: its first allocation says why."""
+        """Build the pool's index ahead of its first allocation (`Ledger.prepare`); an invalid pool is left alone."""
         try:
             parsed = self.parse(pool_ref, pool)
         except PoolNotReadyError:

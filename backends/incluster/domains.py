@@ -271,8 +271,7 @@ def assess(
     domain: str | None,
     own_addresses: Sequence[str],
 ) -> CrossPool:
-    """The pool's CrossPool; nothing while the pool caches cannot tell. The addresses held by other pools of its
-    domain are counted from the cached IPAddresses (not at all for a pool whose IPAddresses are not cached)."""
+    """The pool's CrossPool (nothing while the caches cannot tell), from the domain's cached IPAddresses."""
     overlaps = survey.overlaps(ref, allocatable, domain)
     if overlaps is None:
         return CrossPool()

@@ -1,42 +1,485 @@
-"""The ledger of the in-cluster pools: their reservations (see `reservations`) and this process's index of each
-(see `pool_index`), kept in step: a write and the index update it implies are one method.
+"""The ledger of the in-cluster pools: their reservations in the API server and this process's index of each pool,
+kept in step: a write and the index update it implies are one method of `Ledger`.
 
+Reservations: an `InClusterIPReservation`'s *name* encodes (pool, address), or (domain, address) for a pool of a
+uniqueness domain (see `domains`): the API server's create-uniqueness decides who holds an address (as for Service
+ClusterIPs, KEP-1880). Each carries its pool's label, a domain's also the domain's label. A *release record* is one
+marked released (`spec.releasedAt`, claim uid ""): it holds the address for no claim until its grace period is
+over or, under LeastRecentlyReleased, as its place in the reuse order. Every write but a create is guarded by the
+resourceVersion (a delete by the uid too). `release`: back to its pin (uid "") when the spec pre-allocates the
+address to its claim; else a release record when the pool keeps them (recording its grace period, but under
+LeastRecentlyReleased); else deleted.
+
+`PoolIndex`, one pool's reservations in memory, is a *hint* that makes allocation cheap. Allocations of a pool run
+at once: each takes its candidate with `take_candidate` (by policy) or `take_specific` (by value), marked pending in
+the same step, so two allocations of this process never try one address; `settle` ends the mark. An own release
+record candidate (`released[value]`) is taken over; a domain's other pools' records are held, never candidates.
 - An index is built from a fresh list of the pool's reservations (a domain pool's: the domain's) on first use (or
-  by `prepare`, while the caches sync), on each resync, and when the pool looks exhausted; one build per pool at a
-  time, the others use its result; pending candidates move to it. It belongs to one pool object (uid) and is
-  never replaced by one of an older spec (generation); a new allocatable set or policy keeps its holdings.
-- Before an index serves, the *scan* gives each IPAddress naming the pool (a domain pool: any pool of the domain)
-  without a reservation one, for its claim (its controller ownerReference, else the claim of its claimRef name,
-  else uid "" until adopted), from the synced cache or a LIST; an address reserved meanwhile is learned.
-- Expired release records are deleted as the index is used (not under LeastRecentlyReleased); a reservation made
-  for a domain pool is held at once in the indexes of its domain's pools.
-- `release`: back to its pin (uid "") when the spec pre-allocates the address to its claim; else a release record
-  when the pool keeps them (recording its grace period, but under LeastRecentlyReleased); else deleted.
-Every write but a create is guarded by the resourceVersion (a delete by the uid too).
+  by `prepare`), on each resync, and when the pool looks exhausted; one build per pool at a time, the others use
+  its result; pending candidates move to it. It belongs to one pool object (uid), is never replaced by one of an
+  older spec (generation), and keeps its holdings over a new allocatable set or policy.
+- Before it serves, the *scan* gives each IPAddress naming the pool (a domain pool: any of the domain) without a
+  reservation one, for its claim (its controller ownerReference, else the claim of its claimRef name, else uid ""
+  until adopted), from the synced cache or a LIST; an address reserved meanwhile is learned.
+- Expired release records are deleted as it is used (not under LeastRecentlyReleased); a reservation made for a
+  domain pool is held at once in the indexes of the domain's pools. A prefix pool's integers are child numbers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import hashlib
+import ipaddress
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
 
 from backends.incluster.allocatable import AllocatableSet
-from backends.incluster.intervals import address_value, int_to_address
-from backends.incluster.policy import AllocationPolicy
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, ReservationClient, pool_hash
+from backends.incluster.intervals import PoolAllocator, address_to_int, address_value, int_to_address
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Chooser, grace_over
 from backends.incluster.spec import ParsedPool, ReleaseTerms
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
-from ipam_provider.common import Object
+from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, now_rfc3339
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP, Resource, now_rfc3339
+
+RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
+LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"
+LABEL_CLAIM_UID = "ipam.cluster.x-k8s.io/claim-uid"
+LABEL_DOMAIN = "ipam.cluster.x-k8s.io/uniqueness-domain"
+# On a release record: its pool's reuse grace period when it was released, for the other pools of its domain.
+ANNOTATION_GRACE = "ipam.cluster.x-k8s.io/reuse-grace-period-seconds"
+
+
+def pool_hash(ref: PoolRef) -> str:
+    identity = f"{ref.group}/{ref.kind}/{ref.namespace or ''}/{ref.name}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def domain_hash(domain: str) -> str:
+    return hashlib.sha256(f"uniqueness-domain/{domain}".encode()).hexdigest()[:20]
+
+
+def epoch(timestamp: str) -> float | None:
+    """An RFC 3339 timestamp in epoch seconds (UTC when it names no zone); None when it does not parse."""
+    try:
+        moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def age_seconds(timestamp: str) -> float:
+    """Seconds since an RFC 3339 timestamp (`creationTimestamp`, `releasedAt`); infinite if it does not parse."""
+    then = epoch(timestamp)
+    return float("inf") if then is None else datetime.datetime.now(datetime.UTC).timestamp() - then
+
+
+def reservation_name(ref: PoolRef, address: str, domain: str | None = None) -> str:
+    """The name of the reservation of `address` for the pool `ref`, or for every pool of `domain` when given."""
+    ip = ipaddress.ip_address(address)
+    encoded = str(ip) if ip.version == 4 else ip.exploded.replace(":", "-")
+    return f"{domain_hash(domain) if domain else pool_hash(ref)}.{encoded}"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    address: str
+    prefix: int
+    gateway: str | None
+    claim_uid: str
+    claim: str
+    released_at: str | None
+    resource_version: str
+    uid: str
+    created_at: str = ""
+    pool_label: str = ""  # the pool hash of the pool holding it (see `pool_hash`)
+    grace_seconds: int | None = None  # a release record's recorded reuse grace period (ANNOTATION_GRACE)
+    pool: PoolRef | None = None  # the pool holding it, from its spec (see `pool_of`)
+
+    @classmethod
+    def parse(cls, obj: Object) -> Reservation:
+        spec, meta = obj.get("spec", {}), obj["metadata"]
+        claim = spec.get("claim", {})
+        grace = (meta.get("annotations") or {}).get(ANNOTATION_GRACE, "")
+        return cls(
+            name=meta["name"],
+            address=spec["address"],
+            prefix=int(spec.get("prefix", 0)),
+            gateway=spec.get("gateway"),
+            claim_uid=claim.get("uid", ""),
+            claim=f"{claim.get('namespace', '')}/{claim.get('name', '')}",
+            released_at=spec.get("releasedAt"),
+            resource_version=meta.get("resourceVersion", ""),
+            uid=meta.get("uid", ""),
+            created_at=meta.get("creationTimestamp", ""),
+            pool_label=(meta.get("labels") or {}).get(LABEL_POOL, ""),
+            grace_seconds=int(grace) if grace.isdigit() else None,
+            pool=pool_of(obj),
+        )
+
+    @property
+    def released_epoch(self) -> float:
+        """`releasedAt` in epoch seconds; minus infinity (the oldest) when it does not parse."""
+        released = epoch(self.released_at or "")
+        return float("-inf") if released is None else released
+
+    def holder(self) -> str:
+        """Who holds it, for messages: its claim and, when known, its pool."""
+        return f"claim {self.claim} of {self.pool}" if self.pool is not None else f"claim {self.claim}"
+
+
+def pool_of(obj: Object) -> PoolRef | None:
+    """The pool a reservation object names in its spec; None when it names none."""
+    pool = (obj.get("spec") or {}).get("pool") or {}
+    if not pool.get("kind") or not pool.get("name"):
+        return None
+    return PoolRef(str(pool.get("apiGroup") or ""), str(pool["kind"]), pool.get("namespace"), str(pool["name"]))
+
+
+class ReservationClient:
+    """The API calls on reservations; the index of a pool is kept in step by the `ledger`, never here."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self._domains: dict[PoolRef, str] = {}
+        # Told of each reservation this client creates for a pool of a uniqueness domain (see `ledger`).
+        self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
+
+    def note_domain(self, ref: PoolRef, domain: str | None) -> None:
+        """Record the uniqueness domain the pool names now (None: none)."""
+        if domain:
+            self._domains[ref] = domain
+        else:
+            self._domains.pop(ref, None)
+
+    def domain_of(self, ref: PoolRef) -> str | None:
+        return self._domains.get(ref)
+
+    def noted_pools(self, domain: str) -> list[PoolRef]:
+        """The pools noted as naming `domain` (by `note_domain`)."""
+        return [ref for ref, noted in self._domains.items() if noted == domain]
+
+    async def create(self, ref: PoolRef, held: Allocation, claim: ClaimContext) -> Reservation | None:
+        """Create the reservation of `held` for `claim`; None when the address is already reserved (by anyone)."""
+        pool = {"apiGroup": ref.group, "kind": ref.kind, "name": ref.name}
+        spec: Object = {
+            "pool": {**pool, "namespace": ref.namespace} if ref.namespace else pool,
+            "address": held.address,
+            "prefix": held.prefix,
+            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        }
+        if held.gateway:
+            spec["gateway"] = held.gateway
+        domain = self.domain_of(ref)
+        labels = {LABEL_POOL: pool_hash(ref), LABEL_CLAIM_UID: claim.uid} | ({LABEL_DOMAIN: domain} if domain else {})
+        metadata = {"name": reservation_name(ref, held.address, domain), "labels": labels}
+        body = {"apiVersion": RESERVATIONS.api_version, "kind": RESERVATIONS.kind, "metadata": metadata, "spec": spec}
+        try:
+            created = Reservation.parse(await self.kube.create(RESERVATIONS, body))
+        except ApiError as error:
+            if error.already_exists:
+                return None
+            raise
+        if domain:
+            self.on_domain_create(ref, created)
+        return created
+
+    async def get(self, ref: PoolRef, address: str) -> Reservation | None:
+        """The reservation of `address` for the pool (of any pool of its domain, for a domain pool)."""
+        obj = await self.kube.get(RESERVATIONS, reservation_name(ref, address, self.domain_of(ref)))
+        return Reservation.parse(obj) if obj is not None else None
+
+    async def _list(self, selector: str) -> list[Reservation]:
+        items, _ = await self.kube.list(RESERVATIONS, label_selector=selector)
+        return [Reservation.parse(item) for item in items]
+
+    async def list_pool(self, ref: PoolRef) -> list[Reservation]:
+        """The pool's own reservations."""
+        return await self._list(f"{LABEL_POOL}={pool_hash(ref)}")
+
+    async def list_index(self, ref: PoolRef) -> list[Reservation]:
+        """The reservations holding addresses the pool must not hand out: its own, or a domain pool's domain's."""
+        domain = self.domain_of(ref)
+        return await self._list(f"{LABEL_DOMAIN}={domain}") if domain else await self.list_pool(ref)
+
+    async def list_claim(self, ref: PoolRef, claim_uid: str) -> list[Reservation]:
+        return await self._list(f"{LABEL_POOL}={pool_hash(ref)},{LABEL_CLAIM_UID}={claim_uid}")
+
+    async def delete(self, reservation: Reservation) -> bool:
+        """Delete exactly this reservation; False when it was gone or changed since it was read (left alone)."""
+        try:
+            return await self.kube.delete(
+                RESERVATIONS, reservation.name, uid=reservation.uid, resource_version=reservation.resource_version
+            )
+        except ApiError as error:
+            if not error.conflict:
+                raise
+            return False
+
+    async def mark_released(self, reservation: Reservation, at: str, grace_seconds: int | None = None) -> Reservation:
+        """Make the reservation a release record, recording the pool's reuse grace period `grace_seconds`."""
+        annotations = {ANNOTATION_GRACE: str(grace_seconds)} if grace_seconds is not None else None
+        return await self._patch_claim(reservation, None, {"releasedAt": at, "claim": {"uid": ""}}, annotations)
+
+    async def reassign(self, reservation: Reservation, claim_uid: str) -> Reservation:
+        """Give the reservation to the claim of the same namespace/name with another uid, or back to its pin
+        (`claim_uid` ""); the address stays held throughout. A concurrent change raises ApiError (conflict)."""
+        spec: Object = {"claim": {"uid": claim_uid}} | ({"releasedAt": None} if reservation.released_at else {})
+        return await self._patch_claim(reservation, claim_uid, spec)
+
+    async def take_over(self, record: Reservation, held: Allocation, claim: ClaimContext) -> Reservation | None:
+        """Give the release record `record` to `claim`. None when it changed or went since it was read, or when its
+        prefix or gateway are not `held`'s (which a reservation never changes): then it is deleted, and the address
+        is free to reserve anew. The caller reads the current state."""
+        if record.prefix != held.prefix or (record.gateway or None) != (held.gateway or None):
+            await self.delete(record)
+            return None
+        spec: Object = {
+            "releasedAt": None,
+            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        }
+        try:
+            return await self._patch_claim(record, claim.uid, spec)
+        except ApiError as error:
+            if error.conflict or error.not_found:
+                return None
+            raise
+
+    async def _patch_claim(
+        self, reservation: Reservation, uid_label: str | None, spec: Object, annotations: Object | None = None
+    ) -> Reservation:
+        """Patch the spec, the claim-uid label (None removes it) and `annotations`, guarded by resourceVersion."""
+        meta: Object = {"resourceVersion": reservation.resource_version, "labels": {LABEL_CLAIM_UID: uid_label}}
+        if annotations:
+            meta["annotations"] = annotations
+        updated = await self.kube.patch(RESERVATIONS, reservation.name, {"metadata": meta, "spec": spec})
+        return Reservation.parse(updated)
+
+    async def still_named(self, reservation: Reservation, ref: PoolRef) -> bool:
+        """Whether the IPAddress of the reservation's claim name, read now, names the pool `ref` and its address."""
+        namespace, _, name = reservation.claim.partition("/")
+        address = await self.kube.get(ADDRESSES, name, namespace) if name else None
+        if address is None or not names_pool(address, ref):
+            return False
+        named = str((address.get("spec") or {}).get("address", ""))
+        return normalized_address(named) == normalized_address(reservation.address)
+
+
+@dataclass
+class PoolIndex:
+    allocatable: AllocatableSet
+    allocator: PoolAllocator
+    chooser: Chooser
+    policy: AllocationPolicy = field(default_factory=AllocationPolicy)
+    by_claim: dict[str, Reservation] = field(default_factory=dict)
+    by_address: dict[int, Reservation] = field(default_factory=dict)
+    # The release records (a subset of by_address): finding the expired ones costs what was released.
+    released: dict[int, Reservation] = field(default_factory=dict)
+    # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
+    doubly_held: set[str] = field(default_factory=set)
+    # Candidates whose reservation write is in flight → the claim uid it is for.
+    pending: dict[int, str] = field(default_factory=dict)
+    built_at: float = field(default_factory=time.monotonic)
+    generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
+    # Whether IPAddresses naming the pool without a reservation have been given one (see `ledger`).
+    scanned: bool = False
+    reuse_grace_seconds: int = 0  # the pool's addressReuseGracePeriodSeconds (None is 0)
+    clock: Callable[[], float] = time.time  # wall-clock seconds, compared with releasedAt
+    # The pool label of the pool's own reservations: only they name its claims and only its release records are
+    # candidates; those of the other pools of its uniqueness domain hold addresses only. None: all are its own.
+    own_label: str | None = None
+    pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
+    _released_at: dict[int, float] = field(default_factory=dict)  # the own release records' releasedAt (epoch)
+
+    @classmethod
+    def build(
+        cls,
+        allocatable: AllocatableSet,
+        reservations: list[Reservation],
+        policy: AllocationPolicy = AllocationPolicy(),  # noqa: B008 - frozen, so one shared default is safe
+        *,
+        pending: dict[int, str] | None = None,
+        rng: random.Random | None = None,
+        own_label: str | None = None,
+    ) -> PoolIndex:
+        """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits.
+        Cost: O(n log n) for n reservations, the allocator and the chooser being built in bulk."""
+        valued: list[tuple[int, Reservation]] = []
+        for reservation in reservations:
+            try:
+                value = address_to_int(reservation.address, allocatable.family) >> allocatable.host_bits
+            except ValueError:
+                continue  # another family: cannot collide with this pool's addresses
+            valued.append((value, reservation))
+        return cls._build(allocatable, valued, policy, pending if pending is not None else {}, rng, own_label)
+
+    @classmethod
+    def _build(
+        cls,
+        allocatable: AllocatableSet,
+        valued: list[tuple[int, Reservation]],
+        policy: AllocationPolicy,
+        pending: dict[int, str],
+        rng: random.Random | None,
+        own_label: str | None,
+    ) -> PoolIndex:
+        allocator = PoolAllocator(allocatable.addresses, [*(value for value, _ in valued), *pending])
+        index = cls(allocatable, allocator, Chooser(policy, allocator, rng), policy, pending=pending)
+        index.own_label = own_label
+        for value, reservation in valued:
+            index._hold(value, reservation, marked=True)
+        return index
+
+    def with_allocatable(self, allocatable: AllocatableSet, policy: AllocationPolicy) -> PoolIndex:
+        """The same holdings and pending candidates over a new allocatable set and policy (the spec changed)."""
+        held = list(self.by_address.items())
+        index = PoolIndex._build(allocatable, held, policy, self.pending, None, self.own_label)
+        index.reuse_grace_seconds, index.clock, index.pool_uid = self.reuse_grace_seconds, self.clock, self.pool_uid
+        return index
+
+    def value_of(self, address: str) -> int:
+        """The index's integer for an address of the pool's family (ValueError for another family or no IP)."""
+        return address_to_int(address, self.allocatable.family) >> self.allocatable.host_bits
+
+    def address_of(self, value: int) -> str:
+        """The address an integer of the index stands for (for a prefix pool, its child prefix's first address)."""
+        return int_to_address(value << self.allocatable.host_bits, self.allocatable.family)
+
+    def owns(self, reservation: Reservation) -> bool:
+        """Whether the reservation is the pool's own (not another pool's of its uniqueness domain)."""
+        return self.own_label is None or reservation.pool_label == self.own_label
+
+    def set_policy(self, policy: AllocationPolicy) -> None:
+        """Choose by `policy` from now on, over the same holdings: O(r) for r runs of used addresses and records."""
+        self.policy = policy
+        self.chooser = Chooser(policy, self.allocator)
+        for value, released_at in self._released_at.items():
+            if value not in self.pending:
+                self.chooser.record(value, released_at)
+
+    def take_candidate(self, claim_uid: str) -> int | None:
+        """The next address under the policy (never a pinned one, the band last), now marked pending for
+        `claim_uid`; None if nothing is eligible. Choosing and marking happen in one step (no await), so concurrent
+        allocations get distinct candidates. A release record chosen stays in `released`: take it over."""
+        value = self.chooser.choose(self.allocator, self.clock(), self.reuse_grace_seconds)
+        if value is not None:
+            self._mark_pending(value, claim_uid)
+        return value
+
+    def take_specific(self, value: int, claim_uid: str) -> bool:
+        """Mark `value` pending for `claim_uid` and return True if it is allocatable, not pending, and held by no
+        reservation but an own release record whose grace period is over (then in `released`: take it over); else
+        False. The policy does not apply: pinned and band addresses may be taken this way."""
+        if not self.allocator.is_allocatable(value) or value in self.pending:
+            return False
+        if value in self.by_address:
+            released_at = self._released_at.get(value)
+            if released_at is None or not grace_over(released_at, self.clock(), self.reuse_grace_seconds):
+                return False
+        elif self.allocator.is_used(value):
+            return False
+        self._mark_pending(value, claim_uid)
+        return True
+
+    def _mark_pending(self, value: int, claim_uid: str) -> None:
+        self._use(value)
+        self.chooser.unrecord(value)
+        self.pending[value] = claim_uid
+
+    def settle(self, value: int) -> None:
+        """The write for the pending candidate `value` has answered: unmark it, and free it unless a reservation for
+        it is now known (`hold` it first when the answer named one)."""
+        self.pending.pop(value, None)
+        if value not in self.by_address:
+            self._free(value)
+        elif value in self._released_at:
+            self.chooser.record(value, self._released_at[value])
+
+    def hold(self, reservation: Reservation) -> None:
+        try:
+            value = self.value_of(reservation.address)
+        except ValueError:
+            return  # another family: cannot collide with this pool's addresses
+        self._hold(value, reservation)
+
+    def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
+        """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
+        self.by_address[value] = reservation
+        self._released_at.pop(value, None)
+        self.chooser.unrecord(value)
+        if reservation.released_at is None:
+            self.released.pop(value, None)
+        else:
+            self.released[value] = reservation
+            if self.owns(reservation):  # another pool's record of the domain is held, never taken over from here
+                self._released_at[value] = reservation.released_epoch
+                if value not in self.pending:
+                    self.chooser.record(value, self._released_at[value])
+        if reservation.claim_uid and self.owns(reservation):
+            known = self.by_claim.get(reservation.claim_uid)
+            if known is not None and known.name != reservation.name:
+                self.doubly_held.add(reservation.claim_uid)
+            self.by_claim[reservation.claim_uid] = reservation
+        if not marked:
+            self._use(value)
+
+    def drop(self, reservation: Reservation) -> None:
+        try:
+            value = self.value_of(reservation.address)
+        except ValueError:
+            return
+        known = self.by_address.get(value, reservation)
+        if known.name == reservation.name and known.uid == reservation.uid:
+            self.by_address.pop(value, None)
+            self.released.pop(value, None)
+            self._released_at.pop(value, None)
+            self.chooser.unrecord(value)
+            if value not in self.pending:
+                self._free(value)
+        if self.by_claim.get(reservation.claim_uid) == reservation:
+            del self.by_claim[reservation.claim_uid]
+
+    def held_alone(self, claim_uid: str, value: int) -> None:
+        """The claim holds `value` and no other address of the pool now (its other reservations are deleted)."""
+        self.doubly_held.discard(claim_uid)
+        held = self.by_address.get(value)
+        if held is not None and self.owns(held):
+            self.by_claim[claim_uid] = held
+
+    def _use(self, value: int) -> None:
+        if self.allocator.mark_used(value):
+            self.chooser.used(value)
+
+    def _free(self, value: int) -> None:
+        if self.allocator.mark_free(value):
+            self.chooser.freed(value)
+
+    def expired_releases(self, grace_seconds: int) -> list[Reservation]:
+        """Release records to delete, their reuse grace period being over: the pool's own by `grace_seconds` (none
+        under LeastRecentlyReleased, whose records are the reuse order); another pool's of the domain by the grace
+        period recorded on it (never when none is recorded, see `domains`)."""
+        keep_own = self.policy.strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED
+        now = self.clock()
+        expired = []
+        for value, record in self.released.items():
+            if value in self.pending:
+                continue
+            if value in self._released_at:
+                if not keep_own and grace_over(self._released_at[value], now, grace_seconds):
+                    expired.append(record)
+            elif record.grace_seconds is not None and grace_over(record.released_epoch, now, record.grace_seconds):
+                expired.append(record)
+        return expired
+
 
 log = structlog.get_logger(__name__)
 RESYNC_SECONDS = 600.0
@@ -58,7 +501,7 @@ class Ledger:
         self,
         kube: KubeClient,
         cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
-        domain_pools: Callable[[str], Awaitable[Sequence[PoolRef]]] | None = None,
+        domain_pools: Callable[[str], Awaitable[Sequence[PoolRef]]],
     ) -> None:
         self.reservations = ReservationClient(kube)
         self.cached_addresses = cached_addresses
@@ -69,8 +512,7 @@ class Ledger:
         self.reservations.on_domain_create = self._share
 
     def _share(self, ref: PoolRef, reservation: Reservation) -> None:
-        """Hold a reservation made for a domain pool in the indexes of the domain's other pools (a hint: they would
-        learn it when their own create collides)."""
+        """Hold a reservation made for a domain pool in the indexes of the domain's other pools."""
         domain = self.reservations.domain_of(ref)
         for other, index in list(self._indexes.items()):
             if other != ref and self.reservations.domain_of(other) == domain:
@@ -132,8 +574,7 @@ class Ledger:
             await self._rebuild(pool.ref, basis, known, scan=False)
 
     async def refresh(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
-        """The pool's index rebuilt over the same basis as `index`, which looks exhausted (another process may have
-        released addresses since it was built)."""
+        """The pool's index rebuilt like `index`, which looks exhausted (others may have released addresses)."""
         return await self._rebuild(
             ref, IndexBasis(index.allocatable, index.policy, index.generation, index.pool_uid), index, scan=False
         )
@@ -193,8 +634,7 @@ class Ledger:
         refs = [ref]
         domain = self.reservations.domain_of(ref)
         if domain:
-            listed = await self.domain_pools(domain) if self.domain_pools is not None else []
-            refs += sorted({*listed, *self.reservations.noted_pools(domain)} - {ref})
+            refs += sorted({*await self.domain_pools(domain), *self.reservations.noted_pools(domain)} - {ref})
         found: list[Reservation] = []
         for pool in refs:
             if pool != ref:
@@ -238,8 +678,7 @@ class Ledger:
         return ClaimContext(namespace, name, str(claim["metadata"].get("uid", "")) if claim is not None else "")
 
     async def _reclaim_expired(self, ref: PoolRef, index: PoolIndex, grace_seconds: int) -> None:
-        """Delete the pool's release records whose grace period is over; one caller at a time per pool, the
-        others go on without waiting."""
+        """Delete the pool's expired release records; one caller at a time per pool, the others do not wait."""
         if ref in self._reclaiming:
             return
         self._reclaiming.add(ref)
@@ -327,8 +766,7 @@ class Ledger:
         replacing: Reservation | None = None,
         index: PoolIndex | None = None,
     ) -> None:
-        """Put a reservation read or written now in `index` as it is now (the pool's, when None), in place of
-        `replacing`."""
+        """Put a reservation read or written now in `index` now (the pool's, when None) in place of `replacing`."""
         current = self._now(ref, index)
         if current is not None:
             if replacing is not None:
@@ -345,7 +783,7 @@ class Ledger:
         """Release one reservation of the pool by `terms` (see the module). True when this call released it; False
         when a delete found it gone or changed. A patch of a reservation that changed or went since it was read
         raises ApiError (conflict, not found)."""
-        if terms.pre is not None and terms.pre.pins(reservation):
+        if terms.pre is not None and terms.pre.pins(reservation.address, reservation.claim):
             changed: Reservation | None = await self.reservations.reassign(reservation, "")
         elif terms.keep_record:
             changed = await self.reservations.mark_released(reservation, now_rfc3339(), terms.recorded_grace)

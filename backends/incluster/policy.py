@@ -74,9 +74,6 @@ class Region:
         index = bisect_right(self._starts, value) - 1
         return index if index >= 0 and value <= self._ends[index] else None
 
-    def __contains__(self, value: int) -> bool:
-        return self.interval_index(value) is not None
-
     def rank(self, value: int) -> int:
         """How many elements are smaller than `value`."""
         index = bisect_right(self._starts, value) - 1

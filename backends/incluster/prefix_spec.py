@@ -29,8 +29,16 @@ from backends.incluster.allocatable import (
     without_field,
 )
 from backends.incluster.intervals import IntervalSet, address_to_int
-from backends.incluster.preallocations import PreAllocations
-from backends.incluster.spec import NO_ALLOCATABLE, SPEC_ERRORS, Advisory, ParsedPool, first_line, listed, metadata_of
+from backends.incluster.spec import (
+    NO_ALLOCATABLE,
+    SPEC_ERRORS,
+    Advisory,
+    ParsedPool,
+    PreAllocations,
+    first_line,
+    listed,
+    metadata_of,
+)
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef
 from ipam_provider.common import Object
@@ -49,10 +57,6 @@ INVALID_EXCLUDED = "provided entry is not a valid IP, range, nor CIDR"
 EXCLUDED_FAMILY = "only IPv{family} excluded prefixes are supported"
 
 
-def _looks_v4(text: str) -> bool:
-    return "." in text and ":" not in text
-
-
 def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """One `prefixes` entry as a network. Raises PoolSpecError when it is no CIDR or has host bits set."""
     entry = str(text)
@@ -64,7 +68,7 @@ def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
             raise ValueError("a scoped address")
         loose = ipaddress.ip_network(f"{address_part}/{int(length_part)}", strict=False)
     except ValueError:
-        family = 4 if _looks_v4(entry) else 6
+        family = 4 if "." in entry and ":" not in entry else 6
         raise PoolSpecError([f"{INVALID_CIDR.format(family=family)}: {shown(entry)}"]) from None
     if int(loose.network_address) != int(ipaddress.ip_address(address_part)):
         raise PoolSpecError([f"{NOT_ALIGNED}: {entry}"])
@@ -250,8 +254,7 @@ def _parsed(pool: Object) -> tuple[AllocatableSet | None, list[str]]:
 
 
 def _allocatable(address: AddressInUse, allocatable: AllocatableSet) -> bool:
-    """Whether the pool could hand out the IPAddress's prefix now; one without a prefix is taken to carry the pool's
-    allocation length."""
+    """Whether the pool could hand out the IPAddress's prefix now (none: the allocation length)."""
     length = ADDRESS_BITS[allocatable.family] - allocatable.host_bits
     return child_of(address.address, address.prefix if address.prefix is not None else length, allocatable) is not None
 

@@ -28,10 +28,10 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 import structlog
 
 from backends.incluster.domains import pool_resource
-from backends.incluster.ledger import Ledger
-from backends.incluster.reservations import (
+from backends.incluster.ledger import (
     LABEL_POOL,
     RESERVATIONS,
+    Ledger,
     Reservation,
     ReservationClient,
     age_seconds,
@@ -114,10 +114,6 @@ class Repair:
         # Per pool, what the last `outside_pool` finding none outside was asked: uid, resourceVersion, addresses.
         self.all_inside: dict[PoolRef, tuple[str, str, tuple[str, ...]]] = {}
 
-    @property
-    def reservations(self) -> ReservationClient:
-        return self.ledger.reservations
-
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         """The pool's own reservations, read page by page from the API server."""
         found = await self.list_pools_holdings([(pool_ref, pool)], pacer, f"{LABEL_POOL}={pool_hash(pool_ref)}")
@@ -131,7 +127,7 @@ class Repair:
         found: dict[PoolRef, list[Holding]] = {ref: [] for ref, _ in pools}
         what = f"the reservations of {pools[0][0]}" if len(pools) == 1 else "the reservations"
         with _api_server_errors(what):
-            async for items, _ in self.reservations.kube.list_pages(
+            async for items, _ in self.ledger.reservations.kube.list_pages(
                 RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
             ):
                 for item in items:
@@ -143,7 +139,7 @@ class Repair:
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         """Release the listed reservation as a claim's release would; False when it changed or went."""
         with _api_server_errors(f"the reservations of {pool_ref}"):
-            found = await self.reservations.kube.get(RESERVATIONS, holding.handle)
+            found = await self.ledger.reservations.kube.get(RESERVATIONS, holding.handle)
             reservation = Reservation.parse(found) if found is not None else None
             if reservation is None or not _still_as_listed(pool_ref, reservation, holding):
                 return False
@@ -176,9 +172,9 @@ class Repair:
 
     async def _restore_once(self, ref: PoolRef, claim: ClaimContext, held: Allocation) -> Restore | None:
         """One look at the address's reservation and one write; None when it changed meanwhile (look again)."""
-        found = await self.reservations.get(ref, held.address)
+        found = await self.ledger.reservations.get(ref, held.address)
         if found is None:
-            made = await self.reservations.create(ref, held, claim)
+            made = await self.ledger.reservations.create(ref, held, claim)
             if made is None:
                 return None  # reserved meanwhile by someone: look at who holds it
             self.ledger.learn(ref, made)
@@ -198,11 +194,10 @@ class Repair:
         return Restore(RestoreOutcome.RECORDED, f"reservation {taken.name} taken over for claim {claim}")
 
     async def _other_pools_record(self, found: Reservation, claim: ClaimContext, address: str) -> Restore | None:
-        """A release record of another pool of the domain holds the address for no claim. Past its recorded reuse
-        grace period any pool of the domain deletes it (then None: look again); else AllocationFailedError."""
+        """Delete another domain pool's release record past its grace period (None: look again); else raise."""
         grace = found.grace_seconds
         if grace is not None and age_seconds(found.released_at or "") >= grace:
-            await self.reservations.delete(found)
+            await self.ledger.reservations.delete(found)
             return None
         if grace is None:
             until = f"{found.pool} reuses it (LeastRecentlyReleased: its records do not expire)"
@@ -244,7 +239,7 @@ class Repair:
                 meta = pool["metadata"]
                 known.add(kind.ref(meta.get("namespace") if kind.namespaced else None, meta["name"]))
         with _api_server_errors("the reservations of deleted pools"):
-            swept = await sweep_orphans(self.reservations, self.kinds, grace_seconds, known)
+            swept = await sweep_orphans(self.ledger.reservations, self.kinds, grace_seconds, known)
         self._orphans_swept_at = now
         return swept
 

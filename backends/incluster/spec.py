@@ -3,6 +3,12 @@
 `ParsedPool` is what one call reads of a pool, parsed once (allocatable set, IPAddress prefix and gateway, grace
 period, uniqueness domain, policy, preAllocations, generation and uid); `AddressPool` is an address pool's.
 
+`PreAllocations`, `spec.preAllocations`: claim → the address it gets (an `InClusterIPPool` names claims of its
+namespace by name, a `GlobalInClusterIPPool` as `namespace/name`). An entry whose address is allocatable *pins* it:
+no dynamic allocation takes it, only the named claim may request it, and that claim gets exactly it. Wrong entries
+(`problems`) make the pool Ready=False, the others keep serving; a claim whose own entry is wrong, or whose address
+is named twice, gets AllocationFailed.
+
 `pool_change_problems(old, new, in_use)`: the admission webhook's reasons to refuse a CREATE or UPDATE beyond the
 CRD's rules: a spec the backend cannot use; bad `spec.preAllocations` entries (see `pre_allocation_problems`), or
 ones naming an address another claim's live IPAddress holds; on UPDATE, addresses in use the new spec leaves out
@@ -34,17 +40,26 @@ from backends.incluster.allocatable import (
     pre_allocation_problems,
 )
 from backends.incluster.domains import domain_problem
-from backends.incluster.intervals import IntervalSet, address_to_int, int_to_address
+from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.incluster.preallocations import PreAllocations, claim_key, pinned_values
 from backends.validation import spec_error
 from ipam_provider.api.meta import Model
-from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef, ReportCondition
+from ipam_provider.backend.contract import (
+    REQUESTED_ADDRESS_ANNOTATION,
+    AddressInUse,
+    AllocationFailedError,
+    ClaimContext,
+    PoolNotReadyError,
+    PoolRef,
+    ReportCondition,
+)
 from ipam_provider.common import Object, normalized_address
 
 STRANDED = "pool addresses do not contain allocated addresses"  # the Go provider's text
 LISTED_HOLDERS = 10  # IPAddresses named in one message; the rest are counted
 SPEC_ERRORS = (PoolSpecError, ValidationError, ValueError)
+NAMESPACED_KEY = "an InClusterIPPool names claims of its own namespace by name alone"
+GLOBAL_KEY = "a GlobalInClusterIPPool names claims as namespace/name"
 SPEC_CONSISTENT = "SpecConsistent"
 NO_ALLOCATABLE = "NoAllocatableAddresses"
 GATEWAY_OUTSIDE_SUBNET = "GatewayOutsideSubnet"
@@ -130,6 +145,113 @@ def why_not_allocatable(spec: InClusterPoolSpec, allocatable: AllocatableSet, te
     if not spec.allocate_reserved and family == 4 and value == allocatable.subnet_last:
         return "it is the subnet's broadcast address, reserved unless spec.allocateReservedIPAddresses is true"
     return "it is in spec.excludedAddresses"
+
+
+def claim_key(ref: PoolRef, namespace: str, name: str) -> str:
+    """The preAllocations key that names the claim `namespace/name` in the pool `ref`."""
+    return name if ref.namespace is not None else f"{namespace}/{name}"
+
+
+def pinned_values(entries: Mapping[str, Any], allocatable: AllocatableSet) -> frozenset[int]:
+    """The allocatable addresses that string entries of `preAllocations` name: the keys of `PreAllocations.pinned`."""
+    values = (address_value(text, allocatable.family) for text in entries.values() if isinstance(text, str))
+    return frozenset(value for value in values if value is not None and value in allocatable.addresses)
+
+
+def _key_problem(ref: PoolRef, key: str) -> str | None:
+    if ref.namespace is not None:
+        return None if "/" not in key else f"spec.preAllocations[{key}]: {NAMESPACED_KEY}"
+    namespace, slash, name = key.partition("/")
+    return None if slash and namespace and name and "/" not in name else f"spec.preAllocations[{key}]: {GLOBAL_KEY}"
+
+
+@dataclass(frozen=True)
+class PreAllocations:
+    """A pool's preAllocations: `entries` as written (a value not a string is a problem of its entry alone), each
+    allocatable address named → the keys naming it (`pinned`), and what is wrong with the entries on their own."""
+
+    ref: PoolRef
+    family: int
+    entries: Mapping[str, Any]
+    pinned: Mapping[int, tuple[str, ...]]
+    problems: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ref: PoolRef, entries: Mapping[str, Any], allocatable: AllocatableSet) -> PreAllocations:
+        texts = {key: text for key, text in entries.items() if isinstance(text, str)}
+        pinned: dict[int, tuple[str, ...]] = {}
+        for key, text in sorted(texts.items()):
+            value = address_value(text, allocatable.family)
+            if value is not None and value in allocatable.addresses:
+                pinned[value] = (*pinned.get(value, ()), key)
+        problems = [
+            f"spec.preAllocations[{key}]: {entries[key]!r} is not a string"
+            for key in sorted(entries)
+            if key not in texts
+        ]
+        problems += pre_allocation_problems(texts, allocatable)
+        problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
+        return cls(ref, allocatable.family, dict(entries), pinned, tuple(problems))
+
+    def wanted(self, claim: ClaimContext) -> str | None:
+        """The address the claim must get: its pre-allocated one, else the one it requests, else None (any).
+        Raises AllocationFailedError for a non-IP annotation, a wrong entry of its own, or the two disagreeing."""
+        requested = claim.requested_address
+        pre_allocated = self.address_of(claim)
+        if pre_allocated is None or requested in (None, pre_allocated):
+            return requested if pre_allocated is None else pre_allocated
+        raise AllocationFailedError(
+            f"claim {claim} requests {requested} with annotation {REQUESTED_ADDRESS_ANNOTATION}, but {self.ref} "
+            f"pre-allocates {pre_allocated} to it in spec.preAllocations; remove the annotation or change the pool"
+        )
+
+    def address_of(self, claim: ClaimContext) -> str | None:
+        """The canonical address pre-allocated to the claim, or None when no entry names it. Raises
+        AllocationFailedError when its entry is wrong or its address is pre-allocated to another claim too."""
+        key = claim_key(self.ref, claim.namespace, claim.name)
+        text = self.entries.get(key)
+        if text is None:
+            return None
+        value = address_value(text, self.family) if isinstance(text, str) else None
+        if value is None or value not in self.pinned:
+            own = [p for p in self.problems if p.startswith(f"spec.preAllocations[{key}]")]
+            detail = "; ".join(own) or f"spec.preAllocations[{key}]: {text!r} is not usable"
+            raise AllocationFailedError(
+                f"{self.ref} pre-allocates an address to this claim, but {detail}; fix the pool"
+            )
+        address = int_to_address(value, self.family)
+        if len(self.pinned[value]) > 1:
+            keys = ", ".join(self.pinned[value])
+            raise AllocationFailedError(
+                f"{self.ref} pre-allocates {address} to more than one claim ({keys}); fix spec.preAllocations"
+            )
+        return address
+
+    def pinned_for_others(self, value: int, claim: ClaimContext) -> tuple[str, ...]:
+        """The keys `value` is pre-allocated to, when none of them is the claim; else ()."""
+        keys = self.pinned.get(value, ())
+        return () if claim_key(self.ref, claim.namespace, claim.name) in keys else keys
+
+    def held_by_named(self, value: int, holder: str) -> bool:
+        """Whether `holder` (namespace/name) is a claim that `value` is pre-allocated to."""
+        namespace, _, name = holder.partition("/")
+        return claim_key(self.ref, namespace, name) in self.pinned.get(value, ())
+
+    def pins(self, address: str, holder: str) -> bool:
+        """Whether `address` is pre-allocated to `holder` (namespace/name)."""
+        value = address_value(address, self.family)
+        return value is not None and self.held_by_named(value, holder)
+
+    def named_claim(self, value: int) -> tuple[str, str] | None:
+        """(namespace, name) of the one claim `value` is pre-allocated to; None when it is not pinned, is pinned to
+        several keys, or its key has the wrong form for the pool (such entries are problems, see `problems`)."""
+        keys = self.pinned.get(value, ())
+        if len(keys) != 1 or _key_problem(self.ref, keys[0]) is not None:
+            return None
+        if self.ref.namespace is not None:
+            return self.ref.namespace, keys[0]
+        namespace, _, name = keys[0].partition("/")
+        return namespace, name
 
 
 def metadata_of(pool: Object) -> tuple[int, str]:
@@ -221,13 +343,11 @@ class ReleaseTerms:
         except ValidationError:
             return cls()
         try:
-            _, allocatable = parse_pool(pool or {})
-            pre: PreAllocations | None = PreAllocations.of(ref, spec.pre_allocations, allocatable)
+            pre: PreAllocations | None = PreAllocations.of(ref, spec.pre_allocations, parse_pool(pool or {})[1])
         except SPEC_ERRORS:
             pre = None
-        least_recently = spec.allocation_strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED
-        grace = spec.reuse_grace_seconds
-        return cls(bool(grace) or least_recently, None if least_recently else grace, pre)
+        lrr, grace = spec.allocation_strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED, spec.reuse_grace_seconds
+        return cls(bool(grace) or lrr, None if lrr else grace, pre)
 
 
 def pool_change_problems(old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]) -> list[str]:
@@ -274,8 +394,7 @@ def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: 
 def _stranded(
     previous: AllocatableSet | None, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]
 ) -> list[str]:
-    """The Go provider's refusal for addresses in use that the new spec leaves out (and the old one held, when it
-    parsed), as ranges per family, then the IPAddresses holding them."""
+    """The Go provider's refusal of addresses in use the new spec leaves out and the old one (if valid) held."""
     values: set[tuple[int, int]] = set()
     holders: list[AddressInUse] = []
     for address in in_use:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from backends.incluster.reservations import RESERVATIONS
+from backends.incluster.ledger import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.reconcile.context import pool_resource

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from backends.incluster.allocator import collisions
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.preallocations import PreAllocations, collisions
-from backends.incluster.reservations import Reservation, ReservationClient
-from backends.incluster.spec import parse_pool
+from backends.incluster.ledger import Reservation, ReservationClient
+from backends.incluster.spec import PreAllocations, parse_pool
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.reservations import (
+from backends.incluster.ledger import (
     LABEL_POOL,
     RESERVATIONS,
     Reservation,

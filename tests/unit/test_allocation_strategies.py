@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
+from backends.incluster.ledger import PoolIndex
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Region, Zone
-from backends.incluster.pool_index import PoolIndex
 from backends.incluster.ranked import RankedPoints
 from backends.incluster.spec import InClusterPoolSpec, allocation_policy
 

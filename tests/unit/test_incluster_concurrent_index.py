@@ -17,8 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet, int_to_address
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation
+from backends.incluster.ledger import PoolIndex, Reservation
 
 FAMILY = 4
 BASE = 0x0A000000  # 10.0.0.0

@@ -21,9 +21,8 @@ from backends.incluster.domains import (
     overlap_condition,
 )
 from backends.incluster.intervals import IntervalSet, address_to_int
+from backends.incluster.ledger import PoolIndex, Reservation, pool_hash
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation, pool_hash
 from ipam_provider.backend.contract import BackendContext, PoolKind, PoolRef
 from ipam_provider.common import Object
 

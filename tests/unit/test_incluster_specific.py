@@ -7,10 +7,14 @@ from __future__ import annotations
 import pytest
 
 from backends.incluster.intervals import address_to_int
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.preallocations import PreAllocations
-from backends.incluster.reservations import Reservation
-from backends.incluster.spec import InClusterPoolSpec, allocation_policy, parse_pool, why_not_allocatable
+from backends.incluster.ledger import PoolIndex, Reservation
+from backends.incluster.spec import (
+    InClusterPoolSpec,
+    PreAllocations,
+    allocation_policy,
+    parse_pool,
+    why_not_allocatable,
+)
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     AllocationFailedError,

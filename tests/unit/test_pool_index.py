@@ -8,8 +8,7 @@ import ipaddress
 
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet
-from backends.incluster.pool_index import PoolIndex
-from backends.incluster.reservations import Reservation
+from backends.incluster.ledger import PoolIndex, Reservation
 
 BASE = int(ipaddress.ip_address("10.0.0.0"))
 

@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from backends.incluster.allocatable import PoolSpecError
-from backends.incluster.pool_index import PoolIndex
+from backends.incluster.ledger import PoolIndex
 from backends.incluster.prefix_spec import build_prefix_set, child_of
 
 
