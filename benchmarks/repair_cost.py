@@ -4,7 +4,7 @@ On a fresh local control plane (`tools.controlplane`), namespace `bench` gets on
 their N IPAddresses, shaped as `cache_memory.py` writes them (a real installation's managed fields and owner
 references). Then, with nothing else running:
 
-- the repair loop's fresh read of the live state (`ipam_provider/repair/live.py`: IPAddresses then claims, in
+- the repair loop's fresh read of the live state (`ipam_provider/repair/compare.py`: IPAddresses then claims, in
   pages of 500) is timed unpaced, counting its requests (pages), and again paced at `--rate` requests a second
   (the `--repair-requests-per-second` default is 20);
 - the comparison of one pool holding all N addresses with that state (`compare.py`: every holding accounted for,
@@ -30,8 +30,7 @@ from backends.incluster.backend import IN_CLUSTER_POOL
 from benchmarks.cache_memory import NAMESPACE, POOL, populate
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.repair import Holding
-from ipam_provider.repair.compare import compare_pool
-from ipam_provider.repair.live import LiveState, Scope, read_live
+from ipam_provider.repair.compare import LiveState, Scope, compare_pool, read_live
 from ipam_provider.repair.pacer import CountingPacer, RatePacer
 from ipam_provider.runtime.kube.client import KubeClient
 from tools.controlplane.assets import binaries_dir

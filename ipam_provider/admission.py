@@ -22,19 +22,19 @@ from typing import Any
 import aiohttp
 import structlog
 
-from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_SKIP_DELETE_VALIDATION
+from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_SKIP_DELETE_VALIDATION, POOL_IN_USE
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef, admission_reviewer_of
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.common import Object
+from ipam_provider.common import Object, listed
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
+from ipam_provider.runtime.kube.resources import ADDRESSES
 from ipam_provider.runtime.serving.webhook import ALLOWED, ReviewRequest, Route, Verdict
 
 log = structlog.get_logger(__name__)
 
-IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."  # Go's text
 LISTED_ADDRESSES = 10  # IPAddresses named in a DELETE's refusal; the rest are counted
 LISTED_REASONS = 20  # a backend's reasons joined into one refusal; the rest are counted
 OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the verdict stands without it)
@@ -141,10 +141,9 @@ class PoolAdmission:
             meta = item.get("metadata") or {}
             if meta.get("name") == ref.name and meta.get("namespace") == ref.namespace:
                 return item
-        resource = Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
         try:
             async with asyncio.timeout(OPTIONAL_READ_SECONDS):
-                return await self.kube.get(resource, ref.name, ref.namespace)
+                return await self.kube.get(pool_resource(kind), ref.name, ref.namespace)
         except READ_ERRORS as error:
             log.info(
                 "a DELETE review without the pool; read failed", pool=str(ref), error=str(error) or type(error).__name__
@@ -196,18 +195,12 @@ def _verdict(operation: str, kind: PoolKind, ref: PoolRef, reasons: Sequence[str
     if not reasons:
         return ALLOWED
     code, reason = (403, "Forbidden") if operation == "DELETE" else (422, "Invalid")
-    listed = "; ".join(reasons[:LISTED_REASONS])
-    if len(reasons) > LISTED_REASONS:
-        listed += f"; and {len(reasons) - LISTED_REASONS} more"
-    return Verdict(False, code, reason, f"{kind.kind} {ref.name}: {listed}")
+    return Verdict(False, code, reason, f"{kind.kind} {ref.name}: {listed(reasons, LISTED_REASONS, '; ')}")
 
 
 def _in_use_refusal(in_use: Sequence[AddressInUse]) -> str:
-    names = sorted(str(address) for address in in_use)
-    listed = ", ".join(names[:LISTED_ADDRESSES]) + (
-        f" and {len(names) - LISTED_ADDRESSES} more" if len(names) > LISTED_ADDRESSES else ""
-    )
+    names = listed(sorted(str(address) for address in in_use), LISTED_ADDRESSES)
     return (
-        f"{IN_USE} IPAddresses: {listed}. Delete their claims first, or annotate the pool "
+        f"{POOL_IN_USE} IPAddresses: {names}. Delete their claims first, or annotate the pool "
         f"{ANNOTATION_SKIP_DELETE_VALIDATION} to delete it anyway."
     )

@@ -1,8 +1,10 @@
-"""Small things shared by the core and every backend: the JSON object alias, int64 capping, address text."""
+"""Small things shared by the core and every backend: the JSON object alias, int64 capping, address text, lists
+in messages."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 from ipam_provider.runtime.kube.resources import Object as Object  # the one alias, re-exported for the domain
 
@@ -26,3 +28,11 @@ def normalized_address(address: str) -> str:
         return str(ipaddress.ip_address(address.split("/")[0].strip()))
     except ValueError:
         return address
+
+
+def listed(items: Sequence[str], at_most: int, separator: str = ", ") -> str:
+    """The first `at_most` of `items` joined by `separator`, then how many more there are ("; and 2 more" after a
+    semicolon, else " and 2 more")."""
+    more = len(items) - at_most
+    rest = f"{';' if separator.startswith(';') else ''} and {more} more" if more > 0 else ""
+    return separator.join(items[:at_most]) + rest

@@ -24,7 +24,7 @@ from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
-from ipam_provider.repair.live import Scope
+from ipam_provider.repair.compare import Scope
 from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient

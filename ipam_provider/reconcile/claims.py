@@ -58,7 +58,6 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import RestoreOutcome, orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.pool_metrics import PoolLabels
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
 from ipam_provider.reconcile.requested import RequestedAddressNotices
@@ -96,9 +95,6 @@ class ClaimReconciler:
         self._moved_away: dict[tuple[str, str], str] = {}
         self._first_seen = pool_metrics.FirstSeen()  # live claims without an address, for the allocation time
         self._requested = RequestedAddressNotices(context.recorder)
-
-    def _labels(self, work: ClaimWork) -> PoolLabels:
-        return PoolLabels.of(self.ctx.registry.name_of(work.kind.group, work.kind.kind), work.pool_ref)
 
     def _work(self, namespace: str, name: str) -> ClaimWork | None:
         """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""
@@ -185,7 +181,7 @@ class ClaimReconciler:
         await self._drop_finalizer(work)
         self.ctx.pool_changed(work.pool_ref)
         work.log.info("claim released")
-        pool_metrics.count_release(self._labels(work))
+        pool_metrics.count_release(self.ctx.pool_labels(work.pool_ref))
         return None
 
     async def _delete_address(self, address_raw: Object) -> list[str]:
@@ -296,7 +292,7 @@ class ClaimReconciler:
 
     async def _failed(self, work: ClaimWork, error: BackendError) -> float:
         work.log.info("allocation failed", reason=error.reason, message=error.message)
-        labels = self._labels(work)
+        labels = self.ctx.pool_labels(work.pool_ref)
         pool_metrics.count_allocation_error(labels, error.reason)
         previous = find_condition(work.claim.status.conditions, READY)
         await self._set_ready(work, False, error.reason, error.message)
@@ -386,7 +382,7 @@ class ClaimReconciler:
         self.ctx.caches.addresses.upsert(created)
         work.log.info("address allocated", address=f"{allocation.address}/{allocation.prefix}")
         waited = self._first_seen.fulfilled((work.namespace, work.name), work.claim.metadata.uid)
-        pool_metrics.count_allocation(self._labels(work), waited)
+        pool_metrics.count_allocation(self.ctx.pool_labels(work.pool_ref), waited)
         self.ctx.pool_changed(work.pool_ref)
         return True
 

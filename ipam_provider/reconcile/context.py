@@ -23,7 +23,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
-from ipam_provider.pool_metrics import PENDING
+from ipam_provider.pool_metrics import PENDING, PoolLabels
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
@@ -78,6 +78,9 @@ class ReconcileContext:
             lock = self._pool_locks[ref] = asyncio.Lock()
         async with lock:
             yield
+
+    def pool_labels(self, ref: PoolRef) -> PoolLabels:
+        return PoolLabels.of(self.registry.name_of(ref.group, ref.kind), ref)
 
     def waiting_claims(self, ref: PoolRef) -> dict[str, int]:
         """The cached live claims of the pool without an address, by Ready reason (`Pending` without one)."""

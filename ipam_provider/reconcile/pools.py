@@ -30,6 +30,7 @@ from ipam_provider.api.capi import (
     ANNOTATION_PAUSED,
     ANNOTATION_SKIP_DELETE_VALIDATION,
     FINALIZER_PROTECT_POOL,
+    POOL_IN_USE,
     READY,
     IPAddress,
 )
@@ -37,7 +38,6 @@ from ipam_provider.api.meta import Condition, find_condition, set_condition
 from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
 from ipam_provider.common import Object
-from ipam_provider.pool_metrics import PoolLabels
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
@@ -46,7 +46,6 @@ from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
 from ipam_provider.watch.caches import POOL
 
 log = structlog.get_logger(__name__)
-IN_USE_MESSAGE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
 RETRY_DELETING = 15.0
 RETRY_ALLOCATING = 0.5  # a deleted pool whose claims this process is allocating now: look again soon
 
@@ -74,7 +73,7 @@ class PoolReconciler:
         if found is None or store is None:
             return None
         if raw is None:
-            pool_metrics.forget_pool(self._labels(ref))
+            pool_metrics.forget_pool(self.ctx.pool_labels(ref))
             self.ctx.repair_conditions.pop(ref, None)
             return None
         backend, kind = found
@@ -101,12 +100,9 @@ class PoolReconciler:
         self._record(ref, report)
         return (report_interval_of(backend) or self.sync_period) * (1 + random.random() / 10)
 
-    def _labels(self, ref: PoolRef) -> PoolLabels:
-        return PoolLabels.of(self.ctx.registry.name_of(ref.group, ref.kind), ref)
-
     def _record(self, ref: PoolRef, report: PoolReport) -> None:
         """Set the pool's gauges from the report its status was written from, and count its waiting claims."""
-        labels = self._labels(ref)
+        labels = self.ctx.pool_labels(ref)
         if report.counts is not None:
             pool_metrics.record_counts(labels, report.counts)
         pool_metrics.record_ready(labels, report.ready, report.reason)
@@ -124,7 +120,7 @@ class PoolReconciler:
                 return RETRY_ALLOCATING  # an IPAddress for the pool is about to be written
             in_use = await self._addresses_in_use(ref)
             if in_use:
-                report = PoolReport(False, "Deleting", f"{IN_USE_MESSAGE} ({in_use} remain)")
+                report = PoolReport(False, "Deleting", f"{POOL_IN_USE} ({in_use} remain)")
                 await self._write_status(raw, store, resource, report, event=True)
                 self._record(ref, report)
                 return RETRY_DELETING

@@ -1,11 +1,7 @@
-"""The requested-address annotation of a claim that already has its IPAddress.
-
-An IPAddress is immutable, so a claim whose annotation `ipam.cluster.x-k8s.io/requested-address` names another
-address than its IPAddress's (changed after fulfilment, or not an IP address at all) keeps what it has. The
-claim reconciler tells people so with one Warning Event `RequestedAddressIgnored` per change of the annotation:
-the annotation's value last noticed is remembered per claim (uid), so repeated reconciles stay silent, a new value
-is noticed again, and a value that matches the IPAddress again forgets the claim. After a restart the first
-reconcile notices once more (the Event correlator folds it into the earlier Event when that is recent).
+"""The `RequestedAddressIgnored` notice: a fulfilled claim whose requested-address annotation names another address
+than its IPAddress's (or no IP address at all) keeps what it has, since an IPAddress is immutable. One Warning Event
+per change of the annotation says so: the value last noticed is remembered per claim (and uid), and forgotten when
+the annotation matches the IPAddress again.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ipam_provider.backend.contract import Backend, BackendError
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, pools_lister_of, repairer_of
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
-from ipam_provider.repair.live import LiveState, Scope, cached_live, read_live
+from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
 from ipam_provider.watch.handlers import ClaimKey

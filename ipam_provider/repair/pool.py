@@ -33,12 +33,22 @@ from ipam_provider import pool_metrics
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim, cluster_paused
 from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
-from ipam_provider.common import Object, normalized_address
+from ipam_provider.common import Object, listed, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
 from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
-from ipam_provider.repair.compare import PoolComparison, Sharer, Unrecorded, compare_pool
-from ipam_provider.repair.live import LiveState, Scope, address_text, claim_of_address, deleting, owner_claim_uid
+from ipam_provider.repair.compare import (
+    LiveState,
+    PoolComparison,
+    Scope,
+    Sharer,
+    Unrecorded,
+    address_text,
+    claim_of_address,
+    compare_pool,
+    deleting,
+    owner_claim_uid,
+)
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
@@ -410,15 +420,12 @@ class PoolRepairs:
 
     def _report(self, target: PoolTarget, previous: PoolFindings, found: PoolFindings) -> None:
         if found.outside and found.outside != previous.outside:
-            listed = ", ".join(f"{a} ({why})" for a, why in sorted(found.outside.items())[:LISTED_AT_MOST])
-            more = len(found.outside) - LISTED_AT_MOST
-            message = f"{len(found.outside)} live IPAddress(es) name addresses outside {target.ref}: {listed}"
-            message += f" and {more} more" if more > 0 else ""
+            outside = listed([f"{a} ({why})" for a, why in sorted(found.outside.items())], LISTED_AT_MOST)
+            message = f"{len(found.outside)} live IPAddress(es) name addresses outside {target.ref}: {outside}"
             self.ctx.recorder.record(target.raw, WARNING, REASON_OUTSIDE, message)
         if found.duplicates:
-            listed = "; ".join(f"{n}: {d}" for n, d in sorted(found.duplicates.items())[:LISTED_AT_MOST])
-            more = len(found.duplicates) - LISTED_AT_MOST
-            message = f"addresses in use twice: {listed}" + (f"; and {more} more" if more > 0 else "")
+            twice = listed([f"{n}: {d}" for n, d in sorted(found.duplicates.items())], LISTED_AT_MOST, "; ")
+            message = f"addresses in use twice: {twice}"
             condition = ReportCondition(ADDRESSES_RECORDED, False, REASON_DUPLICATE, message)
         else:
             condition = ReportCondition(ADDRESSES_RECORDED, True, REASON_RECORDED, RECORDED_MESSAGE)

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.repair import RepairLoop, RepairSettings
-from ipam_provider.repair.live import Scope
+from ipam_provider.repair.compare import Scope
 from ipam_provider.watch.handlers import ClaimKey
 from tests.core.fake_backend import FAKE_POOL
 from tests.core.fake_repair import RepairableFakeBackend

@@ -12,7 +12,7 @@ from ipam_provider.backend.contract import Allocation, ClaimContext, PoolNotRead
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
-from ipam_provider.repair.live import Scope
+from ipam_provider.repair.compare import Scope
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch.handlers import ClaimKey
 from tests.core.fake_backend import FAKE_POOL

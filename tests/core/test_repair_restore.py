@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolRef
-from ipam_provider.repair.live import Scope
+from ipam_provider.repair.compare import Scope
 from ipam_provider.repair.pool import RECORDED_MESSAGE
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.watch.handlers import ClaimKey
