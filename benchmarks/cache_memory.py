@@ -53,7 +53,7 @@ from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient, apply_patch
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES
-from ipam_provider.watch.caches import Caches
+from ipam_provider.watch import Caches
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds

@@ -1,10 +1,6 @@
-"""The controller: watches → work queue → reconcilers → backends.
-
-Informers feed the caches and hand every change to the event handlers (`watch/handlers.py`), which enqueue the
-claim and pool keys it affects; workers take keys from the queue (pools in turn; several claims of one pool at
-once, each claim by one worker at a time) and run the reconcilers. Once the caches have synced, the repair loop
-(`ipam_provider/repair`) runs beside them, unless its interval is 0. `stop()` stops taking new keys, lets
-in-flight reconciles finish, then stops the repair loop and the watches.
+"""The controller: informers → event handlers → work queue → reconcilers → backends, and, once the caches have
+synced, the repair loop beside them (unless its interval is 0). `stop()` stops taking new keys, lets in-flight
+reconciles finish, then stops the repair loop and the watches.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import WorkQueue
-from ipam_provider.watch.caches import POOL, Caches
-from ipam_provider.watch.handlers import ClaimKey, EventHandlers, QueueKey
+from ipam_provider.watch import POOL, Caches, ClaimKey, EventHandlers, QueueKey
 
 log = structlog.get_logger(__name__)
 
@@ -108,11 +103,8 @@ class Controller:
         return informers + self.pool_informers
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Run until `stop()`; `ready` is set once every cache has synced and workers run.
-
-        `stop()` is honoured at any time, also while the caches are still syncing (an unreachable API server, a
-        403 at start): then no worker starts and `run` returns as soon as the watches are cancelled.
-        """
+        """Run until `stop()` (honoured at any time, also while the caches sync); `ready` is set once every cache has
+        synced and workers run."""
         watches = [asyncio.create_task(informer.run()) for informer in self.informers]
         watches.append(asyncio.create_task(self._prepare_pools()))
         self.context.recorder.start()
@@ -235,9 +227,7 @@ class Controller:
 
     def _retry(self, key: QueueKey, shard: Hashable, error: BaseException) -> None:
         """Requeue `key` with backoff and log the failure: with its traceback the first time the key's failure
-        streak (ended by a success) meets an error of this type, as one short line on the retries that follow; a
-        conflict (another writer was first) or a 429 (the API server asks to come back later) at debug level,
-        without traceback, and it does not use up the streak's traceback."""
+        streak meets an error of this type, else as one line; a conflict or a 429 at debug level, untraced."""
         delay = self.queue.add_rate_limited(key, shard)
         routine = isinstance(error, ApiError) and (error.conflict or error.throttled)
         error_type = type(error).__name__
@@ -261,8 +251,8 @@ class Controller:
 
 
 class CacheView:
-    """The backends' view of a controller's caches, bound once the controller exists (its backends are made
-    before it): `addresses` and `pools` are what `BackendContext.cached_addresses` and `cached_pools` call."""
+    """`BackendContext.cached_addresses` and `cached_pools`, bound to the controller once it exists (its backends
+    are made before it)."""
 
     def __init__(self) -> None:
         self.controller: Controller | None = None
@@ -283,7 +273,6 @@ def controller_name(key: QueueKey) -> str:
 
 
 def _cancelling() -> bool:
-    """Whether the running task has been asked to cancel (as opposed to a CancelledError from something it
-    awaited)."""
+    """Whether the running task was asked to cancel (not a CancelledError from something it awaited)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0

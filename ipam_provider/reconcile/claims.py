@@ -64,7 +64,7 @@ from ipam_provider.reconcile.requested import RequestedAddressNotices
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
-from ipam_provider.watch.caches import POOL_ADDRESS
+from ipam_provider.watch import POOL_ADDRESS
 
 log = structlog.get_logger(__name__)
 

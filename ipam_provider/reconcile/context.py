@@ -29,7 +29,7 @@ from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Resource
-from ipam_provider.watch.caches import POOL, Caches
+from ipam_provider.watch import POOL, Caches
 
 
 def pool_resource(kind: PoolKind) -> Resource:

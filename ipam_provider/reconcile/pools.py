@@ -43,7 +43,7 @@ from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import WARNING
 from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
-from ipam_provider.watch.caches import POOL
+from ipam_provider.watch import POOL
 
 log = structlog.get_logger(__name__)
 RETRY_DELETING = 15.0

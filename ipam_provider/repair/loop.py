@@ -33,7 +33,7 @@ from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 
 log = structlog.get_logger(__name__)
 

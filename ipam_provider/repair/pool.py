@@ -53,7 +53,7 @@ from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 
 log = structlog.get_logger(__name__)
 

@@ -11,7 +11,7 @@ from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.compare import Scope
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 from tests.core.fake_backend import FAKE_POOL
 from tests.core.fake_repair import RepairableFakeBackend
 from tests.core.world import NS, POOLS, World, make_world, pool

@@ -23,7 +23,7 @@ from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS
-from ipam_provider.watch.caches import Caches
+from ipam_provider.watch import Caches
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, cluster, pool, wait_address

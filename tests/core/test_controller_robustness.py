@@ -14,7 +14,7 @@ from ipam_provider.runtime.cache.informer import Informer, in_initial_list
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS
-from ipam_provider.watch.handlers import ClaimKey, QueueKey
+from ipam_provider.watch import ClaimKey, QueueKey
 
 
 def claim_object(name: str, version: str) -> Object:

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from backends.incluster.backend import InClusterBackend
+from ipam_provider import watch
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.cache import informer
-from ipam_provider.watch import handlers
-from ipam_provider.watch.handlers import ClaimKey, PoolKey
+from ipam_provider.watch import ClaimKey, PoolKey
 
 GROUP = "ipam.cluster.x-k8s.io"
 
@@ -193,7 +193,7 @@ async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_it_ov
     new: dict[str, Any] | None,
     others: bool,
 ) -> None:
-    monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
+    monkeypatch.setattr(watch, "POOL_STATUS_DELAY", 0.0)
     other_pools(controller, old)
     await queued_pools(controller)  # what the initial list enqueued
     pool_handler(controller)(type, old, new)
@@ -204,7 +204,7 @@ async def test_a_pool_coming_going_or_changing_its_spec_requeues_the_pools_it_ov
 async def test_pools_of_the_initial_list_do_not_requeue_each_other(
     controller: Controller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(handlers, "POOL_STATUS_DELAY", 0.0)
+    monkeypatch.setattr(watch, "POOL_STATUS_DELAY", 0.0)
     other_pools(controller)
     await queued_pools(controller)
     token = informer._INITIAL_LIST.set(True)

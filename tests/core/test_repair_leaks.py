@@ -14,7 +14,7 @@ from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.compare import Scope
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 from tests.core.repair_world import BACKEND, make_repair_world, passes, sample
 from tests.core.world import NS, address, claim
 

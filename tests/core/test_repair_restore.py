@@ -11,7 +11,7 @@ from ipam_provider.backend.contract import PoolRef
 from ipam_provider.repair.compare import Scope
 from ipam_provider.repair.pool import RECORDED_MESSAGE
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 from tests.core.repair_world import RepairWorld, make_repair_world, sample
 from tests.core.world import NS, POOLS, Object, address, claim, cluster
 

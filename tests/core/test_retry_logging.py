@@ -15,7 +15,7 @@ from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.watch.handlers import ClaimKey
+from ipam_provider.watch import ClaimKey
 
 
 @pytest_asyncio.fixture

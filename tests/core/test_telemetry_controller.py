@@ -15,7 +15,7 @@ from ipam_provider.controller import Controller, ControllerSettings, controller_
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import WorkQueue
-from ipam_provider.watch.handlers import ClaimKey, PoolKey, QueueKey
+from ipam_provider.watch import ClaimKey, PoolKey, QueueKey
 
 
 def sample(name: str, **labels: str) -> float:

@@ -19,7 +19,7 @@ from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.runtime.cache.store import Store, object_key
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS, Resource
-from ipam_provider.watch.caches import Caches
+from ipam_provider.watch import Caches
 from tests.core.fake_backend import FAKE_POOL, FakeBackend
 from tests.core.fake_kube import FakeKube
 
