@@ -1,15 +1,8 @@
-"""Admission of pool changes: `PoolAdmission.decide` answers a review for any served pool kind, reading no more than
-the answer needs.
-
-- An UPDATE that leaves `spec` as it is: allowed at once.
-- A DELETE: allowed at once under clusterctl move's `delete-for-move` annotation; under
-  `skip-validate-delete-webhook` too, with a warning if IPAddresses name the pool (as far as a short read tells);
-  otherwise refused while live IPAddresses name the pool. Without `oldObject` the pool's annotations come from the
-  cache or the API server; when neither answers, it is refused only if in use.
-- CREATE, UPDATE and a DELETE that passed: what the kind's backend refuses through `review_pool_change`.
-
-IPAddresses in use come from the synced cache when it can answer for the pool, else from a LIST. Refusals are 422
-(CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500), so that the change is refused.
+"""Admission of pool changes (docs/admission.md): `PoolAdmission.decide` answers a review for any served pool kind,
+reading no more than the answer needs. An UPDATE that leaves `spec` as it is is allowed at once. A DELETE is refused
+while live IPAddresses name the pool, but allowed under clusterctl's `delete-for-move` and under
+`skip-validate-delete-webhook` (with a warning when it is in use). What passes goes to the kind's backend's
+`review_pool_change`. Refusals are 422 (CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500).
 """
 
 from __future__ import annotations
@@ -71,8 +64,7 @@ class PoolAdmission:
         }
 
     async def decide(self, request: ReviewRequest, path_kind: PoolKind) -> Verdict:
-        """The verdict on `request`, which came in at `path_kind`'s path. Raises what the API server raised when
-        the IPAddresses had to be listed (ApiError, aiohttp.ClientError, OSError, TimeoutError)."""
+        """The verdict on `request`, come in at `path_kind`'s path; raises what a LIST it needed raised."""
         if (request.group, request.kind) != (path_kind.group, path_kind.kind):
             return Verdict(
                 False, 400, "BadRequest", f"this path reviews {path_kind.kind}, not {request.kind or 'an object'}"
@@ -135,8 +127,7 @@ class PoolAdmission:
         )
 
     async def _stored_pool(self, kind: PoolKind, ref: PoolRef) -> Object | None:
-        """The pool as the cache holds it, else as the API server answers within OPTIONAL_READ_SECONDS, else
-        None (not found, or no answer)."""
+        """The pool from the cache, else from the API server within OPTIONAL_READ_SECONDS, else None."""
         for item in self.cached_pools(kind) or ():
             meta = item.get("metadata") or {}
             if meta.get("name") == ref.name and meta.get("namespace") == ref.namespace:

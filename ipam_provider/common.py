@@ -18,9 +18,8 @@ def cap_int64(count: int) -> int:
 
 
 def normalized_address(address: str) -> str:
-    """The address in its canonical text form, without a `/prefix` suffix; text that is no address is answered
-    as it is. A plain dotted IPv4 address that is canonical already is answered without parsing (a repair pass
-    normalizes every address of every pool: parsing each would cost most of the pass)."""
+    """The address in its canonical text form, without a `/prefix` suffix; text that is no address as it is. A
+    canonical dotted IPv4 address is answered without parsing (a repair pass normalizes every address)."""
     parts = address.split(".")
     if len(parts) == 4 and all(part.isdigit() and (part == "0" or not part.startswith("0")) for part in parts):
         return address  # canonical if it is an address at all; text that is none is answered as it is anyway
@@ -31,8 +30,7 @@ def normalized_address(address: str) -> str:
 
 
 def listed(items: Sequence[str], at_most: int, separator: str = ", ") -> str:
-    """The first `at_most` of `items` joined by `separator`, then how many more there are ("; and 2 more" after a
-    semicolon, else " and 2 more")."""
+    """The first `at_most` of `items` joined by `separator`, then "and N more" (after a ";" when that separates)."""
     more = len(items) - at_most
     rest = f"{';' if separator.startswith(';') else ''} and {more} more" if more > 0 else ""
     return separator.join(items[:at_most]) + rest

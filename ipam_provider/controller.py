@@ -64,8 +64,8 @@ class Controller:
         self._traced: dict[QueueKey, str] = {}  # keys failing now → the error type whose traceback was logged
 
     def _shard_limit(self, shard: Hashable) -> int | None:
-        """How many keys of one pool run at once: any number when its backend serves claims concurrently, else one
-        (so that a slow external system holds one worker, not all of them)."""
+        """One key of a pool at a time (a slow external system holds one worker), unless its backend serves claims
+        concurrently."""
         if isinstance(shard, PoolRef):
             found = self.registry.lookup(shard.group, shard.kind)
             if found is not None and not serves_claims_concurrently(found[0]):

@@ -321,8 +321,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
-    """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; overridden ones go to
-    `ignored`."""
+    """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; the overridden to `ignored`."""
     workers = DEFAULT_WORKERS
     for attr, flag in (
         ("max_concurrent_reconciles", "--max-concurrent-reconciles"),
@@ -370,14 +369,8 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection:
             raise FlagError(
                 f"argument --leader-election-id: expected NAME or NAMESPACE/NAME, got {args.leader_election_id!r}"
             )
-    election = LeaderElection(
-        enabled=args.leader_elect,
-        namespace=namespace,
-        name=name,
-        lease_duration=args.leader_elect_lease_duration,
-        renew_deadline=args.leader_elect_renew_deadline,
-        retry_period=args.leader_elect_retry_period,
-    )
+    durations = args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+    election = LeaderElection(args.leader_elect, namespace, name, *durations)
     if election.enabled:
         # As client-go's leader elector checks them (controller-runtime fails to start otherwise).
         if election.renew_deadline >= election.lease_duration:

@@ -57,8 +57,7 @@ class Condition(Model):
 def set_condition(
     conditions: Sequence[Condition], *, type: str, status: bool, reason: str, message: str, generation: int | None
 ) -> tuple[list[Condition], bool]:
-    """The conditions with `type` set (lastTransitionTime moves only when the status flips), and whether anything
-    changed."""
+    """The conditions with `type` set (its transition time moves when its status flips), and whether they changed."""
     wanted = "True" if status else "False"
     previous = find_condition(conditions, type)
     transition = previous.last_transition_time if previous is not None and previous.status == wanted else now_rfc3339()

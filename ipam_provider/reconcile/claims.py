@@ -1,32 +1,16 @@
-"""The claim reconciler: IPAddressClaim → backend allocation → IPAddress → claim status.
+"""The claim reconciler: IPAddressClaim → backend allocation → IPAddress → claim status, as Cluster API's IPAM
+providers do (docs/architecture.md, "The claim reconciler"). Level-triggered: every step is idempotent.
 
-Contract (level-triggered; every step is idempotent and may be repeated at any point):
-- Claims whose poolRef names no registered backend are ignored; a paused claim, Cluster or pool gets no allocation
-  and no release.
-- A live claim gets the ReleaseAddress finalizer, an address from its backend, an IPAddress of its own name (claim
-  as controller owner, pool as owner, ProtectAddress finalizer, cluster label), `status.addressRef` and
-  `Ready=True/AddressAllocated`; failures give `Ready=False` with PoolNotReady, PoolExhausted or AllocationFailed
-  and a message saying what to do, and every transition an Event. While the pool is missing or being deleted, a
-  fulfilled claim stays Ready (its address is still held); the others get PoolNotReady.
-- A deleted claim: its IPAddress (read fresh, not from the cache) goes first, then the backend releases, then the
-  finalizer: the address is never free in the backend while an IPAddress names it, and the release waits while
-  other finalizers keep the IPAddress. A backend that cannot release (ReleaseImpossibleError) gets a Warning Event
-  and the claim is let go; the Event says whether the repair loop releases what the backend still holds (it has the
-  repair capability, releases, and the pool exists or the backend sweeps gone pools) or a person must.
-- An IPAddress deleted while its claim lives is re-created with identical values; a pre-existing IPAddress of the
-  claim is adopted, its spec untouched.
-- An address the backend hands out although a live IPAddress of the pool names it for another claim (the backend
-  lost that claim's record) is never written: it is released, restored for the holder's claim when the backend
-  can repair and the claim is cached, a Warning Event goes to the pool, and the claim retries for another address.
-- The requested-address annotation is the backend's to honour; a value that is no IP address fails a claim without
-  an IPAddress (AllocationFailed). On a fulfilled claim another value changes nothing (IPAddresses are immutable):
-  one Warning Event `RequestedAddressIgnored` per change of the annotation says so.
-- `clusterctl move` (`clusterctl.cluster.x-k8s.io/delete-for-move` on each source object clusterctl deletes): such
-  a claim or IPAddress is never released, allocated or re-created; a deleted claim so marked only loses the
-  ReleaseAddress finalizer (before any pause check), and an IPAddress so marked being deleted only its
-  ProtectAddress finalizer.
-- Metrics (`ipam_provider.pool_metrics`): IPAddresses written, failed allocations by reason and releases per pool,
-  and the time from first seeing a live claim without an address to writing its IPAddress.
+- A deleted claim's IPAddress goes first (read fresh), then the backend releases, then the finalizer: an address is
+  never free in the backend while an IPAddress names it. A release the backend cannot make (ReleaseImpossibleError)
+  lets the claim go, with a Warning Event saying whether the repair loop or a person releases what is left.
+- An address the backend hands out although a live IPAddress of the pool names it for another claim (a lost
+  record, docs/repair.md) is never written: it is given back, restored for its holder when possible, and the claim
+  retries for another.
+- A paused claim, Cluster or pool gets nothing. A claim or IPAddress carrying clusterctl move's `delete-for-move` is
+  never released, allocated or re-created; a deleted claim so marked only loses our finalizer (docs/clusterctl.md).
+- A fulfilled claim keeps its address whatever its requested-address annotation says (one Warning Event
+  `RequestedAddressIgnored` per change); while its pool is missing or being deleted it stays Ready.
 """
 
 from __future__ import annotations
@@ -228,9 +212,8 @@ class ClaimReconciler:
         return True
 
     async def _fresh_state(self, work: ClaimWork) -> str:
-        """The claim's state on the API server (not in the cache): LIVE, GONE (or replaced by another of its
-        name) or DELETING (then cached). Read before a new allocation, so that a lagging cache never allocates for
-        a claim another replica is releasing."""
+        """The claim's state on the API server: LIVE, GONE (or replaced) or DELETING (then cached); read before a
+        new allocation, so that a lagging cache never allocates for a claim another replica is releasing."""
         fresh = await self.ctx.kube.get(CLAIMS, work.name, work.namespace)
         if fresh is None or fresh["metadata"].get("uid") != work.claim.metadata.uid:
             return GONE
@@ -298,9 +281,7 @@ class ClaimReconciler:
         await self._set_ready(work, False, error.reason, error.message)
         if previous is None or previous.reason != error.reason:  # the pool's waiting claims changed reason
             pool_metrics.record_waiting(labels, self.ctx.waiting_claims(work.pool_ref))
-        ref = work.pool_ref
-        store = self.ctx.caches.pools.get((ref.group, ref.kind))
-        if store is None or store.get(ref.namespace, ref.name) is None:  # the pool went while this claim waited
+        if self.ctx.caches.pool(work.pool_ref) is None:  # the pool went while this claim waited
             pool_metrics.forget_pool(labels)
         if error.retry_after is not None:
             return error.retry_after

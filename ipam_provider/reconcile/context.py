@@ -68,8 +68,7 @@ class ReconcileContext:
 
     @contextlib.asynccontextmanager
     async def backend_turn(self, backend: Backend, ref: PoolRef) -> AsyncIterator[None]:
-        """Around every call of `backend` for the pool `ref`: the pool's turn, when the backend wants its calls for
-        one pool one at a time (`serves_claims_concurrently`); nothing otherwise."""
+        """Around every call of `backend` for `ref`: the pool's turn, unless the backend serves claims concurrently."""
         if serves_claims_concurrently(backend):
             yield
             return
@@ -97,33 +96,32 @@ class ReconcileContext:
     async def patch_cached(
         self, store: Store, resource: Resource, obj: Object, patch: Object, *, subresource: str | None = None
     ) -> Object:
-        """Merge-patch `obj` guarded by its resourceVersion, and cache the answer (read-your-writes).
-
-        On a conflict the object is read again from the API server into the cache before the error propagates,
-        so the retry works from fresh data.
-        """
+        """Merge-patch `obj` guarded by its resourceVersion and cache the answer (read-your-writes); on a conflict,
+        the object is read again into the cache before the error propagates, so that the retry works from it."""
         meta = obj["metadata"]
+        name, namespace = meta["name"], meta.get("namespace")
         body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
         try:
-            updated = await self.kube.patch(
-                resource, meta["name"], body, meta.get("namespace"), subresource=subresource
-            )
+            updated = await self.kube.patch(resource, name, body, namespace, subresource=subresource)
         except ApiError as error:
             if error.conflict or error.not_found:
-                fresh = await self.kube.get(resource, meta["name"], meta.get("namespace"))
+                fresh = await self.kube.get(resource, name, namespace)
                 if fresh is not None:
-                    fresh.setdefault("apiVersion", resource.api_version)
-                    fresh.setdefault("kind", resource.kind)
-                    store.upsert(fresh)
+                    store.upsert(_typed(fresh, resource))
             raise
-        updated.setdefault("apiVersion", resource.api_version)
-        updated.setdefault("kind", resource.kind)
+        _typed(updated, resource)
         finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
         if finalized:  # the API server deletes it now: it must not linger in the cache
             store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
         else:
             store.upsert(updated)
         return updated
+
+
+def _typed(obj: Object, resource: Resource) -> Object:
+    obj.setdefault("apiVersion", resource.api_version)
+    obj.setdefault("kind", resource.kind)
+    return obj
 
 
 @dataclass
@@ -156,8 +154,7 @@ class ClaimWork:
         self._context = None
 
     def context(self) -> ClaimContext:
-        """What the backend may know about the claim: one object until the claim is refreshed, so that what it
-        parses (the requested address) is parsed once."""
+        """What the backend may know about the claim: one object until `refresh`, so that it is parsed once."""
         if self._context is None:
             self._context = claim_context(self.claim)
         return self._context

@@ -1,19 +1,11 @@
-"""The pool reconciler: the ProtectPool finalizer, status counts and the pool's Ready condition.
+"""The pool reconciler: the ProtectPool finalizer, and the pool's status from its backend's report (`Ready`, the
+other conditions, `ipAddresses`, the kind's own fields, and the repair loop's `AddressesRecorded`) and its metrics.
 
-Contract:
-- A live pool carries the ProtectPool finalizer and its backend's report: `Ready`, the report's other conditions (a
-  Warning Event when one marked `warning` enters its status and reason), `ipAddresses` and the kind's own status
-  fields; when they change, the pools the report names as `related` are looked at again soon. The repair loop's
-  `AddressesRecorded` condition (`ReconcileContext.repair_conditions`) is written with them.
-- A deleted pool keeps the finalizer while any IPAddress names it (as the cache counts them, else as a fresh LIST
-  does), with `Ready=False/Deleting`; the skip-validate-delete-webhook annotation lets it go at once, and so does
-  clusterctl move's delete-for-move (clusterctl's patch drops the other annotations).
-- A pool clusterctl is moving is neither reported nor tidied up (its copy at the target owns its addresses); a
-  paused pool is left alone.
-- A live pool is reported again after its backend's `report_interval`, else the sync period, stretched by up to a
-  tenth at random so that pools created together do not come back together.
-- Each reconcile sets the pool's metrics from the report its status is written from and counts its waiting
-  claims; a pool found gone loses all of its series.
+A deleted pool keeps its finalizer while IPAddresses name it (`Ready=False/Deleting`), unless it carries the
+skip-validate-delete-webhook or clusterctl's delete-for-move annotation. A pool clusterctl is moving is not
+reported; a paused one is left alone. A live pool is reported again after its backend's `report_interval`, else the
+sync period, stretched by up to a tenth at random; when its status changes, the pools its report names as `related`
+are looked at again soon. A pool found gone loses all of its series.
 """
 
 from __future__ import annotations
@@ -130,9 +122,8 @@ class PoolReconciler:
         return None
 
     async def _addresses_in_use(self, ref: PoolRef) -> int:
-        """How many IPAddresses name the pool: as the cache counts them while it counts any (a lagging cache may
-        still show one that is gone, which only delays the pool's release), else as the API server does, page by
-        page."""
+        """How many IPAddresses name the pool: as the cache counts them while it counts any (a lagging cache only
+        delays the release), else as the API server does, page by page."""
         cached = len(self.ctx.caches.addresses.by_index(POOL, ref))
         if cached:
             return cached
@@ -145,8 +136,7 @@ class PoolReconciler:
         self, raw: Object, store: Store, resource: Resource, report: PoolReport, *, event: bool
     ) -> bool:
         """Write the report's conditions and status fields when they change (answer whether they did); a Warning
-        Event when the Ready reason changes and `event` is set, and when a `warning` condition enters its status
-        and reason."""
+        Event when the Ready reason changes with `event` set, and when a `warning` condition enters its state."""
         status = raw.get("status") or {}
         try:
             current = [Condition.model_validate(c) for c in status.get("conditions") or []]

@@ -1,22 +1,14 @@
-"""The live IPAddresses and claims of a repair pass, and their comparison with one pool's holdings.
+"""The live IPAddresses and claims of a repair pass, and their comparison with one pool's holdings (no I/O; the
+rules are docs/repair.md's table).
 
 The live state comes from the watch caches (`cached_live`: for a pass to look with, never to act on), or is read
 fresh (`read_live`: page by page, one `pacer.wait()` before each page, in every watched namespace). Claims are read
 without the watch filter, so that a claim this controller does not serve still counts as existing.
 
-The comparison (`compare_pool`, no I/O):
-- A holding with a claim uid is accounted for by a live IPAddress naming the pool, its address and its claim (by
-  `namespace/name`, or by the claim's uid among its owner references); and by a live IPAddress of its recorded claim
-  naming its address in any pool, whatever the uid (pools over overlapping sources list each other's holdings, and
-  a holding recorded under an older uid waits for its re-key).
-- An unaccounted holding is a suspected leak when its claim is gone (or has another uid), or lives with that uid
-  but its IPAddress names another address. It is left alone while its claim has no IPAddress yet, when its claim is
-  not served or its namespace not watched, and when it names no claim.
-- A live IPAddress (not deleting) of the pool is to be restored when no holding holds its address for its claim,
-  and its claim is live (not deleting, not paused), served, and has the uid of the IPAddress's owner reference.
-- An address named by more than one distinct live claim is *shared* (a duplicate) and never restored. A claim names
-  an address through a live IPAddress of the pool (its claim live with its owner reference's uid), or through a
-  holding recorded with the uid of a live claim that has no IPAddress yet.
+A holding is accounted for by a live IPAddress of the pool naming its address and claim (by name, or by uid among
+its owner references), and by its recorded claim's IPAddress naming its address in any pool (overlapping pools list
+each other's holdings; an older uid waits for its re-key). An address named by two live claims or more is shared: a
+duplicate, never restored.
 """
 
 from __future__ import annotations
@@ -232,8 +224,7 @@ def shared_addresses(
 
 
 def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -> bool:
-    """Whether an unaccounted holding (at canonical address `text`) is a suspected leak (see the module's
-    contract)."""
+    """Whether an unaccounted holding (at canonical address `text`) is a suspected leak."""
     namespace = holding.claim_namespace
     if not namespace or not scope.watches(namespace):
         return False

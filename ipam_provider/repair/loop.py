@@ -1,18 +1,12 @@
-"""The repair loop: now and then, every pool's backend holdings compared with the live IPAddresses and claims.
+"""The repair loop (docs/repair.md, "What a pass does"): in the leader, a first pass soon after the caches synced,
+then one every `settings.interval` seconds until cancelled.
 
-Contract:
-- `run()` (in the leader only, once the caches synced) makes a first pass soon, then one every `settings.interval`
-  seconds, until cancelled.
-- A pass lists the holdings of every pool that the backends offering the repair capability serve (paused pools and
-  pools clusterctl is moving are left alone), in one listing per backend when it offers one, else pool by pool;
-  THEN compares them with the watch caches. When that finds nothing to act on or report (and the last pass left no
-  finding) the pass ends; else the live IPAddresses and claims are read fresh, once for all backends, and each pool
-  is repaired on that read (`pool.py`): nothing is released, restored or reported as a duplicate on what the caches
-  show. Reading after the backends means an allocation completing meanwhile is never taken for a leak.
-- Every listing request waits for the pacer (`settings.requests_per_second`, shared by all backends).
-- A `BackendError` skips the pool for this pass; any other exception is logged with its traceback and skips the pool
-  too (the backend's pass when the API server cannot be read). Neither stops the loop. Each backend's pass is counted
-  by result and timed. When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
+A pass lists the holdings of every served pool (paused and moving pools left alone; one listing per backend when it
+offers one), compares them with the watch caches, and ends there when they give nothing to act on or report; else it
+reads the live IPAddresses and claims fresh, once for all backends, and repairs each pool on that read (`pool.py`).
+Every listing request waits for the shared pacer. A BackendError skips the pool until the next pass; any other
+exception is logged and skips it too; neither stops the loop. Each backend's pass is counted by result and timed.
+When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
 """
 
 from __future__ import annotations
@@ -95,9 +89,8 @@ class RepairLoop:
             await asyncio.sleep(self.settings.interval)
 
     async def run_pass(self) -> None:
-        """One pass over every backend that offers the repair capability: every backend's holdings, then the live
-        state for all of them (the caches', or one fresh read), then each backend's pools. Never raises but for
-        cancellation."""
+        """One pass: every backend's holdings, then the live state for all of them (the caches', or one fresh read),
+        then each backend's pools. Never raises but for cancellation."""
         self.passes += 1
         self.pools.pacer = self.pacer
         backends = self._backend_passes()

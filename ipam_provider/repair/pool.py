@@ -1,22 +1,11 @@
-"""One pool's share of a repair pass (the comparison itself is `compare.py`'s).
+"""One pool's share of a repair pass (docs/repair.md, "What a pass does"): suspected leaks entered in the book and
+released once releasable, unrecorded IPAddresses restored, duplicates and addresses outside the pool reported (each
+Event once per change), and the `AddressesRecorded` condition handed to the pool reconciler (not with a watch
+filter: sharded controllers each see only their own claims).
 
-- A suspected leak enters the book (`SuspectedLeaks`) with a `RepairSuspectedLeak` Event on the pool; one that is
-  not `releasable` says why it is never released. One the book finds releasable is released (`release_holding`,
-  under the pool's backend turn) only when releasing is on, its claim is neither queued nor being reconciled, and
-  fresh GETs of its claim and of the claim's IPAddress still show it unaccounted for; then
-  `ipam_provider_repair_releases_total` and a `RepairReleasedLeak` Event on the pool.
-- An unrecorded IPAddress whose claim is neither queued nor being reconciled, and which fresh GETs show unchanged,
-  is handed to `restore`: RECORDED gives `RepairRestoredAllocation` on the claim and the pool; TAKEN a duplicate
-  (a `DuplicateAddress` Warning on the claim and the pool when new); OUTSIDE an address outside the pool. A
-  BackendError of one restore gives a `RepairRestoreFailed` Warning on the claim once per change of its message and
-  the pass goes on. One not restored this pass (busy, changed, paused, failed) keeps what the previous pass found.
-- An address named by two live claims or more is a duplicate: a `DuplicateAddress` Warning on each claim and on
-  the pool when new. `outside_pool` answers give one `AddressOutsidePool` Warning each time their set changes.
-- Every request of a release or a restore (fresh GETs, the backend call, a PATCH) waits for the pacer first.
-- The pool's `AddressesRecorded` condition goes to `ReconcileContext.repair_conditions` (the pool reconciler writes
-  it), except with a watch filter: sharded controllers each see only their own claims.
-- A deleting IPAddress with our ProtectAddress finalizer whose claim is gone loses that finalizer when releasing is
-  on; its holding then takes the leak path.
+Nothing is released or restored while its claim is queued or being reconciled, nor unless fresh GETs still show
+what the pass saw; every request of a release or a restore waits for the pacer. A holding that is not `releasable`
+is reported, never released. A deleting IPAddress with our finalizer whose claim is gone loses the finalizer.
 """
 
 from __future__ import annotations
@@ -122,8 +111,7 @@ class SuspectedLeaks:
         return new
 
     def releasable(self, pool: PoolRef, now: float, grace: float) -> list[Holding]:
-        """The pool's `releasable` suspects seen in two consecutive passes or more, first seen `grace` seconds ago
-        or earlier."""
+        """The pool's `releasable` suspects seen in two passes or more in a row, the first `grace` seconds ago."""
         return [
             suspect.holding
             for key, suspect in self._suspects.items()
@@ -179,8 +167,7 @@ class PoolRepairs:
         return not self.settings.report_only
 
     def forget_others(self, pools: set[PoolRef]) -> None:
-        """Forget what was found of every pool not in `pools` (gone, paused, or no longer served), and remove its
-        repair series."""
+        """Forget the findings and repair series of every pool not in `pools` (gone, paused, or not served)."""
         self.book.keep_only(pools)
         for ref in [ref for ref in self.findings if ref not in pools]:
             del self.findings[ref]
