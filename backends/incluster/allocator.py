@@ -64,7 +64,7 @@ class Allocator:
         """The claim's address: adopted, else the one it holds, else the one it must get, else a dynamic one."""
         index = await self.ledger.index(pool)
         if existing is not None:
-            return await self._adopt(pool, index, claim, existing)
+            return await self._hold_existing(pool, index, claim, existing)
         held = index.by_claim.get(claim.uid)
         if held is not None:
             return allocation_of(held)
@@ -146,7 +146,9 @@ class Allocator:
             await asyncio.sleep(PENDING_POLL)
         return None
 
-    async def _adopt(self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext, existing: Allocation) -> Allocation:
+    async def _hold_existing(
+        self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext, existing: Allocation
+    ) -> Allocation:
         """Make the claim hold exactly the address its IPAddress names (see the module)."""
         try:
             value = index.value_of(existing.address)
@@ -159,14 +161,14 @@ class Allocator:
         if mine and claim.uid not in index.doubly_held:
             return existing  # the steady state: nothing to ask the API server
         if not mine:
-            await self._reserve_existing(pool, index, claim, existing)
+            await self._hold_address(pool, index, claim, existing)
         for other in await self.ledger.reservations.list_claim(pool.ref, claim.uid):
             if other.address != existing.address:  # a reservation lost to a concurrent allocation
                 await self.ledger.delete(pool.ref, index, other)
         self.ledger.current(pool.ref, index).held_alone(claim.uid, value)
         return existing
 
-    async def _reserve_existing(
+    async def _hold_address(
         self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext, existing: Allocation
     ) -> None:
         """Make or take the reservation of the IPAddress's address for the claim; AllocationFailedError when another

@@ -561,7 +561,7 @@ class Ledger:
             index.generation, index.scanned = pool.generation, scanned
         index.reuse_grace_seconds = pool.reuse_grace_seconds or 0
         if not index.scanned:
-            await self._scan(ref, index)
+            await self._scan_into(ref, index)
         if index.released:
             await self._reclaim_expired(ref, index, pool.reuse_grace_seconds or 0)
         return self.current(ref, index)
@@ -606,7 +606,7 @@ class Ledger:
         started = time.monotonic()
         reservations = await self.reservations.list_index(ref)
         listed = time.monotonic()
-        found = await self._reserve_existing(ref, family, reservations) if scan else []
+        found = await self._scan_domain(ref, family, reservations) if scan else []
         log.info(
             "pool index built",
             pool=str(ref),
@@ -617,18 +617,16 @@ class Ledger:
         )
         return reservations + found
 
-    async def _scan(self, ref: PoolRef, index: PoolIndex) -> None:
+    async def _scan_into(self, ref: PoolRef, index: PoolIndex) -> None:
         """The scan into `index` (once, one caller at a time)."""
         async with self._building.setdefault(ref, asyncio.Lock()):
             if index.scanned:
                 return
-            for reservation in await self._reserve_existing(
-                ref, index.allocatable.family, list(index.by_address.values())
-            ):
+            for reservation in await self._scan_domain(ref, index.allocatable.family, list(index.by_address.values())):
                 index.hold(reservation)
             index.scanned = True
 
-    async def _reserve_existing(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
+    async def _scan_domain(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
         """The reservations made or found for the IPAddresses of the pool and, for a domain pool, of every other pool
         of the domain, beyond `held` (what the index has)."""
         refs = [ref]
@@ -639,10 +637,10 @@ class Ledger:
         for pool in refs:
             if pool != ref:
                 self.reservations.note_domain(pool, domain)  # its reservations are named by the domain
-            found += await self._reserve_addresses(pool, family, held + found)
+            found += await self._scan_pool(pool, family, held + found)
         return found
 
-    async def _reserve_addresses(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
+    async def _scan_pool(self, ref: PoolRef, family: int, held: list[Reservation]) -> list[Reservation]:
         """A reservation for each IPAddress naming the pool whose address (of `family`) `held` does not hold."""
         held_values = {address_value(reservation.address, family) for reservation in held}
         cached = self.cached_addresses(ref)
