@@ -1,10 +1,6 @@
-"""The management cluster's identity, stamped by the NetBox and Infoblox backends on the objects they make, so that
-management clusters sharing one NetBox or grid never release each other's addresses. Not a secret.
-
-It is the `--cluster-identity` flag's value when given, else the uid of the `kube-system` Namespace (read once at
-start). `cluster_identity` raises ClusterIdentityError, naming the flag, when that Namespace cannot be read;
-`wait_for_identity` asks again, later and later (up to every 30 s), until it has the identity or `stopping` is set:
-the controller does not serve without one.
+"""The management cluster's identity (not a secret), stamped by the NetBox and Infoblox backends on what they make,
+so that management clusters sharing one IPAM never release each other's addresses: `--cluster-identity` when given,
+else the uid of the `kube-system` Namespace. The controller does not serve without it.
 """
 
 from __future__ import annotations

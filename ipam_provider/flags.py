@@ -1,10 +1,6 @@
-"""The command line's flags: controller-runtime's names, in the Go forms a Cluster API manager is given.
-
-cluster-api-operator and Cluster API's shared manager flags (`util/flags`) pass booleans as `--flag` or
-`--flag=true|false`, durations as Go writes them (`15s`, `1m30s`, `500ms`), the log verbosity as `--v=N` and
-per-kind concurrency as `--<kind>-concurrency=N`. `parse_args` accepts all of them and resolves the result into
-`RunOptions`; the flags it accepts but that change nothing here are named in `--help` and in
-`RunOptions.not_acted_on`, which `ipam-provider run` logs once at start-up.
+"""The command line's flags: controller-runtime's names, in the Go forms a Cluster API manager is given (`--flag` or
+`--flag=true|false`, Go durations, `--v=N`, `--<kind>-concurrency=N`), resolved by `parse_args` into `RunOptions`.
+Flags accepted that change nothing here are named in `--help` and in `RunOptions.not_acted_on`, logged at start-up.
 """
 
 from __future__ import annotations
@@ -321,32 +317,22 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
-    """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; the overridden to `ignored`."""
-    workers = DEFAULT_WORKERS
-    for attr, flag in (
-        ("max_concurrent_reconciles", "--max-concurrent-reconciles"),
-        ("claim_concurrency", f"--{CLAIM_KIND}-concurrency"),
-        ("workers", "--workers"),
-    ):  # lowest precedence first
-        value = getattr(args, attr)
-        if value is not None:
-            if value < 1:
-                raise FlagError(f"argument {flag}: must be at least 1, got {value}")
-            workers = value
-    if args.workers is not None:
-        ignored += [
-            f"{flag}={value} (--workers wins)"
-            for flag, value in (
-                (f"--{CLAIM_KIND}-concurrency", args.claim_concurrency),
-                ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
-            )
-            if value is not None
-        ]
-    elif args.claim_concurrency is not None and args.max_concurrent_reconciles is not None:
-        ignored.append(
-            f"--max-concurrent-reconciles={args.max_concurrent_reconciles} (--{CLAIM_KIND}-concurrency wins)"
+    """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; the others given go to
+    `ignored`."""
+    given = [
+        (flag, value)
+        for flag, value in (
+            ("--workers", args.workers),
+            (f"--{CLAIM_KIND}-concurrency", args.claim_concurrency),
+            ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
         )
-    return workers
+        if value is not None
+    ]
+    for flag, value in reversed(given):
+        if value < 1:
+            raise FlagError(f"argument {flag}: must be at least 1, got {value}")
+    ignored += [f"{flag}={value} ({given[0][0]} wins)" for flag, value in given[1:]]
+    return given[0][1] if given else DEFAULT_WORKERS
 
 
 def _logging(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:

@@ -1,11 +1,7 @@
-"""The IPAM domain's Prometheus series (docs/metrics.md lists them), called on the event loop only.
-
-Per pool (labels `backend`, `kind`, `namespace` ("" for a cluster-scoped pool), `name`): counts, readiness, waiting
-claims, allocations and releases (`ipam_provider_*`), and the repair loop's findings, releases and restores
-(`ipam_provider_repair_*`). Per backend and kind only: `ipam_provider_allocation_duration_seconds` (per pool it would
-be most of a scrape at a thousand pools). Per backend: repair passes by result and their duration. Series that carry
-a `reason` keep only the reasons that apply now (`pool_ready`: the current Ready reason; `waiting_claims`: `Pending`
-always, other reasons while claims have them). `forget_pool` removes every series of a pool that is gone.
+"""The IPAM domain's Prometheus series (docs/metrics.md lists them), called on the event loop only: per pool
+(`backend`, `kind`, `namespace` ("" when cluster-scoped), `name`) the `ipam_provider_*` and `ipam_provider_repair_*`
+series; per backend and kind the allocation duration; per backend the repair passes. Series with a `reason` keep only
+the reasons that apply now; `forget_pool` removes every series of a pool that is gone.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
-CLAIM_COLUMNS = ("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY")
-POOL_COLUMNS = ("KIND", "NAMESPACE", "NAME", "READY", "REASON", "TOTAL", "USED", "FREE", "WAITING")
+CLAIM_COLUMNS: tuple[str, ...] = ("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY")
+POOL_COLUMNS: tuple[str, ...] = ("KIND", "NAMESPACE", "NAME", "READY", "REASON", "TOTAL", "USED", "FREE", "WAITING")
 
 
 async def status(args: argparse.Namespace) -> int:
@@ -44,18 +44,16 @@ async def status(args: argparse.Namespace) -> int:
                 await registry.close()
             for entry in skipped:
                 print(f"note: {entry['kind']}.{entry['apiGroup']} skipped: {entry['reason']}", file=sys.stderr)
-            if args.output == "json":
-                _print_json({"pools": pools, "skipped": skipped})
-            else:
-                _print_table(POOL_COLUMNS, [_pool_cells(row) for row in pools])
+            document, table = {"pools": pools, "skipped": skipped}, (POOL_COLUMNS, [_pool_cells(r) for r in pools])
         else:
             claims = await claim_rows(kube, namespaces)
-            if args.output == "json":
-                _print_json({"claims": claims})
-            else:
-                _print_table(CLAIM_COLUMNS, [_claim_cells(row) for row in claims])
+            document, table = {"claims": claims}, (CLAIM_COLUMNS, [_claim_cells(row) for row in claims])
     finally:
         await kube.close()
+    if args.output == "json":
+        print(json.dumps(document, indent=2, sort_keys=False))
+    else:
+        _print_table(*table)
     return 0
 
 
@@ -176,7 +174,3 @@ def _print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in [columns, *rows]) for i in range(len(columns))]
     for row in [columns, *rows]:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip())
-
-
-def _print_json(document: Object) -> None:
-    print(json.dumps(document, indent=2, sort_keys=False))

@@ -1,16 +1,12 @@
-"""Step 1 of a claim's path: the informers' stores with their indexes, the work queue's keys, and which keys a watch
-event enqueues (controller-runtime's predicates and map functions).
+"""Step 1 of a claim's path: the informers' stores with their indexes (`POOL`: claims and IPAddresses by referenced
+pool; `CLUSTER`: claims by Cluster; `POOL_ADDRESS`: IPAddresses by pool and canonical address), the work queue's
+keys, and which keys a watch event enqueues (controller-runtime's predicates and map functions).
 
-Indexes: claims by referenced pool (`POOL`) and by Cluster (`CLUSTER`), IPAddresses by referenced pool (`POOL`) and
-by pool and canonical address (`POOL_ADDRESS`).
-
-A claim or IPAddress event enqueues the claim (an IPAddress's also its pool, a little later, for the status
-counts); a deleted one also the claims still waiting on its pool. A Cluster event enqueues its claims when the
-Cluster appears, goes or changes its pause state. A pool event goes to its backend's observer first (the other pools
-it answers are enqueued a little later, except for the initial list), then enqueues the pool and its claims; a
-status-only change only the waiting claims, and only when the pool became usable (Ready, or free addresses where it
-reported none). Claims are sharded by pool; a fulfilled claim of a cache's initial list gets the low priority, so
-that claims waiting for an address are served first.
+Claim and IPAddress events enqueue the claim (an IPAddress's also its pool, a little later); deletions also the
+claims waiting on the pool. A Cluster event enqueues its claims when its pause state may have changed. A pool event
+goes to its backend's observer first (the other pools it answers are enqueued later, not for the initial list), then
+enqueues the pool and its claims; a status-only change only the waiting claims, once the pool became usable. Claims
+are sharded by pool; a fulfilled claim of an initial list gets the low priority.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ POOL_IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAd
 READY = "Ready"
 REASON_ALLOCATED = "AddressAllocated"
 REASON_POOL_NOT_READY = "PoolNotReady"
-REASON_POOL_EXHAUSTED = "PoolExhausted"
 REASON_ALLOCATION_FAILED = "AllocationFailed"
 
 

@@ -244,17 +244,11 @@ class ReleaseImpossibleError(BackendError):
 
 @dataclass(frozen=True)
 class BackendContext:
-    """What the controller hands to a backend factory.
-
-    `cached_addresses(pool_ref)`: the IPAddresses naming the pool from the watch cache, or None when the cache
-    cannot answer for it (not synced, or the IPAddresses may lie in unwatched namespaces: read the API server).
-    `cached_pools(kind)`: the kind's pools from the watch cache, or None before it synced. Both are the cache's
-    projections, not to be changed. `cluster_identity` names this management cluster (not a secret): a backend
-    whose external system several clusters may share stamps it on every object it makes, and lists as releasable
-    holdings only objects stamped with it (unstamped ones are never released: `Holding.releasable`). "" (the
-    `status` command, tests) means unknown: nothing is stamped and every object with the backend's other marks is
-    releasable.
-    """
+    """What the controller hands to a backend factory. `cached_addresses(pool_ref)` and `cached_pools(kind)` answer
+    from the watch cache (projections, not to be changed), or None when it cannot answer (then read the API server).
+    `cluster_identity` names this management cluster: a backend whose external system clusters may share stamps it
+    on what it makes and releases only what carries it (`Holding.releasable`); "" (unknown): nothing is stamped, and
+    whatever carries the backend's other marks is releasable."""
 
     kube: KubeClient
     controller_name: str = "capi-ipam-provider-py"

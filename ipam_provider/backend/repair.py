@@ -1,16 +1,14 @@
-"""The repair capability: what a backend offers the core's repair loop (`ipam_provider/repair`).
+"""The repair capability: what a backend offers the core's repair loop (`ipam_provider/repair`, docs/repair.md).
 
 The loop compares a backend's *holdings* (what it holds under this controller's ownership mark) with the live
-IPAddresses and claims, and heals the difference: a holding nothing live accounts for is a suspected leak, released
-(`release_holding`) only after consecutive passes spanning a grace period and never while its claim is being
-reconciled; a live IPAddress whose address the backend no longer holds for its claim is restored (`restore`), or
-reported as a duplicate when something else holds it; a live IPAddress outside its pool is reported (`outside_pool`).
-A backend offers the capability by having all three methods (`repairer_of`), and may offer `sweep_orphaned`
-(`orphan_sweeper_of`) and `list_pools_holdings` (`pools_lister_of`).
+IPAddresses and claims: a holding nothing live accounts for is a suspected leak, released (`release_holding`) after
+a grace period; a live IPAddress whose address the backend no longer holds is restored (`restore`); one outside its
+pool is reported (`outside_pool`). A backend offers the capability by having all three methods and `list_holdings`
+(`repairer_of`), and may offer `sweep_orphaned` and `list_pools_holdings`.
 
 Every method reads the backend's own record, never a cache; calls `pacer.wait()` before each listing request; never
 touches an object without this controller's ownership mark; and raises `BackendError` when the external system
-cannot be used now (the loop then skips the pool until the next pass).
+cannot be used now (the pool is then skipped until the next pass).
 """
 
 from __future__ import annotations

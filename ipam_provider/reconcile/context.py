@@ -67,7 +67,7 @@ class ReconcileContext:
         return self._allocating[ref]
 
     @contextlib.asynccontextmanager
-    async def backend_turn(self, backend: Backend, ref: PoolRef) -> AsyncIterator[None]:
+    async def backend_turn(self, backend: object, ref: PoolRef) -> AsyncIterator[None]:
         """Around every call of `backend` for `ref`: the pool's turn, unless the backend serves claims concurrently."""
         if serves_claims_concurrently(backend):
             yield

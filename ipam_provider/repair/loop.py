@@ -20,7 +20,7 @@ import structlog
 
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
-from ipam_provider.backend.contract import Backend, BackendError
+from ipam_provider.backend.contract import BackendError
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, pools_lister_of, repairer_of
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
@@ -42,7 +42,6 @@ class BackendPass:
     """One backend's share of a pass: its name (the metrics' `backend` label) and its pools."""
 
     name: str
-    backend: Backend
     repairer: Repairable
     targets: list[PoolTarget]
 
@@ -145,8 +144,8 @@ class RepairLoop:
                     if ANNOTATION_PAUSED in annotations or ANNOTATION_DELETE_FOR_MOVE in annotations:
                         continue
                     ref = kind.ref(raw["metadata"].get("namespace"), raw["metadata"]["name"])
-                    targets.append(PoolTarget(ref, raw, backend, repairer, PoolLabels.of(name, ref)))
-            passes.append(BackendPass(name, backend, repairer, targets))
+                    targets.append(PoolTarget(ref, raw, repairer, PoolLabels.of(name, ref)))
+            passes.append(BackendPass(name, repairer, targets))
         return passes
 
     async def _backend_pass(self, one: BackendPass, result: str, listed: Listed, live: LiveState | None) -> str:
@@ -164,7 +163,7 @@ class RepairLoop:
             except Exception:
                 result = PASS_ERROR
                 log.exception("pool repair failed; trying again on the next pass", pool=str(target.ref))
-        sweep = orphan_sweeper_of(one.backend)
+        sweep = orphan_sweeper_of(one.repairer)
         if sweep is not None and not self.settings.report_only:
             try:
                 swept = await sweep(self.settings.grace_period)

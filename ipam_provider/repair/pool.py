@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim, cluster_paused
-from ipam_provider.backend.contract import Backend, BackendError, PoolRef, ReportCondition
+from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, listed, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
@@ -135,7 +135,6 @@ class PoolTarget:
 
     ref: PoolRef
     raw: Object
-    backend: Backend
     repairer: Repairable
     labels: PoolLabels
 
@@ -211,9 +210,8 @@ class PoolRepairs:
             for holding in self.book.releasable(target.ref, self.clock(), self.settings.grace_period):
                 await self._release(target, holding)
         previous = self.findings.get(target.ref, PoolFindings())
-        found = PoolFindings()
         outside = await target.repairer.outside_pool(target.ref, target.raw, comparison.in_use)
-        found.outside.update(outside)
+        found = PoolFindings(outside=dict(outside))
         for text, sharers in sorted(comparison.shared.items()):
             self._shared(target, text, sharers, previous, found)
         for item in comparison.unrecorded:
@@ -256,7 +254,7 @@ class PoolRepairs:
             self.book.forget(target.ref, holding)
             return
         await self.pacer.wait()
-        async with self.ctx.backend_turn(target.backend, target.ref):
+        async with self.ctx.backend_turn(target.repairer, target.ref):
             released = await target.repairer.release_holding(target.ref, target.raw, holding)
         self.book.forget(target.ref, holding)
         if not released:
@@ -324,7 +322,7 @@ class PoolRepairs:
             return
         await self.pacer.wait()
         try:
-            async with self.ctx.backend_turn(target.backend, target.ref):
+            async with self.ctx.backend_turn(target.repairer, target.ref):
                 answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
         except BackendError as error:
             self._restore_failed(target, item, error, previous, found)
