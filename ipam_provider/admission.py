@@ -158,15 +158,9 @@ class PoolAdmission:
             namespace = str(meta.get("namespace", ""))
             claim = (spec.get("claimRef") or {}).get("name") or meta.get("name", "")
             prefix = spec.get("prefix")
-            in_use.append(
-                AddressInUse(
-                    namespace,
-                    str(meta.get("name", "")),
-                    str(spec.get("address", "")),
-                    f"{namespace}/{claim}",
-                    prefix if isinstance(prefix, int) and not isinstance(prefix, bool) else None,
-                )
-            )
+            prefix = prefix if isinstance(prefix, int) and not isinstance(prefix, bool) else None
+            name, address = str(meta.get("name", "")), str(spec.get("address", ""))
+            in_use.append(AddressInUse(namespace, name, address, f"{namespace}/{claim}", prefix))
         return in_use
 
 

@@ -55,7 +55,7 @@ class Condition(Model):
 
 
 def set_condition(
-    conditions: Sequence[Condition], *, type: str, status: bool, reason: str, message: str, generation: int | None
+    conditions: Sequence[Condition], type: str, status: bool, reason: str, message: str, generation: int | None
 ) -> tuple[list[Condition], bool]:
     """The conditions with `type` set (its transition time moves when its status flips), and whether they changed."""
     wanted = "True" if status else "False"

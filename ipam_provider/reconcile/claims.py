@@ -402,14 +402,8 @@ class ClaimReconciler:
     ) -> None:
         """Write `status.addressRef` and the Ready condition when they change; record an Event on transitions."""
         status_now = work.claim.status
-        conditions, changed = set_condition(
-            status_now.conditions,
-            type=READY,
-            status=ready,
-            reason=reason,
-            message=message,
-            generation=work.claim.metadata.generation,
-        )
+        generation = work.claim.metadata.generation
+        conditions, changed = set_condition(status_now.conditions, READY, ready, reason, message, generation)
         previous = find_condition(status_now.conditions, READY)
         current_ref = status_now.address_ref.name if status_now.address_ref else None
         wanted_ref = address_name if address_name is not None else current_ref

@@ -144,15 +144,10 @@ class PoolReconciler:
             current = []
         wanted = [ReportCondition(READY, report.ready, report.reason, report.message, warning=event)]
         wanted += [c for c in report.conditions if c.type != READY]
-        conditions, changed = current, False
+        conditions, changed, generation = current, False, raw["metadata"].get("generation")
         for condition in wanted:
             conditions, one_changed = set_condition(
-                conditions,
-                type=condition.type,
-                status=condition.status,
-                reason=condition.reason,
-                message=condition.message,
-                generation=raw["metadata"].get("generation"),
+                conditions, condition.type, condition.status, condition.reason, condition.message, generation
             )
             changed = changed or one_changed
         fields = report.status_fields()

@@ -121,6 +121,10 @@ def address_text(address: Object) -> str:
     return normalized_address(str((address.get("spec") or {}).get("address") or ""))
 
 
+def object_name(obj: Object) -> str:
+    return f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+
+
 def deleting(obj: Object) -> bool:
     return bool(obj["metadata"].get("deletionTimestamp"))
 
@@ -134,8 +138,7 @@ class Unrecorded:
 
     @property
     def name(self) -> str:
-        meta = self.address["metadata"]
-        return f"{meta.get('namespace')}/{meta['name']}"
+        return object_name(self.address)
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,7 @@ class Sharer:
 
     @property
     def claim_name(self) -> str:
-        meta = self.claim["metadata"]
-        return f"{meta.get('namespace')}/{meta['name']}"
+        return object_name(self.claim)
 
 
 @dataclass

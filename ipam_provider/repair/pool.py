@@ -36,6 +36,7 @@ from ipam_provider.repair.compare import (
     claim_of_address,
     compare_pool,
     deleting,
+    object_name,
     owner_claim_uid,
 )
 from ipam_provider.repair.pacer import CountingPacer
@@ -303,7 +304,7 @@ class PoolRepairs:
                 if not (error.conflict or error.not_found):
                     raise
                 continue
-            log.info("finalizer removed from a deleted IPAddress whose claim is gone", address=_name(address))
+            log.info("finalizer removed from a deleted IPAddress whose claim is gone", address=object_name(address))
 
     async def _restore(self, target: PoolTarget, item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
         claim_meta = item.claim["metadata"]
@@ -370,7 +371,7 @@ class PoolRepairs:
         """An address named by two live claims or more: a duplicate of each, Warnings when new."""
         subjects = []
         for sharer in sharers:
-            subject = f"IPAddress {_name(sharer.address)}" if sharer.address else f"claim {sharer.claim_name}"
+            subject = f"IPAddress {object_name(sharer.address)}" if sharer.address else f"claim {sharer.claim_name}"
             others = ", ".join(f"claim {other.claim_name}" for other in sharers if other is not sharer)
             found.duplicates[subject] = f"{text} also named by {others}"
             subjects.append(subject)
@@ -436,7 +437,3 @@ def _keep_previous(item: Unrecorded, previous: PoolFindings, found: PoolFindings
 def _claim_key(holding: Holding) -> ClaimKey:
     namespace, _, name = holding.claim.partition("/")
     return ClaimKey(namespace, name)
-
-
-def _name(obj: Object) -> str:
-    return f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
