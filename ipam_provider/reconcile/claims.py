@@ -34,6 +34,7 @@ from ipam_provider.api.capi import (
 )
 from ipam_provider.api.meta import find_condition, set_condition
 from ipam_provider.backend.contract import (
+    REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
     AllocationFailedError,
     BackendError,
@@ -44,7 +45,6 @@ from ipam_provider.backend.repair import RestoreOutcome, orphan_sweeper_of, repa
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
-from ipam_provider.reconcile.requested import RequestedAddressNotices
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
@@ -58,6 +58,7 @@ RETRY_FAILED = 15.0
 RETRY_LINGERING = 30.0  # a deleted claim whose IPAddress other finalizers keep
 RETRY_IN_USE = 2.0  # an address a live IPAddress still names was given back: ask for another
 REASON_ADDRESS_IN_USE = "AddressStillInUse"
+REASON_REQUESTED_ADDRESS_IGNORED = "RequestedAddressIgnored"
 LIVE, GONE, DELETING = "live", "gone", "deleting"
 LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
 LEFT_WITHOUT_REPAIR = (
@@ -78,7 +79,7 @@ class ClaimReconciler:
         # no new IPAddress; the entry goes when the claim is gone (or replaced by another of its name).
         self._moved_away: dict[tuple[str, str], str] = {}
         self._first_seen = pool_metrics.FirstSeen()  # live claims without an address, for the allocation time
-        self._requested = RequestedAddressNotices(context.recorder)
+        self._noticed: dict[tuple[str, str], tuple[str, str]] = {}  # claim → (uid, requested address ignored)
 
     def _work(self, namespace: str, name: str) -> ClaimWork | None:
         """The work object of a cached claim; None when it is gone, does not parse, or names no served pool."""
@@ -104,7 +105,7 @@ class ClaimReconciler:
         if work is None:
             self._moved_away.pop((namespace, name), None)
             self._first_seen.forget((namespace, name))
-            self._requested.forget(namespace, name)
+            self._noticed.pop((namespace, name), None)
             return None
         if ANNOTATION_DELETE_FOR_MOVE in work.claim.metadata.annotations:
             await self._moving(work)
@@ -145,7 +146,7 @@ class ClaimReconciler:
     async def _release(self, work: ClaimWork) -> float | None:
         """Release a deleted claim (see the module's contract); seconds until a retry, or None when done."""
         self._first_seen.forget((work.namespace, work.name))
-        self._requested.forget(work.namespace, work.name)
+        self._noticed.pop((work.namespace, work.name), None)
         if FINALIZER_RELEASE_ADDRESS not in work.claim.metadata.finalizers:
             return None
         allocation: Allocation | None = None
@@ -244,7 +245,7 @@ class ClaimReconciler:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
             existing = allocation_of(address)
-            self._requested.check(work, existing)
+            self._notice_requested(work, existing)
         else:
             try:  # for every backend: a requested address that is no IP address fails the claim
                 _ = work.context().requested_address  # parsed here once, and handed to the backend parsed
@@ -272,6 +273,26 @@ class ClaimReconciler:
         await self._set_ready(work, True, REASON_ALLOCATED, message, work.name)
         self._first_seen.forget((work.namespace, work.name))
         return None
+
+    def _notice_requested(self, work: ClaimWork, existing: Allocation) -> None:
+        """One `RequestedAddressIgnored` Warning per change of a fulfilled claim's annotation naming another address
+        than its IPAddress's (or no IP address); forgotten once the annotation matches again."""
+        key = (work.namespace, work.name)
+        text = (work.claim.metadata.annotations.get(REQUESTED_ADDRESS_ANNOTATION) or "").strip()
+        try:
+            requested = work.context().requested_address
+        except AllocationFailedError:
+            requested = None
+        current = normalized_address(existing.address)
+        if not text or requested == current:
+            self._noticed.pop(key, None)
+            return
+        if self._noticed.get(key) == (work.claim.metadata.uid, text):
+            return
+        self._noticed[key] = (work.claim.metadata.uid, text)
+        message = ignored_message(requested or text, current, requested is not None)
+        work.log.info("requested address ignored: the claim is fulfilled", requested=text, address=current)
+        self.ctx.recorder.record(work.raw, WARNING, REASON_REQUESTED_ADDRESS_IGNORED, message, related=work.pool)
 
     async def _failed(self, work: ClaimWork, error: BackendError) -> float:
         work.log.info("allocation failed", reason=error.reason, message=error.message)
@@ -418,6 +439,15 @@ class ClaimReconciler:
         )
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
             self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message, related=work.pool)
+
+
+def ignored_message(requested: str, current: str, valid: bool) -> str:
+    """The `RequestedAddressIgnored` message: the address asked for, the one the claim keeps, and what to do."""
+    asked = f"asks for {requested}" if valid else f"is {requested!r}, which is not an IP address"
+    return (
+        f"annotation {REQUESTED_ADDRESS_ANNOTATION} {asked}, but the claim already has {current}; its IPAddress is "
+        "immutable, so nothing changes: delete and recreate the claim to get another address"
+    )
 
 
 def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:

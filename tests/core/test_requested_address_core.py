@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION, AllocationFailedError, ClaimContext
-from ipam_provider.reconcile.requested import REASON_REQUESTED_ADDRESS_IGNORED
+from ipam_provider.reconcile.claims import REASON_REQUESTED_ADDRESS_IGNORED
 from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS
 from tests.core.test_claim_reconciler import ALLOCATED, fulfilled
 from tests.core.world import NS, POOLS, Object, World, claim, make_world, pool, ready_of, ready_state
