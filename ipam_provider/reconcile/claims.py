@@ -60,16 +60,6 @@ RETRY_IN_USE = 2.0  # an address a live IPAddress still names was given back: as
 REASON_ADDRESS_IN_USE = "AddressStillInUse"
 REASON_REQUESTED_ADDRESS_IGNORED = "RequestedAddressIgnored"
 LIVE, GONE, DELETING = "live", "gone", "deleting"
-LEFT_TO_REPAIR = "the repair loop releases the address once the pool's backend can be reached again"
-LEFT_WITHOUT_REPAIR = (
-    "the repair loop would release it once the pool's backend can be reached again, but it does not release "
-    "(--repair-interval=0 or --repair-report-only): release the address in the backend by hand"
-)
-NOT_REPAIRABLE = "this backend has no repair loop to release it: release the address in the backend by hand"
-POOL_GONE = (
-    "the pool is gone and the repair loop does not look for this backend's holdings of gone pools: release the "
-    "address in the backend by hand"
-)
 
 
 class ClaimReconciler:
@@ -452,11 +442,19 @@ def ignored_message(requested: str, current: str, valid: bool) -> str:
 
 def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
     """Who releases what the backend could not, for the Warning Event."""
+    by_hand = "release the address in the backend by hand"
     if repairer_of(work.backend) is None:
-        return NOT_REPAIRABLE
+        return f"this backend has no repair loop to release it: {by_hand}"
     if work.pool is None and orphan_sweeper_of(work.backend) is None:
-        return POOL_GONE
-    return LEFT_TO_REPAIR if ctx.repair_releases else LEFT_WITHOUT_REPAIR
+        return (
+            f"the pool is gone and the repair loop does not look for this backend's holdings of gone pools: {by_hand}"
+        )
+    if ctx.repair_releases:
+        return "the repair loop releases the address once the pool's backend can be reached again"
+    return (
+        "the repair loop would release it once the pool's backend can be reached again, but it does not release "
+        f"(--repair-interval=0 or --repair-report-only): {by_hand}"
+    )
 
 
 def _paused(work: ClaimWork, cluster_raw: Object | None) -> bool:

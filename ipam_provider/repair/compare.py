@@ -74,7 +74,7 @@ class LiveState:
 
 
 def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: KindLookup) -> LiveState:
-    """The live state as the watch caches show it (see the module's contract)."""
+    """The live state of `claims` and `addresses` (as the watch caches show them, or as `read_live` read them)."""
     live = LiveState()
     for address in addresses:
         live.add_address(address, kind_of)
@@ -84,13 +84,9 @@ def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: 
 
 
 async def read_live(kube: KubeClient, scope: Scope, kind_of: KindLookup, pacer: Pacer) -> LiveState:
-    """The live IPAddresses and claims of the watched namespaces, read fresh (see the module's contract)."""
-    live = LiveState()
-    for address in await _list(kube, ADDRESSES, scope, pacer):
-        live.add_address(address, kind_of)
-    for claim in await _list(kube, CLAIMS, scope, pacer):
-        live.add_claim(claim)
-    return live
+    """The live IPAddresses, then claims, of the watched namespaces, read fresh."""
+    addresses = await _list(kube, ADDRESSES, scope, pacer)
+    return cached_live(await _list(kube, CLAIMS, scope, pacer), addresses, kind_of)
 
 
 async def _list(kube: KubeClient, resource: Resource, scope: Scope, pacer: Pacer) -> list[Object]:
