@@ -166,7 +166,6 @@ class Controller:
         self._stopping.set()
 
     async def wait_stopping(self) -> None:
-        """Return once `stop()` has been called."""
         await self._stopping.wait()
 
     @property

@@ -128,7 +128,6 @@ def _bool_flag(group: argparse._ArgumentGroup, flag: str, help: str) -> None:
 
 
 def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
-    """The leader-election flags, with client-go's durations."""
     election = run.add_argument_group("leader election")
     _bool_flag(election, "--leader-elect", "run only while holding the leader lease")
     election.add_argument(
@@ -147,7 +146,6 @@ def _add_leader_election_flags(run: argparse.ArgumentParser) -> None:
 
 
 def _add_repair_flags(run: argparse.ArgumentParser) -> None:
-    """The repair loop's flags (docs/repair.md)."""
     repair = run.add_argument_group("repair loop (docs/repair.md)")
     repair.add_argument(
         "--repair-interval",

@@ -45,8 +45,6 @@ class Caches:
         return caches
 
     def add_indexes(self, kind_of: KindLookup) -> None:
-        """Index claims by pool and by Cluster, IPAddresses by pool."""
-
         def by_pool(obj: Object) -> Iterable[Hashable]:
             ref = referenced_pool(obj, kind_of)
             return [ref] if ref is not None else []
@@ -170,8 +168,6 @@ class EventHandlers:
         )
 
     def on_pool(self, kind: PoolKind) -> EventHandler:
-        """The handler of one pool kind's events."""
-
         def handle(type: str, old: Object | None, new: Object | None) -> None:
             obj = new or old
             if obj is None:

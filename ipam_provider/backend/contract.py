@@ -107,8 +107,7 @@ class ClaimContext:
 
 
 def _embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d) IPv6 address (such
-    addresses are written differently by different systems, so lookups by text miss)."""
+    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d) IPv6 address."""
     if not isinstance(address, ipaddress.IPv6Address):
         return None
     if address.ipv4_mapped is not None:
@@ -119,14 +118,12 @@ def _embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ip
 
 
 def requested_address_held(address: str, pool: PoolRef | str, holder: str) -> str:
-    """The claim's Ready message when its requested address is held by another claim (`holder`: namespace/name, or
-    a description such as "an object outside Kubernetes")."""
+    """The claim's Ready message when its requested address is held by `holder` (a claim, or a description)."""
     return f"requested address {address} is already held by {holder} in {pool}; request another address"
 
 
 def requested_address_outside(address: str, pool: PoolRef | str, why: str = "") -> str:
-    """The claim's Ready message when its requested address is not an allocatable address of the pool (`why`: the
-    rule that excludes it)."""
+    """The claim's Ready message when its requested address is not allocatable in the pool, `why` if known."""
     detail = f" ({why})" if why else ""
     return f"requested address {address} is outside {pool}{detail}; request an address of the pool"
 

@@ -161,7 +161,6 @@ class ClaimWork:
 
 
 def claim_context(claim: IPAddressClaim) -> ClaimContext:
-    """What a backend may know about a claim."""
     return ClaimContext(
         namespace=claim.metadata.namespace or "",
         name=claim.metadata.name,

@@ -159,7 +159,6 @@ class PoolComparison:
 
 
 def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
-    """Compare the pool's holdings with the live state (see the module's contract)."""
     addresses = [(address, address_text(address)) for address in live.addresses_of(pool)]
     by_name: set[tuple[str, str]] = set()
     by_uid: set[tuple[str, str]] = set()

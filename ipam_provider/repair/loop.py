@@ -72,7 +72,6 @@ class RepairLoop:
         return self._pacer
 
     async def run(self) -> None:
-        """Pass after pass until cancelled (see the module's contract)."""
         log.info(
             "repair loop started",
             interval=self.settings.interval,
