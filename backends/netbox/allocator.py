@@ -1,28 +1,24 @@
-"""Dynamic, requested and adopted allocation of NetBox IP addresses for claims, and their release (request costs
-and the reasons behind each rule: docs/netbox.md).
+"""Dynamic, requested and adopted allocation of NetBox IP addresses for claims, and their release (the rules, their
+reasons and request costs: docs/netbox.md, "Allocation…" and "Requested addresses").
 
-Contract (calls for one pool are serialised by the reconciler):
-- Dynamic (`allocate`): one `POST …/available-ips/` on the first source with room, carrying both ownership marks.
-  409 moves on to the next source, and that source is tried last for `full_skip_seconds` (or until this pool deletes
-  an address); every source full: PoolExhaustedError. A POST whose outcome is unknown is never re-sent blindly: the
-  claim is looked up by UID at once (as after a 400, which may be the Unique UID field refusing a second address),
-  and asked again only after `unknown_retry_seconds`. Without Unique on that field, every new claim is looked up
-  before its POST, and not POSTed again for `uncertain_seconds` after an unknown outcome. An address that is its
-  source's gateway is deleted again (ours, just made) and the pool reports GatewayNotRecorded.
-- Requested (`allocate_requested`, a claim without an IPAddress): the address must be one a source of the pool could
-  hand out (`resolver.offered_by`), else `requested_address_outside` and nothing is written. The claim's own address
-  there is adopted and its others deleted; an address of ours recording this claim's namespace/name under another
-  UID (a restore or `clusterctl move`) is re-keyed; anything else there: `requested_address_held`. Else it is
-  created. Every address made or adopted here is kept only if alone at its last listing (`keep_if_alone`), so two
-  kept objects at one address are impossible although NetBox lets two clients create them at once.
-- Adopted (`hold_existing`, an IPAddress names the claim): its address, verified by id, found by UID or recorded
-  anew; never taken from another claim or from an address we did not create, and never a source's gateway.
-- Re-keying to a new claim UID happens only for an address recording the same claim namespace/name; every address
+Contract (calls for one pool are serialised by the reconciler); no address is ever handed out twice:
+- Dynamic (`allocate`): one `POST …/available-ips/` on the first source with room (409: the next source; that one is
+  tried last for `full_skip_seconds`, or until this pool deletes an address; all full: PoolExhaustedError). A POST
+  with an unknown outcome is never re-sent blindly: the claim is looked up by UID at once (as after a 400: the
+  Unique UID field refusing a second address), and asked again after `unknown_retry_seconds`. Without Unique, every
+  new claim is looked up first, and not POSTed again for `uncertain_seconds` after an unknown outcome. An address
+  that is its source's gateway is deleted again (ours, just made): GatewayNotRecorded.
+- Requested (`allocate_requested`): only an address a source of the pool could hand out (`resolver.offered_by`),
+  else `requested_address_outside` with nothing written. The claim's own address there is adopted and its others
+  deleted; ours under the claim's older UID is re-keyed; anything else there: `requested_address_held`; else it is
+  created. Whatever is made or adopted is kept only if alone at its last listing (`keep_if_alone`).
+- Adopted (`hold_existing`): the IPAddress's address, verified by id, found by UID or recorded anew; never taken
+  from another claim or from an address we did not create, never a source's gateway.
+- Re-keying to a new claim UID happens only for an address recording the same claim namespace/name. Every address
   made or re-keyed carries this management cluster's identity, when known.
-- `release` deletes by id after checking both marks for this claim's UID (or the annotation's UID when the address
-  records this claim's namespace/name); without an id, or when it is gone, what the UID lookup finds with both
-  marks. With `sweep` (no Unique, or an unknown outcome) it also deletes whatever else the lookup finds. An address
-  without our marks is never deleted.
+- `release` deletes only addresses carrying both marks for this claim: by id (this claim's UID, or the annotation's
+  UID on an address recording this claim's namespace/name), else what the UID lookup finds (with `sweep`: all of it,
+  even after a deletion by id).
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ from backends.netbox.ledger import (
     claim_ref_of,
     host_of,
     is_ours,
-    is_requested,
     uid_of,
     vrf_id_of,
 )
@@ -84,14 +79,14 @@ class Allocator:
     # --- dynamic --------------------------------------------------------------------------------------------------
 
     async def allocate(self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Allocation:
-        state = self.ledger.state(pool.ref)
-        if claim.uid in state.uncertain or not resolved.ownership.uid_unique:
+        index = self.ledger.index(pool.ref)
+        if claim.uid in index.uncertain or not resolved.ownership.uid_unique:
             held = await self._held_before_asking(client, pool, resolved, claim)
             if held is not None:
                 return await self._hand_out(client, pool, claim, held)
         body = self.ledger.body(pool, resolved, claim)
         full: list[Source] = []
-        for source in self._order(state.full_since, resolved.sources):
+        for source in self._order(index.exhausted, resolved.sources):
             try:
                 what = f"allocate from {source.ref}"
                 created = await client.call(what, calls.allocate(source.type, source.id, body), idempotent=False)
@@ -103,13 +98,13 @@ class Allocator:
                     ) from error
                 if not error.conflict:
                     return await self._refused(client, pool, resolved, claim, error)
-                state.full_since[source.id] = time.monotonic()
+                index.exhausted[source.id] = time.monotonic()
                 full.append(source)
                 continue
             except OutcomeUnknownError as error:
-                state.uncertain[claim.uid] = time.monotonic()
+                index.uncertain[claim.uid] = time.monotonic()
                 return await self._after_unknown(client, pool, resolved, claim, error)
-            state.full_since.pop(source.id, None)
+            index.exhausted.pop(source.id, None)
             return await self._hand_out(client, pool, claim, allocation_of(resolved, created, claim.uid, source))
         names = ", ".join(f"{s.ref} ({s.display})" for s in full)
         raise PoolExhaustedError(
@@ -139,7 +134,7 @@ class Allocator:
         if held is not None:
             return await self._hand_out(client, pool, claim, held)
         if resolved.ownership.uid_unique:
-            self.ledger.state(pool.ref).uncertain.pop(claim.uid, None)
+            self.ledger.index(pool.ref).uncertain.pop(claim.uid, None)
         raise AllocationFailedError(
             f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
             retry_after=self.unknown_retry_seconds,
@@ -153,7 +148,7 @@ class Allocator:
         held = await self._held(client, pool, resolved, claim)
         if held is not None:
             return held
-        uncertain = self.ledger.state(pool.ref).uncertain
+        uncertain = self.ledger.index(pool.ref).uncertain
         since = uncertain.get(claim.uid)
         if (
             since is not None
@@ -169,10 +164,10 @@ class Allocator:
         uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
         return None
 
-    def _order(self, full_since: Mapping[int, float], sources: Sequence[Source]) -> list[Source]:
+    def _order(self, exhausted: Mapping[int, float], sources: Sequence[Source]) -> list[Source]:
         """Sources in spec order, those that recently answered 409 last."""
         now = time.monotonic()
-        skipped = {i for i, t in full_since.items() if now - t < self.full_skip_seconds}
+        skipped = {i for i, t in exhausted.items() if now - t < self.full_skip_seconds}
         return [s for s in sources if s.id not in skipped] + [s for s in sources if s.id in skipped]
 
     async def _held(
@@ -185,8 +180,9 @@ class Allocator:
         keep = min(found, key=lambda o: int(o["id"]))
         await self._delete_others(client, pool.ref, claim, found, int(keep["id"]))
         source = resolved.source_of(host_of(keep))
-        if is_requested(keep) and source is not None and vrf_id_of(keep) == source.vrf_id:
-            try:  # its check may never have run (a crash)
+        requested = str(keep.get("description") or "").endswith(REQUESTED_MARK)
+        if requested and source is not None and vrf_id_of(keep) == source.vrf_id:
+            try:  # made at a requested address: its keep-if-alone check may never have run (a crash)
                 await self.keep_if_alone(client, pool, claim, host_of(keep), source, keep)
             except AllocationFailedError as error:
                 raise AllocationFailedError(
@@ -287,10 +283,10 @@ class Allocator:
         self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None, *, sweep: bool
     ) -> None:
         """Delete the claim's NetBox address if it carries our marks (see the module contract)."""
-        state = self.ledger.state(ref)
-        state.verified.pop(claim.uid, None)
-        sweep = state.uncertain.pop(claim.uid, None) is not None or sweep
-        state.full_since.clear()  # room was made: try the sources in order again
+        index = self.ledger.index(ref)
+        index.by_claim.pop(claim.uid, None)
+        sweep = index.uncertain.pop(claim.uid, None) is not None or sweep
+        index.exhausted.clear()  # room was made: try the sources in order again
         annotations = allocation.annotations if allocation is not None else {}
         raw_id = annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():

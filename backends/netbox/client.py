@@ -63,10 +63,6 @@ class ClientSettings:
     max_backoff: float = 2.0
     deadline: float = 60.0  # the longest one call may take, all attempts and waits included
 
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt `attempt` (0-based), with ±20 % jitter."""
-        return backoff_delay(attempt, self.backoff, self.max_backoff)
-
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -213,9 +209,6 @@ class NetboxClient:
             self._local.api = api
         return api
 
-    def _run(self, fn: Callable[[Api], T]) -> T:
-        return fn(self._api())
-
     async def call(self, what: str, fn: Callable[[Api], T], *, idempotent: bool = True) -> T:
         """Run `fn(api)` in a worker thread; `what` names the call in messages ("GET prefix 12")."""
         attempts = self.settings.attempts if idempotent else 1
@@ -230,7 +223,7 @@ class NetboxClient:
                 failure = (
                     self._overdue(what, idempotent) if limit.expired() else self._classify(what, error, idempotent)
                 )
-            delay = self.settings.delay(attempt)
+            delay = backoff_delay(attempt, self.settings.backoff, self.settings.max_backoff)  # ±20 % jitter
             retry = (
                 isinstance(failure, UnreachableError)
                 and not failure.tls
@@ -248,7 +241,7 @@ class NetboxClient:
         """One try: a slot of the semaphore, held until the worker thread ends (even if the caller gives up)."""
         await self._limit.acquire()
         try:
-            future = loop.run_in_executor(self._executor, self._run, fn)
+            future = loop.run_in_executor(self._executor, lambda: fn(self._api()))
         except BaseException:
             self._limit.release()
             raise

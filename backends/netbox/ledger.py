@@ -3,7 +3,7 @@
 An address of ours carries both ownership marks: the owner tag and the claim's UID in the custom field
 capi_claim_uid; it also records the claim's namespace/name (capi_claim_ref) and, when known, the management
 cluster's identity (capi_cluster_identity). Only addresses carrying both marks are ever changed or deleted.
-`Ledger` reads and writes them; each write updates the pool's `PoolState` in the same method.
+`Ledger` reads and writes them; each write updates the pool's `PoolIndex` in the same method.
 """
 
 from __future__ import annotations
@@ -73,11 +73,6 @@ def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
     return int(vrf) if isinstance(vrf, int) else None
 
 
-def is_requested(obj: Mapping[str, Any]) -> bool:
-    """Whether a NetBox IP address was made at a requested address (its keep-if-alone check may not have run)."""
-    return str(obj.get("description") or "").endswith(REQUESTED_MARK)
-
-
 def identity_fields(cluster_identity: str) -> dict[str, str]:
     """The custom field that names the management cluster, when it is known."""
     return {CLUSTER_IDENTITY_FIELD: cluster_identity} if cluster_identity else {}
@@ -96,11 +91,11 @@ def allocation_of(resolved: Resolved, obj: Mapping[str, Any], uid: str, source: 
 
 
 @dataclass
-class PoolState:
+class PoolIndex:
     """What this controller remembers about one pool between calls."""
 
-    full_since: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
-    verified: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
+    exhausted: dict[int, float] = field(default_factory=dict)  # source id → when it answered 409
+    by_claim: dict[str, tuple[int, str]] = field(default_factory=dict)  # claim uid → (NetBox id, address)
     uncertain: dict[str, float] = field(default_factory=dict)  # claim uid → when its POST's outcome became unknown
 
 
@@ -109,10 +104,10 @@ class Ledger:
 
     def __init__(self, cluster_identity: str = "") -> None:
         self.cluster_identity = cluster_identity  # "" (unknown): nothing is stamped
-        self._states: dict[PoolRef, PoolState] = {}
+        self._indexes: dict[PoolRef, PoolIndex] = {}
 
-    def state(self, ref: PoolRef) -> PoolState:
-        return self._states.setdefault(ref, PoolState())
+    def index(self, ref: PoolRef) -> PoolIndex:
+        return self._indexes.setdefault(ref, PoolIndex())
 
     def trusted(self, ref: PoolRef, claim: ClaimContext, existing: Allocation) -> bool:
         """Whether `existing` is known to be this claim's NetBox address without asking NetBox: its annotations
@@ -120,24 +115,21 @@ class Ledger:
         annotations = existing.annotations
         if annotations.get(ANNOTATION_CLAIM_UID) == claim.uid and (annotations.get(ANNOTATION_IP_ID) or "").isdigit():
             return True
-        held = self.state(ref).verified.get(claim.uid)
+        held = self.index(ref).by_claim.get(claim.uid)
         return held is not None and held[1] == normalized_address(existing.address)
 
     def hold(self, ref: PoolRef, uid: str, address_id: int, address: str) -> None:
         """Remember that NetBox holds `address` (NetBox id `address_id`) for the claim `uid`, checked."""
-        state = self.state(ref)
-        state.uncertain.pop(uid, None)
-        state.verified[uid] = (address_id, normalized_address(address))
+        index = self.index(ref)
+        index.uncertain.pop(uid, None)
+        index.by_claim[uid] = (address_id, normalized_address(address))
 
     def body(self, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Object:
         """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks, and
         the management cluster's identity (when known)."""
         fields = pool.fields
-        marks = {
-            CLAIM_UID_FIELD: claim.uid,
-            CLAIM_REF_FIELD: claim_ref(claim),
-            **identity_fields(self.cluster_identity),
-        }
+        identity = identity_fields(self.cluster_identity)
+        marks = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim), **identity}
         body: Object = {
             "status": fields.status,
             "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
@@ -177,9 +169,9 @@ class Ledger:
         to hold an address, and room was made in the pool (its sources are tried in order again). False when it
         was already gone."""
         deleted: bool = await client.call(f"delete address #{address_id}", calls.delete_address(address_id))
-        state = self.state(ref)
-        state.verified.pop(uid, None)
-        state.full_since.clear()
+        index = self.index(ref)
+        index.by_claim.pop(uid, None)
+        index.exhausted.clear()
         return deleted
 
     async def rekey(self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, obj: Mapping[str, Any]) -> None:

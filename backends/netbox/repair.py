@@ -1,29 +1,20 @@
-"""The NetBox backend's repair capability (the contract is `ipam_provider.backend.repair`; costs in docs/netbox.md).
+"""The NetBox backend's repair capability (contract: `ipam_provider.backend.repair`; the rules, and their request
+costs, in docs/netbox.md "Repair").
 
 Contract:
-- A pool's holdings are the NetBox IP addresses inside its sources (each prefix or ip-range, in the source's VRF)
-  that carry both ownership marks. NetBox filters them itself (`tag`, `cf_<uid field>__empty=false`,
-  `parent=<the sources' networks>`, `vrf_id`: one listing per VRF of the pool; not the whole VRF, so another pool's
-  addresses in a shared VRF are not listed) and answers only the fields a holding needs (`fields=`). The sources
-  come from the resolver's cache; a cold cache costs the resolver's few GETs, after one `pacer.wait()`.
-- Pages: `limit=NetboxSettings.repair_page_size`, one `pacer.wait()` before each. Cursor pagination (`start=<last
-  id + 1>`, NetBox 4.6+) lists an address that exists during the whole listing exactly once; a NetBox that ignores
-  `start` (it answers with a `count`) is paged by `offset`. N addresses cost floor(N / page size) + 1 pages per VRF.
-- An address stamped with another management cluster's identity is not listed; one without identity is listed
-  with `releasable` False (reported, never released). A backend without an identity lists every address as
-  releasable.
-- `release_holding` never touches a holding that is not `releasable`. It reads the address fresh by id and deletes
-  it only if it still carries our tag, the listed claim UID and claim name and our identity, at the listed
-  address; gone (404) or changed: False.
-- `restore` reads NetBox fresh at the address in its source's VRF: an object of ours for the claim, alone there:
-  HELD; nothing there: created for the claim like a requested address (kept only if alone at its last listing),
-  RECORDED; an object of ours recording the same claim name under an older UID, alone there: re-keyed to the claim,
-  RECORDED; anything else there: TAKEN, naming it. An address no source of the pool could hand out: OUTSIDE. A
-  created address is listed once more before RECORDED: a second object there by then (another pool's `POST
-  available-ips` over the same prefix) makes it TAKEN, ours deleted. The pool's sources are resolved afresh by the
-  first restore after the pool's listing (once per pass), from the cache after that.
-- `outside_pool` checks addresses against the pool's sources as last resolved (no request when cached), and those
-  inside a prefix source against the ip-ranges marked populated (one GET per VRF of those prefixes).
+- A pool's holdings are the NetBox IP addresses inside its sources (in each source's VRF) that carry both ownership
+  marks, listed by NetBox's own filters in pages (one `pacer.wait()` before each; cursor pagination where NetBox
+  has it, so an address that exists during the whole listing is listed exactly once). One stamped with another
+  management cluster's identity is not listed; one without identity is listed, never releasable.
+- `release_holding` deletes only a releasable holding that a fresh GET by id shows unchanged: our tag, the listed
+  claim UID and name, our identity, the listed address.
+- `restore` reads NetBox fresh at the address (never the ledger's trusted shortcut): HELD (ours for the claim,
+  alone), RECORDED (nothing there: created like a requested address, kept only if alone at its last listing, and
+  listed once more; or ours under the claim's older UID, alone: re-keyed), TAKEN (anything else, named), OUTSIDE
+  (no source of the pool could hand it out). It never takes an address from another holder, and deletes only an
+  object it just made.
+- `outside_pool` answers from the pool's sources as last resolved, plus one GET per VRF of the prefix sources for
+  the ip-ranges marked populated.
 - Failures become PoolNotReadyError (the loop skips the pool for this pass); tokens never appear in messages.
 """
 
