@@ -36,12 +36,11 @@ from backends.incluster.spec import (
     ParsedPool,
     PreAllocations,
     first_line,
-    listed,
     metadata_of,
 )
 from ipam_provider.api.meta import Model
 from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef
-from ipam_provider.common import Object
+from ipam_provider.common import Object, listed
 
 DEFAULT_ALLOCATION_PREFIX_LENGTH = 64
 PREFIXES_REQUIRED = "prefixes is required"

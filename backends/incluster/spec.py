@@ -53,7 +53,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
     ReportCondition,
 )
-from ipam_provider.common import Object, normalized_address
+from ipam_provider.common import Object, listed, normalized_address
 
 STRANDED = "pool addresses do not contain allocated addresses"  # the Go provider's text
 LISTED_HOLDERS = 10  # IPAddresses named in one message; the rest are counted
@@ -504,7 +504,8 @@ def _overlapping(entries: Sequence[AddressEntry]) -> list[Advisory]:
             widest = (entry.last, index)
     if not found:
         return []
-    message = listed(found, LISTED_ENTRIES, "; ") + ": merge them into one entry"
+    more = f" and {len(found) - LISTED_ENTRIES} more" if len(found) > LISTED_ENTRIES else ""
+    message = "; ".join(found[:LISTED_ENTRIES]) + more + ": merge them into one entry"
     return [Advisory(OVERLAPPING_ENTRIES, message)]
 
 
@@ -520,8 +521,3 @@ def _excluding_nothing(entries: Sequence[AddressEntry], exclusions: Sequence[Add
         return []
     message = f"{listed(found, LISTED_ENTRIES)} excludes none of spec.addresses: correct or remove it"
     return [Advisory(EXCLUSION_OUTSIDE, message)]
-
-
-def listed(items: Sequence[str], limit: int, separator: str = ", ") -> str:
-    """The first `limit` items joined by `separator`, the rest counted."""
-    return separator.join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
