@@ -4,10 +4,10 @@ overlap; and the overlap between pools, which without a common domain can give t
 A pool joins a domain with `spec.uniquenessDomain`, a DNS label (`DOMAIN_PATTERN`, at most 63 characters; another
 name makes the pool InvalidConfiguration), cluster-wide across kinds and namespaces; it cannot change once set
 (a CEL rule): it names the reservations.
-- A domain pool's reservations are named `<domain hash>.<address>` (see `reservations`): create-uniqueness decides
+- A domain pool's reservations are named `<domain hash>.<address>` (see `ledger`): create-uniqueness decides
   between every pool of the domain. Its index holds every reservation of the domain; each keeps its pool's label,
   so a pool's own accounting (claims, release, repair holdings, the sweep of deleted pools) sees only its own, and
-  a claim never takes over another pool's reservation or release record (see `allocator`, `pool_index`).
+  a claim never takes over another pool's reservation or release record (see `allocator`, `ledger`).
 - A release record records its pool's reuse grace period; any pool of the domain deletes it once that is over,
   except under LeastRecentlyReleased, whose records record none. The scan before a domain pool's first allocation
   covers the IPAddresses of every pool of the domain (`domain_pools`, see `ledger`).

@@ -151,7 +151,7 @@ class ReservationClient:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._domains: dict[PoolRef, str] = {}
-        # Told of each reservation this client creates for a pool of a uniqueness domain (see `ledger`).
+        # Told of each reservation this client creates for a pool of a uniqueness domain (`Ledger._share`).
         self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
 
     def note_domain(self, ref: PoolRef, domain: str | None) -> None:
@@ -290,7 +290,7 @@ class PoolIndex:
     pending: dict[int, str] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
     generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
-    # Whether IPAddresses naming the pool without a reservation have been given one (see `ledger`).
+    # Whether IPAddresses naming the pool without a reservation have been given one (the scan, see the module).
     scanned: bool = False
     reuse_grace_seconds: int = 0  # the pool's addressReuseGracePeriodSeconds (None is 0)
     clock: Callable[[], float] = time.time  # wall-clock seconds, compared with releasedAt
@@ -519,7 +519,7 @@ class Ledger:
                 index.hold(reservation)
 
     def noted(self, pool: Parsed) -> Parsed:
-        """`pool`, its uniqueness domain noted: a pool's reservations are named by it (see `reservations`)."""
+        """`pool`, its uniqueness domain noted: a pool's reservations are named by it (see `reservation_name`)."""
         self.reservations.note_domain(pool.ref, pool.domain)
         return pool
 
