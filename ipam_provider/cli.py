@@ -192,10 +192,8 @@ async def _serve(
 ) -> int:
     """Build the backends and the controller for the management cluster `identity`, and run it until stopped."""
     view = CacheView()
-    context = BackendContext(
-        kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity
-    )
-    registry = load_registry(context, options.backends)
+    ctx = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity)
+    registry = load_registry(ctx, options.backends)
     settings = ControllerSettings(
         namespaces=options.namespaces,
         watch_filter=options.watch_filter,

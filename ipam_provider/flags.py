@@ -193,17 +193,15 @@ def _positive_rate(text: str) -> float:
 
 def _add_logging_flags(run: argparse.ArgumentParser) -> None:
     """Log format and level, and the CAPI forms that map onto them."""
-    logging = run.add_argument_group("logging")
-    logging.add_argument("--log-format", choices=["json", "console"], help="default: console")
-    logging.add_argument(
+    logs = run.add_argument_group("logging")
+    logs.add_argument("--log-format", choices=["json", "console"], help="default: console")
+    logs.add_argument(
         "--logging-format",
         choices=["text", "json"],
         help="Kubernetes components' name for it: text is console (--log-format wins)",
     )
-    logging.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], help="default: info; wins over --v"
-    )
-    logging.add_argument(
+    logs.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default: info; wins over --v")
+    logs.add_argument(
         "--v",
         type=_verbosity,
         metavar="N",

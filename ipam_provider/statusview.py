@@ -147,27 +147,13 @@ def _ready(obj: Object) -> tuple[bool | None, str | None]:
 
 def _claim_cells(row: Object) -> tuple[str, ...]:
     pool = row["pool"]
-    return (
-        row["namespace"],
-        row["name"],
-        f"{pool['kind']}/{pool['name']}",
-        row["address"] or "-",
-        row["reason"] or "-",
-    )
+    return row["namespace"], row["name"], f"{pool['kind']}/{pool['name']}", row["address"] or "-", row["reason"] or "-"
 
 
 def _pool_cells(row: Object) -> tuple[str, ...]:
     ready = {True: "True", False: "False", None: "Unknown"}[row["ready"]]
     counts = tuple("-" if row[field] is None else str(row[field]) for field in ("total", "used", "free"))
-    return (
-        row["kind"],
-        row["namespace"] or "-",
-        row["name"],
-        ready,
-        row["reason"] or "-",
-        *counts,
-        str(row["waiting"]),
-    )
+    return row["kind"], row["namespace"] or "-", row["name"], ready, row["reason"] or "-", *counts, str(row["waiting"])
 
 
 def _print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

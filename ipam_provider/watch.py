@@ -163,9 +163,8 @@ class EventHandlers:
             return
         if type == "MODIFIED" and old is not None and new is not None and pause_state(old) == pause_state(new):
             return
-        self._enqueue_claims(
-            self.caches.claims.by_index(CLUSTER, (obj["metadata"]["namespace"], obj["metadata"]["name"]))
-        )
+        meta = obj["metadata"]
+        self._enqueue_claims(self.caches.claims.by_index(CLUSTER, (meta["namespace"], meta["name"])))
 
     def on_pool(self, kind: PoolKind) -> EventHandler:
         def handle(type: str, old: Object | None, new: Object | None) -> None:

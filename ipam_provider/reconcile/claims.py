@@ -312,25 +312,23 @@ class ClaimReconciler:
         self, work: ClaimWork, pool: Object, allocation: Allocation, holder: Object
     ) -> AllocationFailedError:
         """Release this claim's new allocation, restore it for the holder; the error that fails this attempt."""
-        holder_name = f"{holder['metadata'].get('namespace')}/{holder['metadata'].get('name')}"
+        held_by = f"{holder['metadata'].get('namespace')}/{holder['metadata'].get('name')}"
         async with self.ctx.backend_turn(work.backend, work.pool_ref):
             await work.backend.release(work.pool_ref, pool, work.context(), allocation)
         outcome = await self._restore_for_holder(work, pool, holder)
         work.log.warning(
             "backend handed out an address a live IPAddress still names; given back",
             address=allocation.address,
-            holder=holder_name,
+            holder=held_by,
             restored=outcome,
         )
         message = (
             f"{work.pool_ref} handed {allocation.address} to claim {work.namespace}/{work.name}, but IPAddress "
-            f"{holder_name} still names it (its record in the backend was lost); it was given back"
+            f"{held_by} still names it (its record in the backend was lost); it was given back"
             + (" and recorded again for its claim" if outcome == RestoreOutcome.RECORDED else "")
         )
         self.ctx.recorder.record(pool, WARNING, REASON_ADDRESS_IN_USE, message)
-        why = (
-            f"{allocation.address} is still used by IPAddress {holder_name}; asking {work.pool_ref} for another address"
-        )
+        why = f"{allocation.address} is still used by IPAddress {held_by}; asking {work.pool_ref} for another address"
         return AllocationFailedError(why, retry_after=RETRY_IN_USE)
 
     async def _restore_for_holder(self, work: ClaimWork, pool: Object, holder: Object) -> str:
@@ -442,18 +440,16 @@ def ignored_message(requested: str, current: str, valid: bool) -> str:
 
 def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
     """Who releases what the backend could not, for the Warning Event."""
-    by_hand = "release the address in the backend by hand"
+    manual = "release the address in the backend by hand"
     if repairer_of(work.backend) is None:
-        return f"this backend has no repair loop to release it: {by_hand}"
+        return f"this backend has no repair loop to release it: {manual}"
     if work.pool is None and orphan_sweeper_of(work.backend) is None:
-        return (
-            f"the pool is gone and the repair loop does not look for this backend's holdings of gone pools: {by_hand}"
-        )
+        return f"the pool is gone and the repair loop does not look for this backend's holdings of gone pools: {manual}"
     if ctx.repair_releases:
         return "the repair loop releases the address once the pool's backend can be reached again"
     return (
         "the repair loop would release it once the pool's backend can be reached again, but it does not release "
-        f"(--repair-interval=0 or --repair-report-only): {by_hand}"
+        f"(--repair-interval=0 or --repair-report-only): {manual}"
     )
 
 

@@ -220,11 +220,9 @@ class PoolRepairs:
         self._report(target, previous, found)
         self.findings[target.ref] = found
         self.labels[target.ref] = target.labels
+        suspected = self.book.count(target.ref)
         pool_metrics.record_repair_findings(
-            target.labels,
-            suspected=self.book.count(target.ref),
-            duplicates=len(found.duplicates),
-            outside=len(found.outside),
+            target.labels, suspected=suspected, duplicates=len(found.duplicates), outside=len(found.outside)
         )
 
     def _suspected(self, target: PoolTarget, holding: Holding) -> None:
