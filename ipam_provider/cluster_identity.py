@@ -17,6 +17,8 @@ from ipam_provider.runtime.kube.resources import NAMESPACES
 log = structlog.get_logger(__name__)
 
 IDENTITY_NAMESPACE = "kube-system"
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
 
 
 class ClusterIdentityError(Exception):
@@ -48,10 +50,6 @@ async def cluster_identity(kube: KubeClient, override: str = "") -> str:
         )
     log.info("management cluster identity", cluster_identity=uid, source=f"Namespace {IDENTITY_NAMESPACE}")
     return uid
-
-
-FIRST_RETRY_SECONDS = 1.0
-MAX_RETRY_SECONDS = 30.0
 
 
 async def wait_for_identity(kube: KubeClient, override: str, stopping: asyncio.Event) -> str | None:

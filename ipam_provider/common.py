@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from ipam_provider.runtime.kube.resources import Object as Object  # the one alias, re-exported for the domain
 
-INT64_MAX = 2**63 - 1
-"""The largest count a status field (an int64 in the CRD schema) can hold."""
+INT64_MAX = 2**63 - 1  # the largest count a status field (an int64 in the CRD schema) can hold
 
 
 def cap_int64(count: int) -> int:

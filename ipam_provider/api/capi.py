@@ -19,8 +19,7 @@ ANNOTATION_SKIP_DELETE_VALIDATION = "ipam.cluster.x-k8s.io/skip-validate-delete-
 # Set by `clusterctl move` on each object it deletes at the source, after copying it to the target.
 ANNOTATION_DELETE_FOR_MOVE = "clusterctl.cluster.x-k8s.io/delete-for-move"
 
-# Refusing a pool's deletion, in the Go provider's words.
-POOL_IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."
+POOL_IN_USE = "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed."  # Go's text
 READY = "Ready"
 REASON_ALLOCATED = "AddressAllocated"
 REASON_POOL_NOT_READY = "PoolNotReady"

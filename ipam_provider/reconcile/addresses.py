@@ -13,24 +13,10 @@ from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 def owner_references(work: ClaimWork, pool: Object) -> list[Object]:
     """The claim as controller and the pool as a non-controller owner, both blocking owner deletion."""
-    return [
-        {
-            "apiVersion": CLAIMS.api_version,
-            "kind": CLAIMS.kind,
-            "name": work.name,
-            "uid": work.claim.metadata.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        },
-        {
-            "apiVersion": work.kind.api_version,
-            "kind": work.kind.kind,
-            "name": pool["metadata"]["name"],
-            "uid": pool["metadata"]["uid"],
-            "controller": False,
-            "blockOwnerDeletion": True,
-        },
-    ]
+    claim_owner = (CLAIMS.api_version, CLAIMS.kind, work.name, work.claim.metadata.uid, True)
+    pool_owner = (work.kind.api_version, work.kind.kind, pool["metadata"]["name"], pool["metadata"]["uid"], False)
+    keys = ("apiVersion", "kind", "name", "uid", "controller")
+    return [{**dict(zip(keys, owner, strict=True)), "blockOwnerDeletion": True} for owner in (claim_owner, pool_owner)]
 
 
 def cluster_label(work: ClaimWork) -> str | None:

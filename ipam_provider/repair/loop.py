@@ -32,8 +32,6 @@ from ipam_provider.watch import ClaimKey
 log = structlog.get_logger(__name__)
 
 FIRST_PASS_DELAY = 5.0  # the first pass comes this long after the start (or after one interval, if shorter)
-
-
 Listed = list[tuple[PoolTarget, list[Holding]]]  # pools with their holdings, as a pass listed them
 
 
