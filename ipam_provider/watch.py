@@ -11,12 +11,12 @@ are sharded by pool; a fulfilled claim of an initial list gets the low priority.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_CLUSTER_NAME
 from ipam_provider.api.pools import KindLookup, referenced_pool
-from ipam_provider.backend.contract import PoolKind, PoolRef, reported_free
+from ipam_provider.backend.contract import PoolKind, PoolObserver, PoolRef, reported_free
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.cache.informer import in_initial_list
 from ipam_provider.runtime.cache.projection import project_address, project_claim, project_cluster, project_pool
@@ -104,16 +104,12 @@ class EventHandlers:
     """Maps watch events of claims, IPAddresses, Clusters and pools to queue keys."""
 
     def __init__(
-        self,
-        caches: Caches,
-        queue: WorkQueue[QueueKey],
-        kind_of: KindLookup,
-        observe_pool: Callable[[PoolKind, Object | None, Object | None], Collection[PoolRef]] = lambda *_: (),
+        self, caches: Caches, queue: WorkQueue[QueueKey], kind_of: KindLookup, observe: PoolObserver = lambda *_: ()
     ) -> None:
         self.caches = caches
         self.queue = queue
         self.kind_of = kind_of
-        self.observe_pool = observe_pool
+        self.observe_pool = observe  # a pool's backend's observer (`pool_observer_of`)
 
     def enqueue_claim(self, namespace: str, name: str) -> None:
         key = ClaimKey(namespace, name)
