@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
-from ipam_provider.reconcile.requested import REASON_REQUESTED_ADDRESS_IGNORED, ignored_message
+from ipam_provider.reconcile.claims import REASON_REQUESTED_ADDRESS_IGNORED, ignored_message
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
 from tests.support.cluster import wait_for
