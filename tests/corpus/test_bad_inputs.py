@@ -32,8 +32,8 @@ from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
+from tests.ipam_provider.test_admission import labelled, webhook
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, pool, wait_address
-from tests.webhook.test_admission import labelled, webhook
 
 CORPUS = Path(__file__).resolve().parent / "bad"
 RESOURCES = {

@@ -27,11 +27,11 @@ import pytest_asyncio
 
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, Resource
-from tests.core.test_cli import free_port
+from tests.ipam_provider.test_admission_process import controller_process, tail, wait_ready
+from tests.ipam_provider.test_cli import free_port
 from tests.providers.conftest import Harness as Built
 from tests.support.cluster import wait_for
 from tests.support.objects import POOLS, cluster
-from tests.webhook.test_process import controller_process, tail, wait_ready
 from tools.controlplane.crds import install_crds
 
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"

@@ -1,0 +1,37 @@
+"""The claim path against a backend that lost a record and hands its address out again: the address is never
+written for the new claim; it is given back and recorded again for the claim whose IPAddress still names it, and
+the new claim gets another address on its next attempt."""
+
+from __future__ import annotations
+
+from ipam_provider.runtime.kube.resources import CLAIMS
+from tests.ipam_provider.repair.test_repair_restore import forget_in_backend, fulfilled
+from tests.ipam_provider.repair_world import RepairWorld, make_repair_world
+from tests.ipam_provider.world import NS, claim
+
+
+async def _second_claim_gets_the_lost_address(rw: RepairWorld) -> str:
+    ip: str = (await fulfilled(rw, "m1"))["spec"]["address"]
+    forget_in_backend(rw, ip)
+    rw.backend._next -= 1  # the backend's next answer is the address whose record it lost
+    rw.world.add(CLAIMS, claim("m2"))
+    await rw.world.claims.reconcile(NS, "m2")
+    rw.world.sync()
+    return ip
+
+
+async def test_an_address_handed_out_again_is_never_written_for_another_claim() -> None:
+    rw = make_repair_world()
+    ip = await _second_claim_gets_the_lost_address(rw)
+
+    assert rw.world.address("m2") is None, "the address still named by m1's IPAddress was not written for m2"
+    holders = [h.claim for h in rw.backend.holdings(rw.ref) if h.address == ip]
+    assert holders == [f"{NS}/m1"], "given back by m2 and recorded again for m1"
+    ready = [c for c in rw.world.claim("m2").get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "False" and ip in ready[0]["message"]
+    assert ("Warning", "AddressStillInUse", "FakeIPPool", "net") in await rw.world.events()
+
+    await rw.world.claims.reconcile(NS, "m2")
+    rw.world.sync()
+    second = rw.world.address("m2")
+    assert second is not None and second["spec"]["address"] != ip
