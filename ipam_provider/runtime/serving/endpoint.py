@@ -25,27 +25,19 @@ METRICS_PATH = "/metrics"
 CERT_CHECK_SECONDS = 10.0  # how often the certificate files are looked at (a stat of each) for a rotation
 
 
-class MetricsEndpoint:
-    """`/metrics` on one address. `certificate` None serves plain HTTP without authentication; otherwise HTTPS,
-    authenticated and authorised through `reviewer`, which the caller sets once it has an API client (until then
-    requests are answered 503)."""
+class Server:
+    """One aiohttp application on one address: over HTTPS with `certificate` (its files, when it has a directory,
+    are looked at every CERT_CHECK_SECONDS and reloaded on change), else plain HTTP."""
 
-    def __init__(self, certificate: ServingCertificate | None, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, certificate: ServingCertificate | None) -> None:
         self.certificate = certificate
-        self.reviewer: Reviewer | None = None
-        self._registry = registry
-        self._runner: web.AppRunner | None = None
         self.address = ""
+        self.port = 0
+        self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
 
-    @property
-    def secure(self) -> bool:
-        return self.certificate is not None
-
-    async def start(self, host: str, port: int) -> None:
-        """Listen on host:port. Raises OSError when the address cannot be bound."""
-        app = web.Application()
-        app.add_routes([web.get(METRICS_PATH, self._metrics)])
+    async def serve(self, host: str, port: int, app: web.Application) -> None:
+        """Serve `app` on host:port (port 0: any free one, then in `port`). Raises OSError when it cannot bind."""
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         context = self.certificate.context if self.certificate is not None else None
@@ -55,9 +47,41 @@ class MetricsEndpoint:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.address = f"{host}:{port}"
+        self.port = int(runner.addresses[0][1]) if runner.addresses else port
+        self.address = f"{host}:{self.port}"
         if self.certificate is not None and self.certificate.files.directory:
             self._watcher = asyncio.create_task(watch_certificate(self.certificate))
+
+    async def close(self) -> None:
+        watcher, runner = self._watcher, self._runner
+        self._watcher, self._runner = None, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if runner is not None:
+            await runner.cleanup()
+
+
+class MetricsEndpoint(Server):
+    """`/metrics` on one address. `certificate` None serves plain HTTP without authentication; otherwise HTTPS,
+    authenticated and authorised through `reviewer`, which the caller sets once it has an API client (until then
+    requests are answered 503)."""
+
+    def __init__(self, certificate: ServingCertificate | None, registry: CollectorRegistry = REGISTRY) -> None:
+        super().__init__(certificate)
+        self.reviewer: Reviewer | None = None
+        self._registry = registry
+
+    @property
+    def secure(self) -> bool:
+        return self.certificate is not None
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on host:port. Raises OSError when the address cannot be bound."""
+        app = web.Application()
+        app.add_routes([web.get(METRICS_PATH, self._metrics)])
+        await self.serve(host, port, app)
 
     def log_serving(self) -> None:
         """One line saying where and how the metrics are served (a warning for the self-signed certificate, the
@@ -67,11 +91,6 @@ class MetricsEndpoint:
             return
         report = log.warning if self.certificate.source == "self-signed" else log.info
         report("serving the metrics over HTTPS", address=self.address, certificate=self.certificate.source)
-
-    async def close(self) -> None:
-        watcher, runner = self._watcher, self._runner
-        self._watcher, self._runner = None, None
-        await stop_serving(watcher, runner)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.secure:
@@ -117,16 +136,6 @@ def _unauthorized(reason: str) -> web.Response:
     return web.Response(
         status=401, text=f"Unauthorized: {reason}\n", headers={"WWW-Authenticate": 'Bearer realm="metrics"'}
     )
-
-
-async def stop_serving(watcher: asyncio.Task[None] | None, runner: web.AppRunner | None) -> None:
-    """Stop an HTTPS server of this package: its certificate watch (when it has one), then its runner."""
-    if watcher is not None:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    if runner is not None:
-        await runner.cleanup()
 
 
 async def watch_certificate(certificate: ServingCertificate) -> None:

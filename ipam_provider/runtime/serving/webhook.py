@@ -31,7 +31,7 @@ from ipam_provider.runtime.flagforms import go_duration
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Object
 from ipam_provider.runtime.serving.certificates import ServingCertificate
-from ipam_provider.runtime.serving.endpoint import stop_serving, watch_certificate
+from ipam_provider.runtime.serving.endpoint import Server
 
 log = structlog.get_logger(__name__)
 
@@ -131,17 +131,13 @@ class Route:
     decide: Callable[[ReviewRequest], Awaitable[Verdict]]
 
 
-class WebhookServer:
-    """The webhook on one address, with `certificate`; it reviews through the routes set by `use`."""
+class WebhookServer(Server):
+    """The webhook on one address, over HTTPS with `certificate`; it reviews through the routes set by `use`."""
 
     def __init__(self, certificate: ServingCertificate) -> None:
-        self.certificate = certificate
+        super().__init__(certificate)
         self._routes: Mapping[str, Route] | None = None
-        self._runner: web.AppRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(CONCURRENT_REVIEWS)
-        self.address = ""
-        self.port = 0
 
     @property
     def serving(self) -> bool:
@@ -157,25 +153,10 @@ class WebhookServer:
         """Listen on host:port. Raises OSError when the address cannot be bound."""
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([web.post("/{path:validate-[^/]+}", self._review)])
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port, ssl_context=self.certificate.context).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1]) if runner.addresses else port  # the one bound, for port 0
-        self.address = f"{host}:{self.port}"
-        if self.certificate.files.directory:
-            self._watcher = asyncio.create_task(watch_certificate(self.certificate))
-        report = log.warning if self.certificate.source == "self-signed" else log.info
-        report("serving the admission webhook over HTTPS", address=self.address, certificate=self.certificate.source)
-
-    async def close(self) -> None:
-        watcher, runner = self._watcher, self._runner
-        self._watcher, self._runner = None, None
-        await stop_serving(watcher, runner)
+        await self.serve(host, port, app)
+        source = self.certificate.source if self.certificate is not None else ""
+        report = log.warning if source == "self-signed" else log.info
+        report("serving the admission webhook over HTTPS", address=self.address, certificate=source)
 
     async def _review(self, request: web.Request) -> web.Response:
         started = time.monotonic()
