@@ -39,9 +39,10 @@ from ipam_provider.api.capi import (
     FINALIZER_RELEASE_ADDRESS,
     READY,
     REASON_ALLOCATED,
+    Condition,
     IPAddressClaim,
+    set_condition,
 )
-from ipam_provider.api.meta import Condition, set_condition
 from ipam_provider.backend.contract import (
     STATUS_COUNTS_FIELD,
     AddressCounts,

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import aiohttp
 import structlog
 
-from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_SKIP_DELETE_VALIDATION, POOL_IN_USE
-from ipam_provider.api.pools import names_pool
+from ipam_provider.api.capi import (
+    ANNOTATION_DELETE_FOR_MOVE,
+    ANNOTATION_SKIP_DELETE_VALIDATION,
+    POOL_IN_USE,
+    names_pool,
+)
 from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef, admission_reviewer_of
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object, listed
@@ -76,7 +79,7 @@ class PoolAdmission:
         pool = request.new
         if pool is None:
             return Verdict(False, 400, "BadRequest", f"the {request.operation} request carries no object")
-        if request.old is not None and _spec(request.old) == _spec(pool):
+        if request.old is not None and (request.old.get("spec") or {}) == (pool.get("spec") or {}):
             return ALLOWED  # metadata only: never refused, so nothing is read
         review = self._reviewer(path_kind)
         if review is None:
@@ -162,10 +165,6 @@ class PoolAdmission:
             name, address = str(meta.get("name", "")), str(spec.get("address", ""))
             in_use.append(AddressInUse(namespace, name, address, f"{namespace}/{claim}", prefix))
         return in_use
-
-
-def _spec(pool: Object) -> Any:
-    return pool.get("spec") or {}
 
 
 def _ref(request: ReviewRequest, kind: PoolKind, pool: Object | None) -> PoolRef:

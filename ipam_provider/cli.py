@@ -1,8 +1,10 @@
-"""`ipam-provider run|status`: the controller's command line (its flags: `flags.py`; `status`: `statusview.py`)."""
+"""`ipam-provider run|status`: the controller's command line (its flags: `flags.py`; `status`: `statusview.py`), and
+what `run` needs before the controller starts: its endpoints, the management cluster's identity, the leader lease."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -15,11 +17,11 @@ from aiohttp import web
 from ipam_provider.admission import PoolAdmission
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
-from ipam_provider.cluster_identity import wait_for_identity
-from ipam_provider.controller import CacheView, Controller, ControllerSettings
+from ipam_provider.controller import CacheView, Controller
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.errors import KubeconfigError
+from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from ipam_provider.runtime.leader import LeaderElector
 from ipam_provider.runtime.logconfig import configure_logging
 from ipam_provider.runtime.serving.certificates import CertificateError, ServingCertificate
@@ -130,6 +132,60 @@ def _bind_error(address: str, flag: str, error: OSError) -> BindError:
     return BindError(f"cannot listen on {address} ({flag}): {reason}; choose another address, or 0 to turn it off")
 
 
+IDENTITY_NAMESPACE = "kube-system"
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
+
+
+class ClusterIdentityError(Exception):
+    """The management cluster's identity could not be found; the message says what to do."""
+
+
+async def cluster_identity(kube: KubeClient, override: str = "") -> str:
+    """The management cluster's identity (not a secret), stamped by the NetBox and Infoblox backends on what they
+    make, so that management clusters sharing one IPAM never release each other's addresses: `override` when not
+    blank, else the uid of the kube-system Namespace (one GET). Raises ClusterIdentityError when that Namespace cannot
+    be read or has no uid; other API failures propagate. The controller does not serve without it."""
+    if override.strip():
+        log.info("management cluster identity from --cluster-identity", cluster_identity=override.strip())
+        return override.strip()
+    try:
+        namespace = await kube.get(NAMESPACES, IDENTITY_NAMESPACE)
+    except ApiError as error:
+        if error.status not in (401, 403):
+            raise
+        how = "refused" if error.status == 401 else "forbidden"
+        raise ClusterIdentityError(
+            f"cannot read Namespace {IDENTITY_NAMESPACE} ({how}: HTTP {error.status}), whose uid names this management "
+            "cluster on the objects NetBox and Infoblox pools make; grant get on it (config/rbac) or set "
+            "--cluster-identity"
+        ) from error
+    uid = str(((namespace or {}).get("metadata") or {}).get("uid") or "")
+    if not uid:
+        raise ClusterIdentityError(
+            f"Namespace {IDENTITY_NAMESPACE} does not exist, and its uid names this management cluster on the "
+            "objects NetBox and Infoblox pools make; set --cluster-identity"
+        )
+    log.info("management cluster identity", cluster_identity=uid, source=f"Namespace {IDENTITY_NAMESPACE}")
+    return uid
+
+
+async def wait_for_identity(kube: KubeClient, override: str, stopping: asyncio.Event) -> str | None:
+    """The identity (see `cluster_identity`), asked for again after each failure; None once `stopping` is set."""
+    delay = FIRST_RETRY_SECONDS
+    while not stopping.is_set():
+        try:
+            return await cluster_identity(kube, override)
+        except ClusterIdentityError as error:
+            log.error(str(error), retry_in=delay)
+        except Exception as error:  # the API server cannot be used now: as the informers, try again later
+            log.warning("cannot read the management cluster identity; trying again", error=str(error), retry_in=delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        delay = min(delay * 2, MAX_RETRY_SECONDS)
+    return None
+
+
 def leader_elector(kube: KubeClient, election: LeaderElection) -> LeaderElector:
     return LeaderElector(
         kube,
@@ -163,13 +219,13 @@ async def run(options: RunOptions) -> int:
 
 async def _run_controller(options: RunOptions, endpoints: Endpoints, kube: KubeClient) -> int:
     endpoints.use_api(kube)
-    election = options.leader_election
+    election, settings = options.leader_election, options.controller
     log.info(
         "controller starting",
         version=__version__,
-        workers=options.workers,
-        sync_period=options.sync_period,
-        namespaces=",".join(options.namespaces) or "*",
+        workers=settings.workers,
+        sync_period=settings.sync_period,
+        namespaces=",".join(settings.namespaces) or "*",
         leader_elect=election.enabled,
     )
     loop = asyncio.get_running_loop()
@@ -194,14 +250,7 @@ async def _serve(
     view = CacheView()
     ctx = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity)
     registry = load_registry(ctx, options.backends)
-    settings = ControllerSettings(
-        namespaces=options.namespaces,
-        watch_filter=options.watch_filter,
-        workers=options.workers,
-        sync_period=options.sync_period,
-        repair=options.repair,
-    )
-    controller = view.controller = Controller(kube, registry, settings)
+    controller = view.controller = Controller(kube, registry, options.controller)
     endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools))  # every replica
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

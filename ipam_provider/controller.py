@@ -38,7 +38,7 @@ class ControllerSettings:
     namespaces: list[str] = field(default_factory=list)
     watch_filter: str | None = None
     workers: int = 8
-    sync_period: float = 600.0  # every live pool is reported again this often (see `PoolReconciler`)
+    sync_period: float = 600.0  # seconds (--sync-period=10m): every live pool is reported again this often
     component: str = "capi-ipam-provider-py"
     repair: RepairSettings = field(default_factory=RepairSettings)
 
@@ -201,7 +201,8 @@ class Controller:
             try:
                 requeue = await self._dispatch(key)
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and _cancelling():
+                task = asyncio.current_task()
+                if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling() > 0:
                     raise  # this worker itself is being cancelled
                 # Anything else, including a CancelledError a backend let escape (a future cancelled by an
                 # executor's shutdown), fails this reconcile only: the worker lives on and the key is retried.
@@ -269,9 +270,3 @@ CLAIM_CONTROLLER = "ipaddressclaim"
 def controller_name(key: QueueKey) -> str:
     """The `controller` label of a key's reconcile: `ipaddressclaim`, or the pool kind in lower case."""
     return CLAIM_CONTROLLER if isinstance(key, ClaimKey) else key.ref.kind.lower()
-
-
-def _cancelling() -> bool:
-    """Whether the running task was asked to cancel (not a CancelledError from something it awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ipam_provider.controller import ControllerSettings
 from ipam_provider.repair.pool import RepairSettings
 from ipam_provider.runtime.flagforms import (
     CLAIM_KIND,
@@ -33,10 +34,9 @@ from ipam_provider.runtime.serving.options import (
 )
 from ipam_provider.version import __version__
 
-DEFAULT_WORKERS = 8
-DEFAULT_SYNC_PERIOD = 600.0  # seconds; Cluster API managers' --sync-period=10m
 NOT_ACTED_ON = "accepted, not acted on"
-REPAIR = RepairSettings()  # the defaults of the --repair-* flags
+DEFAULTS = ControllerSettings()  # the defaults of --workers, --sync-period and the --repair-* flags
+REPAIR = DEFAULTS.repair
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +87,7 @@ def _add_reconcile_flags(run: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help=f"concurrent reconciles of claims and pools (default: {DEFAULT_WORKERS}; wins over the concurrency "
+        help=f"concurrent reconciles of claims and pools (default: {DEFAULTS.workers}; wins over the concurrency "
         "flags below); an in-cluster pool's claims are served at once, a NetBox or Infoblox pool's one at a time",
     )
     run.add_argument(
@@ -107,11 +107,11 @@ def _add_reconcile_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--sync-period",
         type=positive_duration,
-        default=DEFAULT_SYNC_PERIOD,
+        default=DEFAULTS.sync_period,
         metavar="DURATION",
         help="every live pool is reported again this often (NetBox and Infoblox pools every minute, since their "
         "reports read the external system); anything else is reconciled when a watched object changes "
-        f"(default: {DEFAULT_SYNC_PERIOD:g}s)",
+        f"(default: {DEFAULTS.sync_period:g}s)",
     )
 
 
@@ -254,10 +254,7 @@ class RunOptions:
     """What `ipam-provider run` does, with every alias, precedence and default resolved."""
 
     kubeconfig: str | None
-    namespaces: list[str]
-    watch_filter: str | None
-    workers: int
-    sync_period: float
+    controller: ControllerSettings  # namespaces, watch filter, workers, sync period, repair
     backends: list[str] | None
     leader_election: LeaderElection
     metrics: MetricsServing  # its TLS options are the webhook's too
@@ -267,7 +264,6 @@ class RunOptions:
     log_level: str
     not_acted_on: tuple[str, ...]
     library_log_level: str = "warning"  # the HTTP and client libraries' stdlib loggers (see logconfig.py)
-    repair: RepairSettings = field(default_factory=RepairSettings)
     cluster_identity: str = ""  # --cluster-identity ("": the kube-system Namespace's uid, read at start)
 
     @property
@@ -292,10 +288,15 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     library_log_level = library_level(None if args.log_level else args.v)  # --log-level wins over --v
     return RunOptions(
         kubeconfig=args.kubeconfig,
-        namespaces=split_list(args.namespace),
-        watch_filter=args.watch_filter,
-        workers=workers,
-        sync_period=args.sync_period,
+        controller=ControllerSettings(
+            namespaces=split_list(args.namespace),
+            watch_filter=args.watch_filter,
+            workers=workers,
+            sync_period=args.sync_period,
+            repair=RepairSettings(
+                args.repair_interval, args.repair_grace_period, args.repair_report_only, args.repair_requests_per_second
+            ),
+        ),
         backends=split_list([args.backends]) if args.backends else None,
         leader_election=_leader_election(args),
         metrics=metrics,
@@ -305,9 +306,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         log_level=log_level,
         not_acted_on=tuple(ignored),
         library_log_level=library_log_level,
-        repair=RepairSettings(
-            args.repair_interval, args.repair_grace_period, args.repair_report_only, args.repair_requests_per_second
-        ),
         cluster_identity=args.cluster_identity.strip(),
     )
 
@@ -328,7 +326,7 @@ def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
         if value < 1:
             raise FlagError(f"argument {flag}: must be at least 1, got {value}")
     ignored += [f"{flag}={value} ({given[0][0]} wins)" for flag, value in given[1:]]
-    return given[0][1] if given else DEFAULT_WORKERS
+    return given[0][1] if given else DEFAULTS.workers
 
 
 def _logging(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:

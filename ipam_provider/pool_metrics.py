@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge, Histogram
 
 import ipam_provider.runtime.telemetry  # noqa: F401  (no *_created series)
-from ipam_provider.backend.contract import AddressCounts, PoolRef
+from ipam_provider.backend.contract import PoolRef
 
 POOL_LABELS = ["backend", "kind", "namespace", "name"]
 PENDING = "Pending"  # the waiting reason of a claim that has no Ready condition yet
@@ -125,11 +125,6 @@ def _remove(metric: Gauge | Counter | Histogram, *values: str) -> None:
         metric.remove(*values)
 
 
-def record_counts(pool: PoolLabels, counts: AddressCounts) -> None:
-    ALLOCATED.labels(*pool.values()).set(counts.used)
-    AVAILABLE.labels(*pool.values()).set(counts.free)
-
-
 def record_ready(pool: PoolLabels, ready: bool, reason: str) -> None:
     """The pool's one `pool_ready` series, under its current reason. Its allocation and release counters and its
     kind's duration histogram start at 0 here, so that a rate over them is defined before the first allocation."""
@@ -162,15 +157,6 @@ def count_allocation_error(pool: PoolLabels, reason: str) -> None:
     _with_reason(ALLOCATION_ERRORS, pool, reason)
 
 
-def count_release(pool: PoolLabels) -> None:
-    RELEASES.labels(*pool.values()).inc()
-
-
-def count_repair_pass(backend: str, result: str, seconds: float) -> None:
-    REPAIR_PASSES.labels(backend, result).inc()
-    REPAIR_PASS_SECONDS.labels(backend).observe(seconds)
-
-
 def record_repair_findings(pool: PoolLabels, *, suspected: int, duplicates: int, outside: int) -> None:
     """The pool's repair gauges after a pass; its repair counters start at 0 here."""
     if _findings.get(pool) == (suspected, duplicates, outside):
@@ -181,14 +167,6 @@ def record_repair_findings(pool: PoolLabels, *, suspected: int, duplicates: int,
     OUTSIDE_POOL.labels(*pool.values()).set(outside)
     LEAKS_RELEASED.labels(*pool.values())
     RESTORED.labels(*pool.values())
-
-
-def count_leak_released(pool: PoolLabels) -> None:
-    LEAKS_RELEASED.labels(*pool.values()).inc()
-
-
-def count_restored(pool: PoolLabels) -> None:
-    RESTORED.labels(*pool.values()).inc()
 
 
 def forget_repair_series(pool: PoolLabels) -> None:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ipam_provider.api.pools import names_pool
+from ipam_provider.api.capi import names_pool
 from ipam_provider.backend.contract import STATUS_COUNTS_FIELD, BackendContext, PoolKind
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.common import Object
@@ -92,7 +92,11 @@ async def pool_rows(
     skipped: list[Object] = []
     for kind in kinds:
         try:
-            pools = await _list_pools(kube, kind, namespaces)
+            pools = [
+                pool
+                for namespace in (namespaces if kind.namespaced else [None])
+                for pool in (await kube.list(pool_resource(kind), namespace))[0]
+            ]
         except ApiError as error:
             if not (error.not_found or error.status == 403):
                 raise
@@ -101,13 +105,6 @@ async def pool_rows(
             continue
         rows += [_pool_row(kind, pool, claims) for pool in pools]
     return rows, skipped
-
-
-async def _list_pools(kube: KubeClient, kind: PoolKind, namespaces: Sequence[str | None]) -> list[Object]:
-    resource = pool_resource(kind)
-    if not kind.namespaced:
-        return (await kube.list(resource))[0]
-    return [pool for namespace in namespaces for pool in (await kube.list(resource, namespace))[0]]
 
 
 def _pool_row(kind: PoolKind, pool: Object, claims: Iterable[Object]) -> Object:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_CLUSTER_NAME
-from ipam_provider.api.pools import KindLookup, referenced_pool
+from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_CLUSTER_NAME, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolObserver, PoolRef, reported_free
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.cache.informer import in_initial_list

@@ -33,7 +33,7 @@ import structlog
 from backends.incluster.intervals import address_value, int_to_address
 from backends.incluster.ledger import Ledger, PoolIndex, Reservation, ReservationClient, age_seconds, pool_hash
 from backends.incluster.spec import ParsedPool, PreAllocations
-from ipam_provider.api.pools import names_pool
+from ipam_provider.api.capi import names_pool
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,

@@ -43,7 +43,7 @@ from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import PoolAllocator, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Chooser, grace_over
 from backends.incluster.spec import ParsedPool, ReleaseTerms
-from ipam_provider.api.pools import names_pool
+from ipam_provider.api.capi import names_pool
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient

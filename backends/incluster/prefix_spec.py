@@ -38,7 +38,7 @@ from backends.incluster.spec import (
     first_line,
     metadata_of,
 )
-from ipam_provider.api.meta import Model
+from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef
 from ipam_provider.common import Object, listed
 

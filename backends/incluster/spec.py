@@ -43,7 +43,7 @@ from backends.incluster.domains import domain_problem
 from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.validation import spec_error
-from ipam_provider.api.meta import Model
+from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     AddressInUse,

@@ -47,7 +47,7 @@ from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool
 from backends.validation import spec_error
-from ipam_provider.api.meta import Condition, set_condition
+from ipam_provider.api.capi import Condition, set_condition
 from ipam_provider.backend.contract import AllocationFailedError, BackendError, PoolNotReadyError
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient

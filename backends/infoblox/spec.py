@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from backends.validation import spec_error
-from ipam_provider.api.meta import Model
+from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource

@@ -1,13 +1,16 @@
-"""Cluster API shapes: IPAddressClaim and IPAddress (ipam v1beta2), Cluster (v1beta2); only what we use."""
+"""Cluster API shapes: IPAddressClaim and IPAddress (ipam v1beta2), Cluster (v1beta2), with the object metadata and
+conditions (metav1) they carry; only what we use. Also how they name pools: the pool an IPAddressClaim or IPAddress
+references, and whether an IPAddress names a given pool; every place that needs either asks here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ipam_provider.api.meta import Condition, Model, ObjectMeta
+from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.runtime.kube.resources import now_rfc3339
 
 FINALIZER_RELEASE_ADDRESS = "ipam.cluster.x-k8s.io/ReleaseAddress"
 FINALIZER_PROTECT_ADDRESS = "ipam.cluster.x-k8s.io/ProtectAddress"
@@ -24,6 +27,74 @@ READY = "Ready"
 REASON_ALLOCATED = "AddressAllocated"
 REASON_POOL_NOT_READY = "PoolNotReady"
 REASON_ALLOCATION_FAILED = "AllocationFailed"
+
+
+class Model(BaseModel):
+    """Base for API shapes: camelCase on the wire, unknown fields kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class OwnerReference(Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = Field(default=None, alias="blockOwnerDeletion")
+
+
+class ObjectMeta(Model):
+    name: str
+    namespace: str | None = None
+    uid: str = ""
+    resource_version: str = Field(default="", alias="resourceVersion")
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list, alias="ownerReferences")
+    deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+
+class Condition(Model):
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    last_transition_time: str = Field(alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+
+
+def set_condition(
+    conditions: Sequence[Condition], type: str, status: bool, reason: str, message: str, generation: int | None
+) -> tuple[list[Condition], bool]:
+    """The conditions with `type` set (its transition time moves when its status flips), and whether they changed."""
+    wanted = "True" if status else "False"
+    previous = find_condition(conditions, type)
+    transition = previous.last_transition_time if previous is not None and previous.status == wanted else now_rfc3339()
+    updated = Condition(
+        type=type,
+        status=wanted,
+        reason=reason,
+        message=message,
+        last_transition_time=transition,
+        observed_generation=generation,
+    )
+    if previous is None:
+        return [*conditions, updated], True
+    return [updated if c.type == type else c for c in conditions], updated.wire() != previous.wire()
+
+
+def find_condition(conditions: Sequence[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)
 
 
 class TypedReference(Model):
@@ -88,3 +159,27 @@ def cluster_paused(raw: Mapping[str, Any] | None) -> bool:
         return raw is not None and Cluster.model_validate(raw).paused
     except ValidationError:
         return False
+
+
+KindLookup = Callable[[str, str], PoolKind | None]
+"""(apiGroup, kind) → the registered pool kind, or None when no backend serves it."""
+
+
+def referenced_pool(obj: Mapping[str, Any], kind_of: KindLookup) -> PoolRef | None:
+    """The pool an IPAddressClaim or IPAddress names in `spec.poolRef`; None when its kind is not served (or the
+    reference is incomplete). A namespaced pool is looked for in the object's own namespace."""
+    pool = (obj.get("spec") or {}).get("poolRef") or {}
+    name = pool.get("name")
+    kind = kind_of(pool.get("apiGroup") or "", pool.get("kind") or "")
+    if kind is None or not name:
+        return None
+    return kind.ref(obj["metadata"].get("namespace"), name)
+
+
+def names_pool(address: Mapping[str, Any], ref: PoolRef) -> bool:
+    """Whether the IPAddress's `spec.poolRef` names the pool `ref` (by group, kind and name: uids may predate a
+    restore). A namespaced pool is named only by IPAddresses of its own namespace."""
+    pool = (address.get("spec") or {}).get("poolRef") or {}
+    if (pool.get("apiGroup") or "", pool.get("kind"), pool.get("name")) != (ref.group, ref.kind, ref.name):
+        return False
+    return ref.namespace is None or address["metadata"].get("namespace") == ref.namespace

@@ -3,8 +3,7 @@ an existing one is the claim's."""
 
 from __future__ import annotations
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, IPAddress
-from ipam_provider.api.pools import names_pool
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, IPAddress, names_pool
 from ipam_provider.backend.contract import Allocation
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ClaimWork

@@ -31,8 +31,9 @@ from ipam_provider.api.capi import (
     IPAddress,
     IPAddressClaim,
     cluster_paused,
+    find_condition,
+    set_condition,
 )
-from ipam_provider.api.meta import find_condition, set_condition
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -156,7 +157,7 @@ class ClaimReconciler:
         await self._drop_finalizer(work)
         self.ctx.pool_changed(work.pool_ref)
         work.log.info("claim released")
-        pool_metrics.count_release(self.ctx.pool_labels(work.pool_ref))
+        pool_metrics.RELEASES.labels(*self.ctx.pool_labels(work.pool_ref).values()).inc()
         return None
 
     async def _delete_address(self, address_raw: Object) -> list[str]:

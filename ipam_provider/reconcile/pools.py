@@ -24,10 +24,12 @@ from ipam_provider.api.capi import (
     FINALIZER_PROTECT_POOL,
     POOL_IN_USE,
     READY,
+    Condition,
     IPAddress,
+    find_condition,
+    names_pool,
+    set_condition,
 )
-from ipam_provider.api.meta import Condition, find_condition, set_condition
-from ipam_provider.api.pools import names_pool
 from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
 from ipam_provider.common import Object
 from ipam_provider.reconcile.addresses import allocation_of
@@ -96,7 +98,8 @@ class PoolReconciler:
         """Set the pool's gauges from the report its status was written from, and count its waiting claims."""
         labels = self.ctx.pool_labels(ref)
         if report.counts is not None:
-            pool_metrics.record_counts(labels, report.counts)
+            pool_metrics.ALLOCATED.labels(*labels.values()).set(report.counts.used)
+            pool_metrics.AVAILABLE.labels(*labels.values()).set(report.counts.free)
         pool_metrics.record_ready(labels, report.ready, report.reason)
         pool_metrics.record_waiting(labels, self.ctx.waiting_claims(ref))
 

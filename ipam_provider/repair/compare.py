@@ -17,8 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
-from ipam_provider.api.pools import KindLookup, referenced_pool
+from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding, Pacer
 from ipam_provider.common import Object, normalized_address

@@ -110,7 +110,8 @@ class RepairLoop:
                 result = PASS_ERROR
                 log.exception("repair pass failed; trying again on the next", backend=one.name)
             finally:
-                pool_metrics.count_repair_pass(one.name, result, spent + time.perf_counter() - started)
+                pool_metrics.REPAIR_PASSES.labels(one.name, result).inc()
+                pool_metrics.REPAIR_PASS_SECONDS.labels(one.name).observe(spent + time.perf_counter() - started)
 
     async def _live(self, listed: Listed) -> LiveState | None:
         """The live state as the watch caches show it, when it gives the listed pools nothing to do (the usual

@@ -259,7 +259,7 @@ class PoolRepairs:
         if not released:
             log.info("suspected leak had changed; not released", pool=str(target.ref), handle=holding.handle)
             return
-        pool_metrics.count_leak_released(target.labels)
+        pool_metrics.LEAKS_RELEASED.labels(*target.labels.values()).inc()
         log.info("leak released", pool=str(target.ref), address=holding.address, handle=holding.handle)
         message = (
             f"{holding.address} released from the backend ({holding.handle}): it was held for claim "
@@ -328,7 +328,7 @@ class PoolRepairs:
             return
         text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
         if answer.outcome == RestoreOutcome.RECORDED:
-            pool_metrics.count_restored(target.labels)
+            pool_metrics.RESTORED.labels(*target.labels.values()).inc()
             log.info("allocation restored", pool=str(target.ref), address=item.name, ip=allocation.address)
             message = f"{text} recorded again in {target.ref}: the backend no longer held it"
             self.ctx.recorder.record(item.claim, NORMAL, REASON_RESTORED, message, related=target.raw)

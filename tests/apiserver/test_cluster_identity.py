@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ipam_provider.cluster_identity import IDENTITY_NAMESPACE, cluster_identity
+from ipam_provider.cli import IDENTITY_NAMESPACE, cluster_identity
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES
 

@@ -20,7 +20,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from backends.incluster.ledger import LABEL_CLAIM_UID, RESERVATIONS
-from ipam_provider.cluster_identity import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
+from ipam_provider.cli import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, NAMESPACES, Resource

@@ -89,7 +89,7 @@ def settings(container: Object, namespace: str = SYSTEM_NAMESPACE) -> dict[str, 
     assert container["command"] == ["ipam-provider"]
     argv = [arg.replace("$(POD_NAMESPACE)", namespace) for arg in container["args"]]
     parsed = dataclasses.asdict(parse_args(argv).options)
-    parsed["watch_filter"] = parsed["watch_filter"] or None
+    parsed["controller"]["watch_filter"] = parsed["controller"]["watch_filter"] or None
     parsed["backends"] = parsed["backends"] or None
     return parsed
 
@@ -218,8 +218,8 @@ def test_generate_provider_substitutes_variables_and_overrides(
     container = manager(objects)
     run = settings(container, target)
     assert run["log_format"] == "console" and run["log_level"] == "debug"
-    assert run["namespaces"] == ["team-a", "team-b"] and run["watch_filter"] == "blue"
-    assert run["backends"] == ["incluster"] and run["workers"] == 3
+    assert run["controller"]["namespaces"] == ["team-a", "team-b"] and run["controller"]["watch_filter"] == "blue"
+    assert run["backends"] == ["incluster"] and run["controller"]["workers"] == 3
     assert run["leader_election"]["enabled"] and run["leader_election"]["namespace"] == target
     assert container["image"] == "registry.example.com/mirror/capi-ipam-provider-py:v0.2.0-custom"
     assert container["imagePullPolicy"] == "Always"

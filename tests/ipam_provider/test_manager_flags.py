@@ -56,10 +56,10 @@ def test_the_operators_command_line() -> None:
     assert got.probes_address == ":9440" and got.probes_bind == ("0.0.0.0", 9440)
     # The diagnostics endpoint: HTTPS with authentication, on :8443.
     assert (got.metrics.address, got.metrics.flag, got.metrics.secure) == (":8443", "--diagnostics-address", True)
-    assert got.workers == 10
+    assert got.controller.workers == 10
     assert (got.log_level, got.log_format) == ("info", "console")
     assert got.not_acted_on == ()
-    assert got.sync_period == 600.0
+    assert got.controller.sync_period == 600.0
     # The leader elector is built with those durations: they act, not just parse.
     elector = leader_elector(cast(KubeClient, object()), election)
     assert (elector.namespace, elector.name) == ("capi-ipam-system", "capi-ipam-provider-py")
@@ -70,7 +70,12 @@ def test_no_flags_serve_cluster_apis_defaults() -> None:
     got = options()
     assert (got.metrics.address, got.probes_address) == (":8443", ":8081")
     assert got.metrics.secure and got.metrics.cert == CertificateFiles(None, "tls.crt", "tls.key")
-    assert got.workers == 8 and got.namespaces == [] and got.watch_filter is None and got.backends is None
+    assert (
+        got.controller.workers == 8
+        and got.controller.namespaces == []
+        and got.controller.watch_filter is None
+        and got.backends is None
+    )
     assert not got.leader_election.enabled
     assert (got.leader_election.namespace, got.leader_election.name) == ("capi-ipam-system", "capi-ipam-provider-py")
     assert (got.log_format, got.log_level) == ("console", "info")
@@ -109,8 +114,10 @@ def test_the_existing_flags_in_both_forms() -> None:
         "--log-format=json",
         "--log-level=warning",
     )
-    assert got.kubeconfig == "/k" and got.namespaces == ["a", "b", "c"] and got.watch_filter == "x"
-    assert got.workers == 3 and got.backends == ["incluster", "netbox"]
+    assert (
+        got.kubeconfig == "/k" and got.controller.namespaces == ["a", "b", "c"] and got.controller.watch_filter == "x"
+    )
+    assert got.controller.workers == 3 and got.backends == ["incluster", "netbox"]
     assert got.leader_election.enabled and (got.leader_election.namespace, got.leader_election.name) == ("ns", "lock")
     assert got.metrics_bind is None and got.probes_bind == ("::1", 9)
     assert (got.log_format, got.log_level) == ("json", "warning")
@@ -232,20 +239,20 @@ def test_logging_format_is_an_alias_that_log_format_overrides() -> None:
 
 
 def test_concurrency_flags() -> None:
-    assert options("--ipaddressclaim-concurrency=10").workers == 10
-    assert options("--ipaddressclaim-concurrency", "4").workers == 4
+    assert options("--ipaddressclaim-concurrency=10").controller.workers == 10
+    assert options("--ipaddressclaim-concurrency", "4").controller.workers == 4
     # cluster-api-operator lower-cases groupKindConcurrency's keys, which may carry the group.
-    assert options("--ipaddressclaim.ipam.cluster.x-k8s.io-concurrency=6").workers == 6
-    assert options("--max-concurrent-reconciles=5").workers == 5
+    assert options("--ipaddressclaim.ipam.cluster.x-k8s.io-concurrency=6").controller.workers == 6
+    assert options("--max-concurrent-reconciles=5").controller.workers == 5
     got = options("--max-concurrent-reconciles=5", "--ipaddressclaim-concurrency=7")
-    assert got.workers == 7 and got.not_acted_on == (
+    assert got.controller.workers == 7 and got.not_acted_on == (
         "--max-concurrent-reconciles=5 (--ipaddressclaim-concurrency wins)",
     )
     got = options("--workers=2", "--ipaddressclaim-concurrency=7")
-    assert got.workers == 2 and got.not_acted_on == ("--ipaddressclaim-concurrency=7 (--workers wins)",)
+    assert got.controller.workers == 2 and got.not_acted_on == ("--ipaddressclaim-concurrency=7 (--workers wins)",)
     # Other kinds share the workers: accepted, not acted on.
     got = options("--inclusterippool-concurrency=3", "--GlobalInClusterIPPool.ipam.cluster.x-k8s.io-concurrency", "2")
-    assert got.workers == 8
+    assert got.controller.workers == 8
     assert got.not_acted_on == ("--globalinclusterippool-concurrency=2", "--inclusterippool-concurrency=3")
 
 
@@ -381,6 +388,6 @@ def test_help_names_the_flags_that_are_not_acted_on(capsys: pytest.CaptureFixtur
 
 
 def test_the_sync_period(capsys: pytest.CaptureFixture[str]) -> None:
-    assert options().sync_period == 600.0, "Cluster API managers' 10m"
-    assert options("--sync-period=1h30m").sync_period == 5400.0
+    assert options().controller.sync_period == 600.0, "Cluster API managers' 10m"
+    assert options("--sync-period=1h30m").controller.sync_period == 5400.0
     assert "greater than zero" in usage_error(["run", "--sync-period=0s"], capsys)

@@ -13,7 +13,7 @@ from ipam_provider.repair.pacer import RatePacer
 
 def repair(*argv: str) -> RepairSettings:
     options: RunOptions = parse_args(["run", *argv]).options
-    return options.repair
+    return options.controller.repair
 
 
 def test_the_defaults_release_leaks_every_30_seconds_after_a_minute() -> None:
