@@ -1,31 +1,21 @@
 """Allocation against the grid: dynamic, requested and adopted addresses of one claim.
 
 Contract:
-- Steady state is one WAPI request per allocation: a POST with `func:nextavailableip:<subnet or range>,<network
-  view>`, the ownership attributes and `_return_fields`, so the answer carries the address. A hostRecord pool with
-  configureForDNS false first searches its host name among IPAM-only records (`same_name`): two requests. The grid
-  picks the address atomically, so two claims never get the same one, even from two controllers.
-- Idempotent: a claim that owns an object in the pool's index gets it back, with no request. With `existing` (an
-  IPAddress names the claim's address) the claim's object at that address is kept and any other it owns is deleted
-  (the remains of a lost reply); else an object of ours at that address recorded for the same claim namespace, name
-  and pool under another CAPI-Claim-UID is taken over (re-keyed: `clusterctl move` or a restore gave the claim a new
-  uid); else the address is reserved literally, unless another object holds it. An object without the claim's uid
-  (a same-named host record, an object at the address) is never adopted and never deleted.
-- Subnets and ranges are asked in the pool's order; "Cannot find 1 available IP address(es)" moves on to the next
-  (a full one is asked last for `exhausted_skip_seconds`); when all are full the claim gets PoolExhausted. A pool
-  gateway the grid hands out is reserved once (CAPI-Pool only) and the claim is served the next address.
-- A 503 is retried with backoff. A lost or timed-out POST has an unknown outcome: the claim is marked uncertain and
-  the grid is searched on CAPI-Claim-UID before anything is posted again. After a resent POST, a late commit of the
-  lost one is looked for twice and deleted while the claim holds the object it was given or has been released.
-- A new claim with the requested-address annotation (`allocate_requested`; a fulfilled claim keeps its address)
-  gets an object at exactly that address. One the pool could not hand out (`Pool.target_for`) fails with
-  `requested_address_outside`, sending nothing. The objects at the address are searched (two GETs): the claim's own
-  is adopted, one of ours recording this claim under another uid is re-keyed, any other fails the claim with
-  `requested_address_held`, naming it. Else the address is posted literally; a refusal as a second fixed address
-  there (`Client.Ibap.Data.Conflict`) names the holder. NIOS lets host records share an address, so an object made
-  or adopted for a requested address is kept only if alone at its last search (`keep_alone`), else deleted: of two
-  kept objects, the one searched last would have seen the other. A claim that gave way to a racer asks again after
-  a short random delay (1-3 s).
+- Steady state is one POST per allocation, `func:nextavailableip:<subnet or range>,<network view>` with the
+  ownership attributes and `_return_fields` (a hostRecord pool with configureForDNS false first searches its host
+  name: two requests). The grid picks the address atomically, so two claims never get the same one.
+- Idempotent: a claim that owns an object in the pool's index gets it back with no request. With `existing` the
+  claim's object at that address is kept and any other it owns deleted; else one of ours recorded for the same claim
+  namespace, name and pool under another uid is re-keyed (`clusterctl move`, a restore); else the address is
+  reserved literally unless another object holds it. An object without the claim's uid is never adopted or deleted.
+- Subnets and ranges are asked in the pool's order, a full one last for `exhausted_skip_seconds`; all full gives
+  PoolExhausted. A pool gateway the grid hands out is reserved once (CAPI-Pool only) and the next address served.
+- A 503 is retried with backoff. A lost POST marks the claim uncertain: the grid is searched on CAPI-Claim-UID
+  before anything is posted again, and after a resent POST a late commit of the lost one is looked for and deleted.
+- A requested address (`allocate_requested`) the pool could not hand out fails with `requested_address_outside`,
+  sending nothing; one held by another object fails with `requested_address_held`, naming it. NIOS lets host records
+  share an address, so an object made or adopted for a requested address is kept only if alone at its last search
+  (`keep_alone`), else deleted; a claim that gave way to a racer asks again after a short random delay.
 """
 
 from __future__ import annotations
@@ -86,16 +76,12 @@ class Allocator:
         annotations = {**existing.annotations, **self.allocation_of(pool, connection, obj).annotations}
         return Allocation(existing.address, existing.prefix, existing.gateway, annotations)
 
-    async def job(self, pool: Pool, connection: Connection, claim: ClaimContext) -> Allocating:
-        """The claim's business with the pool, its index built when needed."""
-        return Allocating(pool, connection, await self.ledger.index(pool, connection), claim)
-
     async def allocate(
         self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation | None
     ) -> Allocation:
         """The claim's address (see the module's contract); BackendError when it cannot be had."""
         try:
-            job = await self.job(pool, connection, claim)
+            job = Allocating(pool, connection, await self.ledger.index(pool, connection), claim)
             if claim.uid in job.index.uncertain:
                 await self.ledger.resync_claim(job)
             if existing is not None:
@@ -107,14 +93,16 @@ class Allocator:
                 return self.allocation_of(pool, connection, held[0])
             return await self._allocate_next(job)
         except WapiError as error:
-            raise await self.ledger.translate(connection, error, str(pool.ref)) from error
+            raise await self.ledger.grid.translate(connection, error, str(pool.ref)) from error
 
     async def _allocate_next(self, job: Allocating) -> Allocation:
         """The next free address of the pool's first subnet or range that has one."""
         pool, index = job.pool, job.index
         hostname = await self.hostname_for(job)
         tried_gateway: set[str] = set()
-        for target in self._order(job):
+        now = time.monotonic()  # the pool's targets in order, those found full a moment ago last
+        fresh = [t for t in pool.targets if index.exhausted.get(t.argument, 0.0) <= now]
+        for target in fresh + [t for t in pool.targets if t not in fresh]:
             while True:
                 try:
                     obj = await self.create_object(
@@ -122,7 +110,7 @@ class Allocator:
                     )
                 except WapiError as error:
                     if error.failure is not Failure.EXHAUSTED:
-                        raise await self.ledger.translate(job.connection, error, str(target)) from error
+                        raise await self.ledger.grid.translate(job.connection, error, str(target)) from error
                     index.exhausted[target.argument] = time.monotonic() + self._settings.exhausted_skip_seconds
                     job.log.info("subnet full; trying the next", target=str(target))
                     break
@@ -133,7 +121,13 @@ class Allocator:
                 if target.argument in tried_gateway:
                     raise AllocationFailedError(f"the grid keeps handing out gateway {target.gateway} of {target}")
                 tried_gateway.add(target.argument)
-                await self._reserve_gateway(job, obj, target.gateway, str(target))
+                try:  # the grid handed out the gateway: give it back, and hold it with a reservation of the pool's own
+                    await self.ledger.delete(job, obj.ref)
+                    await self.ledger.post_gateway(job, target.gateway)
+                except WapiError as error:
+                    if error.failure is not Failure.CONFLICT:
+                        raise await self.ledger.grid.translate(job.connection, error, str(target)) from error
+                job.log.warning("gateway was free on the grid; reserved it", gateway=target.gateway)
         names = ", ".join(str(t) for t in pool.targets)
         raise PoolExhaustedError(f"{pool.ref} has no free address on the grid in {names}; add a subnet or free some")
 
@@ -149,12 +143,6 @@ class Allocator:
             job.log.info("unchecked object shared its address; deleted", ref=obj.ref, why=error.message)
             return False
         return True
-
-    def _order(self, job: Allocating) -> list[Target]:
-        """The pool's targets in order, those found full a moment ago last."""
-        now = time.monotonic()
-        fresh = [t for t in job.pool.targets if job.index.exhausted.get(t.argument, 0.0) <= now]
-        return fresh + [t for t in job.pool.targets if t not in fresh]
 
     async def create_object(
         self, job: Allocating, address: str, hostname: str | None, *, for_request: bool = False
@@ -172,7 +160,9 @@ class Allocator:
                 obj = await self.ledger.post(job, address, hostname, requested=for_request)
             except WapiError as error:
                 if error.failure is Failure.UNKNOWN_OUTCOME:
-                    found = await self._after_lost_reply(job, error)
+                    job.index.uncertain.add(job.claim.uid)
+                    job.log.warning("reply to an allocation lost; searching the grid for it", detail=error.detail)
+                    found = await self.ledger.resync_claim(job)
                     if found is not None:
                         return found
                     resent = True
@@ -190,12 +180,6 @@ class Allocator:
                 self._watch_late_commits(job, obj)
             return obj
         raise AssertionError("unreachable")
-
-    async def _after_lost_reply(self, job: Allocating, error: WapiError) -> GridObject | None:
-        """The claim's object, if the grid made it although its reply was lost; None (to send again) if not."""
-        job.index.uncertain.add(job.claim.uid)
-        job.log.warning("reply to an allocation lost; searching the grid for it", detail=error.detail)
-        return await self.ledger.resync_claim(job)
 
     def _watch_late_commits(self, job: Allocating, kept: GridObject) -> None:
         """After a resent POST, look for a late commit of the lost one twice: past the grid's timeout, past ours."""
@@ -257,26 +241,15 @@ class Allocator:
                 )
             obj = await self.create_object(job, address, await self.hostname_for(job))
         except WapiError as error:
-            raise await self.ledger.translate(job.connection, error, f"address {address}") from error
+            raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
         job.log.info("address of an existing IPAddress reserved on the grid", address=address)
         return obj
 
     async def take_over(self, job: Allocating, found: Sequence[GridObject], address: str) -> GridObject | None:
-        """The first of `found` at `address` that is the claim's object under an earlier uid (a `clusterctl move` or
-        a restore gives the claim a new uid), re-keyed to the claim; None if there is none. An object recorded for
-        another claim is never taken."""
+        """The first of `found` at `address` that is the claim's object under an earlier uid (`clusterctl move`, a
+        restore), re-keyed to the claim; None if there is none. Another claim's object is never taken."""
         earlier = next((o for o in found if o.earlier_self(job.pool, job.claim) and same(o.address, address)), None)
         return await self.ledger.rekey(job, earlier) if earlier is not None else None
-
-    async def _reserve_gateway(self, job: Allocating, obj: GridObject, gateway: str, where: str) -> None:
-        """The grid handed out the gateway: give it back, and hold it with a reservation of the pool's own."""
-        try:
-            await self.ledger.delete(job, obj.ref)
-            await self.ledger.post_gateway(job, gateway)
-        except WapiError as error:
-            if error.failure is not Failure.CONFLICT:
-                raise await self.ledger.translate(job.connection, error, where) from error
-        job.log.warning("gateway was free on the grid; reserved it", gateway=gateway)
 
     async def hostname_for(self, job: Allocating) -> str | None:
         """The host record name of the claim (None for a fixedAddress pool); AllocationFailed when none can be had."""
@@ -338,14 +311,14 @@ class Allocator:
                 found = await self.ledger.holders(job.connection, job.pool, address)
                 if found:
                     raise held(address, job.pool, found[0]) from error
-            raise await self.ledger.translate(job.connection, error, f"address {address}") from error
+            raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
         job.index.by_claim.pop(job.claim.uid, None)
         return kept
 
     async def keep_alone(self, job: Allocating, address: str, kept: GridObject) -> None:
         """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held,
-        with a short random retry when only other claims' objects shared it). In such a race the racer whose
-        reference sorts first searches again every CONTENDED_WAIT_SECONDS, up to the instance's request timeout."""
+        retried soon when only other claims' objects shared it). The racer whose reference sorts first searches
+        again every CONTENDED_WAIT_SECONDS, up to the instance's request timeout."""
         claim = job.claim
         deadline = asyncio.get_running_loop().time() + float(job.connection.spec.request_timeout_seconds)
         while True:
@@ -377,10 +350,9 @@ class Allocator:
             raise AllocationFailedError(message, retry_after=1.0)
 
     async def same_name(self, job: Allocating, hostname: str, error: WapiError | None) -> GridObject | None:
-        """The host record of this name where the pool's records go, if it carries the claim's uid (recorded as the
-        claim's); None if there is none (`error`, the POST's refusal, is raised instead when given);
-        AllocationFailed if another holds it. IPAM-only records (configureForDNS false) sit in NIOS's blank
-        pseudo-view, which no search naming a view answers: they are searched by name alone, keeping blank views."""
+        """The host record of this name where the pool's records go, if it carries the claim's uid (then recorded as
+        the claim's); None if there is none (`error`, the POST's refusal, is raised instead when given);
+        AllocationFailed if another holds it. IPAM-only records sit in NIOS's blank view: searched by name alone."""
         assert job.pool.spec.host_record is not None
         ipam_only, dns_view = not job.pool.spec.host_record.configure_for_dns, job.connection.dns_view(job.pool)
         query = {"name": hostname} if ipam_only else {"name": hostname, "view": dns_view}

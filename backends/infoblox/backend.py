@@ -1,11 +1,8 @@
 """The Infoblox backend: InfobloxIPPool (v1alpha1) served from an Infoblox NIOS grid through infoblox-client.
 
-A thin facade: `connections` reaches and checks an instance's grid, `ledger` holds each pool's grid objects and
-their index, `allocator` allocates, `checks` validates a pool against the grid for its status, `repair` lists,
-releases and restores holdings. A pool is Ready only when its instance answers, accepts the credentials, verifies
-under TLS, and holds the pool's view, networks and ranges (and, for host records, the DNS view and zone); a pool
-whose DNS view or zone is missing gets no POST: its claims get PoolNotReady from its cached check. Releases on an
-instance whose credentials the grid refused wait for its next re-check instead of asking the grid again.
+A pool is Ready only when its instance answers, accepts the credentials, verifies under TLS, and holds the pool's
+views, networks and ranges (and, for host records, the DNS view and zone); a hostRecord pool whose DNS side is
+missing gets no POST. Releases on an instance whose credentials were refused wait for its next re-check.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from backends.infoblox.allocator import Allocator
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
 from backends.infoblox.connections import Connections, GridHealth, InstanceProblem, InstanceStatus
 from backends.infoblox.ledger import ClusterStamp, Ledger
-from backends.infoblox.repair import GridRepair, outside_of
+from backends.infoblox.repair import GridRepair
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, PoolSpecError, parse_pool
 from ipam_provider.backend.contract import (
@@ -32,7 +29,6 @@ from ipam_provider.backend.contract import (
     PoolReport,
     ReleaseImpossibleError,
 )
-from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
@@ -52,6 +48,10 @@ class InfobloxBackend:
         self.allocator = Allocator(context.kube, self.ledger, self.settings)
         self.checks = PoolChecks(self.grid, self.settings)
         self.repair = GridRepair(self.ledger, self.allocator, self.settings)
+        # The repair capability (ipam_provider.backend.repair.Repairable) is the GridRepair's.
+        self.list_holdings = self.repair.list_holdings
+        self.release_holding = self.repair.release_holding
+        self.restore = self.repair.restore
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
@@ -108,17 +108,15 @@ class InfobloxBackend:
                 f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
             )
         try:
-            connection = await self.ledger.connections.connect(instance)
-        except InstanceProblem as problem:
-            if problem.reason == "InstanceNotFound":
+            connection = await self.ledger.connect(instance, unrefused=True)
+        except PoolNotReadyError as error:
+            problem = error.__cause__
+            if isinstance(problem, InstanceProblem) and problem.reason == "InstanceNotFound":
                 raise ReleaseImpossibleError(
                     f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; its "
                     f"grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
                 ) from problem
-            raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
-        refused = self.grid.refused(connection)
-        if refused is not None:
-            raise PoolNotReadyError(f"InfobloxInstance {instance} is not ready ({refused.reason}): {refused.message}")
+            raise
         await self.ledger.release(connection, pool_ref, claim, allocation)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
@@ -150,21 +148,13 @@ class InfobloxBackend:
         stamped = self.ledger.stamp.condition(connection)
         return PoolReport(True, "PoolReady", message, status, counts, conditions=(stamped,) if stamped else ())
 
-    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
-        return await self.repair.list_holdings(pool_ref, pool, pacer)
-
-    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
-        return await self.repair.release_holding(pool_ref, pool, holding)
-
-    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        return await self.repair.restore(pool_ref, pool, claim, allocation)
-
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
         try:
             parsed = parse_pool(pool_ref, pool)
         except PoolSpecError:
             return {}  # the pool's status says what is wrong; nothing can be told now
-        return outside_of(parsed, addresses)
+        answer = {address: parsed.why_outside(address) for address in addresses}
+        return {address: why for address, why in answer.items() if why is not None}
 
     async def close(self) -> None:
         await self.allocator.close()

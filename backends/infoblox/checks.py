@@ -1,26 +1,14 @@
 """The pool's grid check and usage counts, for its status.
 
 Contract:
-- `PoolChecks.check` asks the grid, once per pool generation and instance connection and then again after
-  `healthy_recheck_seconds` (`unhealthy_recheck_seconds` while failing), whether the pool's network view, each
-  subnet (`network` / `ipv6network`) and each range exists, and whether its extra extensible attributes are defined;
-  one search per item, each answering [] when missing. A `hostRecord` pool's DNS side is checked too: its DNS view
-  (a custom instance default was already found by the instance check; NIOS's built-in `default` is asked for here)
-  and, with `configureForDNS`, an authoritative zone (`zone_auth`) in that view for `dnsZone`, or, only when that
-  is missing, for a parent of it (NIOS puts a record into the closest enclosing zone): `DNSViewNotFound` /
-  `DNSZoneNotFound`, also when the grid answers a search with a 404 on a view. The DNS view must belong to the
-  pool's network view, since a host record takes its addresses from its DNS view's network view
-  (`DNSViewNotInNetworkView`; an answer without the view's network view is not judged). `forget` drops a cached
-  result. `DNS_REASONS` are the results that make allocations fail before any POST.
-- Bindings: each check also asks the extensible-attribute definitions (one paged search). A definition with a
-  non-empty `allowed_object_types` (NIOS's `FixedAddress`, `IPv6FixedAddress`, `HostRecord`, compared without regard
-  to case) makes the grid refuse any other object carrying its attribute. Every attribute this backend writes is
-  checked for every object type it writes it on (`written_attributes`: CAPI-Pool also on a gateway reservation);
-  the first refusal gives `ExtensibleAttributeNotAllowed`, naming the attribute, the types it is restricted to, the
-  types the pool writes it on, and what to change.
-- `usage` counts from the pool's spec and its IPAddresses: total = addresses the subnets and ranges can hand out
-  (network, broadcast, subnet-router anycast and gateway excluded; a range inside a subnet counted once), used =
-  IPAddresses of the pool, free = the difference (objects others hold are not subtracted: the grid decides).
+- `PoolChecks.check` asks the grid, once per pool generation and connection and again after
+  `healthy_recheck_seconds` (`unhealthy_recheck_seconds` while failing), whether the pool's network view, subnets,
+  ranges and extra extensible attributes exist; for a hostRecord pool also its DNS view, that the view belongs to
+  the pool's network view, and (with configureForDNS) an authoritative zone for `dnsZone` or a parent of it.
+  `DNS_REASONS` are the results that make allocations fail before any POST.
+  An extensible attribute the grid would refuse on one of the pool's object types gives `ExtensibleAttributeNotAllowed`.
+- `usage`: total = addresses the subnets and ranges can hand out (a range inside a subnet counted once), used = the
+  pool's IPAddresses, free = the difference (the grid decides about objects others hold).
 """
 
 from __future__ import annotations
@@ -104,8 +92,7 @@ class PoolChecks:
         dns = await _dns(pool, connection, health)
         if dns is not None and not dns[0]:
             return dns
-        kinds = f"{len(pool.targets)} subnet(s)/range(s)"
-        where = f"{kinds} found in network view {view!r}{dns[2] if dns else ''}"
+        where = f"{len(pool.targets)} subnet(s)/range(s) found in network view {view!r}{dns[2] if dns else ''}"
         return True, "PoolReady", f"{where} of InfobloxInstance {connection.name}"
 
 
@@ -114,19 +101,17 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
     settings = pool.spec.host_record
     if pool.spec.mode != HOST_RECORD or settings is None:
         return None
-    client = connection.client
     view = settings.dns_view or connection.spec.default_dns_view
     field = "spec.hostRecord.dnsView" if settings.dns_view else "the InfobloxInstance's spec.defaultDNSView"
     view_missing = False, "DNSViewNotFound", f"DNS view {view!r} does not exist on the grid; create it or fix {field}"
     checked_by_instance = view == connection.spec.default_dns_view and view != BUILTIN_DNS_VIEW
     bound: object = health.dns_view_network_view if checked_by_instance else None
     if not checked_by_instance:
-        found = await client.search("view", ["name", "network_view"], {"name": view})
+        found = await connection.client.search("view", ["name", "network_view"], {"name": view})
         if not found:
             return view_missing
         bound = found[0].get("network_view")
-    network_view = connection.network_view(pool)
-    elsewhere = view_binding(view, bound, network_view, field)
+    elsewhere = view_binding(view, bound, connection.network_view(pool), field)
     if elsewhere is not None:
         return elsewhere
     if not settings.configure_for_dns:
@@ -135,7 +120,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
     labels = zone.split(".")
     for candidate in (".".join(labels[i:]) for i in range(len(labels))):
         try:
-            found = await client.search("zone_auth", ["fqdn"], {"fqdn": candidate, "view": view})
+            found = await connection.client.search("zone_auth", ["fqdn"], {"fqdn": candidate, "view": view})
         except WapiError as error:
             if error.failure is Failure.VIEW_NOT_FOUND:
                 return view_missing
@@ -150,48 +135,29 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
 
 
 def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> AddressCounts:
-    total = _total(pool) if pool is not None else 0
-    used = len(addresses)
-    return AddressCounts(total=total, used=used, free=max(total - used, 0))
-
-
-def _total(pool: Pool) -> int:
-    """Addresses the pool can hand out; a range inside one of the pool's subnets is counted once (nextavailableip
-    on a network skips the addresses of DHCP ranges)."""
-    total = sum(t.usable for t in pool.targets)
-    networks = [ipaddress.ip_network(t.argument) for t in pool.targets if t.kind == "network"]
-    for target in pool.targets:
-        if target.kind == "range":
-            first, last = (ipaddress.ip_address(part) for part in target.argument.split("-"))
-            if any(first in network and last in network for network in networks):
-                total -= target.usable
-    return total
+    """A range inside one of the pool's subnets is counted once (nextavailableip on a network skips DHCP ranges)."""
+    targets = pool.targets if pool is not None else ()
+    total = sum(t.usable for t in targets)
+    networks = [ipaddress.ip_network(t.argument) for t in targets if t.kind == "network"]
+    for target in (t for t in targets if t.kind == "range"):
+        first, last = (ipaddress.ip_address(part) for part in target.argument.split("-"))
+        if any(first in network and last in network for network in networks):
+            total -= target.usable
+    return AddressCounts(total=total, used=len(addresses), free=max(total - len(addresses), 0))
 
 
 async def _missing_target(client: WapiClient, target: Target, view: str) -> Verdict | None:
     """The verdict on a subnet or range the pool names that the network view lacks; None when it exists."""
     if target.kind == "network":
-        obj_type = "network" if target.version == 4 else "ipv6network"
-        if await client.search(obj_type, ["network"], {"network": target.argument, "network_view": view}):
-            return None
-        where = f"network {target.argument}"
-        reason, field = "NetworkNotFound", "spec.subnets"
+        obj_type, query = "network" if target.version == 4 else "ipv6network", {"network": target.argument}
+        where, reason, field = f"network {target.argument}", "NetworkNotFound", "spec.subnets"
     else:
         first, last = target.argument.split("-")
-        query = {"start_addr": first, "end_addr": last, "network_view": view}
-        if await client.search("range", ["start_addr"], query):
-            return None
+        obj_type, query = "range", {"start_addr": first, "end_addr": last}
         where, reason, field = f"DHCP range {target.argument}", "RangeNotFound", "spec.ranges"
+    if await client.search(obj_type, [next(iter(query))], {**query, "network_view": view}):
+        return None
     return False, reason, f"{where} does not exist in network view {view!r}; create it on the grid or fix {field}"
-
-
-def written_attributes(pool: Pool) -> dict[str, set[str]]:
-    """Each extensible attribute the backend may write for this pool, with the WAPI object types it writes it on."""
-    obj_type = object_type(pool)
-    written = {name: {obj_type} for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS, *pool.spec.extensible_attributes)}
-    if any(target.gateway is not None for target in pool.targets):
-        written[EA_POOL].add(fixed_type(pool.version))
-    return written
 
 
 async def restricted_attribute(pool: Pool, client: WapiClient) -> Verdict | None:
@@ -202,12 +168,14 @@ async def restricted_attribute(pool: Pool, client: WapiClient) -> Verdict | None
         for definition in definitions
         if isinstance(allowed := definition.get("allowed_object_types"), list) and allowed
     }
-    for name, types in sorted(written_attributes(pool).items()):
-        allowed = restricted.get(name)
-        if not allowed:
-            continue
+    # Each attribute the backend may write for the pool, with the object types it writes it on.
+    written = {name: {object_type(pool)} for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS, *pool.spec.extensible_attributes)}
+    if any(target.gateway is not None for target in pool.targets):
+        written[EA_POOL].add(fixed_type(pool.version))
+    for name, types in sorted(written.items()):
+        allowed = restricted.get(name, [])
         lowered = {kind.lower() for kind in allowed}
-        refused = sorted(NIOS_TYPE_NAMES[t] for t in types if NIOS_TYPE_NAMES[t].lower() not in lowered)
+        refused = sorted(NIOS_TYPE_NAMES[t] for t in types if allowed and NIOS_TYPE_NAMES[t].lower() not in lowered)
         if not refused:
             continue
         own = " or remove it from spec.extensibleAttributes," if name in pool.spec.extensible_attributes else ""

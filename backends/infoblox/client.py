@@ -1,26 +1,17 @@
 """Asynchronous access to one grid through infoblox-client's blocking `Connector`.
 
 Contract:
-- Every call runs in the client's own bounded thread pool (`max_workers` = the instance's maxConcurrentRequests),
-  so at most that many WAPI requests are in flight per instance, and the event loop never blocks. A call that does
-  not finish within `call_timeout` is abandoned (its thread still ends on the HTTP timeout) and reported as
-  `Failure.UNKNOWN_OUTCOME`. Every request carries the controller's User-Agent.
-- Every failure surfaces as `WapiError` with a `Failure` and a `detail` that is safe to show: the grid's own error
-  `text`, or a short description; never credentials, nor library exception strings (which embed URLs and bodies).
-- `search`, `update` and `delete` are idempotent and retried with exponential backoff on 503 and on lost or
-  timed-out requests; `create` is tried once, because a lost POST may have been committed: the caller decides.
-- A search sends exactly one GET per attempt and per page, with the Connector's own session, URL builder and reply
-  checks, but not through `Connector.get_object` (which re-sends a failing GET up to four times without delay and
-  keeps the page cursor in shared state). A paged search that fails on any page is retried from its first page, so
-  an answer is always complete (a later page refused, which can only be its page cursor, counts as transient);
-  `before_page` is awaited before each page's GET, retries included. A 401 while the session holds a cookie is
-  answered by one fresh login (the grid may have ended the session). Existence is asked with searches, which
-  answer `[]`, never with `check_if_exists` (broken for `func:` values) nor a GET by reference (404 and 503 look
-  alike to the caller).
-- `close()` may be called while calls are still queued: they run to completion, and a call made after `close()`
-  fails with a transient `WapiError`. Callers that replace a client close it only after `longest_call_seconds`.
-- Every HTTP request is counted in `ipam_provider_backend_requests_total{backend="infoblox"}` and timed, under the
-  method and the WAPI object type (`GET network`, `POST record:host`), never a reference or a query value.
+- Every call runs in the client's own thread pool (`max_workers` = the instance's maxConcurrentRequests); one that
+  does not finish within `call_timeout` is abandoned and reported as `Failure.UNKNOWN_OUTCOME`.
+- Every failure surfaces as `WapiError` whose `detail` is safe to show: never credentials, nor library exception
+  strings (which embed URLs and bodies).
+- `search`, `update` and `delete` are retried with backoff on 503 and lost requests; `create` is tried once, since a
+  lost POST may have been committed. A search sends one GET per attempt and page (not `Connector.get_object`, which
+  re-sends without delay and shares its page cursor); a paged search is retried from its first page, so an answer is
+  always complete, awaiting `before_page` before each page. A 401 on a session with a cookie gets one fresh login.
+- A call made after `close()` fails with a transient `WapiError`; queued calls still run.
+- Every HTTP request is counted and timed in `ipam_provider_backend_requests_total{backend="infoblox"}` under its
+  method and WAPI object type, never a reference or a query value.
 """
 
 from __future__ import annotations
@@ -272,8 +263,7 @@ class _ObservedAdapter(BaseAdapter):
 
 
 def request_operation(method: str, url: str) -> str:
-    """The metrics name of a WAPI request: the method and the object type (`GET network`, `PUT record:host`);
-    `other` for a URL outside the WAPI's object paths."""
+    """The metrics name of a WAPI request: `GET network`, `PUT record:host`, or `<method> other` off WAPI paths."""
     found = _WAPI_PATH.match(urlsplit(url).path)
     return f"{method} {found.group(1) if found else 'other'}"
 
@@ -352,14 +342,10 @@ def _answer(status: int | None, body: Mapping[str, Any] | None) -> WapiError:
         return WapiError(Failure.TARGET_NOT_FOUND, text, status)
     if "Unknown extensible attribute" in text:
         return WapiError(Failure.UNKNOWN_EA, text, status)
-    if status == 404 and _VIEW_NOT_FOUND.match(text):
-        return WapiError(Failure.VIEW_NOT_FOUND, text, status)
     if status == 404:
-        return WapiError(Failure.NOT_FOUND, text, status)
-    if code == "Client.Ibap.Data.Conflict" and _EA_NOT_ALLOWED.match(text):
-        return WapiError(Failure.EA_NOT_ALLOWED, text, status)
+        return WapiError(Failure.VIEW_NOT_FOUND if _VIEW_NOT_FOUND.match(text) else Failure.NOT_FOUND, text, status)
     if code == "Client.Ibap.Data.Conflict":
-        return WapiError(Failure.CONFLICT, text, status)
+        return WapiError(Failure.EA_NOT_ALLOWED if _EA_NOT_ALLOWED.match(text) else Failure.CONFLICT, text, status)
     if status is not None and status >= 500:
         return WapiError(Failure.UNAVAILABLE, f"the grid answered HTTP {status}: {text}", status)
     return WapiError(Failure.REFUSED, text, status)

@@ -2,27 +2,17 @@
 condition.
 
 Contract:
-- `Connections.connect(name)` answers the instance's `Connection`, reading the InfobloxInstance and its Secrets at
-  most once per `instance_cache_seconds`: its credentials Secret (`username` and `password`, or `clientCert`/
-  `tls.crt` and `clientKey`/`tls.key`) and its CA bundle (`caBundle`, or the key of `caBundleSecretRef`). The
-  connection (its Connector, thread pool and private files) is rebuilt when the instance's generation or either
-  Secret's resourceVersion changes; a replaced or dropped one is closed after the longest a call on it can take
-  (`client.longest_call_seconds`), or at once when the process stops. A missing instance, or one whose spec or
-  Secrets cannot be used, raises `InstanceProblem` (a condition reason and message), also written to the instance's
-  status when it exists. Credentials only ever go into the Connector options (and, for a client certificate or a
-  CA bundle, 0600 files of a private 0700 temporary directory, removed with the connection, or at once if reading
-  fails); never into a log, a condition or an exception.
-- `GridHealth.health(connection)` checks the grid (reachability, TLS, credentials, the default network view, a
-  default DNS view other than NIOS's built-in one, the extensible-attribute definitions this backend writes,
-  created when missing if the instance allows it; the optional CAPI-Cluster-Identity's absence is no failure:
-  `Health.ea_names` says whether it is defined). Results are cached on the connection: long when healthy, short
-  when not. A grid that refuses the credentials is asked again later and later (the short wait doubling, up to
-  `auth_failed_max_recheck_seconds`), since a real grid may lock the account. `refused(connection)` answers that
-  cached refusal while it stands, so that releases do not ask the grid with credentials it refused either.
-  `failed(connection, error)` records a call's failure that concerns the whole instance (`INSTANCE_WIDE`);
-  `translate` turns any WAPI failure into a BackendError for people.
-- `InstanceStatus.publish` writes an instance's `Ready` condition (status subresource) only when it changes; an
-  instance never read is not written to. A failed write is logged, never raised.
+- `Connections.connect(name)` reads the InfobloxInstance, its credentials Secret (`username` and `password`, or
+  `clientCert`/`tls.crt` and `clientKey`/`tls.key`) and its CA bundle at most once per `instance_cache_seconds`,
+  and rebuilds the connection when the instance's generation or a Secret's resourceVersion changes; a replaced one
+  is closed after `client.longest_call_seconds`. An unusable instance raises `InstanceProblem`, also written to its
+  status. Credentials only go into the Connector options (and 0600 files of a private 0700 temporary directory,
+  removed with the connection); never into a log, a condition or an exception.
+- `GridHealth.health(connection)` checks reachability, TLS, credentials, the default views and the extensible
+  attribute definitions (created when missing if the instance allows it), cached long when healthy, short when not;
+  refused credentials are asked again later and later (up to `auth_failed_max_recheck_seconds`: a grid may lock the
+  account), and `refused` answers that refusal while it stands, so that releases do not ask either.
+- `InstanceStatus.publish` writes an instance's `Ready` condition only when it changes; a failed write is logged.
 """
 
 from __future__ import annotations
@@ -73,8 +63,7 @@ class Health:
 
 @dataclass
 class Connection:
-    """One instance's grid: its client, and the state of its grid check (`Health`, decided by `GridHealth`): its
-    last result, the lock that makes one check at a time, and how many checks in a row refused its credentials."""
+    """One instance's grid: its client and its grid check's state (last `Health`, one check at a time, refusals)."""
 
     name: str
     key: tuple[str, ...]
@@ -150,20 +139,15 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
             f"Secret {secret_label} (spec.credentialsSecretRef) holds neither username and password nor clientCert "
             "and clientKey",
         )
-    files = None
-    if pem is not None or not use_password:
-        files = tempfile.TemporaryDirectory(prefix="ipam-infoblox-")  # 0700, removed with the connection
+    files = tempfile.TemporaryDirectory(prefix="ipam-infoblox-") if pem is not None or not use_password else None
     if use_password:
         options["username"] = data["username"].decode("utf-8", "replace")
         options["password"] = data["password"].decode("utf-8", "replace")
     elif files is not None and cert and key:
         options["cert"] = _private_file(files.name, "client.crt", cert)
         options["key"] = _private_file(files.name, "client.key", key)
-    if spec.insecure_skip_verify:
-        options["ssl_verify"] = False
-    elif pem is None:
-        options["ssl_verify"] = True  # the CAs requests trusts (certifi, or REQUESTS_CA_BUNDLE)
-    elif files is not None:
+    options["ssl_verify"] = not spec.insecure_skip_verify  # True: the CAs requests trusts (certifi, REQUESTS_CA_BUNDLE)
+    if pem is not None and files is not None:
         options["ssl_verify"] = _private_file(files.name, "ca.crt", pem.encode())
     meta = instance["metadata"]
     key_parts = (str(meta.get("uid")), str(meta.get("generation")), str(secret["metadata"]["resourceVersion"]))
@@ -207,15 +191,11 @@ class InstanceStatus:
 
     def __init__(self, kube: KubeClient) -> None:
         self._kube = kube
-        self._instances: dict[str, Object] = {}
-
-    def remember(self, name: str, instance: Object) -> None:
-        """The InfobloxInstance `name` as just read."""
-        self._instances[name] = instance
+        self.instances: dict[str, Object] = {}  # each InfobloxInstance as last read or written
 
     async def publish(self, name: str, ready: bool, reason: str, message: str) -> None:
         """Write the instance's Ready condition if it changed."""
-        instance = self._instances.get(name)
+        instance = self.instances.get(name)
         if instance is None:
             return
         try:
@@ -230,7 +210,7 @@ class InstanceStatus:
             return
         patch = {"status": {"conditions": [c.wire() for c in conditions]}}
         try:
-            self._instances[name] = await self._kube.patch(INSTANCES, name, patch, subresource="status")
+            self.instances[name] = await self._kube.patch(INSTANCES, name, patch, subresource="status")
         except ApiError as error:
             log.warning("cannot write the InfobloxInstance status", instance=name, error=error.message)
             return
@@ -259,7 +239,7 @@ class Connections:
                 raise InstanceProblem(
                     "InstanceNotFound", f"InfobloxInstance {name} was not found; create it or fix spec.instanceRef"
                 )
-            self._status.remember(name, instance)
+            self._status.instances[name] = instance
             try:
                 material = await read_material(self._kube, instance)
             except InstanceProblem as problem:
@@ -271,23 +251,14 @@ class Connections:
                     material.files.cleanup()
                 current.read_at = time.monotonic()
                 return current
-            connection = self._connection(name, material)
+            spec, retry = material.spec, self._settings.retry
+            workers, timeout = spec.max_concurrent_requests, spec.request_timeout_seconds
+            client = WapiClient(material.options, max_workers=workers, request_timeout=timeout, retry=retry, label=name)
+            connection = Connection(name, material.key, spec, client, material.secret, material.files, time.monotonic())
             self._retire(name)
             self._connections[name] = connection
-            spec = material.spec
             log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
             return connection
-
-    def _connection(self, name: str, material: Material) -> Connection:
-        spec = material.spec
-        client = WapiClient(
-            material.options,
-            max_workers=spec.max_concurrent_requests,
-            request_timeout=spec.request_timeout_seconds,
-            retry=self._settings.retry,
-            label=name,
-        )
-        return Connection(name, material.key, spec, client, material.secret, material.files, time.monotonic())
 
     def _retire(self, name: str) -> None:
         connection = self._connections.pop(name, None)
@@ -329,8 +300,7 @@ class GridHealth:
         return result
 
     def _recheck_wait(self, connection: Connection) -> float:
-        """How long the connection's last grid check stands: long when it passed, short when it failed, and
-        doubling with each refusal of the same credentials in a row."""
+        """How long the last grid check stands: long if it passed, short if not, doubling per refusal in a row."""
         health = connection.health
         if health is not None and health.ready:
             return self._settings.healthy_recheck_seconds
@@ -356,8 +326,7 @@ class GridHealth:
             if previous is None or previous.reason != AUTH_FAILED:
                 connection.auth_failures = max(connection.auth_failures, 1)
             elif self.refused(connection) is None:
-                # The wait was over and this call (a release) asked the grid again: the wait doubles, as after a
-                # grid check. Calls that were under way when the first refusal came back do not count.
+                # The wait was over and this call asked again: it doubles (calls already under way do not count).
                 connection.auth_failures += 1
         health = Health(False, reason, message, time.monotonic())
         connection.health = health
@@ -448,11 +417,8 @@ def failure_condition(connection: Connection, error: WapiError) -> tuple[str, st
         )
     if error.failure in (Failure.UNREACHABLE, Failure.UNKNOWN_OUTCOME):
         return "Unreachable", f"{where} did not answer: {error.detail}; check spec.host, spec.port and the network"
-    if error.failure is Failure.UNAVAILABLE:
-        return "GridUnavailable", f"{where}: {error.detail}"
-    if error.failure is Failure.VIEW_NOT_FOUND:
-        return "NetworkViewNotFound", f"{where}: {error.detail}"
-    return "WAPIError", f"{where}: {error.detail}"
+    reason = {Failure.UNAVAILABLE: "GridUnavailable", Failure.VIEW_NOT_FOUND: "NetworkViewNotFound"}
+    return reason.get(error.failure, "WAPIError"), f"{where}: {error.detail}"
 
 
 def view_missing(detail: str, what: str) -> str:

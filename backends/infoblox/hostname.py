@@ -1,11 +1,7 @@
-"""The host name of a host record: the claim's name, or the name of the Machine that owns the claim.
-
-The Machine is found by following ownerReferences from the claim, breadth-first and controller references first, at
-most `depth` levels (an infrastructure provider's claim is typically owned by an infrastructure object that a
-cluster.x-k8s.io Machine owns, directly or through another). An owner that is not a Machine is read from the API
-server, in the claim's namespace, as the plural of its kind in its apiVersion (this needs `get` on that resource in
-the ClusterRole); an owner that cannot be read is skipped. The name is lower-cased and must be a DNS name by length.
-"""
+"""The host name of a host record: the claim's name, or the name of the Machine that owns the claim, found by
+following ownerReferences breadth-first, controller references first, at most `depth` levels. An owner that is not a
+Machine is read in the claim's namespace as the plural of its kind (the ClusterRole needs `get` on it); one that
+cannot be read is skipped."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from ipam_provider.runtime.kube.resources import CLUSTER_GROUP, Resource
 
 log = structlog.get_logger(__name__)
 
-
 MAX_LABEL = 63  # RFC 1035: octets in one label
 MAX_NAME = 253  # RFC 1035: 255 octets on the wire, which is 253 characters written out
 
@@ -31,10 +26,8 @@ class HostnameError(Exception):
 
 
 def host_fqdn(name: str, zone: str, claim: ClaimContext, source: str) -> str:
-    """The host record's name: `name` in `zone`, in lower case (NIOS stores names in lower case, and a search with
-    `=` is case-sensitive). Raises HostnameError, naming the claim and the limit, when the result is not a DNS
-    name: a label longer than 63 characters or a name longer than 253. A name is never shortened: the host name
-    is what people and DNS know the machine by, and a shortened one could be another machine's."""
+    """`name` in `zone`, lower-cased as NIOS stores it. HostnameError, naming the claim and the limit, when a label
+    is over 63 characters or the name over 253; a name is never shortened (it could be another machine's)."""
     fqdn = f"{name}.{zone.strip('.')}".lower()
     fix = f"use a shorter {source} or spec.hostRecord.dnsZone"
     if len(fqdn) > MAX_NAME:

@@ -1,27 +1,16 @@
 """The grid objects this backend owns, the per-pool index of them, and how a pool's grid is reached.
 
 Contract:
-- Every object made for a claim (a fixedaddress, ipv6fixedaddress or record:host) carries the ownership extensible
-  attributes: CAPI-Claim-UID (the one attribute ownership is decided on), CAPI-Claim-Namespace, CAPI-Claim-Name,
-  CAPI-Cluster-Name (when the claim names a cluster), CAPI-Pool (`<namespace>/<pool name>`, what the index searches
-  on), the pool's own extra attributes, and CAPI-Cluster-Identity when the backend knows its management cluster's
-  identity and the grid defines the attribute (`ClusterStamp.marks`; NIOS refuses an undefined attribute). A
-  gateway reservation carries CAPI-Pool only.
-- `ClusterStamp.judge(obj)` says how the repair loop may treat one of our objects: OURS (stamped with our identity,
-  or the backend knows no identity), UNSTAMPED (listed, never released) or OTHER (another management cluster's: not
-  listed). `condition` is the pool's `ClusterIdentityStamped` condition: False (`ExtensibleAttributeMissing`, the
-  pool stays Ready) while the grid does not define the attribute, saying that leaks are then only reported.
-- A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `owned` finds them (`*CAPI-Claim-UID=<uid>`, one
-  GET per object type, [] when there are none) and checks the attribute again on every object answered. `release`
-  deletes what `owned` answers and nothing else: the IPAddress's ref annotation only chooses the object type
-  searched first, so an edited annotation or a reference NIOS re-used for a new object is never deleted. A 404 on
-  DELETE counts as released.
-- The index (`index`: one paged `*CAPI-Pool=<ns>/<name>` search per pool and process, again every
-  `index_resync_seconds` or when the pool moves to another instance) maps claim uids to the objects they own. Each
-  write updates it in the same method: `post` records the new object as the claim's only one, `rekey` the re-keyed
-  one, `delete` drops the deleted reference, `release` drops the claim and makes full subnets worth asking again.
-- `pool_connection` answers the parsed pool and its instance's connection, or PoolNotReadyError when either cannot
-  be used now (an instance whose credentials were refused is not asked again before its re-check is due).
+- Every object made for a claim (a fixedaddress, ipv6fixedaddress or record:host) carries CAPI-Claim-UID (the one
+  attribute ownership is decided on), CAPI-Claim-Namespace, CAPI-Claim-Name, CAPI-Cluster-Name (when the claim names
+  a cluster), CAPI-Pool (`<namespace>/<pool name>`, what the index searches on), the pool's own extra attributes,
+  and CAPI-Cluster-Identity when it is known and the grid defines it (`ClusterStamp.marks`; NIOS refuses an
+  undefined attribute). A gateway reservation carries CAPI-Pool only.
+- A claim owns exactly the objects whose CAPI-Claim-UID is its uid. `release` deletes what `owned` answers and
+  nothing else: the IPAddress's ref annotation only chooses the type searched first, so an edited annotation or a
+  reference NIOS re-used is never deleted. A 404 on DELETE counts as released.
+- The index (one paged CAPI-Pool search per pool and process, again every `index_resync_seconds` or when the pool
+  moves to another instance) maps claim uids to the objects they own; every write updates it in the same method.
 """
 
 from __future__ import annotations
@@ -54,7 +43,6 @@ from backends.infoblox.spec import (
 )
 from ipam_provider.backend.contract import (
     Allocation,
-    BackendError,
     ClaimContext,
     PoolNotReadyError,
     PoolRef,
@@ -115,10 +103,8 @@ def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
     ref = raw.get("_ref")
     if not isinstance(ref, str):
         return None
-    address: Any = raw.get("ipv4addr") if obj_type == FIXED_V4 else raw.get("ipv6addr")
-    if obj_type == HOST:
-        entries = host_entries(raw)
-        address = (entries[0].get("ipv4addr") or entries[0].get("ipv6addr")) if entries else None
+    entries = host_entries(raw) if obj_type == HOST else [raw]
+    address = (entries[0].get("ipv4addr") or entries[0].get("ipv6addr")) if entries else None
     if not isinstance(address, str):
         return None
     extattrs = raw.get("extattrs")
@@ -222,6 +208,8 @@ class ClusterStamp:
         return {EA_CLUSTER_IDENTITY: self.identity} if self.identity and self.defined(connection) else {}
 
     def judge(self, obj: GridObject) -> Made:
+        """OURS (stamped with our identity, or no identity known), UNSTAMPED (listed by the repair loop, never
+        released) or OTHER (another management cluster's: not listed)."""
         stamped = obj.extattrs.get(EA_CLUSTER_IDENTITY) or ""
         if not self.identity or stamped == self.identity:
             return Made.OURS
@@ -256,8 +244,7 @@ class PoolIndex:
 
 @dataclass(frozen=True)
 class Allocating:
-    """One claim's business with its pool's objects: the pool, the connection to its grid, the pool's index and the
-    claim."""
+    """One claim's business with its pool: the pool, the connection to its grid, the pool's index and the claim."""
 
     pool: Pool
     connection: Connection
@@ -294,26 +281,22 @@ class Ledger:
             raise PoolNotReadyError(f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
         return parsed
 
-    async def connect(self, instance: str) -> Connection:
-        """The instance's connection; PoolNotReadyError when the instance cannot be used."""
+    async def connect(self, instance: str, *, unrefused: bool = False) -> Connection:
+        """The instance's connection; PoolNotReadyError (caused by the InstanceProblem, if any) when the instance
+        cannot be used, or with `unrefused` while its refused credentials are not due for a re-check."""
         try:
-            return await self.connections.connect(instance)
+            connection = await self.connections.connect(instance)
         except InstanceProblem as problem:
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
+        refused = self.grid.refused(connection) if unrefused else None
+        if refused is not None:
+            raise PoolNotReadyError(f"InfobloxInstance {instance} is not ready ({refused.reason}): {refused.message}")
+        return connection
 
     async def pool_connection(self, pool_ref: PoolRef, pool: Object) -> tuple[Pool, Connection]:
-        """The parsed pool and its instance's connection, if both can be used now (see the module's contract)."""
+        """The parsed pool and its instance's unrefused connection; PoolNotReadyError when either cannot be used."""
         parsed = self.parse(pool_ref, pool)
-        connection = await self.connect(parsed.instance)
-        refused = self.grid.refused(connection)
-        if refused is not None:
-            raise PoolNotReadyError(
-                f"InfobloxInstance {connection.name} is not ready ({refused.reason}): {refused.message}"
-            )
-        return parsed, connection
-
-    async def translate(self, connection: Connection, error: WapiError, what: str) -> BackendError:
-        return await self.grid.translate(connection, error, what)
+        return parsed, await self.connect(parsed.instance, unrefused=True)
 
     async def index(self, pool: Pool, connection: Connection) -> PoolIndex:
         """The pool's index, rebuilt by a search on CAPI-Pool when missing, stale, or of another instance."""
@@ -376,8 +359,7 @@ class Ledger:
 
     async def post(self, job: Allocating, address: str, hostname: str | None, *, requested: bool = False) -> GridObject:
         """One POST of the claim's object at `address` (literal or func:), recorded as the claim's only one; a host
-        record is named `hostname`, and an object made for a requested address says so in its comment
-        (`GridObject.requested`). WapiError when the grid refuses."""
+        record is named `hostname`; `requested` goes into the comment (`GridObject.requested`). WapiError if refused."""
         pool, claim, connection = job.pool, job.claim, job.connection
         eas = {**pool.spec.extensible_attributes, **self.stamp.marks(connection), EA_CLAIM_UID: claim.uid}
         eas.update({EA_CLAIM_NAMESPACE: claim.namespace, EA_CLAIM_NAME: claim.name, EA_POOL: pool.label})
@@ -451,7 +433,7 @@ class Ledger:
                 deleted = await connection.client.delete(obj.ref)
                 bound.info("grid object released", address=obj.address, ref=obj.ref, already_gone=not deleted)
         except WapiError as error:
-            raise await self.translate(connection, error, "release") from error
+            raise await self.grid.translate(connection, error, "release") from error
         if ref and ref not in {obj.ref for obj in objects}:
             bound.info("object named by the IPAddress is not owned by the claim (or is gone); left alone", ref=ref)
         index = self._indexes.get(pool_ref)
@@ -475,8 +457,6 @@ def _holds(entry: Mapping[str, Any], address: str) -> bool:
 
 
 def _drop(index: PoolIndex, claim_uid: str, ref: str) -> None:
-    kept = [o for o in index.by_claim.get(claim_uid, []) if o.ref != ref]
+    kept = [o for o in index.by_claim.pop(claim_uid, []) if o.ref != ref]
     if kept:
         index.by_claim[claim_uid] = kept
-    else:
-        index.by_claim.pop(claim_uid, None)

@@ -1,34 +1,21 @@
 """The Infoblox backend's repair capability (`ipam_provider.backend.repair.Repairable`), read from the grid itself.
 
 Contract:
-- `list_holdings`: every fixedaddress, ipv6fixedaddress and record:host in the pool's network view whose CAPI-Pool
-  names the pool and that carries CAPI-Claim-UID, one paged search per object type (all three, so that objects made
-  before the pool's mode or family changed are found too), with `pacer.wait()` before every page's GET. The gateway
-  reservation (CAPI-Pool only) is not a holding. A failure on any page (after the client's retries) raises
-  BackendError: a pass never sees a partial list. Holding: `address`, `claim` from CAPI-Claim-Namespace/
-  CAPI-Claim-Name, `claim_uid`, `handle` the object's `_ref`. An object stamped with another management cluster's
-  CAPI-Cluster-Identity is not listed; one without any identity is listed with `releasable` False.
-- `release_holding` never touches a holding that is not `releasable`. It searches the holding's CAPI-Claim-UID
-  afresh (one GET) and deletes the object only if that answer still holds it: the same `_ref`, address, CAPI-Pool
-  and uid, stamped with our identity. Anything else (gone, re-keyed, moved to another pool, or a reference NIOS
-  re-used for a new object) answers False; so does a 404 on the DELETE.
-- `restore` searches the address afresh (two GETs), never trusting the pool index: an object of the claim there ->
-  HELD; an address the pool cannot hand out -> OUTSIDE; an object of ours recording the same claim namespace, name
-  and pool under another uid -> re-keyed to the claim, RECORDED; any other object -> TAKEN, naming it; nothing ->
-  the object a normal allocation makes (the IPAddress's hostname for host records), posted at that literal address
-  and kept only if it is alone there at its check (`Allocator.keep_alone`) -> RECORDED. An object that lost the
-  check is deleted, the index forgets the claim, and the holder found is reported (TAKEN). Nothing else is ever
-  deleted or re-keyed.
-- `outside_pool` (`outside_of`) sends no request: an address outside every subnet and range of the pool as
-  configured now, or one the pool never hands out (a network, broadcast or subnet-router anycast address, a gateway).
-- Grid failures become BackendError; an instance whose credentials were refused is not asked again before its
-  re-check is due.
+- `list_holdings`: the fixed addresses and host records of all three types in the pool's network view whose
+  CAPI-Pool names the pool and that carry CAPI-Claim-UID (not the gateway reservation), one paged search per type
+  with `pacer.wait()` before every page; any failure raises BackendError, never a partial list. An object stamped
+  with another management cluster's CAPI-Cluster-Identity is not listed; one without any is not `releasable`.
+- `release_holding` deletes only a `releasable` holding that a fresh search on its CAPI-Claim-UID still answers
+  unchanged (`_ref`, address, CAPI-Pool, uid, our stamp); anything else, or a 404 on the DELETE, answers False.
+- `restore` searches the address afresh, never trusting the pool index: the claim's object -> HELD; an address the
+  pool cannot hand out -> OUTSIDE; ours under an earlier uid -> re-keyed, RECORDED; any other object -> TAKEN;
+  nothing -> posted literally and kept only if alone at its check -> RECORDED (else deleted, TAKEN).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import structlog
 
@@ -47,7 +34,7 @@ from backends.infoblox.ledger import (
     type_of_ref,
 )
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL, Pool
+from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendError, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
@@ -80,7 +67,7 @@ class GridRepair:
             except WapiError as error:
                 if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
-                raise await self._ledger.translate(connection, error, f"listing {pool_ref}") from error
+                raise await self._ledger.grid.translate(connection, error, f"listing {pool_ref}") from error
             for obj in ours(obj_type, answer, parsed.label):
                 made = self._ledger.stamp.judge(obj)
                 if made is Made.OTHER:
@@ -103,7 +90,7 @@ class GridRepair:
                 return False
             deleted = await self._ledger.release_leak(connection, pool_ref, holding.claim_uid, holding.handle)
         except WapiError as error:
-            raise await self._ledger.translate(connection, error, f"release in {pool_ref}") from error
+            raise await self._ledger.grid.translate(connection, error, f"release in {pool_ref}") from error
         log.info(
             "leaked grid object released",
             pool=str(pool_ref),
@@ -126,14 +113,14 @@ class GridRepair:
                 return held_by(found, claim) or Restore(RestoreOutcome.OUTSIDE, str(outside))
             if found and not any(o.earlier_self(parsed, claim) for o in found):
                 return taken(found[0])
-            job = await self._allocator.job(parsed, connection, claim)
+            job = Allocating(parsed, connection, await self._ledger.index(parsed, connection), claim)
             kept = await self._allocator.take_over(job, found, address)
             if kept is not None:
                 return await self._check_alone(job, address, kept, "re-keyed to the claim")
             return taken(found[0]) if found else await self._record(job, allocation, address)
         except WapiError as error:
             what = f"address {address} in {pool_ref}"
-            raise await self._ledger.translate(connection, error, what) from error
+            raise await self._ledger.grid.translate(connection, error, what) from error
 
     async def _record(self, job: Allocating, allocation: Allocation, address: str) -> Restore:
         """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
@@ -160,15 +147,11 @@ class GridRepair:
 
     async def _after_losing(self, job: Allocating, address: str, why: str) -> Restore:
         """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again. The
-        index forgets what it recorded for the claim, so that the claim's own path searches the grid rather than
-        believe the claim holds the address."""
+        index forgets the claim, so that its own path searches the grid."""
         self._ledger.forget_claim(job.pool.ref, job.claim.uid)
         found = await self._ledger.holders(job.connection, job.pool, address)
-        mine = held_by(found, job.claim)
-        if mine is not None:
-            return mine
         if found:
-            return taken(found[0])
+            return held_by(found, job.claim) or taken(found[0])
         raise BackendError(f"address {address} of claim {job.claim} could not be recorded again: {why}; trying again")
 
 
@@ -205,12 +188,6 @@ def as_listed(obj: GridObject, holding: Holding, label: str) -> bool:
         and obj.extattrs.get(EA_POOL) == label
         and same(obj.address, holding.address)
     )
-
-
-def outside_of(pool: Pool, addresses: Sequence[str]) -> Mapping[str, str]:
-    """Of `addresses`, those the pool cannot hand out as configured now, each with why."""
-    answer = {address: pool.why_outside(address) for address in addresses}
-    return {address: why for address, why in answer.items() if why is not None}
 
 
 def canonical(address: str) -> str | None:

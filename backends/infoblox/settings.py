@@ -9,19 +9,16 @@ from backends.infoblox.client import RetryPolicy
 
 @dataclass(frozen=True)
 class InfobloxSettings:
-    # How long an InfobloxInstance and its Secrets, once read, are trusted before they are read again (a changed
-    # instance or Secret rebuilds the connection; an authentication failure forces a fresh read at once).
+    # How long an InfobloxInstance and its Secrets, once read, are trusted (a 401 forces a fresh read at once).
     instance_cache_seconds: float = 5.0
     # How long a grid check (reachability, TLS, credentials, views, networks) is trusted, when it passed / failed.
     healthy_recheck_seconds: float = 300.0
     unhealthy_recheck_seconds: float = 10.0
-    # A grid that refused the credentials (HTTP 401) is asked again after unhealthy_recheck_seconds, then twice as
-    # long after each further refusal, up to this (a real grid may lock the account); a changed Secret is asked at once.
+    # Refused credentials (HTTP 401) are asked again after unhealthy_recheck_seconds, doubling up to this.
     auth_failed_max_recheck_seconds: float = 300.0
     # How often the per-pool index of owned grid objects is rebuilt by an extensible-attribute search.
     index_resync_seconds: float = 600.0
-    # A subnet that answered "Cannot find 1 available IP" is skipped for this long (until then the next one is
-    # asked first), unless this controller released an address of the pool meanwhile.
+    # A full subnet is asked last for this long, unless this controller released an address of the pool meanwhile.
     exhausted_skip_seconds: float = 30.0
     # Backoff for 503 answers and lost or timed-out requests.
     retry: RetryPolicy = field(default_factory=RetryPolicy)
