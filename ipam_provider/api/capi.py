@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.backend.contract import Allocation, PoolKind, PoolRef
 from ipam_provider.runtime.kube.resources import now_rfc3339
 
 FINALIZER_RELEASE_ADDRESS = "ipam.cluster.x-k8s.io/ReleaseAddress"
@@ -138,6 +138,10 @@ class IPAddressSpec(Model):
 class IPAddress(Model):
     metadata: ObjectMeta
     spec: IPAddressSpec
+
+    def allocation(self) -> Allocation:
+        """The allocation the IPAddress records, its annotations being the backend's bookkeeping."""
+        return Allocation(self.spec.address, self.spec.prefix, self.spec.gateway, dict(self.metadata.annotations))
 
 
 class ClusterSpec(Model):

@@ -3,7 +3,7 @@ an existing one is the claim's."""
 
 from __future__ import annotations
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, IPAddress, names_pool
+from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, names_pool
 from ipam_provider.backend.contract import Allocation
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ClaimWork
@@ -46,15 +46,6 @@ def desired_address(work: ClaimWork, pool: Object, allocation: Allocation) -> Ob
         },
         "spec": spec,
     }
-
-
-def allocation_of(address: IPAddress) -> Allocation:
-    return Allocation(
-        address=address.spec.address,
-        prefix=address.spec.prefix,
-        gateway=address.spec.gateway,
-        annotations=dict(address.metadata.annotations),
-    )
 
 
 def belongs_to(address: Object, work: ClaimWork) -> bool:

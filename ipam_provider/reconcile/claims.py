@@ -44,7 +44,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import RestoreOutcome, orphan_sweeper_of, repairer_of
 from ipam_provider.common import Object, normalized_address
-from ipam_provider.reconcile.addresses import adoption_patch, allocation_of, belongs_to, desired_address
+from ipam_provider.reconcile.addresses import adoption_patch, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
@@ -143,7 +143,7 @@ class ClaimReconciler:
         allocation: Allocation | None = None
         address_raw = await self.ctx.kube.get(ADDRESSES, work.name, work.namespace)
         if address_raw is not None and belongs_to(address_raw, work):
-            allocation = allocation_of(IPAddress.model_validate(address_raw))
+            allocation = IPAddress.model_validate(address_raw).allocation()
             holders = await self._delete_address(address_raw)
             if holders:
                 work.log.info("IPAddress still held by other finalizers; release waits", finalizers=",".join(holders))
@@ -235,7 +235,7 @@ class ClaimReconciler:
             if address.metadata.deleting:
                 await self._let_go(address_raw)
                 return None  # its DELETED event brings the claim back, to re-create it
-            existing = allocation_of(address)
+            existing = address.allocation()
             self._notice_requested(work, existing)
         else:
             try:  # for every backend: a requested address that is no IP address fails the claim
@@ -341,7 +341,7 @@ class ClaimReconciler:
             return "not tried"
         try:
             claim = IPAddressClaim.model_validate(claim_raw)
-            allocation = allocation_of(IPAddress.model_validate(holder))
+            allocation = IPAddress.model_validate(holder).allocation()
         except ValidationError:
             return "not tried"
         async with self.ctx.backend_turn(work.backend, work.pool_ref):

@@ -32,7 +32,6 @@ from ipam_provider.api.capi import (
 )
 from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
 from ipam_provider.common import Object
-from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import WARNING
@@ -54,7 +53,7 @@ class PoolReconciler:
         result = []
         for raw in self.ctx.caches.addresses.by_index(POOL, ref):
             try:
-                result.append(allocation_of(IPAddress.model_validate(raw)))
+                result.append(IPAddress.model_validate(raw).allocation())
             except ValidationError:
                 continue
         return result

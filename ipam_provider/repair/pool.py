@@ -24,7 +24,6 @@ from ipam_provider.backend.contract import BackendError, PoolRef, ReportConditio
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, listed, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
-from ipam_provider.reconcile.addresses import allocation_of
 from ipam_provider.reconcile.context import ReconcileContext, claim_context
 from ipam_provider.repair.compare import (
     LiveState,
@@ -311,7 +310,7 @@ class PoolRepairs:
             return
         try:
             claim = IPAddressClaim.model_validate(item.claim)
-            allocation = allocation_of(IPAddress.model_validate(item.address))
+            allocation = IPAddress.model_validate(item.address).allocation()
         except ValidationError as error:
             log.warning("IPAddress or claim does not parse; not restored", address=item.name, error=str(error))
             return
