@@ -150,11 +150,8 @@ class Allocator:
             return held
         uncertain = self.ledger.index(pool.ref).uncertain
         since = uncertain.get(claim.uid)
-        if (
-            since is not None
-            and time.monotonic() - since < self.uncertain_seconds
-            and not resolved.ownership.uid_unique
-        ):
+        waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
+        if waiting and not resolved.ownership.uid_unique:
             raise AllocationFailedError(
                 f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
                 f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
@@ -291,9 +288,8 @@ class Allocator:
         raw_id = annotations.get(ANNOTATION_IP_ID) or ""
         if raw_id.isdigit():
             obj = await client.call(f"GET address #{raw_id}", calls.get("ipam", "ip_addresses", int(raw_id)))
-            restored = is_ours(obj or {}, annotations.get(ANNOTATION_CLAIM_UID)) and claim_ref_of(
-                obj or {}
-            ) == claim_ref(claim)
+            same_claim = obj is not None and claim_ref_of(obj) == claim_ref(claim)  # under the annotation's UID
+            restored = same_claim and is_ours(obj or {}, annotations.get(ANNOTATION_CLAIM_UID))
             if obj is not None and (is_ours(obj, claim.uid) or restored):
                 await self.ledger.delete(client, ref, int(raw_id), claim.uid)
                 log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))

@@ -3,7 +3,8 @@
 An address of ours carries both ownership marks: the owner tag and the claim's UID in the custom field
 capi_claim_uid; it also records the claim's namespace/name (capi_claim_ref) and, when known, the management
 cluster's identity (capi_cluster_identity). Only addresses carrying both marks are ever changed or deleted.
-`Ledger` reads and writes them; each write updates the pool's `PoolIndex` in the same method.
+`Ledger` reads and writes them. A deletion updates the pool's `PoolIndex` in the same method; an address enters
+it (`hold`) once the caller checked it is the claim's.
 """
 
 from __future__ import annotations
