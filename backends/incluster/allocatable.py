@@ -129,10 +129,7 @@ def _subnet_bounds(first_address: int, prefix: int, family: int) -> tuple[int, i
 
 
 def _check_spec(
-    addresses: Sequence[str],
-    prefix: int,
-    gateway: str | None,
-    excluded_addresses: Sequence[str],
+    addresses: Sequence[str], prefix: int, gateway: str | None, excluded_addresses: Sequence[str]
 ) -> tuple[list[AddressEntry], list[AddressEntry], int | None, int]:
     """A pool spec's parsed addresses, exclusions, gateway and family; else PoolSpecError, checked in the Go
     provider's order, a failing stage stopping the next: addresses given; all entries parse; one family; the gateway
@@ -181,10 +178,7 @@ def _check_spec(
 
 
 def validate_pool_spec(
-    addresses: Sequence[str],
-    prefix: int,
-    gateway: str | None = None,
-    excluded_addresses: Sequence[str] = (),
+    addresses: Sequence[str], prefix: int, gateway: str | None = None, excluded_addresses: Sequence[str] = ()
 ) -> None:
     """Raise PoolSpecError listing what is wrong with a pool spec (see `_check_spec`); None when it is valid."""
     _check_spec(addresses, prefix, gateway, excluded_addresses)

@@ -1,25 +1,22 @@
 """Allocation from an in-cluster pool (address or prefix pool); every write goes through the `ledger`.
 
-- Dynamic: the index chooses a candidate and marks it pending in one step (`PoolIndex.take_candidate`), so
-  concurrent allocations never try one address; the reservation's create-uniqueness stays the arbiter: a lost
-  address is learned and the next candidate taken. An own release record chosen is taken over. A pool that looks
-  exhausted is rebuilt once from a fresh list before PoolExhausted.
-- Requested (annotation) or pre-allocated (`spec.preAllocations`), for a claim without IPAddress nor reservation:
-  an address the pool does not hand out, pre-allocated to another claim, or contradicting the claim's
-  pre-allocation is refused (AllocationFailed, `requested_address_outside`). Else it is taken by value (the policy
-  does not apply) and reserved, an own release record past its grace period taken over; held by another claim
-  (a release record in its grace period too): AllocationFailed, `requested_address_held`. An own reservation under
-  the claim's namespace/name with another uid (a pin, its released one, an earlier claim's) is taken over; an
-  address another allocation of this process is trying is waited for.
+- Dynamic: the index chooses a candidate and marks it pending in one step, so concurrent allocations never try one
+  address; the reservation's create-uniqueness stays the arbiter: a lost address is learned and the next candidate
+  taken. An own release record chosen is taken over. A pool that looks exhausted is rebuilt once before
+  PoolExhausted.
+- Requested (annotation) or pre-allocated: an address the pool does not hand out, pre-allocated to another claim,
+  or contradicting the claim's pre-allocation is refused (AllocationFailed, `requested_address_outside`). Else it is
+  taken by value (the policy does not apply), an own release record past its grace period taken over; held by
+  another claim (a record in its grace period too): AllocationFailed, `requested_address_held`. An own reservation
+  under the claim's namespace/name with another uid is taken over; an address another allocation of this process
+  is trying is waited for.
 - Adopted (the claim has an IPAddress): the claim ends up holding exactly its address with an own reservation and
   no other of the pool, else AllocationFailed naming the holder. An own live reservation under the claim's
   namespace/name, or an own release record, is taken over; another pool's of the domain never is.
-- Pins (`pin`, at each pool report): each address pre-allocated to one well-formed key that no IPAddress names nor
-  known reservation holds gets a reservation for the named claim with uid "" (which that claim takes over), so a
-  process with a stale spec cannot hand it out; an own uid-"" live reservation whose address is no longer pinned
-  to its claim and no IPAddress names (the list, then a fresh read) is deleted. Nothing is done for a caller that
-  read an older spec than the index's. A claim made in the same apply as a pin may still get its address from a
-  process that has not seen the pin: the pool then reports the collision (Ready=False).
+- Pins (`pin`, at each report): each address pre-allocated to one well-formed key that no IPAddress names nor known
+  reservation holds gets a reservation for the named claim with uid "", so a process with a stale spec cannot hand
+  it out; an own uid-"" live reservation no longer pinned to its claim and named by no IPAddress is deleted.
+  Nothing is done for a caller that read an older spec than the index's.
 """
 
 from __future__ import annotations

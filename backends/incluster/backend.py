@@ -12,11 +12,11 @@ from collections.abc import Collection, Sequence
 
 from backends.incluster.allocator import Allocator, collisions
 from backends.incluster.domains import (
+    INVALID_POOL_OVERLAP,
     CrossPool,
     PoolSurvey,
     assess,
     domain_pools,
-    invalid_pool_condition,
     unheld_pinned,
 )
 from backends.incluster.intervals import address_value
@@ -109,9 +109,9 @@ class InClusterBackend:
             parsed = self.ledger.noted(AddressPool.parse(pool_ref, pool))
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
-            conditions = [invalid_pool_condition()]
+            conditions = [INVALID_POOL_OVERLAP]
             return PoolReport(False, "InvalidConfiguration", error.message, counts=invalid, conditions=conditions)
-        allocatable, fields = parsed.allocatable, parsed.fields
+        allocatable, spec = parsed.allocatable, parsed.fields
         family = allocatable.family
         out_of_range = sum(1 for a in addresses if address_value(a.address, family) not in allocatable.addresses)
         await self.allocator.pin(parsed, addresses)
@@ -127,12 +127,7 @@ class InClusterBackend:
         counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
         problems = [*parsed.pre.problems, *collided]
         advisories = address_pool_advisories(
-            fields.addresses,
-            fields.prefix,
-            fields.gateway,
-            fields.excluded_addresses,
-            fields.allocate_reserved,
-            allocatable,
+            spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved, allocatable
         )
         conditions = [*cross.conditions, consistency_condition(advisories)]
         if problems:

@@ -1,24 +1,21 @@
 """Uniqueness domains: in-cluster pools that never hand out one address twice between them although their addresses
 overlap; and the overlap between pools, which without a common domain can give two claims one address.
 
-A pool joins a domain with `spec.uniquenessDomain`, a DNS label (`DOMAIN_PATTERN`, at most 63 characters; another
-name makes the pool InvalidConfiguration), cluster-wide across kinds and namespaces; it cannot change once set
-(a CEL rule): it names the reservations.
+A pool joins a domain with `spec.uniquenessDomain`, a DNS label (`DOMAIN_PATTERN`, at most 63 characters),
+cluster-wide across kinds and namespaces; it cannot change once set (a CEL rule): it names the reservations.
 - A domain pool's reservations are named `<domain hash>.<address>` (see `ledger`): create-uniqueness decides
   between every pool of the domain. Its index holds every reservation of the domain; each keeps its pool's label,
-  so a pool's own accounting (claims, release, repair holdings, the sweep of deleted pools) sees only its own, and
-  a claim never takes over another pool's reservation or release record (see `allocator`, `ledger`).
+  so a pool's own accounting sees only its own, and a claim never takes over another pool's reservation or record.
 - A release record records its pool's reuse grace period; any pool of the domain deletes it once that is over,
-  except under LeastRecentlyReleased, whose records record none. The scan before a domain pool's first allocation
-  covers the IPAddresses of every pool of the domain (`domain_pools`, see `ledger`).
+  except under LeastRecentlyReleased. The scan before a domain pool's first allocation covers the IPAddresses of
+  every pool of the domain (`domain_pools`).
 
 Overlap (`PoolSurvey`, fed by the pool watch): `observe` answers the pools whose allocatable addresses met a changed
 pool's, before or after the change; `overlaps` the other pools of the same family sharing allocatable addresses
-with one (how many, the first, same domain or not; None until the caches synced; an invalid pool overlaps
-nothing, one being deleted still counts); each pool is parsed once per uid and generation, and indexed per family
-(`Coverage`): O(log n + k) for n pools and k segments met. `overlap_condition` is the `AddressesOverlap` condition:
-True, `PoolsOverlap`, a Warning Event, when a pool outside the domain overlaps; True, `OverlapWithinUniquenessDomain`
-when only pools of the domain do; else False, `NoOverlap` (an invalid pool too). It never makes a pool not Ready.
+with one (None until the caches synced; an invalid pool overlaps nothing). `overlap_condition` is the
+`AddressesOverlap` condition: True, `PoolsOverlap`, a Warning Event, when a pool outside the domain overlaps; True,
+`OverlapWithinUniquenessDomain` when only pools of the domain do; else False, `NoOverlap`. It never makes a pool not
+Ready.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import IntervalSet, address_value, int_to_address
 from ipam_provider.backend.contract import PoolKind, PoolRef, ReportCondition
 from ipam_provider.common import Object, normalized_address
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import Resource
 
 DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # the CRDs' pattern for spec.uniquenessDomain
 DOMAIN_MAX_LENGTH = 63
@@ -43,10 +40,6 @@ POOLS_OVERLAP = "PoolsOverlap"
 OVERLAP_WITHIN_DOMAIN = "OverlapWithinUniquenessDomain"
 NO_OVERLAP = "NoOverlap"
 NAMED_IN_MESSAGE = 5  # pools named in the condition's message; the rest are counted
-
-
-def pool_resource(kind: PoolKind) -> Resource:
-    return Resource(kind.group, kind.version, kind.plural, kind.kind, kind.namespaced)
 
 
 def domain_problem(domain: str) -> str | None:
@@ -246,11 +239,10 @@ def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> Report
     return ReportCondition(ADDRESSES_OVERLAP, True, reason, "; ".join(parts), warning=bool(unsafe))
 
 
-def invalid_pool_condition() -> ReportCondition:
-    """The AddressesOverlap condition of a pool whose spec is invalid."""
-    return ReportCondition(
-        ADDRESSES_OVERLAP, False, NO_OVERLAP, "the pool's spec is invalid: it hands out no address, so it overlaps none"
-    )
+# The AddressesOverlap condition of a pool whose spec is invalid.
+INVALID_POOL_OVERLAP = ReportCondition(
+    ADDRESSES_OVERLAP, False, NO_OVERLAP, "the pool's spec is invalid: it hands out no address, so it overlaps none"
+)
 
 
 @dataclass(frozen=True)

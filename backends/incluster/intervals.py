@@ -318,9 +318,7 @@ class PoolAllocator:
         allocatable = self._allocatable
         for index in range(self._first_unfilled_interval, allocatable.interval_count):
             start, end = allocatable.interval_at(index)
-            run = self._run_holding(start)
-            candidate = start if run is None else run[1] + 1
-            # Runs are merged, so the address right after a run is never used.
+            candidate = self.first_free_from(start)  # runs are merged: the address after one is free
             if candidate <= end:
                 self._first_unfilled_interval = index
                 return candidate

@@ -1,26 +1,24 @@
 """The ledger of the in-cluster pools: their reservations in the API server and this process's index of each pool,
 kept in step: a write and the index update it implies are one method of `Ledger`.
 
-Reservations: an `InClusterIPReservation`'s *name* encodes (pool, address), or (domain, address) for a pool of a
-uniqueness domain (see `domains`): the API server's create-uniqueness decides who holds an address (as for Service
-ClusterIPs, KEP-1880). Each carries its pool's label, a domain's also the domain's label. A *release record* is one
-marked released (`spec.releasedAt`, claim uid ""): it holds the address for no claim until its grace period is
-over or, under LeastRecentlyReleased, as its place in the reuse order. Every write but a create is guarded by the
-resourceVersion (a delete by the uid too). `release`: back to its pin (uid "") when the spec pre-allocates the
-address to its claim; else a release record when the pool keeps them (recording its grace period, but under
-LeastRecentlyReleased); else deleted.
+An `InClusterIPReservation`'s *name* encodes (pool, address), or (domain, address) for a pool of a uniqueness
+domain (see `domains`): the API server's create-uniqueness decides who holds an address. Each carries its pool's
+label, a domain's also the domain's. A *release record* (`spec.releasedAt`, claim uid "") holds the address for no
+claim until its grace period is over or, under LeastRecentlyReleased, as its place in the reuse order. Every write
+but a create is guarded by the resourceVersion (a delete by the uid too). `release`: back to its pin (uid "") when
+the spec pre-allocates the address to its claim; else a release record when the pool keeps them; else deleted.
 
-`PoolIndex`, one pool's reservations in memory, is a *hint* that makes allocation cheap. Allocations of a pool run
-at once: each takes its candidate with `take_candidate` (by policy) or `take_specific` (by value), marked pending in
-the same step, so two allocations of this process never try one address; `settle` ends the mark. An own release
-record candidate (`released[value]`) is taken over; a domain's other pools' records are held, never candidates.
+`PoolIndex`, one pool's reservations in memory, is a *hint*. Each allocation takes its candidate with
+`take_candidate` (by policy) or `take_specific` (by value), marked pending in the same step, so two allocations of
+this process never try one address; `settle` ends the mark. An own release record candidate is taken over; a
+domain's other pools' records are held, never candidates.
 - An index is built from a fresh list of the pool's reservations (a domain pool's: the domain's) on first use (or
-  by `prepare`), on each resync, and when the pool looks exhausted; one build per pool at a time, the others use
-  its result; pending candidates move to it. It belongs to one pool object (uid), is never replaced by one of an
-  older spec (generation), and keeps its holdings over a new allocatable set or policy.
+  by `prepare`), on each resync, and when the pool looks exhausted; one build per pool at a time; pending
+  candidates move to it. It belongs to one pool object (uid), is never replaced by one of an older spec
+  (generation), and keeps its holdings over a new allocatable set or policy.
 - Before it serves, the *scan* gives each IPAddress naming the pool (a domain pool: any of the domain) without a
   reservation one, for its claim (its controller ownerReference, else the claim of its claimRef name, else uid ""
-  until adopted), from the synced cache or a LIST; an address reserved meanwhile is learned.
+  until adopted); an address reserved meanwhile is learned.
 - Expired release records are deleted as it is used (not under LeastRecentlyReleased); a reservation made for a
   domain pool is held at once in the indexes of the domain's pools. A prefix pool's integers are child numbers.
 """
@@ -145,6 +143,10 @@ def pool_of(obj: Object) -> PoolRef | None:
     return PoolRef(str(pool.get("apiGroup") or ""), str(pool["kind"]), pool.get("namespace"), str(pool["name"]))
 
 
+def _claim_ref(claim: ClaimContext) -> Object:
+    return {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}
+
+
 class ReservationClient:
     """The API calls on reservations; the index of a pool is kept in step by the `ledger`, never here."""
 
@@ -171,12 +173,8 @@ class ReservationClient:
     async def create(self, ref: PoolRef, held: Allocation, claim: ClaimContext) -> Reservation | None:
         """Create the reservation of `held` for `claim`; None when the address is already reserved (by anyone)."""
         pool = {"apiGroup": ref.group, "kind": ref.kind, "name": ref.name}
-        spec: Object = {
-            "pool": {**pool, "namespace": ref.namespace} if ref.namespace else pool,
-            "address": held.address,
-            "prefix": held.prefix,
-            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
-        }
+        pool |= {"namespace": ref.namespace} if ref.namespace else {}
+        spec: Object = {"pool": pool, "address": held.address, "prefix": held.prefix, "claim": _claim_ref(claim)}
         if held.gateway:
             spec["gateway"] = held.gateway
         domain = self.domain_of(ref)
@@ -243,12 +241,8 @@ class ReservationClient:
         if record.prefix != held.prefix or (record.gateway or None) != (held.gateway or None):
             await self.delete(record)
             return None
-        spec: Object = {
-            "releasedAt": None,
-            "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
-        }
         try:
-            return await self._patch_claim(record, claim.uid, spec)
+            return await self._patch_claim(record, claim.uid, {"releasedAt": None, "claim": _claim_ref(claim)})
         except ApiError as error:
             if error.conflict or error.not_found:
                 return None
@@ -282,20 +276,15 @@ class PoolIndex:
     policy: AllocationPolicy = field(default_factory=AllocationPolicy)
     by_claim: dict[str, Reservation] = field(default_factory=dict)
     by_address: dict[int, Reservation] = field(default_factory=dict)
-    # The release records (a subset of by_address): finding the expired ones costs what was released.
-    released: dict[int, Reservation] = field(default_factory=dict)
-    # Claims seen holding more than one reservation (a race lost by some process, or a crash before cleanup).
-    doubly_held: set[str] = field(default_factory=set)
-    # Candidates whose reservation write is in flight → the claim uid it is for.
-    pending: dict[int, str] = field(default_factory=dict)
+    released: dict[int, Reservation] = field(default_factory=dict)  # the release records of by_address
+    doubly_held: set[str] = field(default_factory=set)  # claims seen holding more than one reservation
+    pending: dict[int, str] = field(default_factory=dict)  # candidates whose write is in flight → their claim uid
     built_at: float = field(default_factory=time.monotonic)
     generation: int = 0  # the pool's metadata.generation the allocatable set was taken from
-    # Whether IPAddresses naming the pool without a reservation have been given one (the scan, see the module).
-    scanned: bool = False
+    scanned: bool = False  # whether the scan (see the module) has run
     reuse_grace_seconds: int = 0  # the pool's addressReuseGracePeriodSeconds (None is 0)
     clock: Callable[[], float] = time.time  # wall-clock seconds, compared with releasedAt
-    # The pool label of the pool's own reservations: only they name its claims and only its release records are
-    # candidates; those of the other pools of its uniqueness domain hold addresses only. None: all are its own.
+    # The pool label of its own reservations (only they name its claims, only its records are candidates); None: all.
     own_label: str | None = None
     pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
     _released_at: dict[int, float] = field(default_factory=dict)  # the own release records' releasedAt (epoch)
@@ -320,18 +309,7 @@ class PoolIndex:
             except ValueError:
                 continue  # another family: cannot collide with this pool's addresses
             valued.append((value, reservation))
-        return cls._build(allocatable, valued, policy, pending if pending is not None else {}, rng, own_label)
-
-    @classmethod
-    def _build(
-        cls,
-        allocatable: AllocatableSet,
-        valued: list[tuple[int, Reservation]],
-        policy: AllocationPolicy,
-        pending: dict[int, str],
-        rng: random.Random | None,
-        own_label: str | None,
-    ) -> PoolIndex:
+        pending = pending if pending is not None else {}
         allocator = PoolAllocator(allocatable.addresses, [*(value for value, _ in valued), *pending])
         index = cls(allocatable, allocator, Chooser(policy, allocator, rng), policy, pending=pending)
         index.own_label = own_label
@@ -341,8 +319,8 @@ class PoolIndex:
 
     def with_allocatable(self, allocatable: AllocatableSet, policy: AllocationPolicy) -> PoolIndex:
         """The same holdings and pending candidates over a new allocatable set and policy (the spec changed)."""
-        held = list(self.by_address.items())
-        index = PoolIndex._build(allocatable, held, policy, self.pending, None, self.own_label)
+        held = list(self.by_address.values())
+        index = PoolIndex.build(allocatable, held, policy, pending=self.pending, own_label=self.own_label)
         index.reuse_grace_seconds, index.clock, index.pool_uid = self.reuse_grace_seconds, self.clock, self.pool_uid
         return index
 
@@ -486,14 +464,8 @@ RESYNC_SECONDS = 600.0
 Parsed = TypeVar("Parsed", bound=ParsedPool)
 
 
-@dataclass(frozen=True)
-class IndexBasis:
-    """What a pool's index is built over: the allocatable set and policy of the pool object `uid` at `generation`."""
-
-    allocatable: AllocatableSet
-    policy: AllocationPolicy
-    generation: int
-    uid: str
+# What a pool's index is built over: the allocatable set and policy of the pool object (uid) at a generation.
+IndexBasis = tuple[AllocatableSet, AllocationPolicy, int, str]
 
 
 class Ledger:
@@ -550,8 +522,7 @@ class Ledger:
             or (index.allocatable.family, index.allocatable.host_bits) != (allocatable.family, allocatable.host_bits)
             or time.monotonic() - index.built_at > RESYNC_SECONDS
         ):
-            basis = IndexBasis(allocatable, pool.policy, pool.generation, pool.uid)
-            index = await self._rebuild(ref, basis, index, scan=True)
+            index = await self._rebuild(ref, (allocatable, pool.policy, pool.generation, pool.uid), index, scan=True)
         elif index.allocator.allocatable != allocatable.addresses or index.policy != pool.policy:
             scanned = index.scanned
             if index.allocator.allocatable == allocatable.addresses:
@@ -570,21 +541,21 @@ class Ledger:
         """Build the pool's index from its reservations only (no scan), unless it has one."""
         known = self._indexes.get(pool.ref)
         if known is None or known.pool_uid != pool.uid:
-            basis = IndexBasis(pool.allocatable, pool.policy, pool.generation, pool.uid)
+            basis = (pool.allocatable, pool.policy, pool.generation, pool.uid)
             await self._rebuild(pool.ref, basis, known, scan=False)
 
     async def refresh(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
         """The pool's index rebuilt like `index`, which looks exhausted (others may have released addresses)."""
-        return await self._rebuild(
-            ref, IndexBasis(index.allocatable, index.policy, index.generation, index.pool_uid), index, scan=False
-        )
+        basis = (index.allocatable, index.policy, index.generation, index.pool_uid)
+        return await self._rebuild(ref, basis, index, scan=False)
 
     async def _rebuild(self, ref: PoolRef, basis: IndexBasis, replacing: PoolIndex | None, scan: bool) -> PoolIndex:
         """Build the pool's index from a fresh list of its reservations, unless another allocation replaced
         `replacing` with one of the same or a newer spec meanwhile. With `scan`, the scan comes first."""
+        allocatable, policy, generation, uid = basis
         async with self._building.setdefault(ref, asyncio.Lock()):
-            current, allocatable = self._indexes.get(ref), basis.allocatable
-            newer = current is not None and current.pool_uid == basis.uid and current.generation >= basis.generation
+            current = self._indexes.get(ref)
+            newer = current is not None and current.pool_uid == uid and current.generation >= generation
             if current is not None and current is not replacing and newer:
                 return current
             reservations = await self._reservations_of(ref, allocatable.family, scan=scan)
@@ -593,11 +564,11 @@ class Ledger:
                 replacing is not None and (replacing.allocatable.family, replacing.allocatable.host_bits) == shape
             )
             pending = replacing.pending if replacing is not None and inherits else None
-            index = PoolIndex.build(allocatable, reservations, basis.policy, pending=pending, own_label=pool_hash(ref))
+            index = PoolIndex.build(allocatable, reservations, policy, pending=pending, own_label=pool_hash(ref))
             if replacing is not None:
                 index.reuse_grace_seconds, index.clock = replacing.reuse_grace_seconds, replacing.clock
-            index.generation, index.pool_uid = basis.generation, basis.uid
-            index.scanned = scan or (replacing is not None and replacing.pool_uid == basis.uid and replacing.scanned)
+            index.generation, index.pool_uid = generation, uid
+            index.scanned = scan or (replacing is not None and replacing.pool_uid == uid and replacing.scanned)
             self._indexes[ref] = index
             return index
 

@@ -70,10 +70,6 @@ class Region:
             total += end - start + 1
         self.size = total
 
-    def interval_index(self, value: int) -> int | None:
-        index = bisect_right(self._starts, value) - 1
-        return index if index >= 0 and value <= self._ends[index] else None
-
     def rank(self, value: int) -> int:
         """How many elements are smaller than `value`."""
         index = bisect_right(self._starts, value) - 1
@@ -200,7 +196,7 @@ class Chooser:
     def zone_of(self, value: int) -> tuple[Zone, int] | None:
         """The zone `value` belongs to and its interval's index there; None for a pinned or unallocatable one."""
         for zone in (self.upper, self.band):
-            interval = zone.region.interval_index(value)
+            interval = zone.region.addresses.index_of(value)
             if interval is not None:
                 return zone, interval
         return None

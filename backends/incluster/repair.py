@@ -1,18 +1,16 @@
-"""The repair capability of the in-cluster backends (contract: `ipam_provider.backend.repair`), built from the
-ledger. A pool's holdings are its own reservations (by pool label), read fresh from the API server, never an index.
+"""The repair capability of the in-cluster backends (contract: `ipam_provider.backend.repair`). A pool's holdings
+are its own reservations (by pool label), read fresh from the API server, never an index.
 
 - `list_holdings`, `list_pools_holdings`: paged (PAGE_SIZE, `pacer.wait()` before each page); a release record and
   a pin not yet taken hold for no claim (uid ""), so they are never leaks.
 - `release_holding` releases the listed reservation as a claim's release does; one that changed, went, or holds for
   no claim is left alone (False).
-- `restore`, from a fresh read of the address's reservation: none -> created (Recorded); the claim's (Held); an own
-  one under the claim's namespace/name with another uid, a pin of the claim, or an own release record -> taken
-  over (Recorded); another domain pool's release record -> deleted once its recorded grace period is over and
-  restored, else AllocationFailedError until then (retried on a later pass); any other -> Taken. It frees nothing.
-- `outside_pool`: the addresses the pool would not hand out now, with why.
-- `sweep_orphaned`: deletes the reservations of pools that no longer exist (deleted skipping the webhook, as
-  `clusterctl move` does), older than `grace_seconds`, that no IPAddress still names, past their recorded grace
-  period. Cached pools exist; others are read first; kinds not served are left alone. At most once per
+- `restore`, from a fresh read: none -> created (Recorded); the claim's (Held); an own one under the claim's
+  namespace/name with another uid, a pin of the claim, or an own release record -> taken over (Recorded); another
+  domain pool's release record -> deleted once its recorded grace period is over and restored, else
+  AllocationFailedError until then; any other -> Taken. It frees nothing.
+- `sweep_orphaned`: deletes the reservations of pools that no longer exist, older than `grace_seconds`, that no
+  IPAddress still names, past their recorded grace period; kinds not served are left alone. At most once per
   `orphan_sweep_every` seconds (a call in between answers 0); a failed sweep is retried at the next call.
 API server failures surface as PoolNotReadyError: the loop skips the pool for this pass.
 """
@@ -27,7 +25,6 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import structlog
 
-from backends.incluster.domains import pool_resource
 from backends.incluster.ledger import (
     LABEL_POOL,
     RESERVATIONS,
@@ -50,6 +47,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.errors import ApiError
 
 log = structlog.get_logger(__name__)

@@ -1,7 +1,6 @@
 """An in-cluster address pool (InClusterIPPool / GlobalInClusterIPPool) as allocation and admission read it.
 
-`ParsedPool` is what one call reads of a pool, parsed once (allocatable set, IPAddress prefix and gateway, grace
-period, uniqueness domain, policy, preAllocations, generation and uid); `AddressPool` is an address pool's.
+`ParsedPool` is what one call reads of a pool, parsed once; `AddressPool` is an address pool's.
 
 `PreAllocations`, `spec.preAllocations`: claim → the address it gets (an `InClusterIPPool` names claims of its
 namespace by name, a `GlobalInClusterIPPool` as `namespace/name`). An entry whose address is allocatable *pins* it:
@@ -9,17 +8,15 @@ no dynamic allocation takes it, only the named claim may request it, and that cl
 (`problems`) make the pool Ready=False, the others keep serving; a claim whose own entry is wrong, or whose address
 is named twice, gets AllocationFailed.
 
-`pool_change_problems(old, new, in_use)`: the admission webhook's reasons to refuse a CREATE or UPDATE beyond the
-CRD's rules: a spec the backend cannot use; bad `spec.preAllocations` entries (see `pre_allocation_problems`), or
-ones naming an address another claim's live IPAddress holds; on UPDATE, addresses in use the new spec leaves out
-(the Go provider's "pool addresses do not contain allocated addresses", with their holders). An unchanged spec is
-never refused, nor an UPDATE for problems the old spec had. Cost: O(k log k + n log k); no request is made.
+`pool_change_problems(old, new, in_use)`: the admission webhook's reasons to refuse a CREATE or UPDATE: a spec the
+backend cannot use; bad `spec.preAllocations` entries, or ones naming an address another claim's live IPAddress
+holds; on UPDATE, addresses in use the new spec leaves out (the Go provider's "pool addresses do not contain
+allocated addresses"). An unchanged spec is never refused, nor an UPDATE for problems the old spec had.
 
-`address_pool_advisories` tells what the Go provider accepts but is most likely a mistake, for the pool's
-`SpecConsistent` condition (a Warning Event when it turns False): True when none applies; else False with the
-reason of the first that applies, in this order, and a message naming each field: `NoAllocatableAddresses`
-(exclusions, the gateway or the subnet's reserved addresses leave nothing to hand out), `GatewayOutsideSubnet`,
-`OverlappingEntries` (of `spec.addresses`), `ExclusionOutsideAddresses` (an exclusion excluding none of them).
+`address_pool_advisories`: what the Go provider accepts but is most likely a mistake, for the `SpecConsistent`
+condition (a Warning Event when False): True when none applies; else False with the reason of the first, in this
+order: `NoAllocatableAddresses`, `GatewayOutsideSubnet`, `OverlappingEntries` (of `spec.addresses`),
+`ExclusionOutsideAddresses` (an exclusion excluding none of them).
 """
 
 from __future__ import annotations

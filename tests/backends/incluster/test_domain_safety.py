@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.domains import ADDRESSES_OVERLAP, DOMAIN_PATTERN, NO_OVERLAP, pool_resource
+from backends.incluster.domains import ADDRESSES_OVERLAP, DOMAIN_PATTERN, NO_OVERLAP
 from backends.incluster.ledger import RESERVATIONS, PoolIndex, Reservation, ReservationClient, pool_hash
 from backends.incluster.repair import sweep_orphans
 from backends.incluster.spec import parse_pool
@@ -29,6 +29,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.common import Object
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP
 from tests.ipam_provider.fake_kube import FakeKube
 
