@@ -1,8 +1,19 @@
-"""How the backends report a custom resource's spec that their pydantic models refuse."""
+"""How the backends refuse a pool's spec: `PoolSpecError`, and the message of a spec their pydantic models refuse."""
 
 from __future__ import annotations
 
 from pydantic import ValidationError
+
+
+class PoolSpecError(ValueError):
+    """A pool spec its backend refuses: `messages`, every problem found, each saying what to fix and naming the
+    field, joined by `; ` in `str(error)`."""
+
+    def __init__(self, *messages: str) -> None:
+        if not messages:
+            raise ValueError("PoolSpecError needs at least one message")
+        self.messages = messages
+        super().__init__("; ".join(messages))
 
 
 def spec_error(error: ValidationError) -> str:

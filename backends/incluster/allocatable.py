@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from backends.incluster.intervals import IntervalSet, int_to_address
+from backends.validation import PoolSpecError
 
 ADDRESSES_REQUIRED = "addresses is required"
 INVALID_ADDRESS = "provided address is not a valid IP, range, nor CIDR"
@@ -34,17 +35,6 @@ FIELD_SUFFIX = re.compile(r" \(spec\.[A-Za-z.]+(\[\d+\])?\)$")
 def without_field(message: str) -> str:
     """A validation message without its field, to recognise one problem whose entry moved to another index."""
     return FIELD_SUFFIX.sub("", message)
-
-
-class PoolSpecError(ValueError):
-    """A pool spec the in-cluster backend refuses: `messages`, every problem found (each starting with the Go
-    provider's text), joined by `; ` in `str(error)`."""
-
-    def __init__(self, messages: Sequence[str]) -> None:
-        if not messages:
-            raise ValueError("PoolSpecError needs at least one message")
-        self.messages: tuple[str, ...] = tuple(messages)
-        super().__init__("; ".join(self.messages))
 
 
 @dataclass(frozen=True)
@@ -83,7 +73,7 @@ def parse_address_entry(text: str) -> AddressEntry:
     """Parse one entry (IP, range or CIDR), written as the Go provider's parsers take it: no blanks in it. Raises
     PoolSpecError(INVALID_ADDRESS) when it is none of these."""
     if not isinstance(text, str):
-        raise PoolSpecError([f"{INVALID_ADDRESS}: {text!r}"])
+        raise PoolSpecError(f"{INVALID_ADDRESS}: {text!r}")
     try:
         if "/" in text:
             address_part, _, length_part = text.partition("/")
@@ -103,7 +93,7 @@ def parse_address_entry(text: str) -> AddressEntry:
         family, value = _parse_ip(text)
         return AddressEntry(text, family, value, value)
     except ValueError:
-        raise PoolSpecError([f"{INVALID_ADDRESS}: {shown(text)}"]) from None
+        raise PoolSpecError(f"{INVALID_ADDRESS}: {shown(text)}") from None
 
 
 def shown(text: str) -> str:
@@ -135,19 +125,19 @@ def _check_spec(
     provider's order, a failing stage stopping the next: addresses given; all entries parse; one family; the gateway
     and exclusions of it, the prefix within its bits, `addresses` inside the first address's subnet."""
     if not addresses:
-        raise PoolSpecError([f"{ADDRESSES_REQUIRED} (spec.addresses)"])
+        raise PoolSpecError(f"{ADDRESSES_REQUIRED} (spec.addresses)")
     errors: list[str] = []
     entries = _parse_entries(addresses, errors, "spec.addresses")
     if errors:
-        raise PoolSpecError(errors)
+        raise PoolSpecError(*errors)
     exclusions = _parse_entries(excluded_addresses, errors, "spec.excludedAddresses")
     if errors:
-        raise PoolSpecError(errors)
+        raise PoolSpecError(*errors)
 
     family = entries[0].family
     mixed = [entry.text for entry in entries if entry.family != family]
     if mixed:
-        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(mixed)} (spec.addresses)"])
+        raise PoolSpecError(f"{MIXED_FAMILIES}: {', '.join(mixed)} (spec.addresses)")
 
     gateway_value: int | None = None
     if gateway:
@@ -173,7 +163,7 @@ def _check_spec(
             if entry.first < subnet_first or entry.last > subnet_last
         )
     if errors:
-        raise PoolSpecError(errors)
+        raise PoolSpecError(*errors)
     return entries, exclusions, gateway_value, family
 
 

@@ -23,7 +23,6 @@ from pydantic import Field
 from backends.incluster.allocatable import (
     ADDRESS_BITS,
     AllocatableSet,
-    PoolSpecError,
     parse_address_entry,
     shown,
     without_field,
@@ -38,6 +37,7 @@ from backends.incluster.spec import (
     first_line,
     metadata_of,
 )
+from backends.validation import PoolSpecError
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef
 from ipam_provider.common import Object, listed
@@ -68,9 +68,9 @@ def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         loose = ipaddress.ip_network(f"{address_part}/{int(length_part)}", strict=False)
     except ValueError:
         family = 4 if "." in entry and ":" not in entry else 6
-        raise PoolSpecError([f"{INVALID_CIDR.format(family=family)}: {shown(entry)}"]) from None
+        raise PoolSpecError(f"{INVALID_CIDR.format(family=family)}: {shown(entry)}") from None
     if int(loose.network_address) != int(ipaddress.ip_address(address_part)):
-        raise PoolSpecError([f"{NOT_ALIGNED}: {entry}"])
+        raise PoolSpecError(f"{NOT_ALIGNED}: {entry}")
     return loose
 
 
@@ -83,9 +83,9 @@ def _parse_prefixes(prefixes: Sequence[str]) -> list[ipaddress.IPv4Network | ipa
         except PoolSpecError as error:
             errors.extend(f"{message} (spec.prefixes[{position}])" for message in error.messages)
     if errors:
-        raise PoolSpecError(errors)
+        raise PoolSpecError(*errors)
     if len({network.version for network in networks}) > 1:
-        raise PoolSpecError([f"{MIXED_FAMILIES}: {', '.join(str(p).strip() for p in prefixes)} (spec.prefixes)"])
+        raise PoolSpecError(f"{MIXED_FAMILIES}: {', '.join(str(p).strip() for p in prefixes)} (spec.prefixes)")
     return networks
 
 
@@ -115,9 +115,9 @@ def build_prefix_set(
     subnet bounds are the first and last allocatable-or-not child numbers of the pool's prefixes.
     """
     if not prefixes:
-        raise PoolSpecError([f"{PREFIXES_REQUIRED} (spec.prefixes)"])
+        raise PoolSpecError(f"{PREFIXES_REQUIRED} (spec.prefixes)")
     if isinstance(allocation_length, bool) or not 1 <= allocation_length <= 128:
-        raise PoolSpecError([f"{ALLOCATION_LENGTH}: {allocation_length!r} (spec.allocationPrefixLength)"])
+        raise PoolSpecError(f"{ALLOCATION_LENGTH}: {allocation_length!r} (spec.allocationPrefixLength)")
     networks = _parse_prefixes(prefixes)
     family = networks[0].version
     errors: list[str] = []
@@ -140,7 +140,7 @@ def build_prefix_set(
             errors.append(f"{EXCLUDED_FAMILY.format(family=family)}: {entry.text} (spec.excludedPrefixes[{position}])")
         exclusions.append(entry)
     if errors:
-        raise PoolSpecError(errors)
+        raise PoolSpecError(*errors)
     host_bits = ADDRESS_BITS[family] - allocation_length
     children = IntervalSet(
         (int(network.network_address) >> host_bits, int(network.broadcast_address) >> host_bits) for network in networks

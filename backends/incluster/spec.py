@@ -31,7 +31,6 @@ from pydantic import Field, ValidationError, field_validator
 from backends.incluster.allocatable import (
     AddressEntry,
     AllocatableSet,
-    PoolSpecError,
     build_allocatable_set,
     parse_address_entry,
     pre_allocation_problems,
@@ -39,7 +38,7 @@ from backends.incluster.allocatable import (
 from backends.incluster.domains import domain_problem
 from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.validation import spec_error
+from backends.validation import PoolSpecError, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,

@@ -18,7 +18,8 @@ from backends.infoblox.connections import Connections, GridHealth, InstanceProbl
 from backends.infoblox.ledger import ClusterStamp, Ledger
 from backends.infoblox.repair import GridRepair
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, PoolSpecError, parse_pool
+from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, parse_pool
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import (
     Allocation,
     BackendContext,

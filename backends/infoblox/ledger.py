@@ -38,9 +38,9 @@ from backends.infoblox.spec import (
     EA_POOL,
     HOST_RECORD,
     Pool,
-    PoolSpecError,
     parse_pool,
 )
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import (
     Allocation,
     ClaimContext,

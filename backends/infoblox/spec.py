@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from backends.validation import spec_error
+from backends.validation import PoolSpecError, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
@@ -178,10 +178,6 @@ class Pool:
         if target is not None:
             return None
         return why or f"in none of the pool's subnets and ranges ({', '.join(str(t) for t in self.targets)})"
-
-
-class PoolSpecError(ValueError):
-    """The pool's spec cannot be used; the message says what to fix."""
 
 
 def parse_pool(ref: PoolRef, pool: Object) -> Pool:

@@ -18,12 +18,12 @@ from backends.incluster.allocatable import (
     INVALID_GATEWAY,
     INVALID_PREFIX,
     MIXED_FAMILIES,
-    PoolSpecError,
     build_allocatable_set,
     parse_address_entry,
     validate_pool_spec,
 )
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
+from backends.validation import PoolSpecError
 
 
 def texts(allocatable: IntervalSet, family: int) -> list[str]:

@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from backends.incluster.allocatable import PoolSpecError
 from backends.incluster.ledger import PoolIndex
 from backends.incluster.prefix_spec import build_prefix_set, child_of
+from backends.validation import PoolSpecError
 
 
 def oracle(prefixes: list[str], length: int, excluded: list[str]) -> list[str]:

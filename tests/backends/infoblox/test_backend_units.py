@@ -18,7 +18,8 @@ from backends.infoblox.connections import Connections, InstanceProblem, Instance
 from backends.infoblox.hostname import plural
 from backends.infoblox.ledger import duid_for
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import Pool, PoolSpecError, parse_pool
+from backends.infoblox.spec import Pool, parse_pool
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import PoolRef
 from tools.wapi_simulator import WapiSimulator
 
