@@ -296,6 +296,10 @@ async def test_prefix_pools_list_restore_and_name_children_outside(kube: KubeCli
     assert set(outside) == {"10.121.0.17", "10.122.0.0"}
     assert await repairer(backend).release_holding(ref, obj, holding)
     assert await stored(kube, ref, got.address) is None
+    assert not await repairer(backend).outside_pool(ref, obj, ["10.121.0.0"])
+    assert ref in backend.repair.all_inside
+    backend.observe_pool(IN_CLUSTER_PREFIX_POOL, obj, None)
+    assert ref not in backend.repair.all_inside, "a deleted prefix pool is forgotten"
 
 
 async def test_the_listing_is_paginated_with_one_wait_before_each_page(
