@@ -19,8 +19,14 @@ minutes.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tools.controlplane.cluster import LocalControlPlane
+
+# Hypothesis' timing checks (the per-example deadline, the too-slow-to-generate health check) measure the machine,
+# not the code: on a shared, loaded machine they fail at random. Every property test runs without them.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 pytest_plugins = [
     "pytester",
