@@ -5,7 +5,7 @@ the tests that need neither (the fast lane):
 
 - `apiserver`: the test uses, directly or through other fixtures, `kubeconfig` (tests/support/cluster.py), which
   starts the real kube-apiserver and etcd. Every fixture that talks to the API server depends on it: `kube`,
-  `namespace`, `controller_factory`, `in_process_controller` and the fixtures of tests/netbox/conftest.py and
+  `namespace`, `controller_factory`, `in_process_controller` and the fixtures of tests/backends/netbox/conftest.py and
   tests/backends/infoblox/conftest.py built on them.
 - `netbox`: the test uses `netbox_server` (tests/support/netbox.py), which starts the real NetBox; `netbox`
   depends on it.

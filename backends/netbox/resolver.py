@@ -33,10 +33,10 @@ from backends.netbox.spec import (
     CLUSTER_IDENTITY_FIELD,
     OWNER_TAG,
     Pool,
-    PoolSpecError,
     SourceRef,
     parse_pool,
 )
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.common import Object, cap_int64
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from backends.validation import spec_error
+from backends.validation import PoolSpecError, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
 from ipam_provider.common import Object
@@ -43,10 +43,6 @@ PLACEHOLDERS = ("claim", "namespace", "cluster", "machine")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 DEFAULT_DESCRIPTION = "Cluster API claim {namespace}/{claim}"
 MACHINE_KIND = "Machine"
-
-
-class PoolSpecError(ValueError):
-    """The pool's spec is invalid; the message names the field."""
 
 
 class SecretRef(Model):

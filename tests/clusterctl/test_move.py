@@ -41,7 +41,7 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
 from tests.backends.infoblox.conftest import b64
 from tests.backends.infoblox.conftest import fast_backend as infoblox_backend
-from tests.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
+from tests.backends.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.clusterctl import IPAM_NAMESPACE, Clusterctl, init_management_cluster
 from tests.support.controller import run_controller

@@ -26,7 +26,7 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP, SECRETS, Resource
 from ipam_provider.runtime.user_agent import user_agent
-from tests.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
+from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_claim_reason

@@ -25,7 +25,7 @@ import yaml
 
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, MACHINES, Resource
-from tests.netbox.conftest import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
+from tests.backends.netbox.conftest import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
 from tests.providers.conftest import Harness
 from tests.support.cluster import wait_for
 from tests.support.netbox import NetBoxServer

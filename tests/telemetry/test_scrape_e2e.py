@@ -19,7 +19,7 @@ from prometheus_client.samples import Sample
 
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS, SECRETS
-from tests.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
+from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.prometheus.support import documented_metrics, series_names
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command

@@ -92,8 +92,8 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
     files = [
         "tests/apiserver/test_rbac.py",  # a module fixture on kubeconfig
         "tests/backends/infoblox/test_backend_e2e.py",  # tests/backends/infoblox/conftest.py fixtures
-        "tests/netbox/test_netbox_harness.py",  # netbox only
-        "tests/netbox/test_backend_spec.py",  # the CRD (kube) and the parser (pure)
+        "tests/backends/netbox/test_netbox_harness.py",  # netbox only
+        "tests/backends/netbox/test_backend_spec.py",  # the CRD (kube) and the parser (pure)
         "tests/unit/test_control_plane_tool.py",  # starts control planes without a fixture
         "tests/backends/incluster/test_intervals.py",  # pure
         "tests/image/test_image.py",  # marked by hand: the image build
@@ -110,9 +110,9 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
 
     assert of("tests/apiserver/test_rbac.py::") == [{"apiserver"}]
     assert all(value == {"apiserver"} for value in of("tests/backends/infoblox/test_backend_e2e.py::"))
-    assert all(value == {"netbox"} for value in of("tests/netbox/test_netbox_harness.py::"))
-    assert all(value == {"apiserver"} for value in of("tests/netbox/test_backend_spec.py::test_the_crd"))
-    assert all(value == set() for value in of("tests/netbox/test_backend_spec.py::test_parse_pool_refuses"))
+    assert all(value == {"netbox"} for value in of("tests/backends/netbox/test_netbox_harness.py::"))
+    assert all(value == {"apiserver"} for value in of("tests/backends/netbox/test_backend_spec.py::test_the_crd"))
+    assert all(value == set() for value in of("tests/backends/netbox/test_backend_spec.py::test_parse_pool_refuses"))
     assert of("tests/unit/test_control_plane_tool.py::test_two_instances") == [{"apiserver"}]
     assert of("tests/unit/test_control_plane_tool.py::test_kubebuilder_assets") == [set()]
     assert all(value == set() for value in of("tests/backends/incluster/test_intervals.py::"))

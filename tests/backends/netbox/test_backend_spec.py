@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from backends.netbox.spec import PoolSpecError, machine_name, parse_pool, render
+from backends.netbox.spec import machine_name, parse_pool, render
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import ClaimContext, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from tests.netbox.conftest import GLOBAL_NB_POOLS, NB_POOLS, ip_range, netbox_pool, prefix
+from tests.backends.netbox.conftest import GLOBAL_NB_POOLS, NB_POOLS, ip_range, netbox_pool, prefix
 
 Object = dict[str, Any]
 

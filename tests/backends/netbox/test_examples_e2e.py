@@ -11,7 +11,7 @@ import yaml
 
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
     backend_factory,
@@ -27,7 +27,7 @@ from tests.support.objects import wait_address
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "netbox"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "netbox"
 RESOURCES = {r.kind: r for r in (NAMESPACES, SECRETS, NB_POOLS, GLOBAL_NB_POOLS, CLUSTERS, CLAIMS)}
 Object = dict[str, Any]
 

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
-from tests.netbox.conftest import NB_POOLS, claim_uid_of, create_secret, nb_claim, netbox_pool, owned_addresses, prefix
+from tests.backends.netbox.conftest import (
+    NB_POOLS,
+    claim_uid_of,
+    create_secret,
+    nb_claim,
+    netbox_pool,
+    owned_addresses,
+    prefix,
+)
 from tests.support.cluster import wait_for
 
 if TYPE_CHECKING:

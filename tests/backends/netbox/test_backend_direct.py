@@ -24,7 +24,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS as SECRET_RESOURCE
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     READ_TYPES,
     claim_uid_of,
     client_of,

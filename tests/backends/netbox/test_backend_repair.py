@@ -14,7 +14,7 @@ from ipam_provider.backend.contract import Allocation, BackendContext, BackendEr
 from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     client_of,
     create_secret,
     fast_settings,

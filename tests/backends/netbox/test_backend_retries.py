@@ -33,7 +33,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.netbox.conftest import create_secret, fast_settings, marked, new_claim, pool_of, prefix
+from tests.backends.netbox.conftest import create_secret, fast_settings, marked, new_claim, pool_of, prefix
 from tools.netbox_proxy import Event, NetboxProxy
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from backends.netbox.spec import OWNER_TAG
 from ipam_provider.backend.contract import BackendContext, PoolNotReadyError, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     READ_TYPES,
     create_secret,
     create_token,

@@ -25,7 +25,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     NB_POOLS,
     client_of,
     create_secret,

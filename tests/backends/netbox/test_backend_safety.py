@@ -26,7 +26,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.netbox.conftest import (
+from tests.backends.netbox.conftest import (
     READ_TYPES,
     claim_uid_of,
     create_secret,

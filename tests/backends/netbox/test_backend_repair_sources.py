@@ -16,7 +16,7 @@ from ipam_provider.backend.contract import Allocation, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.netbox.conftest import client_of, create_secret, marked, new_claim, pool_of, prefix, unique_name
+from tests.backends.netbox.conftest import client_of, create_secret, marked, new_claim, pool_of, prefix, unique_name
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

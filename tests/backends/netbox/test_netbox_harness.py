@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # Harmless when tests/conftest.py already lists it: pytest loads a plugin once.
 pytest_plugins = ["tests.support.netbox"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _addresses(records: object) -> list[str]:
@@ -76,7 +76,7 @@ def test_an_idle_keep_alive_connection_stays_open(netbox: NetBoxServer) -> None:
     """The harness's gunicorn never closes an idle connection (hack/netbox/web.sh: --keep-alive 3600).
 
     A server that does races with a client reusing the connection just then: the request meets the close and the
-    client gets ConnectionResetError although NetBox was fine (tests/netbox/test_http_sessions.py shows how).
+    client gets ConnectionResetError although NetBox was fine (tests/backends/netbox/test_http_sessions.py shows how).
     """
     netbox.require_harness("gunicorn's keep-alive (hack/netbox/web.sh)")
     url = urlsplit(netbox.url)
