@@ -231,25 +231,32 @@ class Allocator:
         address reserved literally for the claim, unless another object holds it."""
         try:
             found = await self.ledger.holders(job.connection, job.pool, address)
-            kept = await self.take_over(job, found, address)
-            if kept is not None:
-                return kept
-            if found:
-                raise AllocationFailedError(
-                    f"address {address} of IPAddress {job.claim} is held on the grid by {found[0].ref}, which the "
-                    "claim does not own; delete one of the two"
-                )
-            obj = await self.create_object(job, address, await self.hostname_for(job))
+            kept = await self.take_over_or_post(job, address, found, None, requested=False)
         except WapiError as error:
             raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
-        job.log.info("address of an existing IPAddress reserved on the grid", address=address)
-        return obj
+        if kept is None:
+            raise AllocationFailedError(
+                f"address {address} of IPAddress {job.claim} is held on the grid by {found[0].ref}, which the "
+                "claim does not own; delete one of the two"
+            )
+        if not found:
+            job.log.info("address of an existing IPAddress reserved on the grid", address=address)
+        return kept
 
-    async def take_over(self, job: Allocating, found: Sequence[GridObject], address: str) -> GridObject | None:
-        """The first of `found` at `address` that is the claim's object under an earlier uid (`clusterctl move`, a
-        restore), re-keyed to the claim; None if there is none. Another claim's object is never taken."""
+    async def take_over_or_post(
+        self, job: Allocating, address: str, found: list[GridObject], hostname: str | None, *, requested: bool = True
+    ) -> GridObject | None:
+        """The claim's object at `address`, given what a search `found` there: the first that is the claim's object
+        under an earlier uid (`clusterctl move`, a restore), re-keyed to the claim; else, when nothing holds the
+        address, one posted there (`create_object`, named `hostname` or as `hostname_for` says, `requested` saying
+        so in its comment); None when only others hold it: another claim's object is never taken."""
         earlier = next((o for o in found if o.earlier_self(job.pool, job.claim) and same(o.address, address)), None)
-        return await self.ledger.rekey(job, earlier) if earlier is not None else None
+        if earlier is not None:
+            return await self.ledger.rekey(job, earlier)
+        if found:
+            return None
+        hostname = hostname or await self.hostname_for(job)
+        return await self.create_object(job, address, hostname, for_request=requested)
 
     async def hostname_for(self, job: Allocating) -> str | None:
         """The host record name of the claim (None for a fixedAddress pool); AllocationFailed when none can be had."""
@@ -286,12 +293,20 @@ class Allocator:
                 await self.ledger.delete(job, other.ref)
                 job.log.info("claim's other object deleted", ref=other.ref)
         job.index.by_claim.pop(claim.uid, None)
-        others = [o for o in found if o.claim_uid != claim.uid]
-        kept = kept or await self.take_over(job, others, address)  # a restore or a move: re-keyed, checked
-        if kept is None and others:
-            raise held(address, pool, others[0])
+        try:
+            kept = kept or await self.take_over_or_post(job, address, found, None)  # a restore or a move: re-keyed
+        except WapiError as error:
+            if found:  # the take-over's PUT, not a POST
+                raise
+            if error.failure is Failure.CONFLICT:  # another fixed address got there first?
+                found = await self.ledger.holders(connection, pool, address)
+                if found:
+                    raise held(address, pool, found[0]) from error
+            raise await self.ledger.grid.translate(connection, error, f"address {address}") from error
         if kept is None:
-            kept = await self._create_requested(job, address)
+            raise held(address, pool, found[0])
+        if not found:  # posted: the lost reply's search or the name's may have recorded other objects of the claim
+            job.index.by_claim.pop(claim.uid, None)
         if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
             await self.ledger.delete(job, kept.ref)
             raise AllocationFailedError(f"claim {claim} held {kept.ref}; deleted it, asking again", retry_after=1.0)
@@ -299,21 +314,6 @@ class Allocator:
         job.index.by_claim[claim.uid] = [kept]
         job.log.info("requested address held", address=address, ref=kept.ref)
         return self.allocation_of(pool, connection, kept, target)
-
-    async def _create_requested(self, job: Allocating, address: str) -> GridObject:
-        """The claim's object posted at the requested `address`; AllocationFailed naming the holder when NIOS
-        refuses it as a second fixed address there."""
-        try:
-            hostname = await self.hostname_for(job)
-            kept = await self.create_object(job, address, hostname, for_request=True)
-        except WapiError as error:
-            if error.failure is Failure.CONFLICT:  # another fixed address got there first?
-                found = await self.ledger.holders(job.connection, job.pool, address)
-                if found:
-                    raise held(address, job.pool, found[0]) from error
-            raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
-        job.index.by_claim.pop(job.claim.uid, None)
-        return kept
 
     async def keep_alone(self, job: Allocating, address: str, kept: GridObject) -> None:
         """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held,

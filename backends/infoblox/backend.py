@@ -62,34 +62,28 @@ class InfobloxBackend:
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         try:
-            return await self._allocate(pool_ref, pool, claim, existing)
+            parsed = self.ledger.parse(pool_ref, pool)
+            connection = await self.ledger.connect(parsed.instance)
+            quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
+            if quick is not None:
+                return quick
+            health = await self.grid.health(connection)
+            if not health.ready:
+                raise PoolNotReadyError(
+                    f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
+                )
+            if parsed.spec.mode == HOST_RECORD:
+                check = await self.checks.check(parsed, connection, health)
+                if not check.ready and check.reason in DNS_REASONS:
+                    raise PoolNotReadyError(f"{parsed.ref} is not ready ({check.reason}): {check.message}")
+            try:
+                return await self.allocator.allocate(parsed, connection, claim, existing)
+            except PoolNotReadyError:
+                self.checks.forget(parsed.ref)  # the pool's status should say what is wrong, at its next report
+                raise
         except PoolNotReadyError as error:
             if error.retry_after is None:
                 error.retry_after = self.settings.not_ready_retry_seconds
-            raise
-
-    async def _allocate(
-        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
-    ) -> Allocation:
-        parsed = self.ledger.parse(pool_ref, pool)
-        connection = await self.ledger.connect(parsed.instance)
-        quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
-        if quick is not None:
-            return quick
-        health = await self.grid.health(connection)
-        if not health.ready:
-            raise PoolNotReadyError(
-                f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
-            )
-        if parsed.spec.mode == HOST_RECORD:
-            generation = int(pool["metadata"].get("generation") or 0)
-            check = await self.checks.check(parsed, generation, connection, health)
-            if not check.ready and check.reason in DNS_REASONS:
-                raise PoolNotReadyError(f"{parsed.ref} is not ready ({check.reason}): {check.message}")
-        try:
-            return await self.allocator.allocate(parsed, connection, claim, existing)
-        except PoolNotReadyError:
-            self.checks.forget(parsed.ref)  # the pool's status should say what is wrong, at its next report
             raise
 
     async def release(
@@ -137,8 +131,7 @@ class InfobloxBackend:
         if not health.ready:
             message = f"InfobloxInstance {parsed.instance}: {health.message}"
             return PoolReport(False, health.reason, message, status, counts)
-        generation = int(pool["metadata"].get("generation") or 0)
-        check = await self.checks.check(parsed, generation, connection, health)
+        check = await self.checks.check(parsed, connection, health)
         if not check.ready:
             return PoolReport(False, check.reason, check.message, status, counts)
         try:

@@ -49,8 +49,8 @@ class PoolChecks:
     def forget(self, ref: PoolRef) -> None:
         self._results.pop(ref, None)
 
-    async def check(self, pool: Pool, generation: int, connection: Connection, health: Health) -> CheckResult:
-        key = (generation, connection.key)
+    async def check(self, pool: Pool, connection: Connection, health: Health) -> CheckResult:
+        key = (pool.generation, connection.key)
         cached = self._results.get(pool.ref)
         if cached is not None and cached.key == key:
             wait = self._settings.healthy_recheck_seconds if cached.ready else self._settings.unhealthy_recheck_seconds
@@ -63,9 +63,7 @@ class PoolChecks:
             ready, reason = False, failed.reason if failed else "WAPIError"
             message = failed.message if failed else f"checking the pool on the grid failed: {error.detail}"
             if error.failure is Failure.VIEW_NOT_FOUND:  # a search named a view the grid does not have
-                network = error.detail.startswith("Network view")
-                reason = "NetworkViewNotFound" if network else "DNSViewNotFound"
-                message = view_missing(error.detail, "checking the pool")
+                reason, message = view_missing(error.detail, "checking the pool")
         result = CheckResult(ready, reason, message, key, time.monotonic())
         self._results[pool.ref] = result
         return result

@@ -146,6 +146,9 @@ class WapiClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    async def _retried(self, what: str, fn: Callable[[], T]) -> T:
+        return await self._retrying(what, lambda: self._run(fn))
+
     async def search(
         self,
         obj_type: str,
@@ -161,7 +164,7 @@ class WapiClient:
         eas = {name: {"value": value} for name, value in (extattrs or {}).items()}
         query: dict[str, Any] = {**(params or {}), "_return_fields": ",".join(fields)}
         if page_size is None:
-            answer = await self._retrying(f"GET {obj_type}", lambda: self._run(lambda: self._get(obj_type, query, eas)))
+            answer = await self._retried(f"GET {obj_type}", lambda: self._get(obj_type, query, eas))
             return _objects(answer, obj_type)
         query.update({"_paging": 1, "_return_as_object": 1, "_max_results": page_size})
         return await self._retrying(
@@ -210,28 +213,21 @@ class WapiClient:
 
     async def create(self, obj_type: str, payload: Mapping[str, Any], fields: Sequence[str]) -> Object:
         """One POST (no retry), answering the new object with `fields`."""
-
-        def call() -> Any:
-            return self._connector.create_object(obj_type, dict(payload), return_fields=list(fields))
-
-        result = await self._run(call)
+        result = await self._run(
+            lambda: self._connector.create_object(obj_type, dict(payload), return_fields=list(fields))
+        )
         if not isinstance(result, dict) or "_ref" not in result:
             raise WapiError(Failure.REFUSED, f"the grid answered the POST of a {obj_type} without an object")
         return result
 
     async def update(self, ref: str, payload: Mapping[str, Any]) -> None:
         """One PUT on an object (idempotent, so retried like a GET)."""
-        await self._retrying(
-            f"PUT {ref.split('/', 1)[0]}",
-            lambda: self._run(lambda: self._connector.update_object(ref, dict(payload))),
-        )
+        await self._retried(f"PUT {ref.split('/', 1)[0]}", lambda: self._connector.update_object(ref, dict(payload)))
 
     async def delete(self, ref: str) -> bool:
         """DELETE one object by reference; False if it was already gone (404)."""
         try:
-            await self._retrying(
-                f"DELETE {ref.split('/', 1)[0]}", lambda: self._run(lambda: self._connector.delete_object(ref))
-            )
+            await self._retried(f"DELETE {ref.split('/', 1)[0]}", lambda: self._connector.delete_object(ref))
         except WapiError as error:
             if error.failure is Failure.NOT_FOUND:
                 return False

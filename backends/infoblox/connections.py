@@ -328,8 +328,7 @@ class GridHealth:
             elif self.refused(connection) is None:
                 # The wait was over and this call asked again: it doubles (calls already under way do not count).
                 connection.auth_failures += 1
-        health = Health(False, reason, message, time.monotonic())
-        connection.health = health
+        health = connection.health = Health(False, reason, message, time.monotonic())
         await self._status.publish(connection.name, False, reason, message)
         return health
 
@@ -339,7 +338,7 @@ class GridHealth:
             health = await self.failed(connection, error)
             return PoolNotReadyError(f"InfobloxInstance {connection.name}: {health.message}")
         if error.failure is Failure.VIEW_NOT_FOUND:
-            return PoolNotReadyError(view_missing(error.detail, what))
+            return PoolNotReadyError(view_missing(error.detail, what)[1])
         if error.failure is Failure.TARGET_NOT_FOUND:
             return PoolNotReadyError(f"{what}: {error.detail}; create it on the grid or fix the pool's spec")
         if error.failure is Failure.UNKNOWN_EA:
@@ -421,12 +420,11 @@ def failure_condition(connection: Connection, error: WapiError) -> tuple[str, st
     return reason.get(error.failure, "WAPIError"), f"{where}: {error.detail}"
 
 
-def view_missing(detail: str, what: str) -> str:
-    """The message of a 404 on a view (`View <name> not found` or `Network view <name> not found`)."""
+def view_missing(detail: str, what: str) -> tuple[str, str]:
+    """The reason and message of a 404 on a view (`View <name> not found` or `Network view <name> not found`)."""
     if detail.startswith("Network view"):
         kind, fix = "network view", "spec.networkView or the InfobloxInstance's defaultNetworkView"
     else:
         kind, fix = "DNS view", "spec.hostRecord.dnsView or the InfobloxInstance's defaultDNSView"
-    return (
-        f"{what}: the pool's {kind} does not exist on the grid (the grid answered {detail!r}); create it or fix {fix}"
-    )
+    message = f"{what}: the pool's {kind} does not exist on the grid (the grid answered {detail!r}); create it or fix"
+    return ("NetworkViewNotFound" if kind == "network view" else "DNSViewNotFound"), f"{message} {fix}"

@@ -100,12 +100,9 @@ class GridObject:
 
 def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
     """A GridObject from a WAPI answer (None if it carries no address)."""
-    ref = raw.get("_ref")
-    if not isinstance(ref, str):
-        return None
-    entries = host_entries(raw) if obj_type == HOST else [raw]
+    ref, entries = raw.get("_ref"), host_entries(raw) if obj_type == HOST else [raw]
     address = (entries[0].get("ipv4addr") or entries[0].get("ipv6addr")) if entries else None
-    if not isinstance(address, str):
+    if not isinstance(ref, str) or not isinstance(address, str):
         return None
     extattrs = raw.get("extattrs")
     eas = {
@@ -144,19 +141,16 @@ def types_for_version(version: int | None) -> tuple[str, ...]:
     return {4: (FIXED_V4, HOST), 6: (FIXED_V6, HOST)}.get(version or 0, ALL_TYPES)
 
 
-def same(a: str, b: str) -> bool:
-    """Whether two address strings name one address."""
+def canonical(address: str) -> str | None:
     try:
-        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
-    except ValueError:
-        return a == b
-
-
-def version_of(address: str) -> int | None:
-    try:
-        return ipaddress.ip_address(address).version
+        return str(ipaddress.ip_address(address))
     except ValueError:
         return None
+
+
+def same(a: str, b: str) -> bool:
+    """Whether two address strings name one address (text that is none: the same text)."""
+    return (canonical(a) or a) == (canonical(b) or b)
 
 
 def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -422,7 +416,8 @@ class Ledger:
     ) -> None:
         """Delete every object the claim owns (see the module's contract); BackendError when the grid fails."""
         ref = allocation.annotations.get(ANNOTATION_REF) if allocation is not None else None
-        family = types_for_version(version_of(allocation.address) if allocation is not None else None)
+        address = canonical(allocation.address) if allocation is not None else None
+        family = types_for_version(ipaddress.ip_address(address).version if address else None)
         first: Sequence[str] = (type_of_ref(ref),) if ref and type_of_ref(ref) in ALL_TYPES else family
         bound = log.bind(claim=str(claim), pool=str(pool_ref))
         try:

@@ -29,6 +29,7 @@ from backends.infoblox.ledger import (
     GridObject,
     Ledger,
     Made,
+    canonical,
     parse_object,
     same,
     type_of_ref,
@@ -114,35 +115,30 @@ class GridRepair:
             if found and not any(o.earlier_self(parsed, claim) for o in found):
                 return taken(found[0])
             job = Allocating(parsed, connection, await self._ledger.index(parsed, connection), claim)
-            kept = await self._allocator.take_over(job, found, address)
-            if kept is not None:
-                return await self._check_alone(job, address, kept, "re-keyed to the claim")
-            return taken(found[0]) if found else await self._record(job, allocation, address)
+            return await self._record(job, address, found, allocation.annotations.get(ANNOTATION_HOSTNAME))
         except WapiError as error:
             what = f"address {address} in {pool_ref}"
             raise await self._ledger.grid.translate(connection, error, what) from error
 
-    async def _record(self, job: Allocating, allocation: Allocation, address: str) -> Restore:
-        """Post the claim's object at `address` (nothing held it at the last search), then check it is alone."""
-        allocator = self._allocator
-        hostname = allocation.annotations.get(ANNOTATION_HOSTNAME)
-        hostname = hostname or await allocator.hostname_for(job)
+    async def _record(self, job: Allocating, address: str, found: list[GridObject], hostname: str | None) -> Restore:
+        """The claim's object at `address`: ours under an earlier uid among `found` re-keyed, else (nothing held it at
+        the last search) posted; then checked alone."""
         try:
-            kept = await allocator.create_object(job, address, hostname, for_request=True)
+            kept = await self._allocator.take_over_or_post(job, address, found, hostname)
         except WapiError as error:
-            if error.failure is not Failure.CONFLICT:
+            if found or error.failure is not Failure.CONFLICT:  # only a POST's Conflict says who won
                 raise
             return await self._after_losing(job, address, error.detail)
+        if kept is None:
+            return taken(found[0])
         if not same(kept.address, address):  # a host record of the claim's name, made earlier at another address
             return Restore(RestoreOutcome.TAKEN, f"claim {job.claim}'s host record {kept.ref} holds {kept.address}")
-        return await self._check_alone(job, address, kept, "recorded again")
-
-    async def _check_alone(self, job: Allocating, address: str, kept: GridObject, did: str) -> Restore:
         try:
             await self._allocator.keep_alone(job, address, kept)
         except AllocationFailedError as error:  # `kept` shared the address and was deleted
             return await self._after_losing(job, address, error.message)
         job.log.info("allocation restored on the grid", address=address, ref=kept.ref)
+        did = "re-keyed to the claim" if found else "recorded again"
         return Restore(RestoreOutcome.RECORDED, f"{kept.obj_type} {kept.ref} {did}")
 
     async def _after_losing(self, job: Allocating, address: str, why: str) -> Restore:
@@ -188,10 +184,3 @@ def as_listed(obj: GridObject, holding: Holding, label: str) -> bool:
         and obj.extattrs.get(EA_POOL) == label
         and same(obj.address, holding.address)
     )
-
-
-def canonical(address: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(address))
-    except ValueError:
-        return None

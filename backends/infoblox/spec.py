@@ -136,6 +136,7 @@ class Pool:
     spec: PoolSpec
     targets: tuple[Target, ...]
     version: int
+    generation: int = 0
 
     @property
     def instance(self) -> str:
@@ -198,7 +199,8 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     reserved = sorted(set(spec.extensible_attributes) & {*OWNERSHIP_EAS, *OPTIONAL_EAS})
     if reserved:
         raise PoolSpecError(f"spec.extensibleAttributes may not set {', '.join(reserved)}: the provider owns them")
-    return Pool(ref, str(pool["metadata"].get("uid", "")), spec, tuple(targets), versions.pop())
+    meta = pool["metadata"]
+    return Pool(ref, str(meta.get("uid", "")), spec, tuple(targets), versions.pop(), int(meta.get("generation") or 0))
 
 
 def _subnet_target(index: int, subnet: SubnetSpec) -> Target:
