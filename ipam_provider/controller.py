@@ -6,6 +6,7 @@ reconciles finish, then stops the repair loop and the watches.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,25 +80,17 @@ class Controller:
         return observe(kind, old, new) if observe is not None else ()
 
     def _informers(self) -> list[Informer]:
-        namespaces = self.settings.namespaces or None
         watch_filter = self.settings.watch_filter
         selector = f"{LABEL_WATCH_FILTER}={watch_filter}" if watch_filter else None
         caches, handlers = self.caches, self.handlers
+        informer = functools.partial(Informer, self.kube, namespaces=self.settings.namespaces or None)
         informers = [
-            Informer(
-                self.kube, CLAIMS, caches.claims, handlers.on_claim, namespaces=namespaces, label_selector=selector
-            ),
-            Informer(self.kube, ADDRESSES, caches.addresses, handlers.on_address, namespaces=namespaces),
-            Informer(self.kube, CLUSTERS, caches.clusters, handlers.on_cluster, namespaces=namespaces),
+            informer(CLAIMS, caches.claims, handlers.on_claim, label_selector=selector),
+            informer(ADDRESSES, caches.addresses, handlers.on_address),
+            informer(CLUSTERS, caches.clusters, handlers.on_cluster),
         ]
         self.pool_informers = [
-            Informer(
-                self.kube,
-                pool_resource(kind),
-                caches.pools[(kind.group, kind.kind)],
-                handlers.on_pool(kind),
-                namespaces=namespaces,
-            )
+            informer(pool_resource(kind), caches.pools[(kind.group, kind.kind)], handlers.on_pool(kind))
             for kind in self.registry.kinds
         ]
         return informers + self.pool_informers

@@ -15,23 +15,22 @@ from ipam_provider.repair.pool import RepairSettings
 from ipam_provider.runtime.flagforms import (
     CLAIM_KIND,
     FlagError,
-    go_bool,
-    go_duration,
-    host_port,
-    positive_duration,
-    split_list,
-    take_kind_concurrency,
-)
-from ipam_provider.runtime.leader import JITTER_FACTOR
-from ipam_provider.runtime.logconfig import library_level
-from ipam_provider.runtime.serving.options import (
     MetricsServing,
     WebhookServing,
     add_serving_flags,
     add_webhook_flags,
+    given,
+    go_bool,
+    go_duration,
+    host_port,
     metrics_serving,
+    positive_duration,
+    split_list,
+    take_kind_concurrency,
     webhook_serving,
 )
+from ipam_provider.runtime.leader import JITTER_FACTOR
+from ipam_provider.runtime.logconfig import library_level
 from ipam_provider.version import __version__
 
 NOT_ACTED_ON = "accepted, not acted on"
@@ -277,8 +276,7 @@ class RunOptions:
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     """Resolve `run`'s parsed flags. Raises FlagError for values that parse but cannot work together."""
-    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in _IGNORED}
-    ignored = [f"{flag}={value}" for flag, value in given.items() if value is not None]
+    ignored = given(args, *_IGNORED)
     kind_concurrency: dict[str, int] = getattr(args, "kind_concurrency", None) or {}
     ignored += [f"--{kind}-concurrency={count}" for kind, count in sorted(kind_concurrency.items())]
     workers = _workers(args, ignored)
@@ -313,20 +311,14 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 def _workers(args: argparse.Namespace, ignored: list[str]) -> int:
     """--workers, else the claim kind's concurrency, else --max-concurrent-reconciles; the others given go to
     `ignored`."""
-    given = [
-        (flag, value)
-        for flag, value in (
-            ("--workers", args.workers),
-            (f"--{CLAIM_KIND}-concurrency", args.claim_concurrency),
-            ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
-        )
-        if value is not None
-    ]
-    for flag, value in reversed(given):
+    flags = ("--workers", f"--{CLAIM_KIND}-concurrency", "--max-concurrent-reconciles")
+    values = (args.workers, args.claim_concurrency, args.max_concurrent_reconciles)
+    counts = [(flag, value) for flag, value in zip(flags, values, strict=True) if value is not None]
+    for flag, value in reversed(counts):
         if value < 1:
             raise FlagError(f"argument {flag}: must be at least 1, got {value}")
-    ignored += [f"{flag}={value} ({given[0][0]} wins)" for flag, value in given[1:]]
-    return given[0][1] if given else DEFAULTS.workers
+    ignored += [f"{flag}={value} ({counts[0][0]} wins)" for flag, value in counts[1:]]
+    return counts[0][1] if counts else DEFAULTS.workers
 
 
 def _logging(args: argparse.Namespace, ignored: list[str]) -> tuple[str, str]:

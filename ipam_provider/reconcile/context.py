@@ -107,21 +107,15 @@ class ReconcileContext:
             if error.conflict or error.not_found:
                 fresh = await self.kube.get(resource, name, namespace)
                 if fresh is not None:
-                    store.upsert(_typed(fresh, resource))
+                    store.upsert(resource.typed(fresh))
             raise
-        _typed(updated, resource)
+        resource.typed(updated)
         finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
         if finalized:  # the API server deletes it now: it must not linger in the cache
             store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
         else:
             store.upsert(updated)
         return updated
-
-
-def _typed(obj: Object, resource: Resource) -> Object:
-    obj.setdefault("apiVersion", resource.api_version)
-    obj.setdefault("kind", resource.kind)
-    return obj
 
 
 @dataclass

@@ -1,15 +1,32 @@
-"""The values of a Cluster API manager's flags, in the forms Go writes them.
+"""The runtime's flags and the forms Go writes their values in.
 
 pflag reads booleans as Go's strconv.ParseBool does and durations as time.ParseDuration does; controller-runtime
 takes bind addresses as ":8080" or "[::]:8080"; cluster-api-operator writes per-kind concurrency as
 `--<kind>-concurrency=N`, a flag name argparse cannot declare, so `take_kind_concurrency` takes them out first.
+
+The metrics and probe endpoints' flags go by controller-runtime's, Cluster API's and kubebuilder's names. The metrics
+are served as Cluster API's managers serve them: by default over HTTPS on `--diagnostics-address` (`:8443`) with
+authentication and authorisation; `--insecure-diagnostics` makes that plain HTTP; the older `--metrics-bind-address`
+serves plain HTTP on its address and wins over both (`0` turns the metrics off).
+
+`--tls-min-version` and `--tls-cipher-suites` apply to the HTTPS endpoints: the metrics and the admission webhook
+(`--webhook-port`, default 9443, 0 turns it off; certificate in `--webhook-cert-dir`). In Go's forms: a Cluster API
+manager reads them with Kubernetes component-base: versions as `VersionTLS12`, cipher suites as the IANA names Go's
+crypto/tls gives them (`TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`). Here each suite name maps to its OpenSSL name for
+`SSLContext.set_ciphers`. The TLS 1.3 suites are accepted, but, as in Go, they cannot be chosen: all three are always
+on when TLS 1.3 is negotiated. TLS 1.0 and 1.1 are known names that are refused: OpenSSL 3 negotiates them only at
+security level 0, and Python deprecates them.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import ssl
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ipam_provider.runtime.serving.certificates import CertificateFiles, TlsOptions
 
 CLAIM_KIND = "ipaddressclaim"
 
@@ -84,6 +101,12 @@ def bind_address(text: str) -> str:
     return text
 
 
+def given(args: argparse.Namespace, *flags: str) -> list[str]:
+    """`--flag=value` for each of `flags` that was given (its value, under the flag's name as its dest, not None)."""
+    values = [(flag, getattr(args, flag[2:].replace("-", "_"))) for flag in flags]
+    return [f"{flag}={value}" for flag, value in values if value is not None]
+
+
 def split_list(values: Sequence[str] | None) -> list[str]:
     """Repeated and comma-separated values as one list: ["a,b", "c"] -> ["a", "b", "c"]."""
     return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
@@ -124,3 +147,276 @@ def take_kind_concurrency(argv: Sequence[str]) -> tuple[list[str], dict[str, int
             raise FlagError(f"argument {arg.split('=')[0]}: expected a whole number, got {value!r}")
         others[kind] = int(value)
     return rest, others
+
+
+# --- the endpoints' flags --------------------------------------------------------------------------------------
+
+DEFAULT_PROBES_ADDRESS = ":8081"
+DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # Cluster API's util/flags default
+DEFAULT_CERT_NAME = "tls.crt"
+DEFAULT_CERT_KEY = "tls.key"
+DEFAULT_WEBHOOK_PORT = 9443  # controller-runtime's
+DEFAULT_WEBHOOK_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # controller-runtime's
+
+
+@dataclass(frozen=True)
+class MetricsServing:
+    """Where and how the metrics are served: `address` ("0": not at all), the flag it came from (for error
+    messages), over HTTPS with authentication (`secure`) and with which certificate files."""
+
+    address: str
+    flag: str
+    secure: bool
+    cert: CertificateFiles
+    tls: TlsOptions  # for HTTPS only
+
+
+@dataclass(frozen=True)
+class WebhookServing:
+    """Where the admission webhook listens (`port` 0: it is off) and with which certificate."""
+
+    host: str
+    port: int
+    cert: CertificateFiles
+
+    @property
+    def bind(self) -> tuple[str, int] | None:
+        return (self.host or "0.0.0.0", self.port) if self.port else None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def add_webhook_flags(run: argparse.ArgumentParser) -> None:
+    webhook = run.add_argument_group("admission webhook")
+    webhook.add_argument(
+        "--webhook-port",
+        type=_port,
+        default=DEFAULT_WEBHOOK_PORT,
+        metavar="PORT",
+        help="the validating admission webhook's HTTPS port (default: %(default)s); 0 turns it off",
+    )
+    webhook.add_argument(
+        "--webhook-host", default="", metavar="HOST", help="the webhook's address (default: every interface)"
+    )
+    webhook.add_argument(
+        "--webhook-cert-dir",
+        default=DEFAULT_WEBHOOK_CERT_DIR,
+        metavar="DIRECTORY",
+        help="the directory holding the webhook's tls.crt and tls.key (default: %(default)s), re-read when they "
+        "change; while both are absent a self-signed certificate is served, which the API server does not trust",
+    )
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return int(text)
+
+
+def webhook_serving(args: argparse.Namespace) -> WebhookServing:
+    return WebhookServing(args.webhook_host, args.webhook_port, CertificateFiles(args.webhook_cert_dir))
+
+
+def add_serving_flags(run: argparse.ArgumentParser) -> None:
+    serving = run.add_argument_group("metrics and probes")
+    serving.add_argument(
+        "--diagnostics-address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help=f"where the metrics are served, at /metrics (default: {DEFAULT_DIAGNOSTICS_ADDRESS}): over HTTPS, "
+        "each request authenticated (TokenReview) and authorised (SubjectAccessReview: get on /metrics) by the "
+        'API server, unless --insecure-diagnostics; "0" disables them',
+    )
+    serving.add_argument(
+        "--insecure-diagnostics",
+        nargs="?",
+        const=True,
+        type=go_bool,
+        metavar="BOOL",
+        help="true: serve the metrics at --diagnostics-address over plain HTTP, without authentication "
+        "(default: false)",
+    )
+    serving.add_argument(
+        "--metrics-bind-address",
+        "--metrics-bind-addr",
+        dest="metrics_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        help='plain-HTTP metrics on this address instead, without authentication; "0" disables them (wins over '
+        "the diagnostics flags)",
+    )
+    _add_certificate_flags(serving)
+    _add_tls_flags(serving)
+    serving.add_argument(
+        "--health-probe-bind-address",
+        "--health-addr",
+        dest="health_probe_bind_address",
+        type=bind_address,
+        metavar="ADDRESS",
+        default=DEFAULT_PROBES_ADDRESS,
+        help='/healthz and /readyz (default: %(default)s); "0" disables them',
+    )
+
+
+def _add_certificate_flags(serving: argparse._ArgumentGroup) -> None:
+    """The HTTPS metrics endpoint's certificate: where it is, and its files' names."""
+    serving.add_argument(
+        "--metrics-cert-path",
+        metavar="DIRECTORY",
+        help="the directory holding the HTTPS certificate and key (e.g. a mounted cert-manager Secret), re-read "
+        "when they change; without it, or while both files are absent, a self-signed certificate generated at "
+        "start is served",
+    )
+    serving.add_argument(
+        "--metrics-cert-name", metavar="FILE", help=f"the certificate's file name (default: {DEFAULT_CERT_NAME})"
+    )
+    serving.add_argument(
+        "--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {DEFAULT_CERT_KEY})"
+    )
+
+
+def _add_tls_flags(serving: argparse._ArgumentGroup) -> None:
+    tls13 = [name for name, openssl_name in SECURE_SUITES.items() if openssl_name is None]
+    secure = [name for name, openssl_name in SECURE_SUITES.items() if openssl_name and name not in LEGACY_NAMES]
+    serving.add_argument(
+        "--tls-min-version",
+        metavar="VERSION",
+        help=f"the HTTPS endpoints' (metrics, webhook) minimum TLS version: VersionTLS12 or VersionTLS13 (default: "
+        f"{DEFAULT_MIN_VERSION}; VersionTLS10 and VersionTLS11 are refused)",
+    )
+    serving.add_argument(
+        "--tls-cipher-suites",
+        metavar="NAME,...",
+        help="the HTTPS endpoints' (metrics, webhook) TLS 1.2 cipher suites, by Go's crypto/tls names (default: "
+        f"Python's list). Preferred: {', '.join(secure)}. Insecure: {', '.join(INSECURE_SUITES)}. "
+        f"{', '.join(tls13)} are accepted but, as in Go, not configurable: with TLS 1.3 all three are always on",
+    )
+
+
+def metrics_serving(args: argparse.Namespace, ignored: list[str], webhook: bool = False) -> MetricsServing:
+    """Resolve the metrics flags; the ones that change nothing are appended to `ignored`, with the reason. With
+    `webhook` (the HTTPS webhook is on) the TLS flags act whatever the metrics endpoint does."""
+    cert_flags = given(args, "--metrics-cert-path", "--metrics-cert-name", "--metrics-cert-key")
+    tls_flags = given(args, "--tls-min-version", "--tls-cipher-suites")
+    unused_suites: list[str] = []  # named only when an endpoint is HTTPS; plain HTTP names the flags themselves
+    tls = tls_options(args.tls_min_version, args.tls_cipher_suites, unused_suites)  # checked in every mode, as CAPI
+    if webhook:
+        ignored += unused_suites
+        unused_suites, tls_flags = [], []
+    cert = CertificateFiles(
+        args.metrics_cert_path, args.metrics_cert_name or DEFAULT_CERT_NAME, args.metrics_cert_key or DEFAULT_CERT_KEY
+    )
+    if args.metrics_bind_address is not None:
+        diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []
+        if args.insecure_diagnostics is not None:
+            diagnostics.append(f"--insecure-diagnostics={'true' if args.insecure_diagnostics else 'false'}")
+        ignored += [f"{flag} (--metrics-bind-address wins)" for flag in diagnostics + cert_flags + tls_flags]
+        return MetricsServing(args.metrics_bind_address, "--metrics-bind-address", False, cert, tls)
+    address = args.diagnostics_address or DEFAULT_DIAGNOSTICS_ADDRESS
+    if args.insecure_diagnostics:
+        ignored += [f"{flag} (--insecure-diagnostics: plain HTTP)" for flag in cert_flags + tls_flags]
+        return MetricsServing(address, "--diagnostics-address", False, cert, tls)
+    ignored += unused_suites
+    return MetricsServing(address, "--diagnostics-address", True, cert, tls)
+
+
+# --- TLS -------------------------------------------------------------------------------------------------------
+
+DEFAULT_MIN_VERSION = "VersionTLS12"
+MIN_VERSIONS = {"VersionTLS12": ssl.TLSVersion.TLSv1_2, "VersionTLS13": ssl.TLSVersion.TLSv1_3}
+REFUSED_VERSIONS = ("VersionTLS10", "VersionTLS11")
+
+# Go's crypto/tls.CipherSuites(): the suites without known weaknesses; TLS 1.3 ones map to None.
+SECURE_SUITES: dict[str, str | None] = {
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    # The older names component-base still accepts.
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+
+LEGACY_NAMES = frozenset({"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305", "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"})
+
+# Go's crypto/tls.InsecureCipherSuites(): accepted with a warning. This OpenSSL may not offer some (RC4, 3DES).
+INSECURE_SUITES: dict[str, str] = {
+    "TLS_RSA_WITH_RC4_128_SHA": "RC4-SHA",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA": "DES-CBC3-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA": "ECDHE-ECDSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA": "ECDHE-RSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA": "ECDHE-RSA-DES-CBC3-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+}
+
+
+def tls_options(min_version: str | None, cipher_suites: str | None, ignored: list[str]) -> TlsOptions:
+    """Resolve the two flags (None or "": the default). Suites that change nothing are appended to `ignored`, with
+    the reason. Raises FlagError for an unknown or refused version, an unknown suite name, or an empty list."""
+    minimum = _min_version(min_version or DEFAULT_MIN_VERSION)
+    if not cipher_suites:
+        return TlsOptions(minimum)
+    names = [name.strip() for name in cipher_suites.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SECURE_SUITES and name not in INSECURE_SUITES]
+    if unknown or not names:
+        raise FlagError(
+            f"argument --tls-cipher-suites: unknown cipher suite {', '.join(unknown) or repr(cipher_suites)}; "
+            "use Go's crypto/tls names, such as TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"
+        )
+    if minimum == ssl.TLSVersion.TLSv1_3:
+        ignored.append(
+            f"--tls-cipher-suites={cipher_suites} "
+            "(--tls-min-version=VersionTLS13: the TLS 1.3 suites are not configurable)"
+        )
+        return TlsOptions(minimum)
+    chosen: list[str] = []
+    for name in names:
+        openssl_name = SECURE_SUITES.get(name) or INSECURE_SUITES.get(name)
+        if openssl_name is None:
+            continue  # a TLS 1.3 suite: always on
+        if not _available(openssl_name):
+            ignored.append(f"--tls-cipher-suites: {name} (not offered by {ssl.OPENSSL_VERSION})")
+        elif openssl_name not in chosen:
+            chosen.append(openssl_name)
+    insecure = tuple(name for name in names if name in INSECURE_SUITES and INSECURE_SUITES[name] in chosen)
+    if not chosen:
+        # No TLS 1.2 suite to agree on: TLS 1.2 clients fail, as they would with Go given only TLS 1.3 suites.
+        return TlsOptions(ssl.TLSVersion.TLSv1_3)
+    return TlsOptions(minimum, ":".join(chosen), insecure)
+
+
+def _min_version(name: str) -> ssl.TLSVersion:
+    if name in MIN_VERSIONS:
+        return MIN_VERSIONS[name]
+    if name in REFUSED_VERSIONS:
+        raise FlagError(
+            f"argument --tls-min-version: {name} is not served: TLS 1.0 and 1.1 are disabled in OpenSSL 3 and "
+            "deprecated in Python; use VersionTLS12 or VersionTLS13"
+        )
+    raise FlagError(f"argument --tls-min-version: unknown TLS version {name!r}; use VersionTLS12 or VersionTLS13")
+
+
+def _available(openssl_name: str) -> bool:
+    """Whether this OpenSSL, at its configured security level, can negotiate the suite."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ciphers(openssl_name)
+    except ssl.SSLError:
+        return False
+    return True

@@ -169,9 +169,7 @@ class WorkQueue(Generic[K]):
 
     def _wake_all(self) -> None:
         while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
+            self._wake_one()
 
     async def get(self) -> tuple[K, Hashable] | None:
         """The next key and its shard; None after shutdown when nothing is ready."""

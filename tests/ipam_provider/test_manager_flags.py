@@ -10,11 +10,9 @@ import pytest
 
 from ipam_provider.cli import leader_elector
 from ipam_provider.flags import RunOptions, parse_args
-from ipam_provider.runtime.flagforms import go_bool, go_duration, take_kind_concurrency
+from ipam_provider.runtime.flagforms import WebhookServing, go_bool, go_duration, take_kind_concurrency
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.serving.certificates import CertificateFiles
-from ipam_provider.runtime.serving.options import WebhookServing
-from ipam_provider.runtime.serving.tlsoptions import TlsOptions
+from ipam_provider.runtime.serving.certificates import CertificateFiles, TlsOptions
 
 # The command line cluster-api-operator writes for a provider whose manager spec sets leader election, the
 # diagnostics endpoint, the health address, verbosity, the sync period, and groupKindConcurrency for claims.

@@ -144,8 +144,7 @@ class Informer:
             version = obj.get("metadata", {}).get("resourceVersion", version)
             if kind == "BOOKMARK":
                 continue
-            obj.setdefault("apiVersion", self.resource.api_version)
-            obj.setdefault("kind", self.resource.kind)
+            self.resource.typed(obj)
             if kind == "DELETED":
                 old = self.store.remove(object_key(obj), obj)
                 self._notify("DELETED", old or obj, None)

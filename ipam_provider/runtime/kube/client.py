@@ -185,14 +185,9 @@ class KubeClient:
         limit: int = 500,
     ) -> tuple[list[Object], str]:
         """Every object (following continue tokens) and the list's resourceVersion. A consistent read."""
-        items: list[Object] = []
-        version = ""
-        async for page, page_version in self.list_pages(
-            resource, namespace, label_selector=label_selector, limit=limit
-        ):
-            items += page
-            version = page_version
-        return items, version
+        listing = self.list_pages(resource, namespace, label_selector=label_selector, limit=limit)
+        pages = [page async for page in listing]
+        return [item for items, _ in pages for item in items], pages[-1][1]  # list_pages yields one page at least
 
     async def list_pages(
         self,
@@ -215,10 +210,7 @@ class KubeClient:
                 resource.path(namespace),
                 query={"labelSelector": label_selector, "limit": limit, "continue": token},
             )
-            items: list[Object] = page.get("items", [])
-            for item in items:
-                item.setdefault("apiVersion", resource.api_version)
-                item.setdefault("kind", resource.kind)
+            items = [resource.typed(item) for item in page.get("items", [])]
             meta = page.get("metadata", {})
             yield items, str(meta.get("resourceVersion", ""))
             token = meta.get("continue") or None

@@ -38,9 +38,5 @@ class ApiError(Exception):
         return self.status == 410
 
 
-def is_not_found(error: BaseException) -> bool:
-    return isinstance(error, ApiError) and error.not_found
-
-
 class KubeconfigError(Exception):
     """No usable client configuration: the message is one line naming what is missing and how to give it."""

@@ -29,6 +29,12 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def typed(self, obj: Object) -> Object:
+        """`obj`, given this resource's apiVersion and kind where it lacks them (as a list's items and a watch's do)."""
+        obj.setdefault("apiVersion", self.api_version)
+        obj.setdefault("kind", self.kind)
+        return obj
+
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced and namespace is not None:

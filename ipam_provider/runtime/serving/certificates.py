@@ -4,7 +4,8 @@ kubebuilder's layout: a directory (`--metrics-cert-path`) holding a certificate 
 (`tls.key`), as a cert-manager Secret mounted there provides them. `ServingCertificate.load` builds the server's
 `ssl.SSLContext`: from the files when both exist, else from a self-signed certificate generated in memory (the
 development certificate). `refresh()` compares the files' stat fingerprints (cheap) and loads them into the same
-context when they changed, so cert-manager's rotations take effect for new connections without a restart.
+context when they changed, so cert-manager's rotations take effect for new connections without a restart. The
+context negotiates as its `TlsOptions` say (the `--tls-*` flags, `ipam_provider/runtime/flagforms.py`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,28 @@ from pathlib import Path
 
 import structlog
 
-from ipam_provider.runtime.serving.tlsoptions import TlsOptions
-
 log = structlog.get_logger(__name__)
 
 SELF_SIGNED_DAYS = 365
 Fingerprint = tuple[tuple[int, int, int], tuple[int, int, int]] | None
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """What the serving context negotiates: `minimum` version, and `ciphers`, the OpenSSL cipher list for TLS 1.2
+    (None: Python's default list). `insecure` names the chosen suites Go calls insecure, for a warning."""
+
+    minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    ciphers: str | None = None
+    insecure: tuple[str, ...] = ()
+
+    def apply(self, context: ssl.SSLContext) -> None:
+        """Set them on a server context (before it serves; a certificate reload keeps them)."""
+        context.minimum_version = self.minimum
+        if self.ciphers is not None:
+            context.set_ciphers(self.ciphers)
+        if self.insecure:
+            log.warning("an HTTPS endpoint offers insecure cipher suites", suites=list(self.insecure))
 
 
 class CertificateError(Exception):

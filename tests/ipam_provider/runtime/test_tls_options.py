@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ipam_provider.runtime.flagforms import FlagError
-from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
+from ipam_provider.runtime.flagforms import INSECURE_SUITES, SECURE_SUITES, FlagError, tls_options
+from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate, TlsOptions
 from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
-from ipam_provider.runtime.serving.tlsoptions import INSECURE_SUITES, SECURE_SUITES, TlsOptions, tls_options
 from tests.ipam_provider.runtime.test_metrics_serving import free_port, served_name, write_pair
 from tests.support.tlsclient import handshake, refused
 
