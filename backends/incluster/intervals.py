@@ -247,7 +247,7 @@ class PoolAllocator:
 
     def used_outside(self) -> IntervalSet:
         """The used addresses that lie outside the allocatable set."""
-        return IntervalSet._from_normalized(list(self._runs.items())).subtract(self._allocatable)
+        return self.used_set().subtract(self._allocatable)
 
     def _run_index_at_or_before(self, address: int) -> int:
         """The index of the last run starting at or before `address`, or -1."""
@@ -263,10 +263,16 @@ class PoolAllocator:
     def is_used(self, address: int) -> bool:
         return self._run_holding(address) is not None
 
-    def first_free_from(self, address: int) -> int:
-        """`address` when it is not used, else the address right after the run of used addresses holding it."""
-        run = self._run_holding(address)
-        return address if run is None else run[1] + 1
+    def first_free_in(self, addresses: IntervalSet, from_interval: int) -> tuple[int, int | None]:
+        """The lowest address of `addresses` that is not used, looked for from their interval `from_interval` on,
+        and the index of its interval; (`addresses.interval_count`, None) when every one is used."""
+        for index in range(from_interval, addresses.interval_count):
+            start, end = addresses.interval_at(index)
+            run = self._run_holding(start)
+            candidate = start if run is None else run[1] + 1  # runs are merged: the address after one is free
+            if candidate <= end:
+                return index, candidate
+        return addresses.interval_count, None
 
     def is_allocatable(self, address: int) -> bool:
         """Whether `address` belongs to the allocatable set (used or not)."""
@@ -315,15 +321,8 @@ class PoolAllocator:
 
     def lowest_free(self) -> int | None:
         """The lowest allocatable address that is not used, or None when the pool is full."""
-        allocatable = self._allocatable
-        for index in range(self._first_unfilled_interval, allocatable.interval_count):
-            start, end = allocatable.interval_at(index)
-            candidate = self.first_free_from(start)  # runs are merged: the address after one is free
-            if candidate <= end:
-                self._first_unfilled_interval = index
-                return candidate
-        self._first_unfilled_interval = allocatable.interval_count
-        return None
+        self._first_unfilled_interval, address = self.first_free_in(self._allocatable, self._first_unfilled_interval)
+        return address
 
     def allocate(self) -> int | None:
         """Mark the lowest free address used and return it, or return None when the pool is full."""

@@ -147,6 +147,20 @@ def _claim_ref(claim: ClaimContext) -> Object:
     return {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}
 
 
+Answer = TypeVar("Answer")
+
+
+async def unless_changed(write: Awaitable[Answer]) -> Answer | None:
+    """The answer of a guarded `write`; None when its object changed or went since it was read (conflict, not
+    found)."""
+    try:
+        return await write
+    except ApiError as error:
+        if error.conflict or error.not_found:
+            return None
+        raise
+
+
 class ReservationClient:
     """The API calls on reservations; the index of a pool is kept in step by the `ledger`, never here."""
 
@@ -241,12 +255,9 @@ class ReservationClient:
         if record.prefix != held.prefix or (record.gateway or None) != (held.gateway or None):
             await self.delete(record)
             return None
-        try:
-            return await self._patch_claim(record, claim.uid, {"releasedAt": None, "claim": _claim_ref(claim)})
-        except ApiError as error:
-            if error.conflict or error.not_found:
-                return None
-            raise
+        return await unless_changed(
+            self._patch_claim(record, claim.uid, {"releasedAt": None, "claim": _claim_ref(claim)})
+        )
 
     async def _patch_claim(
         self, reservation: Reservation, uid_label: str | None, spec: Object, annotations: Object | None = None
@@ -302,13 +313,7 @@ class PoolIndex:
     ) -> PoolIndex:
         """An index of `reservations`; `pending` (shared, not copied) are the in-flight candidates it inherits.
         Cost: O(n log n) for n reservations, the allocator and the chooser being built in bulk."""
-        valued: list[tuple[int, Reservation]] = []
-        for reservation in reservations:
-            try:
-                value = address_to_int(reservation.address, allocatable.family) >> allocatable.host_bits
-            except ValueError:
-                continue  # another family: cannot collide with this pool's addresses
-            valued.append((value, reservation))
+        valued = [(value, r) for r in reservations if (value := _index_value(allocatable, r.address)) is not None]
         pending = pending if pending is not None else {}
         allocator = PoolAllocator(allocatable.addresses, [*(value for value, _ in valued), *pending])
         index = cls(allocatable, allocator, Chooser(policy, allocator, rng), policy, pending=pending)
@@ -383,11 +388,9 @@ class PoolIndex:
             self.chooser.record(value, self._released_at[value])
 
     def hold(self, reservation: Reservation) -> None:
-        try:
-            value = self.value_of(reservation.address)
-        except ValueError:
-            return  # another family: cannot collide with this pool's addresses
-        self._hold(value, reservation)
+        value = _index_value(self.allocatable, reservation.address)
+        if value is not None:
+            self._hold(value, reservation)
 
     def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
         """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
@@ -411,9 +414,8 @@ class PoolIndex:
             self._use(value)
 
     def drop(self, reservation: Reservation) -> None:
-        try:
-            value = self.value_of(reservation.address)
-        except ValueError:
+        value = _index_value(self.allocatable, reservation.address)
+        if value is None:
             return
         known = self.by_address.get(value, reservation)
         if known.name == reservation.name and known.uid == reservation.uid:
@@ -457,6 +459,12 @@ class PoolIndex:
             elif record.grace_seconds is not None and grace_over(record.released_epoch, now, record.grace_seconds):
                 expired.append(record)
         return expired
+
+
+def _index_value(allocatable: AllocatableSet, address: str) -> int | None:
+    """`PoolIndex.value_of(address)`; None for another family (which cannot collide with the pool's addresses)."""
+    value = address_value(address, allocatable.family)
+    return None if value is None else value >> allocatable.host_bits
 
 
 log = structlog.get_logger(__name__)
@@ -685,23 +693,17 @@ class Ledger:
         """The reservation of `address` as the API server has it now, learned by `index` in place of what it knew."""
         known = index.by_address.get(index.value_of(address))
         fresh = await self.reservations.get(ref, address)
-        if known is not None and (fresh is None or fresh.uid != known.uid):
-            self.forget(ref, known, index)
-        if fresh is not None:
-            self.learn(ref, fresh, index=index)
+        stale = known if known is not None and (fresh is None or fresh.uid != known.uid) else None
+        self.learn(ref, fresh, replacing=stale, index=index)
         return fresh
 
     async def reassign(
         self, ref: PoolRef, index: PoolIndex | None, reservation: Reservation, claim_uid: str
     ) -> Reservation | None:
         """`ReservationClient.reassign`, learned by `index`; None when the reservation changed or went meanwhile."""
-        try:
-            reassigned = await self.reservations.reassign(reservation, claim_uid)
-        except ApiError as error:
-            if error.conflict or error.not_found:
-                return None
-            raise
-        self.learn(ref, reassigned, replacing=reservation, index=index)
+        reassigned = await unless_changed(self.reservations.reassign(reservation, claim_uid))
+        if reassigned is not None:
+            self.learn(ref, reassigned, replacing=reservation, index=index)
         return reassigned
 
     async def give(
@@ -713,40 +715,30 @@ class Ledger:
         if not found.released_at:
             return await self.reassign(ref, index, found, claim.uid)
         taken = await self.reservations.take_over(found, held, claim)
-        if taken is None:
-            self.forget(ref, found, index)
-        else:
-            self.learn(ref, taken, replacing=found, index=index)
+        self.learn(ref, taken, replacing=found, index=index)
         return taken
 
     async def delete(self, ref: PoolRef, index: PoolIndex | None, reservation: Reservation) -> bool:
         """`ReservationClient.delete`, learned by `index` (the pool's, when None)."""
         deleted = await self.reservations.delete(reservation)
-        self.forget(ref, reservation, index)
+        self.learn(ref, None, replacing=reservation, index=index)
         return deleted
-
-    def _now(self, ref: PoolRef, index: PoolIndex | None) -> PoolIndex | None:
-        return self.current(ref, index) if index is not None else self._indexes.get(ref)
 
     def learn(
         self,
         ref: PoolRef,
-        reservation: Reservation,
+        reservation: Reservation | None,
         replacing: Reservation | None = None,
         index: PoolIndex | None = None,
     ) -> None:
-        """Put a reservation read or written now in `index` now (the pool's, when None) in place of `replacing`."""
-        current = self._now(ref, index)
+        """Put a reservation read or written now (None: none) in `index` as it is now (the pool's, when None) in
+        place of `replacing`, which is gone or changed."""
+        current = self.current(ref, index) if index is not None else self._indexes.get(ref)
         if current is not None:
             if replacing is not None:
                 current.drop(replacing)
-            current.hold(reservation)
-
-    def forget(self, ref: PoolRef, reservation: Reservation, index: PoolIndex | None = None) -> None:
-        """Take a reservation that is gone (or changed) out of `index` as it is now (the pool's, when None)."""
-        current = self._now(ref, index)
-        if current is not None:
-            current.drop(reservation)
+            if reservation is not None:
+                current.hold(reservation)
 
     async def release(self, ref: PoolRef, terms: ReleaseTerms, reservation: Reservation) -> bool:
         """Release one reservation of the pool by `terms` (see the module). True when this call released it; False
@@ -756,14 +748,11 @@ class Ledger:
             changed: Reservation | None = await self.reservations.reassign(reservation, "")
         elif terms.keep_record:
             changed = await self.reservations.mark_released(reservation, now_rfc3339(), terms.recorded_grace)
+        elif not await self.reservations.delete(reservation):
+            return False  # changed meanwhile: its watch tells
         else:
             changed = None
-            if not await self.reservations.delete(reservation):
-                return False  # changed meanwhile: its watch tells
-        if changed is None:
-            self.forget(ref, reservation)
-        else:
-            self.learn(ref, changed, replacing=reservation)
+        self.learn(ref, changed, replacing=reservation)
         return True
 
     async def release_claim(self, ref: PoolRef, terms: ReleaseTerms, claim_uid: str) -> None:

@@ -127,15 +127,8 @@ class Zone:
         """The zone's lowest address that is not used."""
         if self.free <= 0:
             return None
-        addresses = self.region.addresses
-        for index in range(self._first_unfilled, addresses.interval_count):
-            start, end = addresses.interval_at(index)
-            candidate = allocator.first_free_from(start)
-            if candidate <= end:
-                self._first_unfilled = index
-                return candidate
-        self._first_unfilled = addresses.interval_count
-        return None
+        self._first_unfilled, address = allocator.first_free_in(self.region.addresses, self._first_unfilled)
+        return address
 
     def random_free(self, allocator: PoolAllocator, rng: random.Random) -> int | None:
         """A uniformly chosen address of the zone that is not used."""

@@ -32,14 +32,15 @@ from backends.incluster.spec import (
     NO_ALLOCATABLE,
     SPEC_ERRORS,
     Advisory,
+    Gateway,
     ParsedPool,
     PreAllocations,
     first_line,
-    metadata_of,
+    read_pool,
 )
 from backends.validation import PoolSpecError
 from ipam_provider.api.capi import Model
-from ipam_provider.backend.contract import AddressInUse, PoolNotReadyError, PoolRef
+from ipam_provider.backend.contract import AddressInUse, PoolRef
 from ipam_provider.common import Object, listed
 
 DEFAULT_ALLOCATION_PREFIX_LENGTH = 64
@@ -166,15 +167,14 @@ def child_of(address: str, prefix: int, allocatable: AllocatableSet) -> int | No
 class PrefixPoolSpec(Model):
     prefixes: list[str] = Field(default_factory=list)
     allocation_prefix_length: int = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
-    gateway: str | None = None
+    gateway: Gateway = None
     excluded_prefixes: list[str] = Field(default_factory=list, alias="excludedPrefixes")
 
 
 def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:
     """The pool's spec and allocatable child numbers; PoolSpecError or ValidationError when invalid."""
     spec = PrefixPoolSpec.model_validate(pool.get("spec") or {})
-    gateway = spec.gateway if spec.gateway and spec.gateway.strip() else None
-    allocatable = build_prefix_set(spec.prefixes, spec.allocation_prefix_length, gateway, spec.excluded_prefixes)
+    allocatable = build_prefix_set(spec.prefixes, spec.allocation_prefix_length, spec.gateway, spec.excluded_prefixes)
     return spec, allocatable
 
 
@@ -184,14 +184,9 @@ class PrefixPool(ParsedPool):
 
     @classmethod
     def parse(cls, ref: PoolRef, pool: Object) -> PrefixPool:
-        try:
-            fields, allocatable = parse_prefix_pool(pool)
-        except SPEC_ERRORS as error:
-            raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
-        generation, uid = metadata_of(pool)
+        fields, allocatable, generation, uid = read_pool(ref, pool, parse_prefix_pool)
         pre = PreAllocations.of(ref, {}, allocatable)
-        gateway = fields.gateway if fields.gateway and fields.gateway.strip() else None
-        prefix = fields.allocation_prefix_length
+        prefix, gateway = fields.allocation_prefix_length, fields.gateway
         return cls(
             ref=ref, allocatable=allocatable, prefix=prefix, gateway=gateway, pre=pre, generation=generation, uid=uid
         )

@@ -35,6 +35,7 @@ from backends.incluster.ledger import (
     epoch,
     pool_hash,
     pool_of,
+    unless_changed,
 )
 from backends.incluster.spec import ParsedPool, ReleaseTerms
 from ipam_provider.backend.contract import (
@@ -141,15 +142,10 @@ class Repair:
             reservation = Reservation.parse(found) if found is not None else None
             if reservation is None or not _still_as_listed(pool_ref, reservation, holding):
                 return False
-            try:
-                released = await self.ledger.release(pool_ref, ReleaseTerms.of(pool_ref, pool), reservation)
-            except ApiError as error:
-                if error.conflict or error.not_found:
-                    return False
-                raise
+            released = await unless_changed(self.ledger.release(pool_ref, ReleaseTerms.of(pool_ref, pool), reservation))
         if released:
             log.info("leaked reservation released", pool=str(pool_ref), address=holding.address, claim=holding.claim)
-        return released
+        return bool(released)
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
         """Make the claim hold the address its IPAddress names (see the module)."""

@@ -22,11 +22,11 @@ order: `NoAllocatableAddresses`, `GatewayOutsideSubnet`, `OverlappingEntries` (o
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from backends.incluster.allocatable import (
     AddressEntry,
@@ -64,10 +64,18 @@ EXCLUSION_OUTSIDE = "ExclusionOutsideAddresses"
 LISTED_ENTRIES = 5  # entries named per kind of advisory; the rest are counted
 
 
+def _blank_is_none(gateway: str | None) -> str | None:
+    """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
+    return gateway if gateway is None or gateway.strip() else None
+
+
+Gateway = Annotated[str | None, AfterValidator(_blank_is_none)]
+
+
 class InClusterPoolSpec(Model):
     addresses: list[str] = Field(default_factory=list)
     prefix: int = 0
-    gateway: str | None = None
+    gateway: Gateway = None
     excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
     allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
     reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
@@ -83,12 +91,6 @@ class InClusterPoolSpec(Model):
         if problem is not None:
             raise ValueError(problem)
         return value
-
-    @field_validator("gateway")
-    @classmethod
-    def _empty_gateway_is_none(cls, value: str | None) -> str | None:
-        """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
-        return value if value is None or value.strip() else None
 
 
 def parse_pool(pool: Object) -> tuple[InClusterPoolSpec, AllocatableSet]:
@@ -250,10 +252,20 @@ class PreAllocations:
         return namespace, name
 
 
-def metadata_of(pool: Object) -> tuple[int, str]:
-    """The pool object's metadata.generation (0 when unset) and uid (a pool re-created under its name is new)."""
+Spec = TypeVar("Spec")
+
+
+def read_pool(
+    ref: PoolRef, pool: Object, parse: Callable[[Object], tuple[Spec, AllocatableSet]]
+) -> tuple[Spec, AllocatableSet, int, str]:
+    """The pool's spec and allocatable set by `parse`, its metadata.generation (0 when unset) and uid (a pool
+    re-created under its name is new); PoolNotReadyError when its spec is invalid."""
+    try:
+        fields, allocatable = parse(pool)
+    except SPEC_ERRORS as error:
+        raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
     meta = pool.get("metadata") or {}
-    return int(meta.get("generation") or 0), str(meta.get("uid") or "")
+    return fields, allocatable, int(meta.get("generation") or 0), str(meta.get("uid") or "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,12 +309,8 @@ class AddressPool(ParsedPool):
 
     @classmethod
     def parse(cls, ref: PoolRef, pool: Object) -> AddressPool:
-        try:
-            fields, allocatable = parse_pool(pool)
-        except SPEC_ERRORS as error:
-            raise PoolNotReadyError(f"{ref} is invalid: {first_line(error)}; fix the pool's spec") from error
+        fields, allocatable, generation, uid = read_pool(ref, pool, parse_pool)
         pre = PreAllocations.of(ref, fields.pre_allocations, allocatable)
-        generation, uid = metadata_of(pool)
         return cls(
             ref=ref,
             allocatable=allocatable,
