@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
 
 from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
 from backends.infoblox.client import Failure, WapiError
@@ -64,7 +63,7 @@ class Allocator:
 
     def quick(self, pool: Pool, connection: Connection, claim: ClaimContext, existing: Allocation) -> Allocation | None:
         """The claim's existing address without a request, when the index says the claim owns exactly it."""
-        index = self.ledger.cached(pool.ref)
+        index = self.ledger.indexes.get(pool.ref)
         if index is None or index.instance != connection.name or claim.uid in index.uncertain:
             return None
         owned = index.by_claim.get(claim.uid) or []
@@ -103,11 +102,10 @@ class Allocator:
         now = time.monotonic()  # the pool's targets in order, those found full a moment ago last
         fresh = [t for t in pool.targets if index.exhausted.get(t.argument, 0.0) <= now]
         for target in fresh + [t for t in pool.targets if t not in fresh]:
+            next_ip = f"func:nextavailableip:{target.argument},{job.network_view}"
             while True:
                 try:
-                    obj = await self.create_object(
-                        job, f"func:nextavailableip:{target.argument},{job.network_view}", hostname
-                    )
+                    obj = await self.create_object(job, next_ip, hostname)
                 except WapiError as error:
                     if error.failure is not Failure.EXHAUSTED:
                         raise await self.ledger.grid.translate(job.connection, error, str(target)) from error
@@ -177,23 +175,20 @@ class Allocator:
                 await asyncio.sleep(self._settings.retry.delay(attempt))
                 continue
             if resent:  # the lost request may still be carried out: look again a little later
-                self._watch_late_commits(job, obj)
+                task = asyncio.create_task(self._remove_late_commits(job, obj))
+                self._late_checks.add(task)
+                task.add_done_callback(self._late_checks.discard)
             return obj
         raise AssertionError("unreachable")
 
-    def _watch_late_commits(self, job: Allocating, kept: GridObject) -> None:
-        """After a resent POST, look for a late commit of the lost one twice: past the grid's timeout, past ours."""
+    async def _remove_late_commits(self, job: Allocating, kept: GridObject) -> None:
+        """After a resent POST, look for a late commit of the lost one twice (past the grid's timeout, past ours):
+        delete the claim's objects of `kept`'s type other than `kept`, while the index lists `kept` for the claim or
+        nothing (released). Failures are logged: release deletes every owned object."""
         delays = (2 * float(job.connection.spec.request_timeout_seconds), job.connection.client.call_timeout)
-        task = asyncio.create_task(self._remove_late_commits(job, kept, delays))
-        self._late_checks.add(task)
-        task.add_done_callback(self._late_checks.discard)
-
-    async def _remove_late_commits(self, job: Allocating, kept: GridObject, delays: Sequence[float]) -> None:
-        """Delete the claim's objects of `kept`'s type other than `kept` after each of `delays`, while the index
-        lists `kept` for the claim or nothing (released). Failures are logged: release deletes every owned object."""
         for delay in delays:
             await asyncio.sleep(delay)
-            index = self.ledger.cached(job.pool.ref)
+            index = self.ledger.indexes.get(job.pool.ref)
             held = {o.ref for o in index.by_claim.get(job.claim.uid, [])} if index is not None else set()
             if held and kept.ref not in held:
                 return  # the claim holds something else now: allocation sorts it out
@@ -213,35 +208,33 @@ class Allocator:
                 await task
 
     async def _hold_existing(self, job: Allocating, existing: Allocation) -> Allocation:
-        """Make the claim own exactly the address its IPAddress names, and nothing else."""
+        """Make the claim own exactly the address its IPAddress names, and nothing else: its object there; else the
+        object of ours there that this claim held under an earlier uid, re-keyed to the claim; else the address
+        reserved literally for the claim, unless another object holds it."""
+        address = existing.address
         mine = job.index.by_claim.get(job.claim.uid) or []
-        if not any(same(o.address, existing.address) for o in mine):
+        if not any(same(o.address, address) for o in mine):
             mine = await self.ledger.owned(job.connection, types_for_version(job.pool.version), job.claim.uid)
-        keep = next((o for o in mine if same(o.address, existing.address)), None)
-        keep = keep or await self._adopt_or_reserve(job, existing.address)
+        keep = next((o for o in mine if same(o.address, address)), None)
+        if keep is None:
+            try:
+                found = await self.ledger.holders(job.connection, job.pool, address)
+                keep = await self.take_over_or_post(job, address, found, None, requested=False)
+            except WapiError as error:
+                raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
+            if keep is None:
+                raise AllocationFailedError(
+                    f"address {address} of IPAddress {job.claim} is held on the grid by {found[0].ref}, which the "
+                    "claim does not own; delete one of the two"
+                )
+            if not found:
+                job.log.info("address of an existing IPAddress reserved on the grid", address=address)
         for other in mine:
             if other.ref != keep.ref:  # e.g. the object of a reply that was lost, then searched for too early
                 await self.ledger.delete(job, other.ref)
                 job.log.info("surplus object of a claim released", ref=other.ref)
         job.index.by_claim[job.claim.uid] = [keep]
         return self._existing(existing, job.pool, job.connection, keep)
-
-    async def _adopt_or_reserve(self, job: Allocating, address: str) -> GridObject:
-        """The object of ours at `address` that this claim held under an earlier uid, re-keyed to the claim; else the
-        address reserved literally for the claim, unless another object holds it."""
-        try:
-            found = await self.ledger.holders(job.connection, job.pool, address)
-            kept = await self.take_over_or_post(job, address, found, None, requested=False)
-        except WapiError as error:
-            raise await self.ledger.grid.translate(job.connection, error, f"address {address}") from error
-        if kept is None:
-            raise AllocationFailedError(
-                f"address {address} of IPAddress {job.claim} is held on the grid by {found[0].ref}, which the "
-                "claim does not own; delete one of the two"
-            )
-        if not found:
-            job.log.info("address of an existing IPAddress reserved on the grid", address=address)
-        return kept
 
     async def take_over_or_post(
         self, job: Allocating, address: str, found: list[GridObject], hostname: str | None, *, requested: bool = True

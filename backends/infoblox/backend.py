@@ -36,8 +36,6 @@ log = structlog.get_logger(__name__)
 
 
 class InfobloxBackend:
-    """Serves InfobloxIPPool."""
-
     report_interval = 60.0  # a pool's report reads the grid, whose changes no watch shows
 
     def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.connections import BUILTIN_DNS_VIEW, INSTANCE_WIDE, Connection, GridHealth, Health, view_missing
@@ -31,28 +29,19 @@ Verdict = tuple[bool, str, str]
 NIOS_TYPE_NAMES = {FIXED_V4: "FixedAddress", FIXED_V6: "IPv6FixedAddress", HOST: "HostRecord"}
 
 
-@dataclass(frozen=True)
-class CheckResult:
-    ready: bool
-    reason: str
-    message: str
-    key: tuple[Any, ...]
-    checked_at: float
-
-
 class PoolChecks:
     def __init__(self, grid: GridHealth, settings: InfobloxSettings) -> None:
         self._grid = grid
         self._settings = settings
-        self._results: dict[PoolRef, CheckResult] = {}
+        self._results: dict[PoolRef, tuple[tuple[int, tuple[str, ...]], Health]] = {}  # by the pool's generation
 
     def forget(self, ref: PoolRef) -> None:
         self._results.pop(ref, None)
 
-    async def check(self, pool: Pool, connection: Connection, health: Health) -> CheckResult:
+    async def check(self, pool: Pool, connection: Connection, health: Health) -> Health:
         key = (pool.generation, connection.key)
-        cached = self._results.get(pool.ref)
-        if cached is not None and cached.key == key:
+        cached_key, cached = self._results.get(pool.ref, (None, None))
+        if cached is not None and cached_key == key:
             wait = self._settings.healthy_recheck_seconds if cached.ready else self._settings.unhealthy_recheck_seconds
             if time.monotonic() - cached.checked_at < wait:
                 return cached
@@ -64,9 +53,8 @@ class PoolChecks:
             message = failed.message if failed else f"checking the pool on the grid failed: {error.detail}"
             if error.failure is Failure.VIEW_NOT_FOUND:  # a search named a view the grid does not have
                 reason, message = view_missing(error.detail, "checking the pool")
-        result = CheckResult(ready, reason, message, key, time.monotonic())
-        self._results[pool.ref] = result
-        return result
+        self._results[pool.ref] = key, Health(ready, reason, message, time.monotonic())
+        return self._results[pool.ref][1]
 
     async def _ask(self, pool: Pool, connection: Connection, health: Health) -> Verdict:
         client = connection.client

@@ -46,9 +46,7 @@ BACKEND = "infoblox"  # the `backend` label of the request metrics: the entry-po
 _WAPI_PATH = re.compile(r"/wapi/v[0-9.]+/([a-z][a-z0-9_:]*)(?:/|$)")
 
 
-class Failure(enum.Enum):
-    """What went wrong in a WAPI call (`WapiError.failure`)."""
-
+class Failure(enum.Enum):  # what went wrong in a WAPI call (`WapiError.failure`)
     AUTH = "AuthenticationFailed"
     TLS = "TLSVerificationFailed"
     UNREACHABLE = "Unreachable"
@@ -187,9 +185,8 @@ class WapiClient:
                     raise
                 # The grid took the same query without a page id: it refused the cursor (expired, or used by a
                 # request whose reply was lost and which was sent again). Transient: the search starts over.
-                raise WapiError(
-                    Failure.UNAVAILABLE, f"the grid lost the search's page cursor ({error.detail})"
-                ) from error
+                lost = f"the grid lost the search's page cursor ({error.detail})"
+                raise WapiError(Failure.UNAVAILABLE, lost) from error
             if not isinstance(page, dict) or not isinstance(page.get("result"), list):
                 raise WapiError(Failure.REFUSED, f"the grid answered a paged GET of {obj_type} without a result list")
             found.extend(_objects(page["result"], obj_type))
@@ -242,8 +239,6 @@ class WapiClient:
 
 
 class _ObservedAdapter(BaseAdapter):
-    """Counts and times each request the wrapped adapter sends."""
-
     def __init__(self, inner: BaseAdapter) -> None:
         super().__init__()
         self._inner = inner
@@ -304,12 +299,11 @@ def _connection_error(reason: Any) -> WapiError:
         why = f" ({found.group(1).strip()})" if found else ""
         return WapiError(Failure.TLS, f"the grid's TLS certificate could not be verified{why}")
     if isinstance(reason, requests.HTTPError) and reason.response is not None:
-        response = reason.response
         try:
-            body = response.json()
+            body = reason.response.json()
         except ValueError:
             body = None
-        return _answer(response.status_code, body if isinstance(body, dict) else None)
+        return _answer(reason.response.status_code, body if isinstance(body, dict) else None)
     if isinstance(reason, requests.exceptions.ConnectTimeout):
         return WapiError(Failure.UNREACHABLE, "connecting to the grid timed out")
     if isinstance(reason, requests.exceptions.Timeout):

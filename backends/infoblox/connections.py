@@ -99,9 +99,7 @@ class InstanceProblem(Exception):
 
 
 @dataclass
-class Material:
-    """What a connection to one instance is built from."""
-
+class Material:  # what a connection to one instance is built from
     key: tuple[str, ...]  # instance uid and generation, Secret resourceVersions: a change means a new connection
     spec: InstanceSpec
     options: dict[str, Any]  # the Connector's
@@ -187,8 +185,6 @@ def _private_file(directory: str, name: str, content: bytes) -> str:
 
 
 class InstanceStatus:
-    """The status of every InfobloxInstance this process talks to."""
-
     def __init__(self, kube: KubeClient) -> None:
         self._kube = kube
         self.instances: dict[str, Object] = {}  # each InfobloxInstance as last read or written
@@ -203,9 +199,7 @@ class InstanceStatus:
         except ValidationError:
             current = []
         generation = instance["metadata"].get("generation")
-        conditions, changed = set_condition(
-            current, type="Ready", status=ready, reason=reason, message=message, generation=generation
-        )
+        conditions, changed = set_condition(current, "Ready", ready, reason, message, generation)
         if not changed:
             return
         patch = {"status": {"conditions": [c.wire() for c in conditions]}}
@@ -218,8 +212,6 @@ class InstanceStatus:
 
 
 class Connections:
-    """The connection to every InfobloxInstance this process talks to."""
-
     def __init__(self, kube: KubeClient, settings: InfobloxSettings, status: InstanceStatus) -> None:
         self._kube = kube
         self._settings = settings

@@ -61,8 +61,6 @@ async def machine_name(kube: KubeClient, claim: ClaimContext, depth: int) -> str
             owner = await _read_owner(kube, api_version, kind, name, claim.namespace)
             if owner is not None:
                 following.extend(_ordered(owner.get("metadata", {}).get("ownerReferences") or []))
-        if not following:
-            break
         level = following
     raise HostnameError(
         f"no cluster.x-k8s.io Machine owns claim {claim} within {depth} ownerReferences; set "

@@ -115,7 +115,6 @@ def parse_object(obj_type: str, raw: Mapping[str, Any]) -> GridObject | None:
 
 
 def host_entries(raw: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The address entries of a host record as answered."""
     lists = (raw.get(key) for key in ("ipv4addrs", "ipv6addrs"))
     return [entry for entries in lists if isinstance(entries, list) for entry in entries if isinstance(entry, Mapping)]
 
@@ -264,7 +263,7 @@ class Ledger:
         self.grid = grid
         self.stamp = stamp
         self._settings = settings
-        self._indexes: dict[PoolRef, PoolIndex] = {}
+        self.indexes: dict[PoolRef, PoolIndex] = {}  # each pool's as it stands (`index` rebuilds it)
         self.known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
 
     def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
@@ -294,7 +293,7 @@ class Ledger:
 
     async def index(self, pool: Pool, connection: Connection) -> PoolIndex:
         """The pool's index, rebuilt by a search on CAPI-Pool when missing, stale, or of another instance."""
-        index = self._indexes.get(pool.ref)
+        index = self.indexes.get(pool.ref)
         age = time.monotonic() - index.built_at if index is not None else 0.0
         if index is not None and index.instance == connection.name and age <= self._settings.index_resync_seconds:
             return index
@@ -310,18 +309,8 @@ class Ledger:
                 fresh.by_claim.setdefault(obj.claim_uid, []).append(obj)
         doubled = sum(1 for objects in fresh.by_claim.values() if len(objects) > 1)
         log.info("pool index built", pool=str(pool.ref), objects=len(answer), claims_with_duplicates=doubled)
-        self._indexes[pool.ref] = fresh
+        self.indexes[pool.ref] = fresh
         return fresh
-
-    def cached(self, pool_ref: PoolRef) -> PoolIndex | None:
-        """The pool's index as it stands, without a request."""
-        return self._indexes.get(pool_ref)
-
-    def forget_claim(self, pool_ref: PoolRef, claim_uid: str) -> None:
-        """Forget what the index says the claim owns in the pool: its next allocation searches the grid instead."""
-        index = self._indexes.get(pool_ref)
-        if index is not None:
-            index.by_claim.pop(claim_uid, None)
 
     async def owned(self, connection: Connection, types: Sequence[str], claim_uid: str) -> list[GridObject]:
         """Every object of `types` whose CAPI-Claim-UID is `claim_uid` (one search per type)."""
@@ -431,7 +420,7 @@ class Ledger:
             raise await self.grid.translate(connection, error, "release") from error
         if ref and ref not in {obj.ref for obj in objects}:
             bound.info("object named by the IPAddress is not owned by the claim (or is gone); left alone", ref=ref)
-        index = self._indexes.get(pool_ref)
+        index = self.indexes.get(pool_ref)
         if index is not None:
             index.by_claim.pop(claim.uid, None)
             index.uncertain.discard(claim.uid)
@@ -440,7 +429,7 @@ class Ledger:
     async def release_leak(self, connection: Connection, pool_ref: PoolRef, claim_uid: str, ref: str) -> bool:
         """DELETE a leaked object of the pool (the repair loop's), dropped from the index; False if already gone."""
         deleted = await connection.client.delete(ref)
-        index = self._indexes.get(pool_ref)
+        index = self.indexes.get(pool_ref)
         if index is not None:
             _drop(index, claim_uid, ref)
             index.exhausted.clear()

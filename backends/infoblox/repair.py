@@ -49,21 +49,17 @@ class GridRepair:
     def __init__(self, ledger: Ledger, allocator: Allocator, settings: InfobloxSettings) -> None:
         self._ledger = ledger
         self._allocator = allocator
-        self._settings = settings
+        self._page_size = settings.repair_page_size
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
         parsed, connection = await self._ledger.pool_connection(pool_ref, pool)
         holdings: list[Holding] = []
         others = 0  # objects of another management cluster sharing the grid: never ours to judge
+        query, eas, page = {"network_view": connection.network_view(parsed)}, {EA_POOL: parsed.label}, self._page_size
         for obj_type in ALL_TYPES:
             try:
                 answer = await connection.client.search(
-                    obj_type,
-                    RETURN_FIELDS[obj_type],
-                    {"network_view": connection.network_view(parsed)},
-                    extattrs={EA_POOL: parsed.label},
-                    page_size=self._settings.repair_page_size,
-                    before_page=pacer.wait,
+                    obj_type, RETURN_FIELDS[obj_type], query, eas, page_size=page, before_page=pacer.wait
                 )
             except WapiError as error:
                 if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
@@ -83,22 +79,18 @@ class GridRepair:
         if not holding.releasable or not holding.claim_uid or obj_type not in ALL_TYPES:
             return False
         parsed, connection = await self._ledger.pool_connection(pool_ref, pool)
+        bound = log.bind(pool=str(pool_ref), ref=holding.handle)
         try:
             found = await self._ledger.owned(connection, (obj_type,), holding.claim_uid)
             stamp = self._ledger.stamp
             if not any(as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS for o in found):
-                log.info("holding changed or gone; left alone", pool=str(pool_ref), ref=holding.handle)
+                bound.info("holding changed or gone; left alone")
                 return False
             deleted = await self._ledger.release_leak(connection, pool_ref, holding.claim_uid, holding.handle)
         except WapiError as error:
             raise await self._ledger.grid.translate(connection, error, f"release in {pool_ref}") from error
-        log.info(
-            "leaked grid object released",
-            pool=str(pool_ref),
-            address=holding.address,
-            claim=holding.claim,
-            ref=holding.handle,
-            already_gone=not deleted,
+        bound.info(
+            "leaked grid object released", address=holding.address, claim=holding.claim, already_gone=not deleted
         )
         return deleted
 
@@ -144,7 +136,7 @@ class GridRepair:
     async def _after_losing(self, job: Allocating, address: str, why: str) -> Restore:
         """The claim's object could not be kept at `address`: who holds it now (HELD or TAKEN), searched again. The
         index forgets the claim, so that its own path searches the grid."""
-        self._ledger.forget_claim(job.pool.ref, job.claim.uid)
+        self._ledger.indexes.get(job.pool.ref, job.index).by_claim.pop(job.claim.uid, None)
         found = await self._ledger.holders(job.connection, job.pool, address)
         if found:
             return held_by(found, job.claim) or taken(found[0])
@@ -152,7 +144,6 @@ class GridRepair:
 
 
 def held_by(found: Sequence[GridObject], claim: ClaimContext) -> Restore | None:
-    """HELD when an object of the claim is among `found`, else None."""
     mine = next((o for o in found if o.claim_uid == claim.uid), None)
     return Restore(RestoreOutcome.HELD, f"{mine.obj_type} {mine.ref}") if mine is not None else None
 
@@ -163,7 +154,6 @@ def taken(holder: GridObject) -> Restore:
 
 
 def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject]:
-    """The answered objects that carry CAPI-Pool=`label` and a CAPI-Claim-UID."""
     parsed = (parse_object(obj_type, raw) for raw in answer)
     return [o for o in parsed if o is not None and o.claim_uid and o.extattrs.get(EA_POOL) == label]
 

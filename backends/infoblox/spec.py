@@ -128,9 +128,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Pool:
-    """A parsed, validated InfobloxIPPool."""
-
+class Pool:  # a parsed, validated InfobloxIPPool
     ref: PoolRef
     uid: str
     spec: PoolSpec
