@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from backends.incluster.intervals import IntervalSet, int_to_address
 from backends.validation import PoolSpecError
@@ -101,12 +102,17 @@ def shown(text: str) -> str:
     return text if text == text.strip() else f"{text!r} (blanks around it)"
 
 
-def _parse_entries(entries: Sequence[str], errors: list[str], field: str) -> list[AddressEntry]:
-    """The parsed entries of the list `field`; a problem in `errors` per entry that does not parse."""
-    parsed: list[AddressEntry] = []
+Parsed = TypeVar("Parsed")
+
+
+def parse_entries(
+    entries: Sequence[str], parse: Callable[[str], Parsed], errors: list[str], field: str
+) -> list[Parsed]:
+    """The entries of the list `field` parsed by `parse`; a problem in `errors` per entry that does not parse."""
+    parsed: list[Parsed] = []
     for position, text in enumerate(entries):
         try:
-            parsed.append(parse_address_entry(text))
+            parsed.append(parse(text))
         except PoolSpecError as error:
             errors.extend(f"{message} ({field}[{position}])" for message in error.messages)
     return parsed
@@ -127,10 +133,10 @@ def _check_spec(
     if not addresses:
         raise PoolSpecError(f"{ADDRESSES_REQUIRED} (spec.addresses)")
     errors: list[str] = []
-    entries = _parse_entries(addresses, errors, "spec.addresses")
+    entries = parse_entries(addresses, parse_address_entry, errors, "spec.addresses")
     if errors:
         raise PoolSpecError(*errors)
-    exclusions = _parse_entries(excluded_addresses, errors, "spec.excludedAddresses")
+    exclusions = parse_entries(excluded_addresses, parse_address_entry, errors, "spec.excludedAddresses")
     if errors:
         raise PoolSpecError(*errors)
 
@@ -165,13 +171,6 @@ def _check_spec(
     if errors:
         raise PoolSpecError(*errors)
     return entries, exclusions, gateway_value, family
-
-
-def validate_pool_spec(
-    addresses: Sequence[str], prefix: int, gateway: str | None = None, excluded_addresses: Sequence[str] = ()
-) -> None:
-    """Raise PoolSpecError listing what is wrong with a pool spec (see `_check_spec`); None when it is valid."""
-    _check_spec(addresses, prefix, gateway, excluded_addresses)
 
 
 def build_allocatable_set(

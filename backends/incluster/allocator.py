@@ -275,19 +275,17 @@ async def collisions(
     taken = {value: text for value, text in taken.items() if text in used}
     problems: list[str] = []
     if taken:
-        holders = _holders(pre.ref, cached) if cached is not None else await _reserved_by(pre.ref, reservations)
+        if cached is not None:
+            holders = _holders(pre.ref, cached)
+        else:  # the claim of each live reservation of the pool
+            listed = await reservations.list_pool(pre.ref)
+            holders = {normalized_address(r.address): r.claim for r in listed if not r.released_at}
         for value, text in sorted(taken.items()):
             holder = holders.get(text)
             if holder is not None and not pre.held_by_named(value, holder):
                 keys = ", ".join(pre.pinned[value])
                 problems.append(f"spec.preAllocations[{keys}]: {text} is already held by claim {holder}")
     return problems, len(pre.pinned) - len(taken)
-
-
-async def _reserved_by(ref: PoolRef, reservations: ReservationClient) -> dict[str, str]:
-    """Address → namespace/name of the claim of each live reservation of the pool."""
-    listed = await reservations.list_pool(ref)
-    return {normalized_address(r.address): r.claim for r in listed if not r.released_at}
 
 
 def _holders(ref: PoolRef, cached: Sequence[Object]) -> dict[str, str]:

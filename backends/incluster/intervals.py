@@ -118,9 +118,6 @@ class IntervalSet:
         """The largest integer of the set, or None when it is empty."""
         return self._ends[-1] if self._ends else None
 
-    def union(self, other: IntervalSet) -> IntervalSet:
-        return IntervalSet._from_normalized(_merge_sorted(sorted([*self, *other])))
-
     def subtract(self, other: IntervalSet) -> IntervalSet:
         """The integers of this set that are not in `other`."""
         result: list[Interval] = []
@@ -146,10 +143,6 @@ class IntervalSet:
 
     def intersection(self, other: IntervalSet) -> IntervalSet:
         return IntervalSet._from_normalized(list(_overlaps(self, other)))
-
-    def count_within(self, other: IntervalSet) -> int:
-        """How many integers of this set are also in `other`, without building the intersection."""
-        return sum(end - start + 1 for start, end in _overlaps(self, other))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, IntervalSet):
@@ -201,8 +194,6 @@ class PoolAllocator:
         self._allocatable = allocatable
         used_set = IntervalSet.from_points(used)
         self._runs: Any = SortedDict(dict(used_set))
-        self._used_count = used_set.size
-        self._used_in_range_count = allocatable.count_within(used_set)
         # Every allocatable interval before this index is entirely used.
         self._first_unfilled_interval = 0
 
@@ -214,40 +205,10 @@ class PoolAllocator:
     def total(self) -> int:
         return self._allocatable.size
 
-    @property
-    def used_count(self) -> int:
-        """How many addresses are used, inside or outside the allocatable set."""
-        return self._used_count
-
-    @property
-    def used_in_range_count(self) -> int:
-        return self._used_in_range_count
-
-    @property
-    def out_of_range_count(self) -> int:
-        return self._used_count - self._used_in_range_count
-
-    @property
-    def free_count(self) -> int:
-        """How many allocatable addresses are not used: `total - used_in_range_count`."""
-        return self.total - self._used_in_range_count
-
-    @property
-    def used_run_count(self) -> int:
-        """How many runs of consecutive used addresses are stored (the allocator's memory footprint)."""
-        return len(self._runs)
-
-    def used_runs(self) -> Iterator[Interval]:
-        """The runs of consecutive used addresses, as closed intervals in ascending order."""
-        return iter(list(self._runs.items()))
-
     def used_set(self) -> IntervalSet:
-        """The used addresses, inside or outside the allocatable set, as an IntervalSet (O(r), no sort)."""
+        """The used addresses, inside or outside the allocatable set, as an IntervalSet of their runs (O(r), no
+        sort)."""
         return IntervalSet._from_normalized(list(self._runs.items()))
-
-    def used_outside(self) -> IntervalSet:
-        """The used addresses that lie outside the allocatable set."""
-        return self.used_set().subtract(self._allocatable)
 
     def _run_index_at_or_before(self, address: int) -> int:
         """The index of the last run starting at or before `address`, or -1."""
@@ -295,9 +256,6 @@ class PoolAllocator:
             self._runs[before[0]] = new_end
         else:
             self._runs[address] = new_end
-        self._used_count += 1
-        if address in self._allocatable:
-            self._used_in_range_count += 1
         return True
 
     def mark_free(self, address: int) -> bool:
@@ -312,10 +270,8 @@ class PoolAllocator:
             self._runs[start] = address - 1
         if address < end:
             self._runs[address + 1] = end
-        self._used_count -= 1
         interval_index = self._allocatable.index_of(address)
         if interval_index is not None:
-            self._used_in_range_count -= 1
             self._first_unfilled_interval = min(self._first_unfilled_interval, interval_index)
         return True
 
@@ -330,9 +286,3 @@ class PoolAllocator:
         if address is not None:
             self.mark_used(address)
         return address
-
-    def __repr__(self) -> str:
-        return (
-            f"PoolAllocator(total={self.total}, used={self._used_count}, "
-            f"out_of_range={self.out_of_range_count}, runs={len(self._runs)})"
-        )

@@ -24,6 +24,7 @@ from backends.incluster.allocatable import (
     ADDRESS_BITS,
     AllocatableSet,
     parse_address_entry,
+    parse_entries,
     shown,
     without_field,
 )
@@ -77,12 +78,7 @@ def _parse_cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 
 def _parse_prefixes(prefixes: Sequence[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     errors: list[str] = []
-    networks = []
-    for position, text in enumerate(prefixes):
-        try:
-            networks.append(_parse_cidr(text))
-        except PoolSpecError as error:
-            errors.extend(f"{message} (spec.prefixes[{position}])" for message in error.messages)
+    networks = parse_entries(prefixes, _parse_cidr, errors, "spec.prefixes")
     if errors:
         raise PoolSpecError(*errors)
     if len({network.version for network in networks}) > 1:

@@ -20,7 +20,6 @@ from backends.incluster.allocatable import (
     MIXED_FAMILIES,
     build_allocatable_set,
     parse_address_entry,
-    validate_pool_spec,
 )
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
 from backends.validation import PoolSpecError
@@ -122,7 +121,7 @@ def test_validation_messages(
     addresses: list[str], prefix: int, gateway: str | None, excluded: list[str], message: str
 ) -> None:
     with pytest.raises(PoolSpecError) as caught:
-        validate_pool_spec(addresses, prefix, gateway, excluded)
+        build_allocatable_set(addresses, prefix, gateway, excluded)
     assert str(caught.value).startswith(message)
     assert all(line.startswith(message) for line in caught.value.messages)
     with pytest.raises(PoolSpecError):
@@ -141,7 +140,7 @@ def test_go_message_texts_are_exact() -> None:
 
 def test_validation_reports_every_bad_entry_and_is_a_value_error() -> None:
     with pytest.raises(ValueError) as caught:
-        validate_pool_spec(["x", "10.0.0.1", "y"], 24)
+        build_allocatable_set(["x", "10.0.0.1", "y"], 24)
     assert isinstance(caught.value, PoolSpecError)
     assert caught.value.messages == (
         f"{INVALID_ADDRESS}: x (spec.addresses[0])",
@@ -150,11 +149,11 @@ def test_validation_reports_every_bad_entry_and_is_a_value_error() -> None:
 
 
 def test_valid_specs_pass() -> None:
-    validate_pool_spec(["10.0.0.0/24"], 24, "10.0.0.1", ["10.0.0.5"])
-    validate_pool_spec(["10.0.0.0/24"], 24, "", [])  # a blank gateway means none
-    validate_pool_spec(["10.0.0.0/24"], 24, "192.168.0.1", ["172.16.0.0/12"])  # outside the subnet is fine
-    validate_pool_spec(["0.0.0.0/0"], 0)
-    validate_pool_spec(["fd00::1"], 128)
+    build_allocatable_set(["10.0.0.0/24"], 24, "10.0.0.1", ["10.0.0.5"])
+    build_allocatable_set(["10.0.0.0/24"], 24, "", [])  # a blank gateway means none
+    build_allocatable_set(["10.0.0.0/24"], 24, "192.168.0.1", ["172.16.0.0/12"])  # outside the subnet is fine
+    build_allocatable_set(["0.0.0.0/0"], 0)
+    build_allocatable_set(["fd00::1"], 128)
 
 
 # ------------------------------------------------------------------------------------------ allocatable set
@@ -219,7 +218,7 @@ def test_huge_pools_are_built_and_allocated_from_quickly() -> None:
     assert ipv4.addresses.size == 2**16 - 3
     assert ipv6.addresses.size == 2**80 - 2
     assert allocators[0].lowest_free() == ip4("10.1.3.234")  # .0.0 and .0.1 skipped, .0.2-.3.233 used
-    assert all(allocator.used_run_count == 1 for allocator in allocators)
+    assert all(allocator.used_set().interval_count == 1 for allocator in allocators)
     assert elapsed < 0.5
 
 

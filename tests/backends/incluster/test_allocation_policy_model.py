@@ -257,7 +257,9 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
     @invariant()
     def free_count_matches(self) -> None:
         used = (set(self.server) | set(self.pending)) & set(self.allocatable)
-        assert self.index.allocator.free_count == len(self.allocatable) - len(used)
+        allocator = self.index.allocator
+        in_use = allocator.used_set().intersection(allocator.allocatable).size
+        assert allocator.total - in_use == len(self.allocatable) - len(used)
 
 
 TestAllocationPolicyModel = AllocationPolicyMachine.TestCase

