@@ -228,8 +228,6 @@ class PoolExhaustedError(BackendError):
 class AllocationFailedError(BackendError):
     """Anything else that prevented allocation."""
 
-    reason = "AllocationFailed"
-
 
 class ReleaseImpossibleError(BackendError):
     """The address can never be released by this backend (for example its pool and credentials are gone): a

@@ -71,11 +71,8 @@ class BackendRegistry:
 def discover_factories(enabled: Iterable[str] | None = None) -> dict[str, BackendFactory]:
     """The backend factories installed in this environment, by entry-point name (optionally only `enabled`)."""
     wanted = set(enabled) if enabled is not None else None
-    factories: dict[str, BackendFactory] = {}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if wanted is not None and entry.name not in wanted:
-            continue
-        factories[entry.name] = entry.load()
+    entries = [entry for entry in entry_points(group=ENTRY_POINT_GROUP) if wanted is None or entry.name in wanted]
+    factories: dict[str, BackendFactory] = {entry.name: entry.load() for entry in entries}
     if wanted is not None and wanted - set(factories):
         raise RegistryError(f"unknown backends: {', '.join(sorted(wanted - set(factories)))}")
     return factories

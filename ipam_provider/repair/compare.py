@@ -55,16 +55,6 @@ class LiveState:
     addresses_by_pool: dict[PoolRef, list[Object]] = field(default_factory=lambda: defaultdict(list))
     addresses_by_claim: dict[ClaimName, list[Object]] = field(default_factory=lambda: defaultdict(list))
 
-    def add_claim(self, claim: Object) -> None:
-        meta = claim["metadata"]
-        self.claims[(meta["namespace"], meta["name"])] = claim
-
-    def add_address(self, address: Object, kind_of: KindLookup) -> None:
-        ref = referenced_pool(address, kind_of)
-        if ref is not None:
-            self.addresses_by_pool[ref].append(address)
-        self.addresses_by_claim[claim_of_address(address)].append(address)
-
     def addresses_of(self, pool: PoolRef) -> list[Object]:
         return self.addresses_by_pool.get(pool, [])
 
@@ -76,9 +66,12 @@ def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: 
     """The live state of `claims` and `addresses` (as the watch caches show them, or as `read_live` read them)."""
     live = LiveState()
     for address in addresses:
-        live.add_address(address, kind_of)
+        ref = referenced_pool(address, kind_of)
+        if ref is not None:
+            live.addresses_by_pool[ref].append(address)
+        live.addresses_by_claim[claim_of_address(address)].append(address)
     for claim in claims:
-        live.add_claim(claim)
+        live.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = claim
     return live
 
 

@@ -31,14 +31,6 @@ from ipam_provider.runtime.telemetry.clients import set_leader
 log = structlog.get_logger(__name__)
 
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _format(moment: datetime.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 # client-go's leader elector requires renew deadline > JITTER_FACTOR x retry period.
 JITTER_FACTOR = 1.2
 
@@ -74,16 +66,16 @@ class LeaderElector:
 
     async def _try(self) -> bool:
         lease = await self.kube.get(LEASES, self.name, self.namespace)
-        now = _now()
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # MicroTime
         spec = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": math.ceil(self.lease_seconds),  # an int32 of whole seconds
-            "renewTime": _format(now),
+            "renewTime": now,
         }
         if lease is None:
             body = {
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {**spec, "acquireTime": _format(now), "leaseTransitions": 0},
+                "spec": {**spec, "acquireTime": now, "leaseTransitions": 0},
             }
             try:
                 await self.kube.create(LEASES, body, self.namespace)
@@ -103,7 +95,7 @@ class LeaderElector:
         if holder not in (None, "", self.identity) and not expired:
             return False
         if holder != self.identity:
-            spec["acquireTime"] = _format(now)
+            spec["acquireTime"] = now
             spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
         patch = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
         try:

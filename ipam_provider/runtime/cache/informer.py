@@ -86,8 +86,6 @@ class Informer:
                 warned_not_served = False
                 while True:
                     version = await self._watch(namespace, version)
-            except asyncio.CancelledError:
-                raise
             except ApiError as error:
                 if error.gone:
                     bound.debug("watch expired; listing again")

@@ -68,22 +68,16 @@ def kept_metadata(meta: Object) -> Object:
     return {key: shared(value) for key, value in kept.items()}
 
 
-def _typed(obj: Object, metadata: Object) -> Object:
-    projected: Object = {}
-    for key in ("apiVersion", "kind"):
-        if key in obj:
-            projected[key] = shared(obj[key])
-    projected["metadata"] = metadata
-    return projected
+def _projected(obj: Object, *whole: str) -> Object:
+    """apiVersion, kind, the kept metadata and the fields `whole` (as they are) of `obj`, strings shared."""
+    projected: Object = {key: shared(obj[key]) for key in ("apiVersion", "kind") if key in obj}
+    projected["metadata"] = kept_metadata(obj.get("metadata") or {})
+    return projected | {key: shared(obj[key]) for key in whole if key in obj}
 
 
 def project_claim(obj: Object) -> Object:
     """An IPAddressClaim or IPAddress as the caches keep it: KEPT_METADATA, spec and status, strings shared."""
-    projected = _typed(obj, kept_metadata(obj.get("metadata") or {}))
-    for key in ("spec", "status"):
-        if key in obj:
-            projected[key] = shared(obj[key])
-    return projected
+    return _projected(obj, "spec", "status")
 
 
 project_address = project_claim
@@ -91,7 +85,7 @@ project_address = project_claim
 
 def project_cluster(obj: Object) -> Object:
     """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`."""
-    projected = _typed(obj, kept_metadata(obj.get("metadata") or {}))
+    projected = _projected(obj)
     spec = obj.get("spec") or {}
     projected["spec"] = {"paused": spec["paused"]} if "paused" in spec else {}  # a bool: nothing to share
     return projected

@@ -93,23 +93,17 @@ class ServingCertificate:
         """Load the files again if they changed (or appeared) since the last look; True if new ones were loaded.
         Files that cannot be used are logged once and the current certificate is kept; so is it when the files
         disappear. Other errors (OSError) propagate, and the same files are tried again at the next call."""
-        problem: CertificateError | None = None
+        fingerprint = _UNUSABLE  # when `_fingerprint` raises
         try:
             fingerprint = _fingerprint(self.files)
-        except CertificateError as error:
-            fingerprint, problem = _UNUSABLE, error
-        if fingerprint == self._fingerprint:
-            return False
-        if fingerprint is None:
-            self._fingerprint = fingerprint
-            return False
-        try:
-            if problem is not None:
-                raise problem
+            if fingerprint == self._fingerprint or fingerprint is None:
+                self._fingerprint = fingerprint
+                return False
             _load_pem(self.context, *_read_files(self.files))
         except CertificateError as error:
-            self._fingerprint = fingerprint  # these files are not tried again until they change
-            log.error("keeping the current serving certificate", error=str(error))
+            if fingerprint != self._fingerprint:  # these files are not tried again until they change
+                self._fingerprint = fingerprint
+                log.error("keeping the current serving certificate", error=str(error))
             return False
         self._fingerprint = fingerprint  # any other error (a full temporary directory) is retried at the next look
         self.source = str(self.files.cert)

@@ -203,9 +203,7 @@ class WebhookServer(Server):
 
 def _timeout(text: str | None) -> float:
     """The API server's `timeout` query parameter (Go's duration form) in seconds, else DEFAULT_TIMEOUT."""
-    if not text:
-        return DEFAULT_TIMEOUT
     try:
-        return go_duration(text)
+        return go_duration(text or "")  # "" is no duration either
     except (argparse.ArgumentTypeError, ValueError):
         return DEFAULT_TIMEOUT
