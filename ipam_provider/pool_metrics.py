@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -23,9 +23,8 @@ PASS_BACKEND_ERROR = "backend_error"  # the backend could not be used for one po
 PASS_ERROR = "error"  # the pass failed (the API server could not be read, or an unexpected error): logged
 
 
-@dataclass(frozen=True)
-class PoolLabels:
-    """The label values of one pool's series."""
+class PoolLabels(NamedTuple):
+    """The label values of one pool's series, in the order of POOL_LABELS."""
 
     backend: str
     kind: str
@@ -35,9 +34,6 @@ class PoolLabels:
     @classmethod
     def of(cls, backend: str, ref: PoolRef) -> PoolLabels:
         return cls(backend, ref.kind, ref.namespace or "", ref.name)
-
-    def values(self) -> tuple[str, str, str, str]:
-        return self.backend, self.kind, self.namespace, self.name
 
 
 ALLOCATED = Gauge("ipam_provider_allocated_ips", "Addresses in use in the pool (its status's used count).", POOL_LABELS)
@@ -115,7 +111,7 @@ def _with_reason(metric: Gauge | Counter, pool: PoolLabels, reason: str) -> None
 def _drop_reasons(metric: Gauge | Counter, pool: PoolLabels, keep: set[str]) -> None:
     known = _reasons.get((pool, metric), set())
     for reason in known - keep:
-        _remove(metric, *pool.values(), reason)
+        _remove(metric, *pool, reason)
     known &= keep
 
 
@@ -129,10 +125,10 @@ def record_ready(pool: PoolLabels, ready: bool, reason: str) -> None:
     """The pool's one `pool_ready` series, under its current reason. Its allocation and release counters and its
     kind's duration histogram start at 0 here, so that a rate over them is defined before the first allocation."""
     for plain in (ALLOCATIONS, RELEASES):
-        plain.labels(*pool.values())
+        plain.labels(*pool)
     ALLOCATION_SECONDS.labels(pool.backend, pool.kind)
     _drop_reasons(READY, pool, {reason})
-    READY.labels(*pool.values(), reason).set(1 if ready else 0)
+    READY.labels(*pool, reason).set(1 if ready else 0)
     _with_reason(READY, pool, reason)
 
 
@@ -141,19 +137,19 @@ def record_waiting(pool: PoolLabels, by_reason: Mapping[str, int]) -> None:
     counts = {PENDING: 0, **{reason: count for reason, count in by_reason.items() if count > 0}}
     _drop_reasons(WAITING, pool, set(counts))
     for reason, count in counts.items():
-        WAITING.labels(*pool.values(), reason).set(count)
+        WAITING.labels(*pool, reason).set(count)
         _with_reason(WAITING, pool, reason)
 
 
 def count_allocation(pool: PoolLabels, seconds: float | None) -> None:
     """An IPAddress was written; `seconds` since the claim was first seen unfulfilled, when known."""
-    ALLOCATIONS.labels(*pool.values()).inc()
+    ALLOCATIONS.labels(*pool).inc()
     if seconds is not None:
         ALLOCATION_SECONDS.labels(pool.backend, pool.kind).observe(seconds)
 
 
 def count_allocation_error(pool: PoolLabels, reason: str) -> None:
-    ALLOCATION_ERRORS.labels(*pool.values(), reason).inc()
+    ALLOCATION_ERRORS.labels(*pool, reason).inc()
     _with_reason(ALLOCATION_ERRORS, pool, reason)
 
 
@@ -162,25 +158,25 @@ def record_repair_findings(pool: PoolLabels, *, suspected: int, duplicates: int,
     if _findings.get(pool) == (suspected, duplicates, outside):
         return
     _findings[pool] = (suspected, duplicates, outside)
-    SUSPECTED_LEAKS.labels(*pool.values()).set(suspected)
-    DUPLICATES.labels(*pool.values()).set(duplicates)
-    OUTSIDE_POOL.labels(*pool.values()).set(outside)
-    LEAKS_RELEASED.labels(*pool.values())
-    RESTORED.labels(*pool.values())
+    SUSPECTED_LEAKS.labels(*pool).set(suspected)
+    DUPLICATES.labels(*pool).set(duplicates)
+    OUTSIDE_POOL.labels(*pool).set(outside)
+    LEAKS_RELEASED.labels(*pool)
+    RESTORED.labels(*pool)
 
 
 def forget_repair_series(pool: PoolLabels) -> None:
     """Remove the pool's repair series (it is no longer repaired)."""
     _findings.pop(pool, None)
     for metric in _REPAIR:
-        _remove(metric, *pool.values())
+        _remove(metric, *pool)
 
 
 def forget_pool(pool: PoolLabels) -> None:
     """Remove every series of the pool (it is gone); its kind's duration histogram stays."""
     forget_repair_series(pool)
     for plain in _PLAIN:
-        _remove(plain, *pool.values())
+        _remove(plain, *pool)
     for reasoned in _REASONED:
         _drop_reasons(reasoned, pool, set())
         _reasons.pop((pool, reasoned), None)

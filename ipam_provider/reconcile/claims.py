@@ -157,7 +157,7 @@ class ClaimReconciler:
         await self._drop_finalizer(work)
         self.ctx.pool_changed(work.pool_ref)
         work.log.info("claim released")
-        pool_metrics.RELEASES.labels(*self.ctx.pool_labels(work.pool_ref).values()).inc()
+        pool_metrics.RELEASES.labels(*self.ctx.pool_labels(work.pool_ref)).inc()
         return None
 
     async def _delete_address(self, address_raw: Object) -> list[str]:

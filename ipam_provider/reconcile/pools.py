@@ -97,8 +97,8 @@ class PoolReconciler:
         """Set the pool's gauges from the report its status was written from, and count its waiting claims."""
         labels = self.ctx.pool_labels(ref)
         if report.counts is not None:
-            pool_metrics.ALLOCATED.labels(*labels.values()).set(report.counts.used)
-            pool_metrics.AVAILABLE.labels(*labels.values()).set(report.counts.free)
+            pool_metrics.ALLOCATED.labels(*labels).set(report.counts.used)
+            pool_metrics.AVAILABLE.labels(*labels).set(report.counts.free)
         pool_metrics.record_ready(labels, report.ready, report.reason)
         pool_metrics.record_waiting(labels, self.ctx.waiting_claims(ref))
 

@@ -258,7 +258,7 @@ class PoolRepairs:
         if not released:
             log.info("suspected leak had changed; not released", pool=str(target.ref), handle=holding.handle)
             return
-        pool_metrics.LEAKS_RELEASED.labels(*target.labels.values()).inc()
+        pool_metrics.LEAKS_RELEASED.labels(*target.labels).inc()
         log.info("leak released", pool=str(target.ref), address=holding.address, handle=holding.handle)
         message = (
             f"{holding.address} released from the backend ({holding.handle}): it was held for claim "
@@ -327,7 +327,7 @@ class PoolRepairs:
             return
         text = f"{allocation.address} of IPAddress {item.name} (claim {claim_meta['namespace']}/{claim_meta['name']})"
         if answer.outcome == RestoreOutcome.RECORDED:
-            pool_metrics.RESTORED.labels(*target.labels.values()).inc()
+            pool_metrics.RESTORED.labels(*target.labels).inc()
             log.info("allocation restored", pool=str(target.ref), address=item.name, ip=allocation.address)
             message = f"{text} recorded again in {target.ref}: the backend no longer held it"
             self.ctx.recorder.record(item.claim, NORMAL, REASON_RESTORED, message, related=target.raw)

@@ -125,21 +125,18 @@ def take_kind_concurrency(argv: Sequence[str]) -> tuple[list[str], dict[str, int
     rest: list[str] = []
     others: dict[str, int] = {}
     in_run = False
-    index = 0
-    while index < len(argv):
-        arg = argv[index]
-        index += 1
+    args = iter(argv)
+    for arg in args:
         match = _KIND_CONCURRENCY.fullmatch(arg) if in_run else None
         if match is None:
             rest.append(arg)
             in_run = in_run or arg == "run"
             if arg == "--":
-                rest.extend(argv[index:])
-                break
+                rest.extend(args)  # the arguments after it, as they are
             continue
         kind, value = match.group(1).lower().split(".")[0], match.group(2)
-        if value is None and index < len(argv):
-            value, index = argv[index], index + 1
+        if value is None:
+            value = next(args, None)
         if kind == CLAIM_KIND:
             rest.append(f"--{CLAIM_KIND}-concurrency" if value is None else f"--{CLAIM_KIND}-concurrency={value}")
             continue
