@@ -312,12 +312,11 @@ class Allocator:
         """Keep `kept` only if nothing else holds the address at the last search; else delete it and fail (held,
         retried soon when only other claims' objects shared it). The racer whose reference sorts first searches
         again every CONTENDED_WAIT_SECONDS, up to the instance's request timeout."""
-        claim = job.claim
         deadline = asyncio.get_running_loop().time() + float(job.connection.spec.request_timeout_seconds)
         while True:
             found = await self.ledger.holders(job.connection, job.pool, address)
             await self._drop_duplicates(job, kept, found)
-            others = [o for o in found if o.ref != kept.ref and o.claim_uid != claim.uid]
+            others = [o for o in found if o.ref != kept.ref and o.claim_uid != job.claim.uid]
             if not others:
                 return
             race = all(o.claim_uid for o in others)

@@ -36,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 
 class InfobloxBackend:
+    kinds: Sequence[PoolKind] = (INFOBLOX_POOL,)
     report_interval = 60.0  # a pool's report reads the grid, whose changes no watch shows
 
     def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
@@ -51,10 +52,6 @@ class InfobloxBackend:
         self.list_holdings = self.repair.list_holdings
         self.release_holding = self.repair.release_holding
         self.restore = self.repair.restore
-
-    @property
-    def kinds(self) -> Sequence[PoolKind]:
-        return (INFOBLOX_POOL,)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
@@ -145,8 +142,7 @@ class InfobloxBackend:
             parsed = parse_pool(pool_ref, pool)
         except PoolSpecError:
             return {}  # the pool's status says what is wrong; nothing can be told now
-        answer = {address: parsed.why_outside(address) for address in addresses}
-        return {address: why for address, why in answer.items() if why is not None}
+        return {address: why for address in addresses if (why := parsed.why_outside(address)) is not None}
 
     async def close(self) -> None:
         await self.allocator.close()

@@ -124,10 +124,9 @@ def usage(pool: Pool | None, addresses: Sequence[Allocation]) -> AddressCounts:
     """A range inside one of the pool's subnets is counted once (nextavailableip on a network skips DHCP ranges)."""
     targets = pool.targets if pool is not None else ()
     total = sum(t.usable for t in targets)
-    networks = [ipaddress.ip_network(t.argument) for t in targets if t.kind == "network"]
     for target in (t for t in targets if t.kind == "range"):
         first, last = (ipaddress.ip_address(part) for part in target.argument.split("-"))
-        if any(first in network and last in network for network in networks):
+        if any(n.kind == "network" and n.contains(first) and n.contains(last) for n in targets):
             total -= target.usable
     return AddressCounts(total=total, used=len(addresses), free=max(total - len(addresses), 0))
 

@@ -276,12 +276,10 @@ def classify(error: BaseException) -> WapiError:
     """Map an infoblox-client / requests failure to a WapiError without leaking its text."""
     if isinstance(error, WapiError):
         return error
-    if isinstance(error, ib_ex.InfobloxBadWAPICredential):
-        return WapiError(Failure.AUTH, "the grid refused the credentials (HTTP 401)", 401)
+    if isinstance(error, ib_ex.InfobloxBadWAPICredential | ib_ex.InfobloxGridTemporaryUnavailable):
+        return _answer(401 if isinstance(error, ib_ex.InfobloxBadWAPICredential) else 503, None)
     if isinstance(error, ib_ex.InfobloxTimeoutError):
         return WapiError(Failure.UNKNOWN_OUTCOME, "the request timed out; the grid may still have carried it out")
-    if isinstance(error, ib_ex.InfobloxGridTemporaryUnavailable):
-        return WapiError(Failure.UNAVAILABLE, "the grid is temporarily unavailable (HTTP 503)", 503)
     if isinstance(error, ib_ex.InfobloxConnectionError):
         return _connection_error(error.kwargs.get("reason"))
     if isinstance(error, ib_ex.InfobloxException):

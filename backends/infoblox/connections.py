@@ -115,11 +115,10 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
         raise InstanceProblem("InvalidConfiguration", spec_error(error)) from error
     ref = spec.credentials_secret_ref
     secret_label = f"{ref.namespace}/{ref.name}"
+    where = f"Secret {secret_label} (spec.credentialsSecretRef)"
     secret = await kube.get(SECRETS, ref.name, ref.namespace)
     if secret is None:
-        raise InstanceProblem(
-            "CredentialsNotFound", f"Secret {secret_label} (spec.credentialsSecretRef) was not found; create it"
-        )
+        raise InstanceProblem("CredentialsNotFound", f"{where} was not found; create it")
     data = _decode(secret)
     pem, ca_version = (None, "") if spec.insecure_skip_verify else await _ca_bundle(kube, spec)
     if pem is not None:
@@ -133,9 +132,7 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
     use_password = bool(data.get("username") and data.get("password"))
     if not use_password and not (cert and key):
         raise InstanceProblem(
-            "InvalidCredentials",
-            f"Secret {secret_label} (spec.credentialsSecretRef) holds neither username and password nor clientCert "
-            "and clientKey",
+            "InvalidCredentials", f"{where} holds neither username and password nor clientCert and clientKey"
         )
     files = tempfile.TemporaryDirectory(prefix="ipam-infoblox-") if pem is not None or not use_password else None
     if use_password:
@@ -374,9 +371,8 @@ class GridHealth:
                 "extensible attribute definitions"
             )
             return Health(False, "ExtensibleAttributesMissing", message, now)
-        views = f"network view {spec.default_network_view!r}" + (
-            f" and DNS view {spec.default_dns_view!r} exist" if custom_view else " exists"
-        )
+        views = f"network view {spec.default_network_view!r}"
+        views += f" and DNS view {spec.default_dns_view!r} exist" if custom_view else " exists"
         message = f"WAPI {spec.wapi_version} at {spec.netloc} answers; {views}"
         return Health(True, "Connected", message, now, frozenset(names), bound if isinstance(bound, str) else None)
 
@@ -384,9 +380,8 @@ class GridHealth:
         """The grid's extensible-attribute definition names, after creating those this backend writes when missing
         (if the instance allows it), and the ownership ones still missing."""
         client = connection.client
-        names = {
-            str(d.get("name")) for d in await client.search("extensibleattributedef", ["name"], page_size=PAGE_SIZE)
-        }
+        definitions = await client.search("extensibleattributedef", ["name"], page_size=PAGE_SIZE)
+        names = {str(d.get("name")) for d in definitions}
         absent = [name for name in (*OWNERSHIP_EAS, *OPTIONAL_EAS) if name not in names]
         for name in absent if connection.spec.manage_ea_definitions else ():
             with contextlib.suppress(WapiError):

@@ -58,7 +58,14 @@ async def machine_name(kube: KubeClient, claim: ClaimContext, depth: int) -> str
             if (api_version, kind, name) in seen:
                 continue
             seen.add((api_version, kind, name))
-            owner = await _read_owner(kube, api_version, kind, name, claim.namespace)
+            owner_group, _, version = api_version.rpartition("/")
+            resource = Resource(owner_group, version, plural(kind), kind, namespaced=True)
+            try:
+                owner = await kube.get(resource, name, claim.namespace)
+            except ApiError as error:
+                where = f"{kind}/{claim.namespace}/{name}"
+                log.info("owner of a claim cannot be read", owner=where, status=error.status)
+                continue
             if owner is not None:
                 following.extend(_ordered(owner.get("metadata", {}).get("ownerReferences") or []))
         level = following
@@ -70,18 +77,6 @@ async def machine_name(kube: KubeClient, claim: ClaimContext, depth: int) -> str
 
 def _ordered(refs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(refs, key=lambda ref: not ref.get("controller"))
-
-
-async def _read_owner(
-    kube: KubeClient, api_version: str, kind: str, name: str, namespace: str
-) -> Mapping[str, Any] | None:
-    group, _, version = api_version.rpartition("/")
-    resource = Resource(group, version, plural(kind), kind, namespaced=True)
-    try:
-        return await kube.get(resource, name, namespace)
-    except ApiError as error:
-        log.info("owner of a claim cannot be read", owner=f"{kind}/{namespace}/{name}", status=error.status)
-        return None
 
 
 def plural(kind: str) -> str:

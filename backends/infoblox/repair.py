@@ -65,7 +65,9 @@ class GridRepair:
                 if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
                 raise await self._ledger.grid.translate(connection, error, f"listing {pool_ref}") from error
-            for obj in ours(obj_type, answer, parsed.label):
+            for obj in (parse_object(obj_type, raw) for raw in answer):
+                if obj is None or not obj.claim_uid or obj.extattrs.get(EA_POOL) != parsed.label:
+                    continue
                 made = self._ledger.stamp.judge(obj)
                 if made is Made.OTHER:
                     others += 1
@@ -109,8 +111,7 @@ class GridRepair:
             job = Allocating(parsed, connection, await self._ledger.index(parsed, connection), claim)
             return await self._record(job, address, found, allocation.annotations.get(ANNOTATION_HOSTNAME))
         except WapiError as error:
-            what = f"address {address} in {pool_ref}"
-            raise await self._ledger.grid.translate(connection, error, what) from error
+            raise await self._ledger.grid.translate(connection, error, f"address {address} in {pool_ref}") from error
 
     async def _record(self, job: Allocating, address: str, found: list[GridObject], hostname: str | None) -> Restore:
         """The claim's object at `address`: ours under an earlier uid among `found` re-keyed, else (nothing held it at
@@ -151,11 +152,6 @@ def held_by(found: Sequence[GridObject], claim: ClaimContext) -> Restore | None:
 def taken(holder: GridObject) -> Restore:
     detail = holder.describe()
     return Restore(RestoreOutcome.TAKEN, f"{detail} ({holder.obj_type} {holder.ref})" if holder.claim_uid else detail)
-
-
-def ours(obj_type: str, answer: Sequence[Object], label: str) -> list[GridObject]:
-    parsed = (parse_object(obj_type, raw) for raw in answer)
-    return [o for o in parsed if o is not None and o.claim_uid and o.extattrs.get(EA_POOL) == label]
 
 
 def holding_of(obj: GridObject, *, releasable: bool = True) -> Holding:
