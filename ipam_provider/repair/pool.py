@@ -366,17 +366,15 @@ class PoolRepairs:
         self, target: PoolTarget, text: str, sharers: list[Sharer], previous: PoolFindings, found: PoolFindings
     ) -> None:
         """An address named by two live claims or more: a duplicate of each, Warnings when new."""
-        subjects = []
+        subjects: list[str] = []
+        changed: list[Sharer] = []
         for sharer in sharers:
             subject = f"IPAddress {object_name(sharer.address)}" if sharer.address else f"claim {sharer.claim_name}"
             others = ", ".join(f"claim {other.claim_name}" for other in sharers if other is not sharer)
             found.duplicates[subject] = f"{text} also named by {others}"
             subjects.append(subject)
-        changed = [
-            sharer
-            for sharer, subject in zip(sharers, subjects, strict=True)
-            if previous.duplicates.get(subject) != found.duplicates[subject]
-        ]
+            if previous.duplicates.get(subject) != found.duplicates[subject]:
+                changed.append(sharer)
         if not changed:
             return
         named = ", ".join(subjects)

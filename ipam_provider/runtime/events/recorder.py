@@ -18,7 +18,7 @@ from ipam_provider.runtime.events.correlator import DROPPED, EventCorrelator, Se
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import EVENTS, Object
-from ipam_provider.runtime.telemetry.events import count_event
+from ipam_provider.runtime.telemetry.clients import count_event
 
 log = structlog.get_logger(__name__)
 NORMAL = "Normal"

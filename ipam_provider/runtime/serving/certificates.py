@@ -123,12 +123,11 @@ def _fingerprint(files: CertificateFiles) -> Fingerprint:
     for path in (files.cert, files.key):
         try:
             stat = path.stat()
+            stats.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
         except FileNotFoundError:
             stats.append(None)
-            continue
         except OSError as error:
             raise CertificateError(f"cannot read {path}: {error.strerror}") from None
-        stats.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
     cert, key = stats
     if cert is None and key is None:
         return None

@@ -1,5 +1,6 @@
 """The API client's series, under client-go's names (`rest_client_*`), and leader election's
-`leader_election_master_status`, so that dashboards made for controller-runtime managers show them."""
+`leader_election_master_status`, so that dashboards made for controller-runtime managers show them; and
+`ipam_provider_events_total`, the Kubernetes Events recorded and what became of them (runtime/events/)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ REST_REQUEST_SECONDS = Histogram(
     "Time from sending a request to the API server until its answer's headers (or failure), by verb and host.",
     ["host", "verb"],
     buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+)
+EVENTS = Counter(
+    "ipam_provider_events_total",
+    "Kubernetes Events recorded, by type (Normal, Warning) and outcome: created (an Event of its own), patched "
+    "(a repeat counted on its Event), combined (counted into the combined Event of its object), dropped (the "
+    "buffer was full).",
+    ["type", "outcome"],
 )
 LEADER = Gauge(
     "leader_election_master_status",
@@ -57,3 +65,7 @@ def observe_rest_request(host: str, method: str, status: int | None, seconds: fl
 
 def set_leader(name: str, held: bool) -> None:
     LEADER.labels(name).set(1 if held else 0)
+
+
+def count_event(type: str, outcome: str) -> None:
+    EVENTS.labels(type, outcome).inc()
