@@ -129,7 +129,7 @@ class Allocator:
             if held is not None and held.claim_uid != claim.uid:
                 log.info("requested address already reserved", pool=str(pool.ref), address=address, holder=held.claim)
             return held
-        if not index.allocator.is_allocatable(value):  # the pool's spec changed meanwhile
+        if value not in index.allocatable.addresses:  # the pool's spec changed meanwhile
             raise AllocationFailedError(requested_address_outside(address, pool.ref))
         if value not in index.pending:
             return await self.ledger.read(pool.ref, index, address)

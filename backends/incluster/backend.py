@@ -13,7 +13,6 @@ from collections.abc import Collection, Sequence
 from backends.incluster.allocator import Allocator, collisions
 from backends.incluster.domains import (
     INVALID_POOL_OVERLAP,
-    CrossPool,
     PoolSurvey,
     assess,
     domain_pools,
@@ -119,9 +118,11 @@ class InClusterBackend:
             parsed.pre, addresses, self.cached_addresses(pool_ref), self.ledger.reservations
         )
         own = [allocation.address for allocation in addresses]
-        cross = assess(self.survey, self.cached_addresses, pool_ref, allocatable, parsed.domain, own)
+        cross_conditions, related, held_elsewhere = assess(
+            self.survey, self.cached_addresses, pool_ref, allocatable, parsed.domain, own
+        )
         # a pinned address is free for its claim only; an address held by another pool of the domain for none
-        unavailable = unheld_pinned(parsed.pre.pinned, family, own) | cross.held_elsewhere
+        unavailable = unheld_pinned(parsed.pre.pinned, family, own) | held_elsewhere
         total = allocatable.addresses.size
         free = max(total - (len(addresses) - out_of_range) - len(unavailable), 0)
         counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
@@ -129,23 +130,23 @@ class InClusterBackend:
         advisories = address_pool_advisories(
             spec.addresses, spec.prefix, spec.gateway, spec.excluded_addresses, spec.allocate_reserved, allocatable
         )
-        conditions = [*cross.conditions, consistency_condition(advisories)]
+        conditions = [*cross_conditions, consistency_condition(advisories)]
         if problems:
             message = f"{pool_ref} has invalid preAllocations: {'; '.join(problems)}; fix spec.preAllocations"
             ready, reason = False, "InvalidConfiguration"
         else:
-            ready, reason, message = True, "PoolReady", _counts_message(counts, cross, parsed.domain, waiting)
-        return PoolReport(ready, reason, message, counts=counts, conditions=conditions, related=cross.related)
+            ready, reason, message = True, "PoolReady", _counts_message(counts, held_elsewhere, parsed.domain, waiting)
+        return PoolReport(ready, reason, message, counts=counts, conditions=conditions, related=related)
 
     async def close(self) -> None:
         self.ledger.clear()
 
 
-def _counts_message(counts: AddressCounts, cross: CrossPool, domain: str | None, waiting: int) -> str:
+def _counts_message(counts: AddressCounts, held_elsewhere: frozenset[int], domain: str | None, waiting: int) -> str:
     """The Ready message of an address pool: its free count and what it leaves out."""
     message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
-    if cross.held_elsewhere:
-        message += f" ({len(cross.held_elsewhere)} held by other pools of uniqueness domain {domain})"
+    if held_elsewhere:
+        message += f" ({len(held_elsewhere)} held by other pools of uniqueness domain {domain})"
     if waiting:
         message += f"; {waiting} more pre-allocated to claims that do not hold them yet"
     if counts.out_of_range:

@@ -245,16 +245,6 @@ INVALID_POOL_OVERLAP = ReportCondition(
 )
 
 
-@dataclass(frozen=True)
-class CrossPool:
-    """What a pool's report takes from the other pools: its extra conditions, the pools of its domain it overlaps
-    (their free counts follow its addresses), and which of its addresses those hold."""
-
-    conditions: Sequence[ReportCondition] = ()
-    related: Sequence[PoolRef] = ()
-    held_elsewhere: frozenset[int] = frozenset()
-
-
 def assess(
     survey: PoolSurvey,
     cached_addresses: Callable[[PoolRef], Sequence[Object] | None],
@@ -262,15 +252,17 @@ def assess(
     allocatable: AllocatableSet,
     domain: str | None,
     own_addresses: Sequence[str],
-) -> CrossPool:
-    """The pool's CrossPool (nothing while the caches cannot tell), from the domain's cached IPAddresses."""
+) -> tuple[list[ReportCondition], list[PoolRef], frozenset[int]]:
+    """What a pool's report takes from the other pools (nothing while the caches cannot tell): its extra
+    conditions, the pools of its domain it overlaps (their free counts follow its addresses), and which of its
+    addresses those hold (from the domain's cached IPAddresses)."""
     overlaps = survey.overlaps(ref, allocatable, domain)
     if overlaps is None:
-        return CrossPool()
+        return [], [], frozenset()
     related = [overlap.pool for overlap in overlaps if overlap.same_domain]
     others = (cached_addresses(other) for other in related)
     held = held_elsewhere(allocatable.addresses, allocatable.family, own_addresses, others) if related else frozenset()
-    return CrossPool([overlap_condition(overlaps, domain)], related, held)
+    return [overlap_condition(overlaps, domain)], related, held
 
 
 def _describe(overlaps: Sequence[Overlap]) -> str:

@@ -235,10 +235,6 @@ class PoolAllocator:
                 return index, candidate
         return addresses.interval_count, None
 
-    def is_allocatable(self, address: int) -> bool:
-        """Whether `address` belongs to the allocatable set (used or not)."""
-        return address in self._allocatable
-
     def mark_used(self, address: int) -> bool:
         """Mark `address` used. Returns False (and changes nothing) when it already was."""
         index = self._run_index_at_or_before(address)

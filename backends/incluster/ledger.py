@@ -362,7 +362,7 @@ class PoolIndex:
         """Mark `value` pending for `claim_uid` and return True if it is allocatable, not pending, and held by no
         reservation but an own release record whose grace period is over (then in `released`: take it over); else
         False. The policy does not apply: pinned and band addresses may be taken this way."""
-        if not self.allocator.is_allocatable(value) or value in self.pending:
+        if value not in self.allocatable.addresses or value in self.pending:
             return False
         if value in self.by_address:
             released_at = self._released_at.get(value)

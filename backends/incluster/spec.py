@@ -409,13 +409,11 @@ def _stranded(
         holders.append(address)
     if not values:
         return []
-    runs: list[tuple[int, int, int]] = []  # consecutive (family, value) pairs as (family, first, last)
-    for family, value in sorted(values):
-        if runs and runs[-1][0] == family and runs[-1][2] + 1 == value:
-            runs[-1] = (family, runs[-1][1], value)
-        else:
-            runs.append((family, value, value))
-    ranges = " ".join(f"{int_to_address(first, family)}-{int_to_address(last, family)}" for family, first, last in runs)
+    ranges = " ".join(
+        f"{int_to_address(first, family)}-{int_to_address(last, family)}"
+        for family in (4, 6)
+        for first, last in IntervalSet.from_points(value for of_family, value in values if of_family == family)
+    )
     names = sorted(str(holder) for holder in holders)
     holding = listed(names, LISTED_HOLDERS)
     return [f"{STRANDED}: [{ranges}] (held by IPAddresses {holding}); keep them in the pool or release them first"]
