@@ -15,6 +15,7 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -60,15 +61,11 @@ class Region:
     """An immutable set of integers (an IntervalSet) with rank and select in O(log I) for I intervals."""
 
     def __init__(self, addresses: IntervalSet) -> None:
-        self.addresses = addresses
+        self.addresses, self.size = addresses, addresses.size
         self._starts = [start for start, _ in addresses]
         self._ends = [end for _, end in addresses]
-        self._before: list[int] = []  # how many elements lie in the intervals before each interval
-        total = 0
-        for start, end in addresses:
-            self._before.append(total)
-            total += end - start + 1
-        self.size = total
+        # how many elements lie in the intervals before each interval
+        self._before = list(accumulate((end - start + 1 for start, end in addresses), initial=0))[:-1]
 
     def rank(self, value: int) -> int:
         """How many elements are smaller than `value`."""

@@ -120,7 +120,7 @@ def allocation_policy(
     spec: InClusterPoolSpec, allocatable: AllocatableSet, pre: PreAllocations | None = None
 ) -> AllocationPolicy:
     """The pool's allocation policy: its strategy, its static band, and the addresses its preAllocations pin."""
-    pinned = frozenset(pre.pinned) if pre is not None else pinned_values(spec.pre_allocations, allocatable)
+    pinned = frozenset(pre.pinned if pre is not None else _pinned(spec.pre_allocations, allocatable))
     return AllocationPolicy(spec.allocation_strategy, spec.reserve_static_band, pinned)
 
 
@@ -150,10 +150,14 @@ def claim_key(ref: PoolRef, namespace: str, name: str) -> str:
     return name if ref.namespace is not None else f"{namespace}/{name}"
 
 
-def pinned_values(entries: Mapping[str, Any], allocatable: AllocatableSet) -> frozenset[int]:
-    """The allocatable addresses that string entries of `preAllocations` name: the keys of `PreAllocations.pinned`."""
-    values = (address_value(text, allocatable.family) for text in entries.values() if isinstance(text, str))
-    return frozenset(value for value in values if value is not None and value in allocatable.addresses)
+def _pinned(entries: Mapping[str, Any], allocatable: AllocatableSet) -> dict[int, tuple[str, ...]]:
+    """Each allocatable address that string entries of `preAllocations` name → the keys naming it (sorted)."""
+    pinned: dict[int, tuple[str, ...]] = {}
+    for key, text in sorted(entries.items()):
+        value = address_value(text, allocatable.family) if isinstance(text, str) else None
+        if value is not None and value in allocatable.addresses:
+            pinned[value] = (*pinned.get(value, ()), key)
+    return pinned
 
 
 def _key_problem(ref: PoolRef, key: str) -> str | None:
@@ -177,11 +181,6 @@ class PreAllocations:
     @classmethod
     def of(cls, ref: PoolRef, entries: Mapping[str, Any], allocatable: AllocatableSet) -> PreAllocations:
         texts = {key: text for key, text in entries.items() if isinstance(text, str)}
-        pinned: dict[int, tuple[str, ...]] = {}
-        for key, text in sorted(texts.items()):
-            value = address_value(text, allocatable.family)
-            if value is not None and value in allocatable.addresses:
-                pinned[value] = (*pinned.get(value, ()), key)
         problems = [
             f"spec.preAllocations[{key}]: {entries[key]!r} is not a string"
             for key in sorted(entries)
@@ -189,7 +188,7 @@ class PreAllocations:
         ]
         problems += pre_allocation_problems(texts, allocatable)
         problems += [problem for key in sorted(entries) if (problem := _key_problem(ref, key)) is not None]
-        return cls(ref, allocatable.family, dict(entries), pinned, tuple(problems))
+        return cls(ref, allocatable.family, dict(entries), _pinned(entries, allocatable), tuple(problems))
 
     def wanted(self, claim: ClaimContext) -> str | None:
         """The address the claim must get: its pre-allocated one, else the one it requests, else None (any).
