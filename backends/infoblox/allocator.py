@@ -100,9 +100,8 @@ class Allocator:
         hostname = await self.hostname_for(job)
         tried_gateway: set[str] = set()
         now = time.monotonic()  # the pool's targets in order, those found full a moment ago last
-        fresh = [t for t in pool.targets if index.exhausted.get(t.argument, 0.0) <= now]
-        for target in fresh + [t for t in pool.targets if t not in fresh]:
-            next_ip = f"func:nextavailableip:{target.argument},{job.network_view}"
+        for target in sorted(pool.targets, key=lambda t: index.exhausted.get(t.argument, 0.0) > now):
+            next_ip = f"func:nextavailableip:{target.argument},{job.connection.network_view(pool)}"
             while True:
                 try:
                     obj = await self.create_object(job, next_ip, hostname)
@@ -208,9 +207,8 @@ class Allocator:
                 await task
 
     async def _hold_existing(self, job: Allocating, existing: Allocation) -> Allocation:
-        """Make the claim own exactly the address its IPAddress names, and nothing else: its object there; else the
-        object of ours there that this claim held under an earlier uid, re-keyed to the claim; else the address
-        reserved literally for the claim, unless another object holds it."""
+        """Make the claim own exactly the address its IPAddress names, and nothing else: its object there, else one it
+        held under an earlier uid or a literal reservation (`take_over_or_post`), unless another object holds it."""
         address = existing.address
         mine = job.index.by_claim.get(job.claim.uid) or []
         if not any(same(o.address, address) for o in mine):
@@ -239,10 +237,9 @@ class Allocator:
     async def take_over_or_post(
         self, job: Allocating, address: str, found: list[GridObject], hostname: str | None, *, requested: bool = True
     ) -> GridObject | None:
-        """The claim's object at `address`, given what a search `found` there: the first that is the claim's object
-        under an earlier uid (`clusterctl move`, a restore), re-keyed to the claim; else, when nothing holds the
-        address, one posted there (`create_object`, named `hostname` or as `hostname_for` says, `requested` saying
-        so in its comment); None when only others hold it: another claim's object is never taken."""
+        """The claim's object at `address`, given what a search `found` there: the claim's object under an earlier uid
+        (`clusterctl move`, a restore) re-keyed; else, when nothing holds it, one posted (`create_object`, named
+        `hostname` or by `hostname_for`); None when only others hold it: another claim's object is never taken."""
         earlier = next((o for o in found if o.earlier_self(job.pool, job.claim) and same(o.address, address)), None)
         if earlier is not None:
             return await self.ledger.rekey(job, earlier)

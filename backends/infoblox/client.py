@@ -274,8 +274,6 @@ _VIEW_NOT_FOUND = re.compile(r"^(Network )?[Vv]iew .* not found")  # "View  not 
 
 def classify(error: BaseException) -> WapiError:
     """Map an infoblox-client / requests failure to a WapiError without leaking its text."""
-    if isinstance(error, WapiError):
-        return error
     if isinstance(error, ib_ex.InfobloxBadWAPICredential | ib_ex.InfobloxGridTemporaryUnavailable):
         return _answer(401 if isinstance(error, ib_ex.InfobloxBadWAPICredential) else 503, None)
     if isinstance(error, ib_ex.InfobloxTimeoutError):

@@ -311,8 +311,7 @@ class GridHealth:
         reason, message = failure_condition(connection, error)
         if error.failure is Failure.AUTH:
             connection.read_at = 0.0  # read the Secret again on the next call: it may have been fixed
-            previous = connection.health
-            if previous is None or previous.reason != AUTH_FAILED:
+            if connection.health is None or connection.health.reason != AUTH_FAILED:
                 connection.auth_failures = max(connection.auth_failures, 1)
             elif self.refused(connection) is None:
                 # The wait was over and this call asked again: it doubles (calls already under way do not count).

@@ -245,10 +245,6 @@ class Allocating:
     claim: ClaimContext
 
     @property
-    def network_view(self) -> str:
-        return self.connection.network_view(self.pool)
-
-    @property
     def log(self) -> Any:
         return log.bind(claim=str(self.claim), pool=str(self.pool.ref))
 
@@ -336,7 +332,8 @@ class Ledger:
         for obj_type in (fixed_type(pool.version), HOST):
             for raw in await connection.client.search(obj_type, RETURN_FIELDS[obj_type], query):
                 obj = parse_object(obj_type, raw)
-                if obj is not None and (obj_type != HOST or any(_holds(e, address) for e in host_entries(raw))):
+                held = [str(e.get("ipv4addr") or e.get("ipv6addr") or "") for e in host_entries(raw)]
+                if obj is not None and (obj_type != HOST or any(same(at, address) for at in held)):
                     found.append(obj)
         return found
 
@@ -344,6 +341,7 @@ class Ledger:
         """One POST of the claim's object at `address` (literal or func:), recorded as the claim's only one; a host
         record is named `hostname`; `requested` goes into the comment (`GridObject.requested`). WapiError if refused."""
         pool, claim, connection = job.pool, job.claim, job.connection
+        view = connection.network_view(pool)
         eas = {**pool.spec.extensible_attributes, **self.stamp.marks(connection), EA_CLAIM_UID: claim.uid}
         eas.update({EA_CLAIM_NAMESPACE: claim.namespace, EA_CLAIM_NAME: claim.name, EA_POOL: pool.label})
         if claim.cluster_name:
@@ -351,13 +349,13 @@ class Ledger:
         comment = f"{REQUESTED_COMMENT if requested else 'Cluster API IPAddressClaim '}{claim}"[:256]
         obj_type = object_type(pool)
         if obj_type != HOST:
-            payload = fixed_payload(pool.version, address, job.network_view, eas, comment, claim.uid)
+            payload = fixed_payload(pool.version, address, view, eas, comment, claim.uid)
         else:
             settings, field = pool.spec.host_record, address_field(pool.version)
             assert settings is not None and hostname is not None
             dns = {"name": hostname, "view": connection.dns_view(pool), "configure_for_dns": settings.configure_for_dns}
             payload = {**dns, f"{field}s": [{field: address}], "comment": comment, "extattrs": wapi_extattrs(eas)}
-            payload["network_view"] = job.network_view  # as real clients do; refused unless the DNS view is in it
+            payload["network_view"] = view  # as real clients do; refused unless the DNS view is in it
         raw = await connection.client.create(obj_type, payload, RETURN_FIELDS[obj_type])
         obj = parse_object(obj_type, raw)
         if obj is None:
@@ -367,9 +365,9 @@ class Ledger:
 
     async def post_gateway(self, job: Allocating, gateway: str) -> None:
         """One POST of the fixed address that keeps the pool's gateway from being handed out (CAPI-Pool only)."""
-        pool = job.pool
+        pool, view = job.pool, job.connection.network_view(job.pool)
         comment = f"Gateway of InfobloxIPPool {pool.label}, reserved so the Cluster API IPAM provider skips it"
-        payload = fixed_payload(pool.version, gateway, job.network_view, {EA_POOL: pool.label}, comment, pool.uid)
+        payload = fixed_payload(pool.version, gateway, view, {EA_POOL: pool.label}, comment, pool.uid)
         await job.connection.client.create(fixed_type(pool.version), payload, ["network_view"])
 
     async def rekey(self, job: Allocating, obj: GridObject) -> GridObject:
@@ -434,10 +432,6 @@ class Ledger:
             _drop(index, claim_uid, ref)
             index.exhausted.clear()
         return deleted
-
-
-def _holds(entry: Mapping[str, Any], address: str) -> bool:
-    return same(str(entry.get("ipv4addr") or entry.get("ipv6addr") or ""), address)
 
 
 def _drop(index: PoolIndex, claim_uid: str, ref: str) -> None:

@@ -84,8 +84,7 @@ class GridRepair:
         bound = log.bind(pool=str(pool_ref), ref=holding.handle)
         try:
             found = await self._ledger.owned(connection, (obj_type,), holding.claim_uid)
-            stamp = self._ledger.stamp
-            if not any(as_listed(o, holding, parsed.label) and stamp.judge(o) is Made.OURS for o in found):
+            if not any(as_listed(o, holding, parsed.label) and self._ledger.stamp.judge(o) is Made.OURS for o in found):
                 bound.info("holding changed or gone; left alone")
                 return False
             deleted = await self._ledger.release_leak(connection, pool_ref, holding.claim_uid, holding.handle)
