@@ -32,7 +32,7 @@ import structlog
 
 from backends.backoff import CONTENDED_WAIT_SECONDS, race_retry_seconds
 from backends.netbox import calls, reasons
-from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
+from backends.netbox.client import HTTPError, NetboxClient, NetboxError, OutcomeUnknownError
 from backends.netbox.ledger import (
     REQUESTED_MARK,
     Ledger,
@@ -42,10 +42,9 @@ from backends.netbox.ledger import (
     host_of,
     is_ours,
     uid_of,
-    vrf_id_of,
 )
 from backends.netbox.reasons import PoolUnusableError
-from backends.netbox.resolver import Resolved, Source, offered_by
+from backends.netbox.resolver import Resolved, Source, offered_by, vrf_id_of
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, Pool
 from ipam_provider.backend.contract import (
     Allocation,
@@ -65,11 +64,7 @@ class Allocator:
     """Allocates and releases claims' addresses in NetBox through the `ledger` (see the module contract)."""
 
     def __init__(
-        self,
-        ledger: Ledger,
-        full_skip_seconds: float = 30.0,
-        unknown_retry_seconds: float = 2.0,
-        uncertain_seconds: float = 120.0,
+        self, ledger: Ledger, full_skip_seconds: float, unknown_retry_seconds: float, uncertain_seconds: float
     ) -> None:
         self.ledger = ledger
         self.full_skip_seconds = full_skip_seconds
@@ -81,29 +76,40 @@ class Allocator:
     async def allocate(self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Allocation:
         index = self.ledger.index(pool.ref)
         if claim.uid in index.uncertain or not resolved.ownership.uid_unique:
-            held = await self._held_before_asking(client, pool, resolved, claim)
+            # The last POST had an unknown outcome, or no Unique UID field: what NetBox holds for the claim first.
+            held = await self._held(client, pool, resolved, claim)
             if held is not None:
-                return await self._hand_out(client, pool, claim, held)
+                return held
+            since = index.uncertain.get(claim.uid)
+            waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
+            if waiting and not resolved.ownership.uid_unique:
+                raise AllocationFailedError(
+                    f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
+                    f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
+                    f"up or {self.uncertain_seconds:g} s pass; tick Unique on the field in NetBox",
+                    retry_after=self.unknown_retry_seconds,
+                )
+            index.uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
         body = self.ledger.body(pool, resolved, claim)
         full: list[Source] = []
         for source in self._order(index.exhausted, resolved.sources):
             try:
                 what = f"allocate from {source.ref}"
-                created = await client.call(what, calls.allocate(source.type, source.id, body), idempotent=False)
+                created = await client.call(what, calls.allocate(source.ref.type, source.id, body), idempotent=False)
             except HTTPError as error:
-                if error.not_found:
+                if error.status == 404:
                     raise PoolUnusableError(
                         reasons.SOURCE_NOT_FOUND,
                         f"{pool.ref}: {source.ref} no longer exists in NetBox; create it or fix the pool's sources",
                     ) from error
-                if not error.conflict:
-                    return await self._refused(client, pool, resolved, claim, error)
+                if error.status != 409:  # 409: the source is full
+                    return await self._after_failed_post(client, pool, resolved, claim, error)
                 index.exhausted[source.id] = time.monotonic()
                 full.append(source)
                 continue
             except OutcomeUnknownError as error:
                 index.uncertain[claim.uid] = time.monotonic()
-                return await self._after_unknown(client, pool, resolved, claim, error)
+                return await self._after_failed_post(client, pool, resolved, claim, error)
             index.exhausted.pop(source.id, None)
             return await self._hand_out(client, pool, claim, allocation_of(resolved, created, claim.uid, source))
         names = ", ".join(f"{s.ref} ({s.display})" for s in full)
@@ -111,55 +117,28 @@ class Allocator:
             f"{pool.ref}: every NetBox source is full: {names}; free addresses in NetBox or add a source to the pool"
         )
 
-    async def _refused(
-        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, error: HTTPError
+    async def _after_failed_post(
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, error: NetboxError
     ) -> Allocation:
-        """What an allocating POST's error answer (other than 409) leaves: a 400 may be NetBox refusing a second
-        address for this claim's UID (the one it holds is handed out); anything else is raised."""
-        if not error.invalid:
+        """What an allocating POST that failed other than with 409 leaves: an error answer other than 400 is raised;
+        after a 400 (maybe NetBox refusing a second address for this claim's UID) or an unknown outcome, the address
+        NetBox holds for the claim (by UID) is handed out, else AllocationFailedError (after an unknown outcome with
+        a retry delay; with Unique on the UID field, the claim is no longer uncertain)."""
+        if isinstance(error, HTTPError) and not error.invalid:
             raise error
         held = await self._held(client, pool, resolved, claim)
         if held is not None:
-            return await self._hand_out(client, pool, claim, held)
-        raise AllocationFailedError(
-            f"NetBox refused the address for claim {claim}: {error.message}; fix the pool's spec.addressFields"
-        ) from error
-
-    async def _after_unknown(
-        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, error: OutcomeUnknownError
-    ) -> Allocation:
-        """The address an allocating POST with an unknown outcome made, found by UID; else AllocationFailedError
-        with a retry delay (with Unique on the UID field, the claim is no longer uncertain)."""
-        held = await self._held(client, pool, resolved, claim)
-        if held is not None:
-            return await self._hand_out(client, pool, claim, held)
+            return held
+        if isinstance(error, HTTPError):
+            raise AllocationFailedError(
+                f"NetBox refused the address for claim {claim}: {error.message}; fix the pool's spec.addressFields"
+            ) from error
         if resolved.ownership.uid_unique:
             self.ledger.index(pool.ref).uncertain.pop(claim.uid, None)
         raise AllocationFailedError(
             f"{error.message}; NetBox holds no address for claim {claim}, so it is asked again",
             retry_after=self.unknown_retry_seconds,
         ) from error
-
-    async def _held_before_asking(
-        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext
-    ) -> Allocation | None:
-        """For a claim whose last POST had an unknown outcome, or when the UID field is not Unique: the address
-        NetBox already holds for it, else None once it may be asked for one (AllocationFailedError while not)."""
-        held = await self._held(client, pool, resolved, claim)
-        if held is not None:
-            return held
-        uncertain = self.ledger.index(pool.ref).uncertain
-        since = uncertain.get(claim.uid)
-        waiting = since is not None and time.monotonic() - since < self.uncertain_seconds
-        if waiting and not resolved.ownership.uid_unique:
-            raise AllocationFailedError(
-                f"the last allocation for claim {claim} had an unknown outcome and NetBox's custom field "
-                f"{CLAIM_UID_FIELD} is not Unique, so it is not asked again before the lost request shows "
-                f"up or {self.uncertain_seconds:g} s pass; tick Unique on the field in NetBox",
-                retry_after=self.unknown_retry_seconds,
-            )
-        uncertain.pop(claim.uid, None)  # with Unique, NetBox itself refuses a second address
-        return None
 
     def _order(self, exhausted: Mapping[int, float], sources: Sequence[Source]) -> list[Source]:
         """Sources in spec order, those that recently answered 409 last."""
@@ -170,7 +149,7 @@ class Allocator:
     async def _held(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext
     ) -> Allocation | None:
-        """The address NetBox holds for the claim (by UID), deleting any duplicate; None if it holds none."""
+        """The address NetBox holds for the claim (by UID), deleting any duplicate, handed out; None if it has none."""
         found = await self.ledger.claim_addresses(client, claim.uid)
         if not found:
             return None
@@ -190,7 +169,7 @@ class Allocator:
         log.info(
             "address found by claim UID", claim=str(claim), pool=str(pool.ref), address=keep["address"], id=keep["id"]
         )
-        return allocation_of(resolved, keep, claim.uid)
+        return await self._hand_out(client, pool, claim, allocation_of(resolved, keep, claim.uid))
 
     async def _delete_others(
         self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, found: Sequence[Object], keep: int | None
@@ -238,10 +217,9 @@ class Allocator:
         match = None
         if raw_id.isdigit():
             obj = await client.call(f"GET address #{raw_id}", calls.get("ipam", "ip_addresses", int(raw_id)))
-            if obj is not None and is_ours(obj) and host_of(obj) == address:
-                if uid_of(obj) != claim.uid:
-                    await self.ledger.rekey(client, pool.ref, claim, obj)
-                match = obj
+            match = obj if obj is not None and is_ours(obj) and host_of(obj) == address else None
+        if match is not None and uid_of(match) != claim.uid:
+            await self.ledger.rekey(client, pool.ref, claim, match)
         if match is None:
             found = await self.ledger.claim_addresses(client, claim.uid)
             match = next((o for o in found if host_of(o) == address), None)
@@ -280,6 +258,7 @@ class Allocator:
         self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None, *, sweep: bool
     ) -> None:
         """Delete the claim's NetBox address if it carries our marks (see the module contract)."""
+        bound = log.bind(claim=str(claim), pool=str(ref))
         index = self.ledger.index(ref)
         index.by_claim.pop(claim.uid, None)
         sweep = index.uncertain.pop(claim.uid, None) is not None or sweep
@@ -292,16 +271,14 @@ class Allocator:
             restored = same_claim and is_ours(obj or {}, annotations.get(ANNOTATION_CLAIM_UID))
             if obj is not None and (is_ours(obj, claim.uid) or restored):
                 await self.ledger.delete(client, ref, int(raw_id), claim.uid)
-                log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
+                bound.info("address released", address=str(obj["address"]))
                 if not sweep:
                     return
             elif obj is not None:
-                log.warning(
-                    "address lacks our ownership marks; not deleted", claim=str(claim), pool=str(ref), id=raw_id
-                )
+                bound.warning("address lacks our ownership marks; not deleted", id=raw_id)
         for obj in await self.ledger.claim_addresses(client, claim.uid):
             await self.ledger.delete(client, ref, int(obj["id"]), claim.uid)
-            log.info("address released", claim=str(claim), pool=str(ref), address=str(obj["address"]))
+            bound.info("address released", address=str(obj["address"]))
 
     # --- requested ------------------------------------------------------------------------------------------------
 
@@ -325,25 +302,17 @@ class Allocator:
             elif holders:
                 raise AllocationFailedError(requested_address_held(address, pool.ref, _holder(holders[0])))
             else:
-                kept = await self._create_requested(client, pool, resolved, claim, address, source)
+                kept = await self.create_requested(client, pool, resolved, claim, address, source)
         await self.keep_if_alone(client, pool, claim, address, source, kept)
         self.ledger.hold(pool.ref, claim.uid, int(kept["id"]), address)
         log.info("requested address held", claim=str(claim), pool=str(pool.ref), address=address, id=kept["id"])
         return allocation_of(resolved, kept, claim.uid, source)
 
-    async def record_alone(
+    async def create_requested(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
     ) -> Object:
-        """Create `address` for the claim (as for a requested address) and keep it only if it is alone there (see
-        `keep_if_alone`); AllocationFailedError when another object holds it or NetBox refuses it."""
-        created = await self._create_requested(client, pool, resolved, claim, address, source)
-        await self.keep_if_alone(client, pool, claim, address, source, created)
-        return created
-
-    async def _create_requested(
-        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
-    ) -> Object:
-        """POST the address for the claim; a refusal or a lost answer is resolved by looking again."""
+        """POST the address for the claim (as for a requested address); a refusal or a lost answer is resolved by
+        looking again. AllocationFailedError when another object holds it or NetBox refuses it."""
         body = self.ledger.body(pool, resolved, claim)
         body["description"] = str(body["description"])[: 200 - len(REQUESTED_MARK)] + REQUESTED_MARK
         try:
@@ -415,11 +384,10 @@ class Allocator:
     ) -> None:
         """Another address of this claim beside `kept` (another attempt for the same claim): the younger one goes.
         When that is `kept`, it is deleted and the claim asks again soon (its next attempt adopts the older one)."""
-        twins = [o for o in holders if is_ours(o, claim.uid) and o["id"] != kept["id"]]
-        for twin in twins:
-            if int(twin["id"]) > int(kept["id"]):
-                await self.ledger.delete(client, ref, int(twin["id"]), claim.uid)
-        if any(int(twin["id"]) < int(kept["id"]) for twin in twins):
+        twins = [int(o["id"]) for o in holders if is_ours(o, claim.uid) and o["id"] != kept["id"]]
+        for younger in (twin for twin in twins if twin > int(kept["id"])):
+            await self.ledger.delete(client, ref, younger, claim.uid)
+        if any(twin < int(kept["id"]) for twin in twins):
             await self.ledger.delete(client, ref, int(kept["id"]), claim.uid)
             raise AllocationFailedError(
                 f"claim {claim} holds an older NetBox IP address at {kept['address']}; #{kept['id']} deleted, asking "

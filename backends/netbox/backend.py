@@ -14,6 +14,7 @@ the pool's report shows it until an allocation of that pool succeeds or the Secr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from backends.netbox.ledger import Ledger
 from backends.netbox.reasons import PoolUnusableError
 from backends.netbox.repair import NetboxRepair
 from backends.netbox.resolver import Resolver, usage
-from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, Pool
+from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
@@ -40,7 +41,6 @@ from ipam_provider.backend.contract import (
     PoolReport,
     ReleaseImpossibleError,
 )
-from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
@@ -62,6 +62,7 @@ class NetboxSettings:
 class NetboxBackend:
     """Serves NetboxIPPool and GlobalNetboxIPPool."""
 
+    kinds: Sequence[PoolKind] = (NETBOX_POOL, GLOBAL_NETBOX_POOL)
     report_interval = 60.0  # a pool's report reads NetBox, whose changes no watch shows
 
     def __init__(self, context: BackendContext, settings: NetboxSettings | None = None) -> None:
@@ -73,11 +74,12 @@ class NetboxBackend:
             self.ledger, settings.full_skip_seconds, settings.unknown_retry_seconds, settings.uncertain_seconds
         )
         self.repair = NetboxRepair(self.resolver, self.ledger, self.allocator, settings.repair_page_size)
+        # The repair capability (ipam_provider.backend.repair.Repairable) is the NetboxRepair's.
+        self.list_holdings = self.repair.list_holdings
+        self.release_holding = self.repair.release_holding
+        self.restore = self.repair.restore
+        self.outside_pool = self.repair.outside_pool
         self._failures: dict[PoolRef, tuple[NetboxClient, PoolUnusableError]] = {}  # those the report can't see
-
-    @property
-    def kinds(self) -> Sequence[PoolKind]:
-        return (NETBOX_POOL, GLOBAL_NETBOX_POOL)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
@@ -114,7 +116,10 @@ class NetboxBackend:
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        parsed = self._releasable_spec(pool_ref, pool)
+        if pool is not None:
+            with contextlib.suppress(PoolUnusableError):  # invalid now: the last good spec serves
+                self.resolver.parse(pool_ref, pool)
+        parsed = self.resolver.known.get(pool_ref)  # None: the pool is gone and was never seen valid
         if parsed is None:
             raise ReleaseImpossibleError(  # nothing is touched: the address, if any, is left to the repair loop
                 f"{pool_ref} is gone and its NetBox connection is unknown to this controller; the NetBox IP address "
@@ -127,15 +132,6 @@ class NetboxBackend:
                 await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
         except PoolUnusableError as problem:
             raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
-
-    def _releasable_spec(self, pool_ref: PoolRef, pool: Object | None) -> Pool | None:
-        """The pool's spec, else the last good one seen (the pool is gone or invalid now), else None."""
-        if pool is not None:
-            try:
-                return self.resolver.parse(pool_ref, pool)
-            except PoolUnusableError:
-                pass
-        return self.resolver.known(pool_ref)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
@@ -166,20 +162,6 @@ class NetboxBackend:
             return PoolReport(False, failed[1].reason, message, status, counts)
         self._failures.pop(parsed.ref, None)  # the token changed since
         return PoolReport(True, reasons.READY, message, status, counts)
-
-    # --- the repair capability (backends/netbox/repair.py) ----------------------------------------------------------
-
-    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
-        return await self.repair.list_holdings(pool_ref, pool, pacer)
-
-    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
-        return await self.repair.release_holding(pool_ref, pool, holding)
-
-    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        return await self.repair.restore(pool_ref, pool, claim, allocation)
-
-    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
-        return await self.repair.outside_pool(pool_ref, pool, addresses)
 
     async def close(self) -> None:
         self._failures.clear()

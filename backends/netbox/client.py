@@ -80,9 +80,7 @@ class Endpoint:
 def display_url(url: str) -> str:
     """`url` without userinfo, query or fragment: safe to show."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = f"{parts.hostname or ''}:{parts.port}" if parts.port else parts.hostname or ""
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -112,24 +110,15 @@ class ClientClosedError(NetboxError):
 
 
 class HTTPError(NetboxError):
-    """NetBox answered with an error status. `body` is the parsed JSON answer (or its text)."""
+    """NetBox answered with an error status."""
 
-    def __init__(self, message: str, status: int, body: Any) -> None:
+    def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
-        self.body = body
 
     @property
     def auth(self) -> bool:
         return self.status in (401, 403)
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
 
     @property
     def invalid(self) -> bool:
@@ -198,8 +187,7 @@ class NetboxClient:
             session = requests.Session()
             session.verify = self.endpoint.verify
             session.headers["User-Agent"] = user_agent("pynetbox")
-            timeout = (self.settings.connect_timeout, self.settings.read_timeout)
-            adapter = _Adapter(timeout, self.endpoint.verify)
+            adapter = _Adapter((self.settings.connect_timeout, self.settings.read_timeout), self.endpoint.verify)
             session.mount("https://", adapter)
             session.mount("http://", adapter)
             session.hooks["response"].append(self._count)
@@ -220,9 +208,7 @@ class NetboxClient:
                 async with limit:
                     return await self._attempt(loop, fn)
             except Exception as error:  # classified below; nothing unclassified leaves this method
-                failure = (
-                    self._overdue(what, idempotent) if limit.expired() else self._classify(what, error, idempotent)
-                )
+                failure = self._classify(what, error, idempotent, overdue=limit.expired())
             delay = backoff_delay(attempt, self.settings.backoff, self.settings.max_backoff)  # ±20 % jitter
             retry = (
                 isinstance(failure, UnreachableError)
@@ -253,28 +239,26 @@ class NetboxClient:
         if not future.cancelled():
             future.exception()  # retrieved, so an abandoned call's failure is not reported as never retrieved
 
-    def _overdue(self, what: str, idempotent: bool) -> NetboxError:
-        where = f"NetBox at {self.endpoint.display_url}"
-        message = f"{what}: {where} did not finish within {self.settings.deadline:g} s"
-        return UnreachableError(message) if idempotent else OutcomeUnknownError(message)
-
-    def _classify(self, what: str, error: Exception, idempotent: bool) -> NetboxError:
+    def _classify(self, what: str, error: Exception, idempotent: bool, *, overdue: bool) -> NetboxError:
+        """The NetboxError for a failed attempt; `overdue`: it hit the call's deadline."""
         where = f"NetBox at {self.endpoint.display_url}"
         unknown = OutcomeUnknownError if not idempotent else UnreachableError
+        if overdue:
+            return unknown(f"{what}: {where} did not finish within {self.settings.deadline:g} s")
         if isinstance(error, RuntimeError) and (self.closed or "shutdown" in str(error)):
             return ClientClosedError(
                 f"{what}: the connection to {where} was closed (its Secret changed, or the controller is "
                 "stopping); try again"
             )
         if isinstance(error, pynetbox.AllocationError):
-            return HTTPError(f"{what}: {where} has no free address (409)", 409, _body(error.req))
+            return HTTPError(f"{what}: {where} has no free address (409)", 409)
         if isinstance(error, pynetbox.RequestError):
             status = int(error.req.status_code)
-            body = _body(error.req)
-            detail = self._scrub(_detail(body))
+            detail = _detail(_body(error.req))
+            detail = detail.replace(self.endpoint.token, "***") if self.endpoint.token else detail
             if status >= 500:
                 return unknown(f"{what}: {where} answered {status}: {detail}", status=status)
-            return HTTPError(f"{what}: {where} answered {status}: {detail}", status, body)
+            return HTTPError(f"{what}: {where} answered {status}: {detail}", status)
         if isinstance(error, pynetbox.ContentError):
             return UnreachableError(f"{what}: {where} answered something that is not the NetBox API")
         if isinstance(error, requests.exceptions.SSLError):
@@ -292,10 +276,6 @@ class NetboxClient:
         if isinstance(error, requests.exceptions.RequestException):
             return unknown(f"{what}: request to {where} failed: {type(error).__name__}")
         return NetboxError(f"{what}: unexpected failure talking to {where}: {type(error).__name__}")
-
-    def _scrub(self, text: str) -> str:
-        token = self.endpoint.token
-        return text.replace(token, "***") if token else text
 
     async def close(self) -> None:
         """Close every thread's session and stop the threads (waits for calls in flight). Later calls raise

@@ -98,8 +98,7 @@ class Connections:
         key = (pool.secret_namespace, pool.secret_name)
         data = self._secrets.get(key)
         if data is None or time.monotonic() - data.read_at > self.secret_seconds:
-            data = await self._read(pool)
-            self._secrets[key] = data
+            data = self._secrets[key] = await self._read(pool)
         fingerprint = _fingerprint(data, pool.insecure_skip_verify)
         use = (*key, pool.insecure_skip_verify)
         previous = self._client_of.get(use)
@@ -108,10 +107,9 @@ class Connections:
             client = self._clients[fingerprint] = self._new_client(data, pool.insecure_skip_verify, fingerprint)
         self._client_of[use] = fingerprint
         if previous is not None and previous != fingerprint and previous not in self._client_of.values():
-            old = self._clients.pop(previous, None)
-            if old is not None:
-                log.info("netbox connection replaced", secret=f"{key[0]}/{key[1]}", url=old.endpoint.display_url)
-                self._retire(old)
+            old = self._clients.pop(previous)  # every fingerprint in _client_of has its client
+            log.info("netbox connection replaced", secret=f"{key[0]}/{key[1]}", url=old.endpoint.display_url)
+            self._retire(old)
         return client
 
     def invalidate(self, pool: Pool) -> None:
@@ -133,10 +131,8 @@ class Connections:
                 f"{where} does not exist; create it with keys `url` and `token` (and optionally `caBundle`)",
             )
         data = {**_decoded(secret.get("data") or {}), **(secret.get("stringData") or {})}
-        url = data.get("url", "").strip().rstrip("/")
+        url = data.get("url", "").strip().rstrip("/").removesuffix("/api")
         token = data.get("token", "").strip()
-        if url.endswith("/api"):
-            url = url[: -len("/api")]
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PoolUnusableError(reasons.INVALID_SECRET, f"{where}: key `url` must be an http(s) URL of NetBox")
@@ -148,10 +144,8 @@ class Connections:
         return _SecretData(url, token, ca, time.monotonic())
 
     def _new_client(self, data: _SecretData, insecure: bool, fingerprint: str) -> NetboxClient:
-        verify: bool | str = True
-        if insecure:
-            verify = False
-        elif data.ca_bundle is not None:
+        verify: bool | str = not insecure
+        if not insecure and data.ca_bundle is not None:
             if self._ca_dir is None:
                 self._ca_dir = tempfile.mkdtemp(prefix="netbox-ca-")
             path = os.path.join(self._ca_dir, f"{fingerprint[:16]}.pem")
@@ -179,16 +173,11 @@ class Connections:
 def _decoded(data: dict[str, str]) -> dict[str, str]:
     result = {}
     for key, value in data.items():
-        try:
+        with contextlib.suppress(binascii.Error, UnicodeDecodeError):  # an undecodable value is left out
             result[key] = base64.b64decode(value).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            continue
     return result
 
 
 def _fingerprint(data: _SecretData, insecure: bool) -> str:
-    digest = hashlib.sha256()
-    for part in (data.url, data.token, data.ca_bundle or "", "insecure" if insecure else "verify"):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
+    parts = (data.url, data.token, data.ca_bundle or "", "insecure" if insecure else "verify")
+    return hashlib.sha256("".join(f"{part}\0" for part in parts).encode()).hexdigest()

@@ -66,19 +66,6 @@ def is_ours(obj: Mapping[str, Any], claim_uid: str | None = None) -> bool:
     return OWNER_TAG in slugs and bool(uid) and (claim_uid is None or uid == claim_uid)
 
 
-def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
-    """The id of a NetBox IP address's VRF (None: the global table)."""
-    vrf = obj.get("vrf")
-    if isinstance(vrf, Mapping):
-        return int(vrf["id"]) if vrf.get("id") is not None else None
-    return int(vrf) if isinstance(vrf, int) else None
-
-
-def identity_fields(cluster_identity: str) -> dict[str, str]:
-    """The custom field that names the management cluster, when it is known."""
-    return {CLUSTER_IDENTITY_FIELD: cluster_identity} if cluster_identity else {}
-
-
 def allocation_of(resolved: Resolved, obj: Mapping[str, Any], uid: str, source: Source | None = None) -> Allocation:
     """The Allocation for a NetBox IP address: the source's prefix-length override and gateway apply."""
     interface = ipaddress.ip_interface(str(obj["address"]))
@@ -105,6 +92,7 @@ class Ledger:
 
     def __init__(self, cluster_identity: str = "") -> None:
         self.cluster_identity = cluster_identity  # "" (unknown): nothing is stamped
+        self.identity = {CLUSTER_IDENTITY_FIELD: cluster_identity} if cluster_identity else {}  # the field naming it
         self._indexes: dict[PoolRef, PoolIndex] = {}
 
     def index(self, ref: PoolRef) -> PoolIndex:
@@ -129,8 +117,7 @@ class Ledger:
         """The fields of a NetBox IP address made for `claim`: the pool's metadata plus both ownership marks, and
         the management cluster's identity (when known)."""
         fields = pool.fields
-        identity = identity_fields(self.cluster_identity)
-        marks = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim), **identity}
+        marks = {CLAIM_UID_FIELD: claim.uid, CLAIM_REF_FIELD: claim_ref(claim), **self.identity}
         body: Object = {
             "status": fields.status,
             "description": render(fields.description or DEFAULT_DESCRIPTION, claim)[:200],
@@ -187,6 +174,6 @@ class Ledger:
                 f"belongs to this claim (a restore), set its custom field {CLAIM_REF_FIELD} to {claim_ref(claim)!r} "
                 "in NetBox"
             )
-        changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid, **identity_fields(self.cluster_identity)}}
+        changes = {"custom_fields": {CLAIM_UID_FIELD: claim.uid, **self.identity}}
         await client.call(f"re-key address #{obj['id']}", calls.patch_address(int(obj["id"]), changes))
         log.info("address re-keyed to the claim's new UID", claim=str(claim), pool=str(ref), id=obj["id"])

@@ -31,9 +31,9 @@ import structlog
 from backends.netbox import calls
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient
-from backends.netbox.ledger import Ledger, claim_ref, claim_ref_of, host_of, is_ours, uid_of, vrf_id_of
+from backends.netbox.ledger import Ledger, claim_ref, claim_ref_of, host_of, is_ours, uid_of
 from backends.netbox.reasons import PoolUnusableError
-from backends.netbox.resolver import Resolved, Resolver, Source, offered_by, populated_ranges, populated_why
+from backends.netbox.resolver import Resolved, Resolver, Source, offered_by, populated_ranges, populated_why, vrf_id_of
 from backends.netbox.spec import CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
@@ -70,11 +70,12 @@ class NetboxRepair:
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         async with self._netbox(pool_ref, pool, "listing the NetBox addresses of") as (parsed, client):
             self._resolved_this_pass.discard(parsed.ref)
-            if not self.resolver.has_resolved(parsed, client):
-                await pacer.wait()  # the resolver's few GETs
-            resolved = await self.resolver.resolve(client, parsed)
+            resolved = await self.resolver.resolve(client, parsed, pacer=pacer)
             found: dict[int, Holding] = {}
-            for vrf_id, sources in _by_vrf(resolved.sources).items():
+            by_vrf: dict[int | None, list[Source]] = {}
+            for source in resolved.sources:
+                by_vrf.setdefault(source.vrf_id, []).append(source)
+            for vrf_id, sources in by_vrf.items():
                 filters = {
                     "tag": OWNER_TAG,
                     f"cf_{CLAIM_UID_FIELD}__empty": "false",
@@ -116,24 +117,21 @@ class NetboxRepair:
         address = normalized_address(allocation.address)
         async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
             # Afresh once per pool and pass (the first restore after the pool's listing), then from the cache.
-            fresh = parsed.ref not in self._resolved_this_pass
-            resolved = await self.resolver.resolve(client, parsed, fresh=fresh)
+            resolved = await self.resolver.resolve(client, parsed, fresh=parsed.ref not in self._resolved_this_pass)
             self._resolved_this_pass.add(parsed.ref)
             source, why = await offered_by(client, resolved, address)
             if source is None:
                 return Restore(RestoreOutcome.OUTSIDE, why or resolved.nowhere())
-            holders = await self.ledger.holders_at(client, address, source)
-            outcome = await self._settle(client, parsed, claim, address, holders)
-            if outcome is None:
-                outcome = await self._record(client, parsed, resolved, claim, address, source)
+            outcome = await self._settle(client, parsed, resolved, claim, address, source)
             kind, detail = outcome.outcome.value, outcome.detail
             log.info("restore", claim=str(claim), pool=str(parsed.ref), address=address, outcome=kind, detail=detail)
             return outcome
 
     async def _settle(
-        self, client: NetboxClient, pool: Pool, claim: ClaimContext, address: str, holders: Sequence[Object]
-    ) -> Restore | None:
-        """What the objects at the address answer; None when there is none (the address is free)."""
+        self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
+    ) -> Restore:
+        """What the objects at the address answer; when there is none (the address is free), `_record`."""
+        holders = await self.ledger.holders_at(client, address, source)
         mine = [o for o in holders if is_ours(o, claim.uid)]
         others = [o for o in holders if not is_ours(o, claim.uid)]
         if others:
@@ -146,13 +144,14 @@ class NetboxRepair:
         if mine:
             self.ledger.hold(pool.ref, claim.uid, int(mine[0]["id"]), address)
             return Restore(RestoreOutcome.HELD, f"NetBox IP address {mine[0]['id']}")
-        return None
+        return await self._record(client, pool, resolved, claim, address, source)
 
     async def _record(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str, source: Source
     ) -> Restore:
         try:
-            created = await self.allocator.record_alone(client, pool, resolved, claim, address, source)
+            created = await self.allocator.create_requested(client, pool, resolved, claim, address, source)
+            await self.allocator.keep_if_alone(client, pool, claim, address, source, created)  # only if alone there
         except AllocationFailedError:
             holders = await self.ledger.holders_at(client, address, source)  # who took it meanwhile?
             taken = [o for o in holders if not is_ours(o, claim.uid)]
@@ -171,33 +170,26 @@ class NetboxRepair:
         return Restore(RestoreOutcome.RECORDED, f"NetBox IP address {created['id']}")
 
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
-        try:
-            async with self._netbox(pool_ref, pool, "checking the addresses of") as (parsed, client):
-                resolved = await self.resolver.resolve(client, parsed)
-        except PoolNotReadyError:
-            return {}  # the pool cannot be checked now
         result: dict[str, str] = {}
         in_prefixes: dict[str, Source] = {}
-        for address in addresses:
-            try:
-                ipaddress.ip_address(address)
-            except ValueError:
-                result[address] = "not an IP address"
-                continue
-            source, why = resolved.offering(normalized_address(address))
-            if source is None:
-                result[address] = why or resolved.nowhere()
-            elif source.type == "prefix":
-                in_prefixes[address] = source
-        if in_prefixes:  # those inside an ip-range marked populated: one GET per VRF of their prefixes
-            try:
-                async with self._netbox(pool_ref, pool, "checking the populated ip-ranges of") as (_, client):
-                    vrfs = {source.vrf_id for source in in_prefixes.values()}
-                    ranges = {vrf: await populated_ranges(client, vrf) for vrf in vrfs}
-            except PoolNotReadyError:
-                return result
-            for address, source in in_prefixes.items():
-                result[address] = populated_why(ranges[source.vrf_id], normalized_address(address), source)
+        with contextlib.suppress(PoolNotReadyError):  # the pool cannot be checked now: what was found so far
+            async with self._netbox(pool_ref, pool, "checking the addresses of") as (parsed, client):
+                resolved = await self.resolver.resolve(client, parsed)
+                for address in addresses:
+                    try:
+                        ipaddress.ip_address(address)
+                    except ValueError:
+                        result[address] = "not an IP address"
+                        continue
+                    source, why = resolved.offering(normalized_address(address))
+                    if source is None:
+                        result[address] = why or resolved.nowhere()
+                    elif source.ref.type == "prefix":
+                        in_prefixes[address] = source
+                # Those inside an ip-range marked populated: one GET per VRF of their prefixes.
+                ranges = {vrf: await populated_ranges(client, vrf) for vrf in {s.vrf_id for s in in_prefixes.values()}}
+                for address, source in in_prefixes.items():
+                    result[address] = populated_why(ranges[source.vrf_id], normalized_address(address), source)
         return {address: why for address, why in result.items() if why}
 
 
@@ -220,13 +212,6 @@ async def _pages(
             page = {"limit": size, "offset": page.get("offset", 0) + len(results)}
 
 
-def _by_vrf(sources: Sequence[Source]) -> dict[int | None, list[Source]]:
-    grouped: dict[int | None, list[Source]] = {}
-    for source in sources:
-        grouped.setdefault(source.vrf_id, []).append(source)
-    return grouped
-
-
 OURS, UNSTAMPED, OTHER = "ours", "unstamped", "other"
 WHY_UNSTAMPED = (
     f"its custom field {CLUSTER_IDENTITY_FIELD} is empty, so it may belong to another management cluster sharing "
@@ -237,10 +222,8 @@ WHY_UNSTAMPED = (
 def made_by(obj: Mapping[str, Any], cluster_identity: str) -> str:
     """Which management cluster made one of our NetBox IP addresses: OURS (our identity; any address when the
     backend has none), UNSTAMPED (no identity recorded) or OTHER (another cluster's)."""
-    if not cluster_identity:
-        return OURS
     stamped = str((obj.get("custom_fields") or {}).get(CLUSTER_IDENTITY_FIELD) or "")
-    if stamped == cluster_identity:
+    if not cluster_identity or stamped == cluster_identity:
         return OURS
     return UNSTAMPED if not stamped else OTHER
 

@@ -38,9 +38,9 @@ from backends.netbox.spec import (
 )
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.repair import Pacer
 from ipam_provider.common import Object, cap_int64
 
-IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -65,12 +65,8 @@ class Source:
     reserved: tuple[IPAddr, ...] = ()  # addresses in it that NetBox never hands out (network, broadcast)
 
     @property
-    def type(self) -> str:
-        return self.ref.type
-
-    @property
     def display(self) -> str:
-        return f"{self.first}/{self.mask}" if self.type == "prefix" else f"{self.first}-{self.last}"
+        return f"{self.first}/{self.mask}" if self.ref.type == "prefix" else f"{self.first}-{self.last}"
 
     def contains(self, address: str) -> bool:
         try:
@@ -85,8 +81,8 @@ class Source:
 
     def status(self, used: int) -> dict[str, Any]:
         """The source's entry in the pool's `status.sources`, `used` of its addresses being held in NetBox."""
-        counts = {"total": self.total, "used": used, "free": max(self.total - used, 0)}
-        return {"type": self.type, "id": self.id, "range": self.display, **{k: cap_int64(v) for k, v in counts.items()}}
+        capped = {"total": cap_int64(self.total), "used": cap_int64(used), "free": cap_int64(max(self.total - used, 0))}
+        return {"type": self.ref.type, "id": self.id, "range": self.display, **capped}
 
     def networks(self) -> list[str]:
         return [str(n) for n in ipaddress.summarize_address_range(self.first, self.last)]
@@ -105,21 +101,17 @@ class Resolved:
     def offering(self, address: str) -> tuple[Source | None, str]:
         """The first source that could hand out `address`, or None and why none can (outside every source: "")."""
         why = ""
-        for source in self.sources:
-            if not source.contains(address):
-                continue
+        for source in (s for s in self.sources if s.contains(address)):
             gateway = source.ref.gateway
             if gateway is not None and ipaddress.ip_address(gateway) == ipaddress.ip_address(address):
-                why = why or f"the gateway of {source.display}"
+                reason = f"the gateway of {source.display}"
             elif source.total == 0:
-                why = why or f"NetBox hands out no address of {source.display} (it is marked populated)"
+                reason = f"NetBox hands out no address of {source.display} (it is marked populated)"
             elif not source.offers(address):
-                why = (
-                    why
-                    or f"a reserved address of {source.display} (its network address, or its IPv4 broadcast address)"
-                )
+                reason = f"a reserved address of {source.display} (its network address, or its IPv4 broadcast address)"
             else:
                 return source, ""
+            why = why or reason
         return None, why
 
     def nowhere(self) -> str:
@@ -214,9 +206,7 @@ async def _ensure(
 
 async def resolve_pool(client: NetboxClient, pool: Pool, ownership: Ownership) -> Resolved:
     """Ids and extents of every source, and the tenant's and tags' ids; PoolUnusableError for anything missing."""
-    sources = []
-    for index, ref in enumerate(pool.sources):
-        sources.append(await _resolve_source(client, pool, index, ref))
+    sources = [await _resolve_source(client, pool, index, ref) for index, ref in enumerate(pool.sources)]
     _check_sources(pool, sources)
     await _check_gateways(client, pool, sources)
     tenant_id = None
@@ -251,7 +241,13 @@ async def _resolve_source(client: NetboxClient, pool: Pool, index: int, ref: Sou
         found = await client.call(f"GET {ref}", calls.get("ipam", calls.SOURCE_ENDPOINTS[ref.type], ref.id))
         matches = [found] if found is not None else []
     else:
-        vrf_id = await _vrf_id(client, where, ref)
+        vrf_id = ref.vrf_id
+        if ref.vrf_id is None and ref.vrf is not None:
+            found = await client.call(f"look up VRF {ref.vrf}", calls.find("ipam", "vrfs", {"name": ref.vrf}))
+            if len(found) != 1:
+                state = "does not exist" if not found else f"is ambiguous ({len(found)} VRFs have that name; use vrfID)"
+                raise PoolUnusableError(reasons.OBJECT_NOT_FOUND, f"{where}: VRF {ref.vrf!r} {state} in NetBox")
+            vrf_id = int(found[0]["id"])
         filters: dict[str, Any] = {"vrf_id": calls.vrf_filter(vrf_id)}
         if ref.type == "prefix":
             filters["prefix"] = ref.value
@@ -312,24 +308,16 @@ async def _check_gateways(client: NetboxClient, pool: Pool, sources: Sequence[So
             )
 
 
-async def _vrf_id(client: NetboxClient, where: str, ref: SourceRef) -> int | None:
-    if ref.vrf_id is not None or ref.vrf is None:
-        return ref.vrf_id
-    found = await client.call(f"look up VRF {ref.vrf}", calls.find("ipam", "vrfs", {"name": ref.vrf}))
-    if len(found) != 1:
-        state = "does not exist" if not found else f"is ambiguous ({len(found)} VRFs have that name; use vrfID)"
-        raise PoolUnusableError(reasons.OBJECT_NOT_FOUND, f"{where}: VRF {ref.vrf!r} {state} in NetBox")
-    return int(found[0]["id"])
-
-
 def source_from(ref: SourceRef, index: int, obj: dict[str, Any]) -> Source:
     """A Source from its NetBox prefix or ip-range object."""
-    vrf = obj.get("vrf")
-    vrf_id = int(vrf["id"]) if isinstance(vrf, dict) and vrf.get("id") is not None else None
     if ref.type == "prefix":
         network = ipaddress.ip_network(str(obj["prefix"]), strict=False)
         first, last, mask = network.network_address, network.broadcast_address, network.prefixlen
-        reserved = _reserved(network, bool(obj.get("is_pool")))
+        # NetBox never hands out its network address, nor an IPv4 prefix's broadcast address, unless the prefix is a
+        # pool or has no room for them (/31, /32; /127, /128).
+        reserved: tuple[IPAddr, ...] = ()
+        if not obj.get("is_pool") and mask < (31 if network.version == 4 else 127):
+            reserved = (first, last) if network.version == 4 else (first,)
         total = network.num_addresses - len(reserved)
     else:
         start = ipaddress.ip_interface(str(obj["start_address"]))
@@ -337,16 +325,15 @@ def source_from(ref: SourceRef, index: int, obj: dict[str, Any]) -> Source:
         first, last, mask = start.ip, end.ip, start.network.prefixlen
         total = 0 if obj.get("mark_populated") else int(last) - int(first) + 1
         reserved = ()
-    return Source(ref, index, int(obj["id"]), first, last, mask, vrf_id, total, reserved)
+    return Source(ref, index, int(obj["id"]), first, last, mask, vrf_id_of(obj), total, reserved)
 
 
-def _reserved(network: IPNet, is_pool: bool) -> tuple[IPAddr, ...]:
-    """The addresses of a prefix NetBox never hands out (its rules for network and broadcast addresses)."""
-    if is_pool or network.prefixlen >= (31 if network.version == 4 else 127):
-        return ()
-    if network.version == 4:
-        return (network.network_address, network.broadcast_address)
-    return (network.network_address,)
+def vrf_id_of(obj: Mapping[str, Any]) -> int | None:
+    """The id of a NetBox IP address's (or prefix's, ip-range's) VRF (None: the global table)."""
+    vrf = obj.get("vrf")
+    if isinstance(vrf, Mapping):
+        return int(vrf["id"]) if vrf.get("id") is not None else None
+    return int(vrf) if isinstance(vrf, int) else None
 
 
 async def usage(client: NetboxClient, sources: Sequence[Source]) -> list[int]:
@@ -363,7 +350,7 @@ async def offered_by(client: NetboxClient, resolved: Resolved, address: str) -> 
     """`Resolved.offering`, and for a prefix source one GET more: an address in an ip-range marked populated in the
     source's VRF is not the pool's to hand out (NetBox's available-ips of a prefix skips it)."""
     source, why = resolved.offering(address)
-    if source is None or source.type != "prefix":
+    if source is None or source.ref.type != "prefix":
         return source, why
     why = populated_why(await populated_ranges(client, source.vrf_id), address, source)
     return (None, why) if why else (source, "")
@@ -394,7 +381,7 @@ class Resolver:
     def __init__(self, connections: Connections, ownership_seconds: float) -> None:
         self.connections = connections
         self.ownership_seconds = ownership_seconds
-        self._known: dict[PoolRef, Pool] = {}
+        self.known: dict[PoolRef, Pool] = {}  # the last good spec `parse` saw of each pool
         self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         self._ownership_locks: dict[str, asyncio.Lock] = {}
@@ -406,18 +393,14 @@ class Resolver:
         except PoolSpecError as error:
             message = f"{pool_ref} is invalid: {error}; fix the pool's spec"
             raise PoolUnusableError(reasons.INVALID, message) from error
-        self._known[parsed.ref] = parsed
+        self.known[parsed.ref] = parsed
         return parsed
-
-    def known(self, pool_ref: PoolRef) -> Pool | None:
-        """The last good spec `parse` saw of the pool."""
-        return self._known.get(pool_ref)
 
     @contextlib.asynccontextmanager
     async def session(self, pool: Pool, doing: str) -> AsyncIterator[NetboxClient]:
         """`pool`'s client, lent for one operation. A failure of one of `reasons.CAUGHT` becomes PoolUnusableError
         (its message begins with "`doing` <pool>"), and every PoolUnusableError first drops what it may have made
-        stale (`forget`)."""
+        stale: the resolved pool, and on an authentication failure the Secret and the ownership marks."""
         client: NetboxClient | None = None
         try:
             try:
@@ -427,15 +410,17 @@ class Resolver:
                 token = client.endpoint.token if client is not None else None
                 raise reasons.of_failure(error, f"{doing} {pool.ref}", token) from error
         except PoolUnusableError as problem:
-            self.forget(pool, problem)
+            self._resolved.pop(pool.ref, None)
+            if problem.reason == reasons.AUTH_FAILED:
+                self.connections.invalidate(pool)
+                self._ownership.clear()
             raise
 
     async def ownership(self, client: NetboxClient, *, any_age: bool = False) -> Ownership:
         """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time; with `any_age`, a
         cached answer of any age."""
         async with self._ownership_locks.setdefault(client.endpoint.url, asyncio.Lock()):
-            for dead in [c for c in self._ownership if c.closed]:  # clients replaced after a Secret changed
-                del self._ownership[dead]
+            self._ownership = {c: o for c, o in self._ownership.items() if not c.closed}  # replaced ones go
             cached = self._ownership.get(client)
             if cached is not None and (any_age or time.monotonic() - cached[0] < self.ownership_seconds):
                 return cached[1]
@@ -443,25 +428,19 @@ class Resolver:
             self._ownership[client] = (time.monotonic(), ownership)
             return ownership
 
-    async def resolve(self, client: NetboxClient, pool: Pool, *, fresh: bool = False) -> Resolved:
-        """The pool's NetBox ids, cached per generation and client; `fresh` asks NetBox again."""
-        if not fresh and self.has_resolved(pool, client):
-            return self._resolved[pool.ref][2]
+    async def resolve(
+        self, client: NetboxClient, pool: Pool, *, fresh: bool = False, pacer: Pacer | None = None
+    ) -> Resolved:
+        """The pool's NetBox ids, cached per generation and client; `fresh` asks NetBox again. When NetBox is
+        asked, `pacer` (if any) is waited for once first (for the few GETs)."""
+        cached = self._resolved.get(pool.ref)
+        if not fresh and cached is not None and cached[0] == pool.generation and cached[1] is client:
+            return cached[2]
+        if pacer is not None:
+            await pacer.wait()
         resolved = await resolve_pool(client, pool, await self.ownership(client))
         self._resolved[pool.ref] = (pool.generation, client, resolved)
         return resolved
-
-    def has_resolved(self, pool: Pool, client: NetboxClient) -> bool:
-        """Whether `resolve` answers from the cache (no NetBox request) for this generation of the pool."""
-        cached = self._resolved.get(pool.ref)
-        return cached is not None and cached[0] == pool.generation and cached[1] is client
-
-    def forget(self, pool: Pool, problem: PoolUnusableError) -> None:
-        """Drop what a failure may have made stale: the resolved pool, and the Secret on auth failures."""
-        self._resolved.pop(pool.ref, None)
-        if problem.reason == reasons.AUTH_FAILED:
-            self.connections.invalidate(pool)
-            self._ownership.clear()
 
     async def close(self) -> None:
         self._resolved.clear()

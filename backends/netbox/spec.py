@@ -167,44 +167,40 @@ def _source(index: int, source: SourceSpec, spec: PoolSpec) -> SourceRef:
     if length is not None and not 0 <= length <= 128:
         raise PoolSpecError(f"{where}.prefixLength must be between 0 and 128")
     if source.prefix is not None:
-        p = source.prefix
-        if (p.id is None) == (p.cidr is None):
+        named: _NamedSource = source.prefix
+        value = source.prefix.cidr
+        if (source.prefix.id is None) == (value is None):
             raise PoolSpecError(f"{where}.prefix: set exactly one of id and cidr")
-        if p.cidr is not None:
+        if value is not None:
             try:
-                network = ipaddress.ip_network(p.cidr, strict=True)
+                network = ipaddress.ip_network(value, strict=True)
             except ValueError as error:
-                raise PoolSpecError(f"{where}.prefix.cidr: {p.cidr!r} is not a network in CIDR form") from error
+                raise PoolSpecError(f"{where}.prefix.cidr: {value!r} is not a network in CIDR form") from error
             _check_length(where, length, network.version)
-        _check_vrf(f"{where}.prefix", p.id, p.vrf, p.vrf_id)
-        return SourceRef("prefix", p.id, p.cidr, p.vrf, p.vrf_id, gateway, length)
-    r = source.ip_range
-    assert r is not None
-    by_value = r.start is not None or r.end is not None
-    if (r.id is None) == (not by_value) or (by_value and (r.start is None or r.end is None)):
-        raise PoolSpecError(f"{where}.ipRange: set either id, or both start and end")
-    value = None
-    if r.start is not None and r.end is not None:
-        start = _check_ip(f"{where}.ipRange.start", r.start)
-        end = _check_ip(f"{where}.ipRange.end", r.end)
-        if start.version != end.version or int(start) > int(end):
-            raise PoolSpecError(f"{where}.ipRange: start and end must be of one family, start first")
-        _check_length(where, length, start.version)
-        value = f"{start}-{end}"
-    _check_vrf(f"{where}.ipRange", r.id, r.vrf, r.vrf_id)
-    return SourceRef("ipRange", r.id, value, r.vrf, r.vrf_id, gateway, length)
+    else:
+        assert source.ip_range is not None
+        named = r = source.ip_range
+        value = None
+        if (r.id is None, r.start is None, r.end is None) not in ((True, False, False), (False, True, True)):
+            raise PoolSpecError(f"{where}.ipRange: set either id, or both start and end")
+        if r.start is not None and r.end is not None:
+            start = _check_ip(f"{where}.ipRange.start", r.start)
+            end = _check_ip(f"{where}.ipRange.end", r.end)
+            if start.version != end.version or int(start) > int(end):
+                raise PoolSpecError(f"{where}.ipRange: start and end must be of one family, start first")
+            _check_length(where, length, start.version)
+            value = f"{start}-{end}"
+    kind: Literal["prefix", "ipRange"] = "prefix" if source.prefix is not None else "ipRange"
+    if named.vrf is not None and named.vrf_id is not None:
+        raise PoolSpecError(f"{where}.{kind}: set at most one of vrf and vrfID")
+    if named.id is not None and (named.vrf is not None or named.vrf_id is not None):
+        raise PoolSpecError(f"{where}.{kind}: a source given by id takes its VRF from NetBox; remove vrf/vrfID")
+    return SourceRef(kind, named.id, value, named.vrf, named.vrf_id, gateway, length)
 
 
 def _check_length(where: str, length: int | None, version: int) -> None:
     if length is not None and version == 4 and length > 32:
         raise PoolSpecError(f"{where}: prefixLength must be at most 32 for an IPv4 source (it is {length})")
-
-
-def _check_vrf(where: str, source_id: int | None, vrf: str | None, vrf_id: int | None) -> None:
-    if vrf is not None and vrf_id is not None:
-        raise PoolSpecError(f"{where}: set at most one of vrf and vrfID")
-    if source_id is not None and (vrf is not None or vrf_id is not None):
-        raise PoolSpecError(f"{where}: a source given by id takes its VRF from NetBox; remove vrf/vrfID")
 
 
 def _check_ip(where: str, value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
