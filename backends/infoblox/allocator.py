@@ -53,8 +53,6 @@ from ipam_provider.runtime.kube.client import KubeClient
 
 
 class Allocator:
-    """Serves claims from the pools' grid objects (see the module's contract)."""
-
     def __init__(self, kube: KubeClient, ledger: Ledger, settings: InfobloxSettings) -> None:
         self.ledger = ledger
         self._kube = kube
@@ -131,10 +129,9 @@ class Allocator:
     async def _still_alone(self, job: Allocating, obj: GridObject) -> bool:
         """Whether the claim may keep its object `obj`. One made for a requested address may never have had its
         keep-if-alone check (a crash after the POST): it is checked now, and deleted if it shares its address."""
-        if not obj.requested:
-            return True
         try:
-            await self.keep_alone(job, obj.address, obj)
+            if obj.requested:
+                await self.keep_alone(job, obj.address, obj)
         except AllocationFailedError as error:
             job.index.by_claim.pop(job.claim.uid, None)
             job.log.info("unchecked object shared its address; deleted", ref=obj.ref, why=error.message)
@@ -184,8 +181,7 @@ class Allocator:
         """After a resent POST, look for a late commit of the lost one twice (past the grid's timeout, past ours):
         delete the claim's objects of `kept`'s type other than `kept`, while the index lists `kept` for the claim or
         nothing (released). Failures are logged: release deletes every owned object."""
-        delays = (2 * float(job.connection.spec.request_timeout_seconds), job.connection.client.call_timeout)
-        for delay in delays:
+        for delay in (2 * float(job.connection.spec.request_timeout_seconds), job.connection.client.call_timeout):
             await asyncio.sleep(delay)
             index = self.ledger.indexes.get(job.pool.ref)
             held = {o.ref for o in index.by_claim.get(job.claim.uid, [])} if index is not None else set()
@@ -227,10 +223,9 @@ class Allocator:
                 )
             if not found:
                 job.log.info("address of an existing IPAddress reserved on the grid", address=address)
-        for other in mine:
-            if other.ref != keep.ref:  # e.g. the object of a reply that was lost, then searched for too early
-                await self.ledger.delete(job, other.ref)
-                job.log.info("surplus object of a claim released", ref=other.ref)
+        for other in (o for o in mine if o.ref != keep.ref):  # e.g. a lost reply's object, searched for too early
+            await self.ledger.delete(job, other.ref)
+            job.log.info("surplus object of a claim released", ref=other.ref)
         job.index.by_claim[job.claim.uid] = [keep]
         return self._existing(existing, job.pool, job.connection, keep)
 
@@ -330,9 +325,8 @@ class Allocator:
         """Another object of this claim beside `kept` (another attempt for the same claim): the one whose reference
         sorts later goes. When that is `kept`, it is deleted and the claim asks again soon (and adopts the other)."""
         twins = [o for o in found if o.claim_uid == job.claim.uid and o.ref != kept.ref]
-        for twin in twins:
-            if twin.ref > kept.ref:
-                await self.ledger.delete(job, twin.ref)
+        for later in (twin for twin in twins if twin.ref > kept.ref):
+            await self.ledger.delete(job, later.ref)
         if any(twin.ref < kept.ref for twin in twins):
             await self.ledger.delete(job, kept.ref)
             message = f"claim {job.claim} holds another object at {kept.address}; asking again"

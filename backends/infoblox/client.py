@@ -46,7 +46,7 @@ BACKEND = "infoblox"  # the `backend` label of the request metrics: the entry-po
 _WAPI_PATH = re.compile(r"/wapi/v[0-9.]+/([a-z][a-z0-9_:]*)(?:/|$)")
 
 
-class Failure(enum.Enum):  # what went wrong in a WAPI call (`WapiError.failure`)
+class Failure(enum.Enum):
     AUTH = "AuthenticationFailed"
     TLS = "TLSVerificationFailed"
     UNREACHABLE = "Unreachable"

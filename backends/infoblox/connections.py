@@ -99,7 +99,7 @@ class InstanceProblem(Exception):
 
 
 @dataclass
-class Material:  # what a connection to one instance is built from
+class Material:
     key: tuple[str, ...]  # instance uid and generation, Secret resourceVersions: a change means a new connection
     spec: InstanceSpec
     options: dict[str, Any]  # the Connector's
@@ -187,10 +187,7 @@ class InstanceStatus:
         self.instances: dict[str, Object] = {}  # each InfobloxInstance as last read or written
 
     async def publish(self, name: str, ready: bool, reason: str, message: str) -> None:
-        """Write the instance's Ready condition if it changed."""
-        instance = self.instances.get(name)
-        if instance is None:
-            return
+        instance = self.instances[name]  # read by Connections.connect before any connection to it exists
         try:
             current = [Condition.model_validate(c) for c in (instance.get("status") or {}).get("conditions") or []]
         except ValidationError:
@@ -278,7 +275,6 @@ class GridHealth:
         self._status = status
 
     async def health(self, connection: Connection) -> Health:
-        """The grid check's result, re-run when its cached result is too old."""
         async with connection.check_lock:
             current = connection.health
             if current is not None and time.monotonic() - current.checked_at < self._recheck_wait(connection):

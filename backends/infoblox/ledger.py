@@ -159,12 +159,10 @@ def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
 def fixed_payload(version: int, address: str, view: str, eas: Mapping[str, str], comment: str, identity: str) -> Object:
     """A fixedaddress (MAC of zeros: a reservation no DHCP client matches) or an ipv6fixedaddress (a DUID-UUID
     derived from `identity`, so that no two objects share one)."""
-    payload: Object = {"network_view": view, "comment": comment, "extattrs": wapi_extattrs(eas)}
-    if version == 4:
-        payload.update(ipv4addr=address, mac=ZERO_MAC)
-    else:
-        payload.update(ipv6addr=address, duid=duid_for(identity))
-    return payload
+    fixed = (
+        {"ipv4addr": address, "mac": ZERO_MAC} if version == 4 else {"ipv6addr": address, "duid": duid_for(identity)}
+    )
+    return {"network_view": view, "comment": comment, "extattrs": wapi_extattrs(eas), **fixed}
 
 
 def duid_for(identity: str) -> str:
@@ -226,8 +224,6 @@ class ClusterStamp:
 
 @dataclass
 class PoolIndex:
-    """What this process knows of one pool's objects on the grid."""
-
     instance: str
     built_at: float
     by_claim: dict[str, list[GridObject]] = field(default_factory=dict)
@@ -237,8 +233,6 @@ class PoolIndex:
 
 @dataclass(frozen=True)
 class Allocating:
-    """One claim's business with its pool: the pool, the connection to its grid, the pool's index and the claim."""
-
     pool: Pool
     connection: Connection
     index: PoolIndex
@@ -320,9 +314,8 @@ class Ledger:
                 if error.failure is Failure.UNKNOWN_EA:  # the attribute is not even defined: nothing carries it
                     return []
                 raise
-            found += [
-                o for o in (parse_object(obj_type, raw) for raw in answer) if o is not None and o.claim_uid == claim_uid
-            ]
+            parsed = (parse_object(obj_type, raw) for raw in answer)
+            found += [o for o in parsed if o is not None and o.claim_uid == claim_uid]
         return found
 
     async def holders(self, connection: Connection, pool: Pool, address: str) -> list[GridObject]:

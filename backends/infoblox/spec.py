@@ -128,7 +128,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Pool:  # a parsed, validated InfobloxIPPool
+class Pool:
     ref: PoolRef
     uid: str
     spec: PoolSpec
