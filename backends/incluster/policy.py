@@ -4,7 +4,7 @@ KEP-3070 static band, and the pre-allocated addresses no dynamic allocation take
 The eligible addresses (allocatable, not pinned) form two *zones*: the static band (the lowest
 `static_band_size(total)`, when on) and those above it; the band is entered only when the upper zone has nothing.
 Within a zone: LowestFree takes the lowest free address (full intervals skipped: amortised O(log r)); Random a
-uniform free one (a few draws, then the k-th free address by rank/select, `ranked`, O(log n)); LeastRecentlyReleased
+uniform free one (a few draws, then the k-th free address by rank/select, O(log² n)); LeastRecentlyReleased
 the lowest never-reserved address, else the release record released longest ago once its grace period is over.
 The chooser never scans the used addresses: the index tells it each change (`used`, `freed`, `record`, `unrecord`).
 """
@@ -21,7 +21,6 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from backends.incluster.intervals import IntervalSet, PoolAllocator
-from backends.incluster.ranked import RankedPoints
 
 STATIC_BAND_MIN = 16
 STATIC_BAND_MAX = 256
@@ -89,9 +88,9 @@ class Zone:
         self.used = used.size
         self._first_unfilled = 0  # every interval of the region before this index is entirely used
         # The used addresses of the zone one by one (Random only): the order statistics of its exact choice.
-        self.points: RankedPoints | None = None
+        self.points: SortedList | None = None
         if track_points:
-            self.points = RankedPoints(value for start, end in used for value in range(start, end + 1))
+            self.points = SortedList(value for start, end in used for value in range(start, end + 1))
         self.released: Any = SortedList()  # (releasedAt, address) of the zone's release records
         self.released_at: dict[int, float] = {}
 
@@ -141,11 +140,17 @@ class Zone:
         """The free address with exactly `k` free addresses of the zone below it.
 
         Free addresses below the j-th used one are `rank(points[j]) - j`, non-decreasing in j: count the used
-        addresses below the answer (O(log n) evaluations, each O(log I)), then select past them."""
+        addresses below the answer (O(log n) evaluations, each O(log n + log I)), then select past them."""
         assert self.points is not None, "built with track_points"
-        region = self.region
-        used_below = self.points.count_leading(lambda point, position: region.rank(point) - position <= k)
-        return region.select(k + used_below)
+        points, rank = self.points, self.region.rank
+        used_below, high = 0, len(points)  # points[j] for j < used_below have at most k free addresses below
+        while used_below < high:
+            middle = (used_below + high) // 2
+            if rank(points[middle]) - middle <= k:
+                used_below = middle + 1
+            else:
+                high = middle
+        return self.region.select(k + used_below)
 
     def oldest_record(self, now: float, grace_seconds: float) -> int | None:
         """The address of the zone's oldest release record if its grace period is over."""

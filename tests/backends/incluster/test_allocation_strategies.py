@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +12,6 @@ from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 from backends.incluster.ledger import PoolIndex
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Region, Zone
-from backends.incluster.ranked import RankedPoints
 from backends.incluster.spec import InClusterPoolSpec, allocation_policy
 
 points = st.sets(st.integers(min_value=0, max_value=80), min_size=1, max_size=40)
@@ -36,25 +34,19 @@ def test_rank_and_select_match_the_sorted_members(members: set[int]) -> None:
 @given(
     start=st.sets(st.integers(0, 200), max_size=60),
     changes=st.lists(st.tuples(st.booleans(), st.integers(0, 200)), max_size=80),
-    threshold=st.integers(0, 201),
 )
-def test_ranked_points_keep_order_and_count_a_leading_run(
-    start: set[int], changes: list[tuple[bool, int]], threshold: int
-) -> None:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("backends.incluster.ranked.LOAD", 4)  # many small blocks: splits, removals, a deep tree
-        ranked, model = RankedPoints(start), set(start)
-        for add, value in changes:
-            if add:
-                ranked.add(value)
-                model.add(value)
-            else:
-                ranked.discard(value)
-                model.discard(value)
-        ordered = sorted(model)
-        assert len(ranked) == len(ordered)
-        assert ranked.count_leading(lambda point, _: point < threshold) == sum(1 for v in ordered if v < threshold)
-        assert ranked.count_leading(lambda _, position: position < threshold) == min(threshold, len(ordered))
+def test_the_exact_random_choice_follows_the_zone_s_changes(start: set[int], changes: list[tuple[bool, int]]) -> None:
+    zone, model = Zone(Region(IntervalSet([(0, 200)])), IntervalSet.from_points(start), track_points=True), set(start)
+    for add, value in changes:
+        if add and value not in model:
+            zone.used_now(value)
+            model.add(value)
+        elif not add and value in model:
+            zone.freed_now(value, 0)
+            model.discard(value)
+    free = [value for value in range(201) if value not in model]
+    assert zone.free == len(free)
+    assert [zone._kth_free(k) for k in range(len(free))] == free
 
 
 @settings(max_examples=300, deadline=None)
