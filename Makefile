@@ -89,6 +89,6 @@ generate: venv
 	$(BIN)/python hack/gen_prefix_crds.py
 	$(BIN)/python -m tools.prometheus_rules
 
-# The fast lane: every test that needs no control plane, NetBox or Go toolchain (see docs/testing.md).
+# The fast lane: every test that needs no control plane, NetBox or Go toolchain, on every core (see docs/testing.md).
 test-fast: venv
-	$(BIN)/pytest -m "not apiserver and not netbox" $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto -m "not apiserver and not netbox" $(PYTEST_ARGS)
