@@ -121,8 +121,11 @@ class InClusterBackend:
         cross_conditions, related, held_elsewhere = assess(
             self.survey, self.cached_addresses, pool_ref, allocatable, parsed.domain, own
         )
-        # a pinned address is free for its claim only; an address held by another pool of the domain for none
-        unavailable = unheld_pinned(parsed.pre.pinned, family, own) | held_elsewhere
+        index = self.ledger.get(pool_ref)
+        in_grace, reusable_in = index.in_grace() if index is not None else (frozenset[int](), None)
+        # a pinned address is free for its claim only; one held by another pool of the domain, or released and in
+        # its reuse grace period, for none
+        unavailable = unheld_pinned(parsed.pre.pinned, family, own) | held_elsewhere | in_grace
         total = allocatable.addresses.size
         free = max(total - (len(addresses) - out_of_range) - len(unavailable), 0)
         counts = AddressCounts(total=total, used=len(addresses), free=free, out_of_range=out_of_range)
@@ -135,18 +138,25 @@ class InClusterBackend:
             message = f"{pool_ref} has invalid preAllocations: {'; '.join(problems)}; fix spec.preAllocations"
             ready, reason = False, "InvalidConfiguration"
         else:
-            ready, reason, message = True, "PoolReady", _counts_message(counts, held_elsewhere, parsed.domain, waiting)
-        return PoolReport(ready, reason, message, counts=counts, conditions=conditions, related=related)
+            message = _counts_message(counts, held_elsewhere, parsed.domain, waiting, len(in_grace))
+            ready, reason = True, "PoolReady"
+        return PoolReport(
+            ready, reason, message, counts=counts, conditions=conditions, related=related, report_again=reusable_in
+        )
 
     async def close(self) -> None:
         self.ledger.clear()
 
 
-def _counts_message(counts: AddressCounts, held_elsewhere: frozenset[int], domain: str | None, waiting: int) -> str:
+def _counts_message(
+    counts: AddressCounts, held_elsewhere: frozenset[int], domain: str | None, waiting: int, in_grace: int
+) -> str:
     """The Ready message of an address pool: its free count and what it leaves out."""
     message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free"
     if held_elsewhere:
         message += f" ({len(held_elsewhere)} held by other pools of uniqueness domain {domain})"
+    if in_grace:
+        message += f"; {in_grace} released addresses wait out addressReuseGracePeriodSeconds"
     if waiting:
         message += f"; {waiting} more pre-allocated to claims that do not hold them yet"
     if counts.out_of_range:

@@ -443,6 +443,19 @@ class PoolIndex:
         if self.allocator.mark_free(value):
             self.chooser.freed(value)
 
+    def in_grace(self) -> tuple[frozenset[int], float | None]:
+        """The pool's own release records not reusable yet (in the allocatable set, their reuse grace period not
+        over), and the seconds until the first of them is; (empty, None) when there is none."""
+        if self.reuse_grace_seconds <= 0:
+            return frozenset(), None
+        now, grace = self.clock(), self.reuse_grace_seconds
+        left = {
+            value: released_at + grace - now
+            for value, released_at in self._released_at.items()
+            if value in self.allocatable.addresses and now - released_at < grace
+        }
+        return frozenset(left), min(left.values(), default=None)
+
     def expired_releases(self, grace_seconds: int) -> list[Reservation]:
         """Release records to delete, their reuse grace period being over: the pool's own by `grace_seconds` (none
         under LeastRecentlyReleased, whose records are the reuse order); another pool's of the domain by the grace

@@ -183,7 +183,9 @@ class PoolReport:
     """The state of a pool as the backend sees it, written to its status: `Ready` from `ready`, `reason` and
     `message`; each of `conditions` (types left out are left as they are); `status.ipAddresses` from `counts` (None:
     left as it is); `status`, the kind's other status fields, merged in. `related` names the pools whose report
-    depends on this pool's addresses: they are reported again soon when this pool's status changed."""
+    depends on this pool's addresses: they are reported again soon when this pool's status changed. `report_again`:
+    seconds until the report changes with no watched change (a grace period ending), the pool then being reported
+    again (at least a second later); None: on changes and at the usual interval."""
 
     ready: bool
     reason: str
@@ -192,6 +194,7 @@ class PoolReport:
     counts: AddressCounts | None = None
     conditions: Sequence[ReportCondition] = ()
     related: Sequence[PoolRef] = ()
+    report_again: float | None = None
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields to write besides the conditions."""

@@ -91,7 +91,10 @@ class PoolReconciler:
             for other in report.related:
                 self.ctx.pool_changed(other)
         self._record(ref, report)
-        return (report_interval_of(backend) or self.sync_period) * (1 + random.random() / 10)
+        again = report_interval_of(backend) or self.sync_period
+        if report.report_again is not None:
+            again = min(again, max(report.report_again, 1.0))
+        return again * (1 + random.random() / 10)
 
     def _record(self, ref: PoolRef, report: PoolReport) -> None:
         """Set the pool's gauges from the report its status was written from, and count its waiting claims."""

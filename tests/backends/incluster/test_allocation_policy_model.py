@@ -255,6 +255,13 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
         assert set(self.index.released) == {v for v, r in self.server.items() if r.released_at is not None}
 
     @invariant()
+    def the_records_in_their_grace_period_are_known_with_when_it_ends(self) -> None:
+        waiting = {v for v, r in self.server.items() if r.released_at is not None and not self._expired(v)}
+        in_grace = waiting & set(self.allocatable)
+        ends = [self.server[v].released_epoch + (self.grace or 0) - self.now for v in in_grace]
+        assert self.index.in_grace() == (frozenset(in_grace), min(ends, default=None))
+
+    @invariant()
     def free_count_matches(self) -> None:
         used = (set(self.server) | set(self.pending)) & set(self.allocatable)
         allocator = self.index.allocator

@@ -107,6 +107,23 @@ async def test_a_released_address_is_not_reused_within_the_grace_period(
     assert (await wait_address(kube, namespace, "after"))["spec"]["address"] == "10.36.0.1", "reused after it"
 
 
+async def test_a_released_address_is_not_counted_free_until_its_grace_period_is_over(
+    kube: KubeClient, namespace: str, in_process_controller: Controller
+) -> None:
+    grace = 4
+    await kube.create(
+        POOLS, pool("counted", ["10.37.0.1-10.37.0.4"], 24, addressReuseGracePeriodSeconds=grace), namespace
+    )
+    assert await claim_all(kube, namespace, "counted", 1) == ["10.37.0.1"]
+    await kube.delete(CLAIMS, "counted-ns-0", namespace)
+    during = await pool_status(kube, namespace, "counted", {"total": 4, "used": 0, "free": 3, "outOfRange": 0})
+    [ready] = [c for c in during["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["message"] == "3 of 4 addresses free; 1 released addresses wait out addressReuseGracePeriodSeconds"
+    # Nothing changes after this: the pool is reported again because its report said when the grace period ends
+    # (the controller's sync period is 10 minutes).
+    await pool_status(kube, namespace, "counted", {"total": 4, "used": 0, "free": 4, "outOfRange": 0})
+
+
 async def test_namespaced_and_global_pools_with_the_same_name_are_distinct(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:

@@ -90,6 +90,14 @@ async def test_a_report_without_counts_leaves_the_counts_alone(world: World) -> 
     assert ready_state(stored) == ("True", "PoolReady")
 
 
+@pytest.mark.parametrize(("again", "period"), [(30.0, 30.0), (0.01, 1.0), (10_000.0, 600.0)])
+async def test_a_report_that_says_when_it_changes_is_made_again_then(world: World, again: float, period: float) -> None:
+    world.add(POOLS, pool(finalizers=[FINALIZER_PROTECT_POOL]))
+    world.backend.report_with = PoolReport(True, "PoolReady", report_again=again)
+    # at that time, at least 1 s later, at most the sync period later
+    assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")), period)
+
+
 async def test_a_pool_that_is_not_ready_says_why_with_a_warning_on_each_new_reason(world: World) -> None:
     world.add(POOLS, pool())
     world.backend.report_with = PoolReport(False, "PoolInvalid", "addresses must not be empty")
