@@ -83,15 +83,20 @@ async def test_allocate_reserved_addresses_hands_out_network_and_broadcast(
     assert sorted(await claim_all(kube, namespace, "all", 4)) == ["10.31.0.0", "10.31.0.1", "10.31.0.2", "10.31.0.3"]
 
 
+async def claimed_and_released(kube: KubeClient, namespace: str, name: str, addresses: str, grace: int) -> str:
+    """Makes pool `name` with a reuse grace period, has its first claim fulfilled and deletes that claim (named
+    `<name>-ns-0`); returns the address it got."""
+    await kube.create(POOLS, pool(name, [addresses], 24, addressReuseGracePeriodSeconds=grace), namespace)
+    [address] = await claim_all(kube, namespace, name, 1)
+    await kube.delete(CLAIMS, f"{name}-ns-0", namespace)
+    return address
+
+
 async def test_a_released_address_is_not_reused_within_the_grace_period(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
     grace = 4
-    await kube.create(
-        POOLS, pool("graceful", ["10.36.0.1-10.36.0.6"], 24, addressReuseGracePeriodSeconds=grace), namespace
-    )
-    assert await claim_all(kube, namespace, "graceful", 1) == ["10.36.0.1"]
-    await kube.delete(CLAIMS, "graceful-ns-0", namespace)
+    assert await claimed_and_released(kube, namespace, "graceful", "10.36.0.1-10.36.0.6", grace) == "10.36.0.1"
 
     async def released() -> bool:
         return await kube.get(CLAIMS, "graceful-ns-0", namespace) is None
@@ -110,12 +115,7 @@ async def test_a_released_address_is_not_reused_within_the_grace_period(
 async def test_a_released_address_is_not_counted_free_until_its_grace_period_is_over(
     kube: KubeClient, namespace: str, in_process_controller: Controller
 ) -> None:
-    grace = 4
-    await kube.create(
-        POOLS, pool("counted", ["10.37.0.1-10.37.0.4"], 24, addressReuseGracePeriodSeconds=grace), namespace
-    )
-    assert await claim_all(kube, namespace, "counted", 1) == ["10.37.0.1"]
-    await kube.delete(CLAIMS, "counted-ns-0", namespace)
+    assert await claimed_and_released(kube, namespace, "counted", "10.37.0.1-10.37.0.4", 4) == "10.37.0.1"
     during = await pool_status(kube, namespace, "counted", {"total": 4, "used": 0, "free": 3, "outOfRange": 0})
     [ready] = [c for c in during["status"]["conditions"] if c["type"] == "Ready"]
     assert ready["message"] == "3 of 4 addresses free; 1 released addresses wait out addressReuseGracePeriodSeconds"
