@@ -123,8 +123,7 @@ class InClusterBackend:
         )
         index = self.ledger.get(pool_ref)
         in_grace, reusable_in = index.in_grace() if index is not None else (frozenset[int](), None)
-        # a pinned address is free for its claim only; one held by another pool of the domain, or released and in
-        # its reuse grace period, for none
+        # a pinned address is free for its claim only; one held by another pool of the domain or in grace for none
         unavailable = unheld_pinned(parsed.pre.pinned, family, own) | held_elsewhere | in_grace
         total = allocatable.addresses.size
         free = max(total - (len(addresses) - out_of_range) - len(unavailable), 0)

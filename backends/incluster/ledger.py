@@ -29,13 +29,15 @@ import asyncio
 import datetime
 import hashlib
 import ipaddress
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
+from sortedcontainers import SortedList
 
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import PoolAllocator, address_to_int, address_value, int_to_address
@@ -299,6 +301,7 @@ class PoolIndex:
     own_label: str | None = None
     pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
     _released_at: dict[int, float] = field(default_factory=dict)  # the own release records' releasedAt (epoch)
+    _release_order: Any = field(default_factory=SortedList)  # (releasedAt, value) of `_released_at`, oldest first
 
     @classmethod
     def build(
@@ -395,14 +398,14 @@ class PoolIndex:
     def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
         """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
         self.by_address[value] = reservation
-        self._released_at.pop(value, None)
+        self._forget_release(value)
         self.chooser.unrecord(value)
         if reservation.released_at is None:
             self.released.pop(value, None)
         else:
             self.released[value] = reservation
             if self.owns(reservation):  # another pool's record of the domain is held, never taken over from here
-                self._released_at[value] = reservation.released_epoch
+                self._note_release(value, reservation.released_epoch)
                 if value not in self.pending:
                     self.chooser.record(value, self._released_at[value])
         if reservation.claim_uid and self.owns(reservation):
@@ -413,6 +416,14 @@ class PoolIndex:
         if not marked:
             self._use(value)
 
+    def _note_release(self, value: int, released_at: float) -> None:
+        self._released_at[value] = released_at
+        self._release_order.add((released_at, value))
+
+    def _forget_release(self, value: int) -> None:
+        if (released_at := self._released_at.pop(value, None)) is not None:
+            self._release_order.discard((released_at, value))
+
     def drop(self, reservation: Reservation) -> None:
         value = _index_value(self.allocatable, reservation.address)
         if value is None:
@@ -421,7 +432,7 @@ class PoolIndex:
         if known.name == reservation.name and known.uid == reservation.uid:
             self.by_address.pop(value, None)
             self.released.pop(value, None)
-            self._released_at.pop(value, None)
+            self._forget_release(value)
             self.chooser.unrecord(value)
             if value not in self.pending:
                 self._free(value)
@@ -445,13 +456,14 @@ class PoolIndex:
 
     def in_grace(self) -> tuple[frozenset[int], float | None]:
         """The pool's own release records not reusable yet (in the allocatable set, their reuse grace period not
-        over), and the seconds until the first of them is; (empty, None) when there is none."""
+        over), and the seconds until the first of them is; (empty, None) when there is none. O(k + log n) for k
+        records released within the grace period of n."""
         if self.reuse_grace_seconds <= 0:
             return frozenset(), None
-        now, grace = self.clock(), self.reuse_grace_seconds
+        now, grace, order = self.clock(), self.reuse_grace_seconds, self._release_order
         left = {
             value: released_at + grace - now
-            for value, released_at in self._released_at.items()
+            for released_at, value in order.islice(order.bisect_right((now - grace, math.inf)))
             if value in self.allocatable.addresses and now - released_at < grace
         }
         return frozenset(left), min(left.values(), default=None)
