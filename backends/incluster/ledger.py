@@ -464,7 +464,7 @@ class PoolIndex:
         left = {
             value: released_at + grace - now
             for released_at, value in order.islice(order.bisect_right((now - grace, math.inf)))
-            if value in self.allocatable.addresses and now - released_at < grace
+            if value in self.allocatable.addresses and not grace_over(released_at, now, grace)
         }
         return frozenset(left), min(left.values(), default=None)
 
