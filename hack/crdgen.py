@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import yaml
 
+from ipam_provider.runtime.kube.resources import LABEL_LENGTH, LABEL_PATTERN, SUBDOMAIN_LENGTH, SUBDOMAIN_PATTERN
+
 GROUP = "ipam.cluster.x-k8s.io"
 OUT = Path(__file__).resolve().parents[1] / "crds"
 # crds/ is also a kustomization (config/crd builds it), under the one name `kubectl apply -f crds/` skips: it reads
@@ -46,6 +48,17 @@ Schema = dict[str, Any]
 
 def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
     return {"type": "string", "description": description, "maxLength": max_length, **extra}
+
+
+def object_name(description: str) -> Schema:
+    """A field naming an object: a DNS subdomain, as the controller checks every name before it puts it into a
+    request path (ipam_provider/runtime/kube/resources.py), so that a bad name is refused at admission."""
+    return string(description, SUBDOMAIN_LENGTH, pattern=SUBDOMAIN_PATTERN)
+
+
+def namespace_name(description: str) -> Schema:
+    """A field naming a namespace: a DNS label (see `object_name`)."""
+    return string(description, LABEL_LENGTH, pattern=LABEL_PATTERN)
 
 
 def integer(description: str, minimum: int, maximum: int | None = None) -> Schema:
