@@ -11,7 +11,19 @@ from __future__ import annotations
 
 import sys
 
-from crdgen import GROUP, Schema, age_column, conditions, crd, ready_columns, rules, string, write
+from crdgen import (
+    GROUP,
+    Schema,
+    age_column,
+    conditions,
+    crd,
+    namespace_name,
+    object_name,
+    ready_columns,
+    rules,
+    string,
+    write,
+)
 
 VERSION = "v1alpha1"
 CONDITIONS = "conditions of the object; Ready says whether it can be used, and if not, why."
@@ -20,12 +32,80 @@ RESERVED_EAS = ["CAPI-Claim-UID", "CAPI-Claim-Namespace", "CAPI-Claim-Name", "CA
 
 def secret_ref(description: str, with_key: bool = False) -> Schema:
     properties: Schema = {
-        "name": string("name of the Secret.", 253, minLength=1),
-        "namespace": string("namespace of the Secret.", 63, minLength=1),
+        "name": object_name("name of the Secret."),
+        "namespace": namespace_name(
+            "namespace of the Secret; it must carry the label "
+            'ipam.cluster.x-k8s.io/allow-cluster-scoped-secret-refs: "true" (docs/security.md).'
+        ),
     }
     if with_key:
         properties["key"] = string("key of the Secret's data holding the PEM bundle.", 253, default="ca.crt")
     return {"description": description, "type": "object", "required": ["name", "namespace"], "properties": properties}
+
+
+def label_selector(description: str) -> Schema:
+    """A metav1.LabelSelector."""
+    requirement: Schema = {
+        "description": "a label requirement: key, an operator and (for In and NotIn) values.",
+        "type": "object",
+        "required": ["key", "operator"],
+        "properties": {
+            "key": string("key is the label key.", 317),
+            "operator": {
+                "description": "operator relates the key to the values.",
+                "type": "string",
+                "enum": ["In", "NotIn", "Exists", "DoesNotExist"],
+            },
+            "values": {
+                "description": "values of In and NotIn; empty for Exists and DoesNotExist.",
+                "type": "array",
+                "maxItems": 64,
+                "items": string("a label value.", 63),
+                "x-kubernetes-list-type": "atomic",
+            },
+        },
+    }
+    return {
+        "description": description,
+        "type": "object",
+        "properties": {
+            "matchLabels": {
+                "description": "matchLabels: every one of these labels, with these values.",
+                "type": "object",
+                "maxProperties": 64,
+                "additionalProperties": string("a label value.", 63),
+            },
+            "matchExpressions": {
+                "description": "matchExpressions: every one of these requirements.",
+                "type": "array",
+                "maxItems": 64,
+                "items": requirement,
+                "x-kubernetes-list-type": "atomic",
+            },
+        },
+        "x-kubernetes-map-type": "atomic",
+    }
+
+
+def allowed_namespaces() -> Schema:
+    return {
+        "description": "allowedNamespaces says whose InfobloxIPPools may use this instance (and so its credentials): "
+        "a pool's namespace must be in list or have labels that selector matches. Absent (or empty): no namespace "
+        "may; `selector: {}`: every namespace. A pool of another namespace is Ready=False InstanceNotAllowed.",
+        "type": "object",
+        "properties": {
+            "list": {
+                "description": "list names the namespaces allowed.",
+                "type": "array",
+                "maxItems": 256,
+                "items": namespace_name("a namespace's name."),
+                "x-kubernetes-list-type": "set",
+            },
+            "selector": label_selector(
+                "selector allows the namespaces whose labels it matches ({} matches every namespace)."
+            ),
+        },
+    }
 
 
 def instance_schema() -> Schema:
@@ -63,8 +143,9 @@ def instance_schema() -> Schema:
                 "credentialsSecretRef names the Secret holding `username` and `password` (type "
                 "kubernetes.io/basic-auth works), or `clientCert` and `clientKey` (PEM; `tls.crt`/`tls.key` of a "
                 "kubernetes.io/tls Secret work too). The instance is cluster-scoped, so the Secret's namespace is "
-                "explicit; keep it in the provider's namespace. Whoever may create InfobloxInstances can make the "
-                "provider send any Secret's credentials to any host: grant that to cluster administrators only."
+                "explicit; keep it in the provider's namespace, labelled to lend Secrets to cluster-scoped objects. "
+                "Whoever may create InfobloxInstances can make the provider send the credentials of any Secret of "
+                "such a namespace to any host: grant that to cluster administrators only."
             ),
             "caBundle": string(
                 "caBundle is the PEM bundle of the CA(s) that signed the grid's certificate. Without it (and "
@@ -77,12 +158,14 @@ def instance_schema() -> Schema:
                     )
                 },
             ),
+            "allowedNamespaces": allowed_namespaces(),
             "caBundleSecretRef": secret_ref(
                 "caBundleSecretRef names a Secret key holding the CA bundle (PEM), instead of caBundle.", True
             ),
             "insecureSkipVerify": {
                 "description": "insecureSkipVerify turns TLS verification off. For tests only: anyone on the path "
-                "can then read the credentials.",
+                "can then read the credentials. The instance and its pools then show TLSVerified=False "
+                "(InsecureSkipVerify) with a Warning Event.",
                 "type": "boolean",
                 "default": False,
             },
@@ -197,7 +280,7 @@ def pool_schema() -> Schema:
                 "description": "instanceRef names the InfobloxInstance (cluster-scoped) of the grid.",
                 "type": "object",
                 "required": ["name"],
-                "properties": {"name": string("name of the InfobloxInstance.", 253, minLength=1)},
+                "properties": {"name": object_name("name of the InfobloxInstance.")},
             },
             "networkView": string("networkView holds the subnets; default: the instance's defaultNetworkView.", 64),
             "subnets": {

@@ -251,7 +251,7 @@ class Allocator:
         try:
             if settings.hostname_source == "claimName":
                 return host_fqdn(claim.name, settings.dns_zone, claim, "claim name")
-            name = await machine_name(self._kube, claim, self._settings.owner_depth)
+            name = await machine_name(self._kube, claim, self._settings.owners)
             return host_fqdn(name, settings.dns_zone, claim, "Machine name")
         except HostnameError as error:
             raise AllocationFailedError(str(error)) from error

@@ -14,7 +14,14 @@ import structlog
 
 from backends.infoblox.allocator import Allocator
 from backends.infoblox.checks import DNS_REASONS, PoolChecks, usage
-from backends.infoblox.connections import Connections, GridHealth, InstanceProblem, InstanceStatus
+from backends.infoblox.connections import (
+    TLS_CONDITION,
+    Connections,
+    GridHealth,
+    InstanceProblem,
+    InstanceStatus,
+    tls_condition,
+)
 from backends.infoblox.ledger import ClusterStamp, Ledger
 from backends.infoblox.repair import GridRepair
 from backends.infoblox.settings import InfobloxSettings
@@ -29,8 +36,11 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
     ReleaseImpossibleError,
+    ReportCondition,
 )
 from ipam_provider.common import Object, cap_int64
+from ipam_provider.runtime.events.recorder import EventRecorder
+from ipam_provider.runtime.kube.resources import subdomain_problem
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +51,8 @@ class InfobloxBackend:
 
     def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
         self.settings = settings or InfobloxSettings()
-        status = InstanceStatus(context.kube)
+        self.recorder = EventRecorder(context.kube, context.controller_name)  # Events about InfobloxInstances
+        status = InstanceStatus(context.kube, self.recorder)
         self.grid = GridHealth(self.settings, status)
         stamp = ClusterStamp(context.cluster_identity)
         self.ledger = Ledger(Connections(context.kube, self.settings, status), self.grid, self.settings, stamp)
@@ -58,7 +69,7 @@ class InfobloxBackend:
     ) -> Allocation:
         try:
             parsed = self.ledger.parse(pool_ref, pool)
-            connection = await self.ledger.connect(parsed.instance)
+            connection = await self.ledger.connect(parsed.instance, pool_ref)
             quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
             if quick is not None:
                 return quick
@@ -87,6 +98,8 @@ class InfobloxBackend:
         # The grid that holds the address is the one recorded when it was allocated; the pool may have been
         # re-pointed at another instance since.
         instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
+        if instance is not None and subdomain_problem(instance):
+            instance = None  # an edited annotation: the pool's instance decides
         if instance is None and pool is not None:
             with contextlib.suppress(PoolNotReadyError):
                 instance = self.ledger.parse(pool_ref, pool).instance
@@ -98,7 +111,7 @@ class InfobloxBackend:
                 f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
             )
         try:
-            connection = await self.ledger.connect(instance, unrefused=True)
+            connection = await self.ledger.connect(instance, pool_ref, unrefused=True)
         except PoolNotReadyError as error:
             problem = error.__cause__
             if isinstance(problem, InstanceProblem) and problem.reason == "InstanceNotFound":
@@ -117,25 +130,28 @@ class InfobloxBackend:
             return PoolReport(False, "InvalidConfiguration", message, counts=usage(None, addresses))
         counts = usage(parsed, addresses)
         try:
-            connection = await self.ledger.connections.connect(parsed.instance)
+            connection = await self.ledger.connections.connect(parsed.instance, pool_ref.namespace or "")
         except InstanceProblem as problem:
             message = f"InfobloxInstance {parsed.instance}: {problem.message}"
             return PoolReport(False, problem.reason, message, counts=counts)
         status = {"networkView": connection.network_view(parsed)}
+        verified, reason, tls_message = tls_condition(connection.spec)
+        conditions = [ReportCondition(TLS_CONDITION, verified, reason, tls_message, warning=not verified)]
         health = await self.grid.health(connection)
         if not health.ready:
             message = f"InfobloxInstance {parsed.instance}: {health.message}"
-            return PoolReport(False, health.reason, message, status, counts)
+            return PoolReport(False, health.reason, message, status, counts, conditions)
         check = await self.checks.check(parsed, connection, health)
         if not check.ready:
-            return PoolReport(False, check.reason, check.message, status, counts)
+            return PoolReport(False, check.reason, check.message, status, counts, conditions)
         try:
             await self.ledger.index(parsed, connection)
         except Exception as error:  # the index is rebuilt on the next allocation anyway
             log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
         message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
         stamped = self.ledger.stamp.condition(connection)
-        return PoolReport(True, "PoolReady", message, status, counts, conditions=(stamped,) if stamped else ())
+        conditions += [stamped] if stamped else []
+        return PoolReport(True, "PoolReady", message, status, counts, conditions)
 
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
         try:
@@ -147,3 +163,4 @@ class InfobloxBackend:
     async def close(self) -> None:
         await self.allocator.close()
         await self.ledger.connections.close()
+        await self.recorder.close()

@@ -1,18 +1,25 @@
-"""From an InfobloxInstance and its Secrets to a cached, checked connection to its grid, and the instance's `Ready`
-condition.
+"""From an InfobloxInstance and its Secrets to a cached, checked connection to its grid, and the instance's
+conditions (`Ready`, `TLSVerified`).
 
 Contract:
-- `Connections.connect(name)` reads the InfobloxInstance, its credentials Secret (`username` and `password`, or
-  `clientCert`/`tls.crt` and `clientKey`/`tls.key`) and its CA bundle at most once per `instance_cache_seconds`,
-  and rebuilds the connection when the instance's generation or a Secret's resourceVersion changes; a replaced one
-  is closed after `client.longest_call_seconds`. An unusable instance raises `InstanceProblem`, also written to its
-  status. Credentials only go into the Connector options (and 0600 files of a private 0700 temporary directory,
-  removed with the connection); never into a log, a condition or an exception.
+- `Connections.connect(name, namespace)` answers only a pool of a namespace the instance's `spec.allowedNamespaces`
+  allows (listed, or its labels matching the selector; the Namespace's labels cached like the instance); otherwise
+  InstanceProblem InstanceNotAllowed, and no Secret of the instance is read and nothing written on it. It reads the
+  InfobloxInstance, its credentials Secret (`username` and `password`, or `clientCert`/`tls.crt` and
+  `clientKey`/`tls.key`) and its CA bundle (PEM, at most CA_BUNDLE_LIMIT bytes) at most once per
+  `instance_cache_seconds`, every Secret through `tenancy.read_secret` (its Namespace must lend Secrets to
+  cluster-scoped objects: else SecretNotAllowed), and rebuilds the connection when the instance's generation or a
+  Secret's resourceVersion changes; a replaced one, or one no pool asked for within `idle_connection_seconds`, is
+  closed after `client.longest_call_seconds` and its files removed. A problem of the instance's own raises
+  `InstanceProblem`, also written to its status. Credentials only go into the Connector options (and 0600 files of
+  a private 0700 temporary directory, removed with the connection); never into a log, a condition or an exception.
+- A connection built with `insecureSkipVerify` sets the instance's TLSVerified=False (InsecureSkipVerify) with a
+  Warning Event and a warning log; pools report the same condition (`tls_condition`).
 - `GridHealth.health(connection)` checks reachability, TLS, credentials, the default views and the extensible
   attribute definitions (created when missing if the instance allows it), cached long when healthy, short when not;
   refused credentials are asked again later and later (up to `auth_failed_max_recheck_seconds`: a grid may lock the
   account), and `refused` answers that refusal while it stands, so that releases do not ask either.
-- `InstanceStatus.publish` writes an instance's `Ready` condition only when it changes; a failed write is logged.
+- `InstanceStatus.publish` writes an instance's condition only when it changes; a failed write is logged.
 """
 
 from __future__ import annotations
@@ -28,27 +35,39 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 from pydantic import ValidationError
 
 from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool
+from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool, SecretRef
 from backends.validation import spec_error
-from ipam_provider.api.capi import Condition, set_condition
+from ipam_provider.api.capi import READY, Condition, set_condition
 from ipam_provider.backend.contract import AllocationFailedError, BackendError, PoolNotReadyError
+from ipam_provider.backend.tenancy import (
+    AccessDenied,
+    Referrer,
+    name_problem,
+    namespace_labels,
+    read_secret,
+    selector_matches,
+)
 from ipam_provider.common import Object
+from ipam_provider.runtime.events.recorder import WARNING, EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import SECRETS
+from ipam_provider.runtime.kube.resources import subdomain_problem
 
 log = structlog.get_logger(__name__)
 BUILTIN_DNS_VIEW = "default"
 AUTH_FAILED = Failure.AUTH.value  # the Health reason of refused credentials
 EA_COMMENT = "Written by the Cluster API IPAM provider (capi-ipam-provider-py) on the objects it owns"
 INSTANCE_WIDE = frozenset({Failure.AUTH, Failure.TLS, Failure.UNREACHABLE})
+CA_BUNDLE_LIMIT = 64 * 1024  # bytes of a CA bundle, inline or from its Secret
+PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
+TLS_CONDITION = "TLSVerified"
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ class Connection:
     health: Health | None = None
     check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     auth_failures: int = 0  # grid checks in a row that ended in HTTP 401, with these credentials
+    used_at: float = field(default_factory=lambda: time.monotonic())  # when a pool last asked for it
 
     def network_view(self, pool: Pool) -> str:
         return pool.spec.network_view or self.spec.default_network_view
@@ -107,25 +127,33 @@ class Material:
     files: tempfile.TemporaryDirectory[str] | None  # the private files the options name
 
 
-async def read_material(kube: KubeClient, instance: Object) -> Material:
-    """What a connection to `instance` needs; private files are removed again if reading fails."""
+def instance_spec(instance: Object) -> InstanceSpec:
+    """The instance's spec, its Secret names checked; InstanceProblem InvalidConfiguration when it is malformed."""
     try:
         spec = InstanceSpec.model_validate(instance.get("spec") or {})
     except ValidationError as error:
         raise InstanceProblem("InvalidConfiguration", spec_error(error)) from error
+    refs: list[tuple[str, SecretRef]] = [("spec.credentialsSecretRef", spec.credentials_secret_ref)]
+    if spec.ca_bundle_secret_ref is not None:
+        refs.append(("spec.caBundleSecretRef", spec.ca_bundle_secret_ref))
+    for field_name, ref in refs:
+        if problem := name_problem(field_name, ref.name, ref.namespace):
+            raise InstanceProblem("InvalidConfiguration", problem)
+    return spec
+
+
+async def read_material(kube: KubeClient, instance: Object, spec: InstanceSpec) -> Material:
+    """What a connection to `instance` (of checked `spec`) needs; private files are removed again if reading fails.
+    Every Secret is read through `tenancy.read_secret`: its Namespace must lend Secrets to cluster-scoped objects."""
     ref = spec.credentials_secret_ref
     secret_label = f"{ref.namespace}/{ref.name}"
     where = f"Secret {secret_label} (spec.credentialsSecretRef)"
-    secret = await kube.get(SECRETS, ref.name, ref.namespace)
+    referrer = Referrer(INSTANCES.kind, str(instance["metadata"]["name"]), None)
+    secret = await _secret(kube, referrer, "spec.credentialsSecretRef", ref)
     if secret is None:
         raise InstanceProblem("CredentialsNotFound", f"{where} was not found; create it")
     data = _decode(secret)
-    pem, ca_version = (None, "") if spec.insecure_skip_verify else await _ca_bundle(kube, spec)
-    if pem is not None:
-        try:
-            ssl.create_default_context(cadata=pem)
-        except (ssl.SSLError, ValueError) as error:
-            raise InstanceProblem("InvalidCABundle", "the CA bundle holds no readable PEM certificate") from error
+    pem, ca_version = (None, "") if spec.insecure_skip_verify else await _ca_bundle(kube, referrer, spec)
     options: dict[str, Any] = {"host": spec.netloc, "wapi_version": spec.wapi_version}
     cert = data.get("clientCert") or data.get("tls.crt")
     key = data.get("clientKey") or data.get("tls.key")
@@ -149,20 +177,46 @@ async def read_material(kube: KubeClient, instance: Object) -> Material:
     return Material((*key_parts, ca_version), spec, options, secret_label, files)
 
 
-async def _ca_bundle(kube: KubeClient, spec: InstanceSpec) -> tuple[str | None, str]:
-    """The instance's CA bundle (None: the default trust store) and the resourceVersion of its Secret, if any."""
+async def _secret(kube: KubeClient, referrer: Referrer, field_name: str, ref: SecretRef) -> Object | None:
+    """The Secret `ref` names, or None; InstanceProblem SecretNotAllowed when its Namespace does not lend it."""
+    try:
+        return await read_secret(kube, referrer, field_name, ref.name, ref.namespace)
+    except AccessDenied as error:
+        raise InstanceProblem("SecretNotAllowed", str(error)) from error
+
+
+async def _ca_bundle(kube: KubeClient, referrer: Referrer, spec: InstanceSpec) -> tuple[str | None, str]:
+    """The instance's CA bundle, checked (None: the default trust store), and the resourceVersion of its Secret."""
     if spec.ca_bundle:
-        return spec.ca_bundle, ""
+        return checked_ca_bundle(spec.ca_bundle.encode(), "spec.caBundle"), ""
     ref = spec.ca_bundle_secret_ref
     if ref is None:
         return None, ""
-    secret = await kube.get(SECRETS, ref.name, ref.namespace)
+    where = f"CA bundle Secret {ref.namespace}/{ref.name}"
+    secret = await _secret(kube, referrer, "spec.caBundleSecretRef", ref)
     if secret is None:
-        raise InstanceProblem("InvalidCABundle", f"CA bundle Secret {ref.namespace}/{ref.name} was not found")
+        raise InstanceProblem("InvalidCABundle", f"{where} was not found")
     value = _decode(secret).get(ref.key)
     if not value:
-        raise InstanceProblem("InvalidCABundle", f"CA bundle Secret {ref.namespace}/{ref.name} has no key {ref.key!r}")
-    return value.decode("utf-8", "replace"), str(secret["metadata"]["resourceVersion"])
+        raise InstanceProblem("InvalidCABundle", f"{where} has no key {ref.key!r}")
+    return checked_ca_bundle(value, f"key {ref.key!r} of {where}"), str(secret["metadata"]["resourceVersion"])
+
+
+def checked_ca_bundle(pem: bytes, where: str) -> str:
+    """`pem` as text if it is a PEM bundle of CA certificates of at most CA_BUNDLE_LIMIT bytes; else
+    InstanceProblem InvalidCABundle, saying which (never quoting the content)."""
+    if len(pem) > CA_BUNDLE_LIMIT:
+        raise InstanceProblem(
+            "InvalidCABundle", f"{where} is {len(pem)} bytes, over the {CA_BUNDLE_LIMIT} bytes a CA bundle may have"
+        )
+    text = pem.decode("utf-8", "replace")
+    try:
+        if PEM_CERTIFICATE not in text:
+            raise ValueError("no PEM certificate")
+        ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as error:
+        raise InstanceProblem("InvalidCABundle", f"{where} holds no readable PEM certificate") from error
+    return text
 
 
 def _decode(secret: Mapping[str, Any]) -> dict[str, bytes]:
@@ -182,30 +236,58 @@ def _private_file(directory: str, name: str, content: bytes) -> str:
 
 
 class InstanceStatus:
-    def __init__(self, kube: KubeClient) -> None:
+    """Each InfobloxInstance's conditions, written when they change; Warning Events about instances."""
+
+    def __init__(self, kube: KubeClient, recorder: EventRecorder | None = None) -> None:
         self._kube = kube
+        self._recorder = recorder
         self.instances: dict[str, Object] = {}  # each InfobloxInstance as last read or written
 
-    async def publish(self, name: str, ready: bool, reason: str, message: str) -> None:
+    async def publish(self, name: str, ready: bool, reason: str, message: str, type: str = READY) -> bool:
+        """Set condition `type` of the instance (as last read by Connections.connect); whether it changed."""
         instance = self.instances[name]  # read by Connections.connect before any connection to it exists
         try:
             current = [Condition.model_validate(c) for c in (instance.get("status") or {}).get("conditions") or []]
         except ValidationError:
             current = []
         generation = instance["metadata"].get("generation")
-        conditions, changed = set_condition(current, "Ready", ready, reason, message, generation)
+        conditions, changed = set_condition(current, type, ready, reason, message, generation)
         if not changed:
-            return
+            return False
         patch = {"status": {"conditions": [c.wire() for c in conditions]}}
         try:
             self.instances[name] = await self._kube.patch(INSTANCES, name, patch, subresource="status")
         except ApiError as error:
             log.warning("cannot write the InfobloxInstance status", instance=name, error=error.message)
-            return
-        log.info("instance condition changed", instance=name, ready=ready, reason=reason, message=message)
+            return False
+        log.info("instance condition changed", instance=name, type=type, status=ready, reason=reason, message=message)
+        return True
+
+    async def publish_tls(self, name: str, spec: InstanceSpec) -> None:
+        """The instance's TLSVerified condition; turning verification off is also a Warning Event and log."""
+        status, reason, message = tls_condition(spec)
+        if not status:
+            log.warning("TLS verification of the grid is off", instance=name, host=spec.netloc)
+        if await self.publish(name, status, reason, message, TLS_CONDITION) and not status and self._recorder:
+            self._recorder.start()
+            self._recorder.record(self.instances[name], WARNING, reason, message)
+
+
+def tls_condition(spec: InstanceSpec) -> tuple[bool, str, str]:
+    """The TLSVerified condition of an instance and of its pools: status, reason and message."""
+    if spec.insecure_skip_verify:
+        message = (
+            f"spec.insecureSkipVerify is set: the certificate of {spec.netloc} is not verified, so anyone on the "
+            "path can read the credentials; set spec.caBundle or spec.caBundleSecretRef and remove insecureSkipVerify"
+        )
+        return False, "InsecureSkipVerify", message
+    source = "spec.caBundle" if spec.ca_bundle else "spec.caBundleSecretRef" if spec.ca_bundle_secret_ref else None
+    return True, "Verified", f"the certificate of {spec.netloc} is verified against {source or 'the trusted CAs'}"
 
 
 class Connections:
+    """The connections to every InfobloxInstance in use (see the module's contract)."""
+
     def __init__(self, kube: KubeClient, settings: InfobloxSettings, status: InstanceStatus) -> None:
         self._kube = kube
         self._settings = settings
@@ -213,38 +295,107 @@ class Connections:
         self._connections: dict[str, Connection] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._closing: dict[asyncio.Task[None], Connection] = {}  # replaced ones, closed once their calls ended
+        self._namespaces: dict[str, tuple[float, Mapping[str, str] | None]] = {}  # labels, as read at a time
 
-    async def connect(self, name: str) -> Connection:
+    async def connect(self, name: str, namespace: str) -> Connection:
+        """The connection to InfobloxInstance `name` for a pool of `namespace`. InstanceProblem when the name is
+        malformed, the instance is missing or unusable (written on the instance), or it does not allow `namespace`
+        (InstanceNotAllowed: written on nothing but the asking pool, and nothing of the instance read further)."""
+        if problem := subdomain_problem(name):
+            raise InstanceProblem("InvalidConfiguration", f"spec.instanceRef.name: {problem}")
+        self._sweep()
         async with self._locks[name]:
-            current = self._connections.get(name)
-            if current is not None and time.monotonic() - current.read_at < self._settings.instance_cache_seconds:
-                return current
-            instance = await self._kube.get(INSTANCES, name)
-            if instance is None:
-                self._retire(name)
-                raise InstanceProblem(
-                    "InstanceNotFound", f"InfobloxInstance {name} was not found; create it or fix spec.instanceRef"
-                )
-            self._status.instances[name] = instance
-            try:
-                material = await read_material(self._kube, instance)
-            except InstanceProblem as problem:
-                self._retire(name)
-                await self._status.publish(name, False, problem.reason, problem.message)
-                raise
-            if current is not None and current.key == material.key:
-                if material.files is not None:
-                    material.files.cleanup()
-                current.read_at = time.monotonic()
-                return current
-            spec, retry = material.spec, self._settings.retry
-            workers, timeout = spec.max_concurrent_requests, spec.request_timeout_seconds
-            client = WapiClient(material.options, max_workers=workers, request_timeout=timeout, retry=retry, label=name)
-            connection = Connection(name, material.key, spec, client, material.secret, material.files, time.monotonic())
+            connection = await self._current(name, namespace)
+        connection.used_at = time.monotonic()
+        return connection
+
+    async def _current(self, name: str, namespace: str) -> Connection:
+        current = self._connections.get(name)
+        if current is not None and time.monotonic() - current.read_at < self._settings.instance_cache_seconds:
+            await self._admit(name, current.spec, namespace)
+            return current
+        instance = await self._kube.get(INSTANCES, name)
+        if instance is None:
             self._retire(name)
-            self._connections[name] = connection
-            log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
-            return connection
+            raise InstanceProblem(
+                "InstanceNotFound", f"InfobloxInstance {name} was not found; create it or fix spec.instanceRef"
+            )
+        self._status.instances[name] = instance
+        material = await self._material(name, instance, namespace)
+        if current is not None and current.key == material.key:
+            if material.files is not None:
+                material.files.cleanup()
+            current.read_at = time.monotonic()
+            return current
+        spec, retry = material.spec, self._settings.retry
+        workers, timeout = spec.max_concurrent_requests, spec.request_timeout_seconds
+        client = WapiClient(material.options, max_workers=workers, request_timeout=timeout, retry=retry, label=name)
+        connection = Connection(name, material.key, spec, client, material.secret, material.files, time.monotonic())
+        self._retire(name)
+        self._connections[name] = connection
+        log.info("connection to grid built", instance=name, host=spec.netloc, wapi=spec.wapi_version)
+        await self._status.publish_tls(name, spec)
+        return connection
+
+    async def _material(self, name: str, instance: Object, namespace: str) -> Material:
+        """The instance's checked spec and Secrets, once `namespace` is found allowed; a problem of the instance's
+        own is written on it (and its connection retired)."""
+        try:
+            spec = instance_spec(instance)
+        except InstanceProblem as problem:
+            await self._unusable(name, problem)
+        await self._admit(name, spec, namespace)
+        try:
+            return await read_material(self._kube, instance, spec)
+        except InstanceProblem as problem:
+            await self._unusable(name, problem)
+
+    async def _unusable(self, name: str, problem: InstanceProblem) -> NoReturn:
+        self._retire(name)
+        await self._status.publish(name, False, problem.reason, problem.message)
+        raise problem
+
+    async def _admit(self, name: str, spec: InstanceSpec, namespace: str) -> None:
+        """InstanceProblem InstanceNotAllowed unless `namespace` is listed in the instance's allowedNamespaces or
+        its labels match the selector there; the message names the instance and the field, nothing more."""
+        allowed = spec.allowed_namespaces
+        if allowed is not None and namespace in allowed.names:
+            return
+        if allowed is not None and allowed.selector is not None:
+            labels = await self._labels(namespace)
+            if labels is not None and selector_matches(allowed.selector, labels):
+                return
+        raise InstanceProblem(
+            "InstanceNotAllowed",
+            f"InfobloxInstance {name} does not allow namespace {namespace} (spec.allowedNamespaces); its owner may "
+            "add the namespace to spec.allowedNamespaces.list, or label the namespace to match "
+            "spec.allowedNamespaces.selector",
+        )
+
+    async def _labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The Namespace's labels, read at most once per `instance_cache_seconds`."""
+        now = time.monotonic()
+        read_at, labels = self._namespaces.get(namespace, (None, None))
+        if read_at is not None and now - read_at < self._settings.instance_cache_seconds:
+            return labels
+        labels = await namespace_labels(self._kube, namespace)
+        self._namespaces[namespace] = now, labels
+        return labels
+
+    def _sweep(self) -> None:
+        """Retire connections no pool asked for within `idle_connection_seconds` (their instance or pools went),
+        and forget stale Namespace labels."""
+        now = time.monotonic()
+        for name in [
+            n for n, c in self._connections.items() if now - c.used_at > self._settings.idle_connection_seconds
+        ]:
+            if not self._locks[name].locked():
+                self._retire(name)
+        stale = [
+            ns for ns, (read_at, _) in self._namespaces.items() if now - read_at > self._settings.instance_cache_seconds
+        ]
+        for namespace in stale:
+            del self._namespaces[namespace]
 
     def _retire(self, name: str) -> None:
         connection = self._connections.pop(name, None)

@@ -264,11 +264,12 @@ class Ledger:
             raise PoolNotReadyError(f"{pool_ref} is invalid: {error}; fix the pool's spec") from error
         return parsed
 
-    async def connect(self, instance: str, *, unrefused: bool = False) -> Connection:
-        """The instance's connection; PoolNotReadyError (caused by the InstanceProblem, if any) when the instance
-        cannot be used, or with `unrefused` while its refused credentials are not due for a re-check."""
+    async def connect(self, instance: str, pool_ref: PoolRef, *, unrefused: bool = False) -> Connection:
+        """The instance's connection for pool `pool_ref`; PoolNotReadyError (caused by the InstanceProblem, if any)
+        when the instance cannot be used or does not allow the pool's namespace, or with `unrefused` while its refused
+        credentials are not due for a re-check."""
         try:
-            connection = await self.connections.connect(instance)
+            connection = await self.connections.connect(instance, pool_ref.namespace or "")
         except InstanceProblem as problem:
             raise PoolNotReadyError(f"InfobloxInstance {instance}: {problem.message}") from problem
         refused = self.grid.refused(connection) if unrefused else None
@@ -279,7 +280,7 @@ class Ledger:
     async def pool_connection(self, pool_ref: PoolRef, pool: Object) -> tuple[Pool, Connection]:
         """The parsed pool and its instance's unrefused connection; PoolNotReadyError when either cannot be used."""
         parsed = self.parse(pool_ref, pool)
-        return parsed, await self.connect(parsed.instance, unrefused=True)
+        return parsed, await self.connect(parsed.instance, pool_ref, unrefused=True)
 
     async def index(self, pool: Pool, connection: Connection) -> PoolIndex:
         """The pool's index, rebuilt by a search on CAPI-Pool when missing, stale, or of another instance."""

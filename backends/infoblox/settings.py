@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.infoblox.client import RetryPolicy
+from backends.infoblox.hostname import OwnerBounds
 
 
 @dataclass(frozen=True)
 class InfobloxSettings:
-    # How long an InfobloxInstance and its Secrets, once read, are trusted (a 401 forces a fresh read at once).
+    # How long an InfobloxInstance, its Secrets and a pool's Namespace labels, once read, are trusted (a 401 forces a
+    # fresh read at once).
     instance_cache_seconds: float = 5.0
+    # A connection no pool asked for this long is closed and its files removed (its instance or pools went).
+    idle_connection_seconds: float = 600.0
     # How long a grid check (reachability, TLS, credentials, views, networks) is trusted, when it passed / failed.
     healthy_recheck_seconds: float = 300.0
     unhealthy_recheck_seconds: float = 10.0
@@ -28,5 +32,5 @@ class InfobloxSettings:
     not_ready_retry_seconds: float | None = None
     # Objects per page of the repair loop's paged listing of a pool's holdings (WAPI `_max_results`).
     repair_page_size: int = 1000
-    # How many ownerReferences deep the Machine that owns a claim is looked for.
-    owner_depth: int = 5
+    # How deep, in how many reads and for how long the Machine that owns a claim is looked for.
+    owners: OwnerBounds = field(default_factory=OwnerBounds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -14,7 +14,7 @@ from backends.validation import PoolSpecError, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource, subdomain_problem
 
 VERSION = "v1alpha1"
 INFOBLOX_POOL = PoolKind(IPAM_GROUP, VERSION, "InfobloxIPPool", "infobloxippools", namespaced=True)
@@ -54,6 +54,14 @@ class LocalRef(Model):
     name: str
 
 
+class AllowedNamespaces(Model):
+    """The namespaces whose pools may use an instance: those in `names`, and those whose labels match `selector`
+    (a metav1.LabelSelector; `{}` matches every namespace). None of them: no namespace."""
+
+    names: list[str] = Field(default_factory=list, alias="list")
+    selector: dict[str, Any] | None = None
+
+
 class InstanceSpec(Model):
     host: str
     port: int = 443
@@ -67,6 +75,7 @@ class InstanceSpec(Model):
     manage_ea_definitions: bool = Field(default=True, alias="manageExtensibleAttributeDefinitions")
     request_timeout_seconds: int = Field(default=10, alias="requestTimeoutSeconds", ge=1, le=300)
     max_concurrent_requests: int = Field(default=8, alias="maxConcurrentRequests", ge=1, le=64)
+    allowed_namespaces: AllowedNamespaces | None = Field(default=None, alias="allowedNamespaces")
 
     @property
     def netloc(self) -> str:
@@ -185,6 +194,8 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:
         raise PoolSpecError(spec_error(error)) from error
+    if problem := subdomain_problem(spec.instance_ref.name):
+        raise PoolSpecError(f"spec.instanceRef.name: {problem}")
     targets = [_subnet_target(i, s) for i, s in enumerate(spec.subnets)]
     targets += [_range_target(i, r) for i, r in enumerate(spec.ranges)]
     if not targets:

@@ -18,10 +18,11 @@ from backends.infoblox.client import RetryPolicy
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, NAMESPACES, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition
@@ -86,8 +87,11 @@ def _ea(obj: Object, name: str) -> Any:
 async def grid_factory(
     kube: KubeClient, namespace: str, wapi_simulator_factory: Callable[..., WapiSimulator]
 ) -> AsyncIterator[Callable[..., Any]]:
-    """make(password=..., ca=..., **instance spec) -> Grid; instances are deleted at teardown."""
+    """make(password=..., ca=..., **instance spec) -> Grid; instances are deleted at teardown. The test's namespace
+    lends its Secrets to cluster-scoped objects (it holds the instance's Secret), and the instance allows it
+    (`allowedNamespaces`, unless `spec` says otherwise)."""
     created: list[str] = []
+    await lend_secrets(kube, namespace)
 
     async def make(password: str | None = None, ca: str | None = "sim", **spec: Any) -> Grid:
         sim = wapi_simulator_factory()
@@ -100,6 +104,7 @@ async def grid_factory(
             "port": sim.port,
             "wapiVersion": sim.wapi_version,
             "credentialsSecretRef": {"name": name, "namespace": namespace},
+            "allowedNamespaces": {"list": [namespace]},
         }
         if ca == "sim":
             assert sim.ca_path is not None
@@ -115,6 +120,11 @@ async def grid_factory(
     yield make
     for name in created:
         await kube.delete(INSTANCES, name)
+
+
+async def lend_secrets(kube: KubeClient, namespace: str) -> None:
+    """Label `namespace` so that InfobloxInstances may read its Secrets (tenancy.SECRET_REFS_LABEL)."""
+    await kube.patch(NAMESPACES, namespace, {"metadata": {"labels": {SECRET_REFS_LABEL: "true"}}})
 
 
 @pytest_asyncio.fixture

@@ -49,14 +49,14 @@ async def test_refused_credentials_are_rechecked_later_and_later_until_the_secre
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, "Wrong-password-1")
     connections, grid = instance_parts(kube)  # re-check after 10 s, doubling up to 300 s
-    connection = await connections.connect("grid")
+    connection = await connections.connect("grid", "ns")
     assert (await grid.health(connection)).reason == "AuthenticationFailed"
     assert sim.request_log.entries and all(e.status == 401 for e in sim.request_log.entries)
 
     rechecked_at: list[int] = []
     for second in range(1, 1201):  # twenty minutes of pools and claims asking every second
         now[0] = 1000.0 + second
-        assert await connections.connect("grid") is connection, "the Secret did not change: same connection"
+        assert await connections.connect("grid", "ns") is connection, "the Secret did not change: same connection"
         before = len(sim.request_log.entries)
         health = await grid.health(connection)
         assert health.reason == "AuthenticationFailed"
@@ -71,7 +71,7 @@ async def test_refused_credentials_are_rechecked_later_and_later_until_the_secre
     fixed["metadata"]["resourceVersion"] = "8"
     kube.objects[SECRET_KEY] = fixed
     now[0] += 6  # past instance_cache_seconds: the Secret is read again
-    renewed = await connections.connect("grid")
+    renewed = await connections.connect("grid", "ns")
     assert renewed is not connection
     health = await grid.health(renewed)
     assert (health.ready, health.reason) == (True, "Connected")
@@ -86,7 +86,7 @@ async def test_other_failures_keep_the_short_recheck(
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, sim.password, defaultDNSView="nope")
     connections, grid = instance_parts(kube)
-    connection = await connections.connect("grid")
+    connection = await connections.connect("grid", "ns")
     checks = 0
     for second in range(0, 100):
         now[0] = 1000.0 + second
@@ -106,7 +106,7 @@ async def test_refusals_of_other_calls_double_the_wait_only_when_they_probed_aga
     now = fake_clock(monkeypatch)
     kube = stub_grid(sim, "Wrong-password-1")
     connections, grid = instance_parts(kube)
-    connection = await connections.connect("grid")
+    connection = await connections.connect("grid", "ns")
     await grid.health(connection)  # refused at 1000: the wait is 10 s
     refusal = WapiError(Failure.AUTH, "the grid refused the credentials (HTTP 401)", 401)
     now[0] = 1001.0

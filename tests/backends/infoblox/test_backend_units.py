@@ -4,6 +4,7 @@ retries and thread pool against the simulator through the real infoblox-client (
 from __future__ import annotations
 
 import asyncio
+import copy
 import base64
 import stat
 import threading
@@ -15,12 +16,12 @@ import pytest
 
 from backends.infoblox.client import Failure, RetryPolicy, WapiClient, WapiError
 from backends.infoblox.connections import Connections, InstanceProblem, InstanceStatus
-from backends.infoblox.hostname import plural
 from backends.infoblox.ledger import duid_for
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import Pool, parse_pool
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import PoolRef
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -70,17 +71,6 @@ def test_pool_targets_keep_their_order_and_count_usable_addresses() -> None:
 def test_invalid_pools_say_what_to_fix(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(PoolSpecError, match=message):
         parse(pool(**spec))
-
-
-def test_plural_follows_the_code_generators_rule() -> None:
-    assert [plural(k) for k in ("VSphereVM", "Metal3Data", "Machine", "Proxy", "Address", "Gateway")] == [
-        "vspherevms",
-        "metal3datas",
-        "machines",
-        "proxies",
-        "addresses",
-        "gateways",
-    ]
 
 
 def test_duid_is_a_duid_uuid_of_the_claim_uid() -> None:
@@ -214,18 +204,28 @@ async def test_client_bounds_concurrency_and_keeps_the_loop_free(wapi_simulator:
 
 
 class StubKube:
-    """Just `get` and `patch`, from a dict: what Connections reads and InstanceStatus writes."""
+    """Just `get` and `patch`, from a dict: what Connections reads and InstanceStatus writes. The Namespaces "sys"
+    (lending its Secrets to cluster-scoped objects) and "ns" (of the pools) exist unless `objects` says otherwise."""
 
     def __init__(self, objects: dict[tuple[str, str | None, str], dict[str, Any]]) -> None:
-        self.objects = objects
+        self.objects = {**copy.deepcopy(NAMESPACES), **objects}
         self.patches: list[dict[str, Any]] = []
+        self.gets: list[tuple[str, str | None, str]] = []
 
     async def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        resource.path(namespace, name)  # the real client's name checks
+        self.gets.append((resource.plural, namespace, name))
         return self.objects.get((resource.plural, namespace, name))
 
     async def patch(self, resource: Any, name: str, patch: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         self.patches.append(patch)
         return {**self.objects[(resource.plural, None, name)], **patch}
+
+
+NAMESPACES: dict[tuple[str, str | None, str], dict[str, Any]] = {
+    ("namespaces", None, "sys"): {"metadata": {"name": "sys", "labels": {SECRET_REFS_LABEL: "true"}}},
+    ("namespaces", None, "ns"): {"metadata": {"name": "ns", "labels": {"team": "a"}}},
+}
 
 
 def secret(name: str, **data: str) -> dict[str, Any]:
@@ -234,8 +234,18 @@ def secret(name: str, **data: str) -> dict[str, Any]:
 
 
 def grid_instance(**spec: Any) -> dict[str, Any]:
-    body = {"host": "gm.example.com", "credentialsSecretRef": {"name": "creds", "namespace": "sys"}, **spec}
-    return {"metadata": {"name": "grid", "uid": "u1", "generation": 1}, "spec": body}
+    body = {
+        "host": "gm.example.com",
+        "credentialsSecretRef": {"name": "creds", "namespace": "sys"},
+        "allowedNamespaces": {"list": ["ns"]},
+        **spec,
+    }
+    return {
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
+        "kind": "InfobloxInstance",
+        "metadata": {"name": "grid", "uid": "u1", "generation": 1},
+        "spec": body,
+    }
 
 
 async def test_client_certificates_go_to_private_files_removed_with_the_connection(wapi_tls_material: Any) -> None:
@@ -247,7 +257,7 @@ async def test_client_certificates_go_to_private_files_removed_with_the_connecti
         }
     )
     connections = Connections(cast(Any, kube), InfobloxSettings(), InstanceStatus(cast(Any, kube)))
-    connection = await connections.connect("grid")
+    connection = await connections.connect("grid", "ns")
     options = connection.client._connector
     assert (options.cert, options.key) != (None, None) and not hasattr(options, "password")
     directory = check_private_files(options.cert, options.key, options.ssl_verify)
@@ -302,7 +312,7 @@ async def test_instance_problems_have_reasons_and_reach_the_instance_status(
     kube = StubKube(objects)
     connections = Connections(cast(Any, kube), InfobloxSettings(), InstanceStatus(cast(Any, kube)))
     with pytest.raises(InstanceProblem) as caught:
-        await connections.connect("grid")
+        await connections.connect("grid", "ns")
     assert caught.value.reason == reason
     if objects:
         (patch,) = kube.patches

@@ -12,7 +12,7 @@ import yaml
 from backends.infoblox.spec import INSTANCES
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import CLAIMS, SECRETS
-from tests.backends.infoblox.conftest import POOLS, wait_instance_reason, wait_pool_reason
+from tests.backends.infoblox.conftest import POOLS, lend_secrets, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address
 from tools.wapi_simulator import WapiSimulator
 
@@ -42,6 +42,7 @@ async def test_examples_are_served(
     instance_name = f"corp-grid-{secrets.token_hex(3)}"
     assert sim.ca_path is not None
     created: list[tuple[Any, str, str | None]] = []
+    await lend_secrets(kube, namespace)
     try:
         for doc in documents():
             kind, meta = doc["kind"], doc["metadata"]
@@ -58,6 +59,7 @@ async def test_examples_are_served(
                 doc["spec"].update(host=sim.host, port=sim.port)
                 for ref in ("credentialsSecretRef", "caBundleSecretRef"):
                     doc["spec"][ref]["namespace"] = namespace
+                doc["spec"]["allowedNamespaces"]["list"] = [namespace]
             elif kind == "InfobloxIPPool":
                 doc["spec"]["instanceRef"]["name"] = instance_name
             resource = {

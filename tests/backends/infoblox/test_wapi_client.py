@@ -14,6 +14,7 @@ from backends.infoblox.client import PAGE_SIZE, Failure, RetryPolicy, WapiClient
 from backends.infoblox.connections import Connections, InstanceStatus
 from backends.infoblox.ledger import parse_object
 from backends.infoblox.settings import InfobloxSettings
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from tools.wapi_simulator import WapiSimulator
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
@@ -116,6 +117,7 @@ class SecretsStub:
             "wapiVersion": sim.wapi_version,
             "caBundle": sim.ca_path.read_text(),
             "credentialsSecretRef": {"name": "creds", "namespace": "sys"},
+            "allowedNamespaces": {"list": ["ns"]},
         }
         self.instance = {"metadata": {"name": "grid", "uid": "u1", "generation": 1}, "spec": spec}
         data = {"username": sim.username, "password": sim.password}
@@ -125,6 +127,8 @@ class SecretsStub:
         }
 
     async def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        if resource.plural == "namespaces":
+            return {"metadata": {"name": name, "labels": {SECRET_REFS_LABEL: "true"}}}
         return self.secret if resource.plural == "secrets" else self.instance
 
     async def patch(self, resource: Any, name: str, patch: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -137,13 +141,13 @@ async def test_a_replaced_connection_serves_its_calls_in_flight_then_closes(wapi
     kube = SecretsStub(sim)
     settings = InfobloxSettings(instance_cache_seconds=0, retry=FAST)
     connections = Connections(cast(Any, kube), settings, InstanceStatus(cast(Any, kube)))
-    old = await connections.connect("grid")
+    old = await connections.connect("grid", "ns")
     ca_file = old.client._connector.ssl_verify
     sim.faults.add_latency(0.3, methods="GET", count=4)
     in_flight = [asyncio.create_task(old.client.search("network", ["network"])) for _ in range(4)]
     await asyncio.sleep(0.05)
     kube.secret["metadata"]["resourceVersion"] = "2"  # the password was rotated
-    new = await connections.connect("grid")
+    new = await connections.connect("grid", "ns")
     assert new is not old
     answers = await asyncio.gather(*in_flight, return_exceptions=True)
     assert all(isinstance(a, list) and len(a) == 1 for a in answers), answers
