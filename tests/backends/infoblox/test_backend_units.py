@@ -4,8 +4,8 @@ retries and thread pool against the simulator through the real infoblox-client (
 from __future__ import annotations
 
 import asyncio
-import copy
 import base64
+import copy
 import stat
 import threading
 import time

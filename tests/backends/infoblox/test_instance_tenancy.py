@@ -14,6 +14,8 @@ from backends.infoblox import connections as connections_module
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.connections import CA_BUNDLE_LIMIT, Connection, Connections, InstanceProblem, InstanceStatus
 from backends.infoblox.settings import InfobloxSettings
+from backends.infoblox.spec import parse_pool
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from tests.backends.infoblox.test_backend_units import StubKube, grid_instance, pool, secret
@@ -41,6 +43,8 @@ async def test_a_pool_naming_a_path_as_its_instance_is_invalid_and_nothing_is_re
     body = pool(subnets=[{"cidr": "10.0.0.0/24"}])
     body["spec"]["instanceRef"]["name"] = ATTACK
     ref = PoolRef.from_object(body)
+    with pytest.raises(PoolSpecError, match=r"spec\.instanceRef\.name: '\.\./\.\./v1beta2/.*' is not a DNS subdomain"):
+        parse_pool(ref, body)
     report = await backend.report(ref, body, [])
     assert (report.ready, report.reason) == (False, "InvalidConfiguration")
     assert "spec.instanceRef.name" in report.message and "not a DNS subdomain" in report.message
