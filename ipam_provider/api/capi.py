@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ipam_provider.backend.contract import Allocation, PoolKind, PoolRef
+from ipam_provider.runtime.kube.bounds import CONDITION_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.resources import now_rfc3339
 
 FINALIZER_RELEASE_ADDRESS = "ipam.cluster.x-k8s.io/ReleaseAddress"
@@ -76,7 +77,9 @@ class Condition(Model):
 def set_condition(
     conditions: Sequence[Condition], type: str, status: bool, reason: str, message: str, generation: int | None
 ) -> tuple[list[Condition], bool]:
-    """The conditions with `type` set (its transition time moves when its status flips), and whether they changed."""
+    """The conditions with `type` set (its transition time moves when its status flips), and whether they changed.
+    The message is cut to what the API accepts (CONDITION_MESSAGE_LENGTH): every condition we write passes here."""
+    message = cut_message(message, CONDITION_MESSAGE_LENGTH)
     wanted = "True" if status else "False"
     previous = find_condition(conditions, type)
     transition = previous.last_transition_time if previous is not None and previous.status == wanted else now_rfc3339()

@@ -423,9 +423,10 @@ class ClaimReconciler:
         if wanted_ref is not None:
             status["addressRef"] = {"name": wanted_ref}
         raw = work.raw
-        work.refresh(
-            await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, raw, {"status": status}, subresource="status")
-        )
+        updated = await self.ctx.write_status(self.ctx.caches.claims, CLAIMS, raw, status)
+        if updated is None:
+            return  # refused: its own Event says why
+        work.refresh(updated)
         if previous is None or previous.status != ("True" if ready else "False") or previous.reason != reason:
             self.ctx.recorder.record(raw, NORMAL if ready else WARNING, reason, message, related=work.pool)
 

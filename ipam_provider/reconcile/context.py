@@ -24,12 +24,18 @@ from ipam_provider.backend.contract import (
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PENDING, PoolLabels
+from ipam_provider.runtime.cache.informer import name_of
 from ipam_provider.runtime.cache.store import Store
-from ipam_provider.runtime.events import EventRecorder
+from ipam_provider.runtime.events import WARNING, EventRecorder
+from ipam_provider.runtime.events.correlator import LRU
+from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Resource
 from ipam_provider.watch import POOL, Caches
+
+log = structlog.get_logger(__name__)
+REASON_STATUS_REFUSED = "StatusRefused"
 
 
 def pool_resource(kind: PoolKind) -> Resource:
@@ -49,6 +55,7 @@ class ReconcileContext:
     repair_releases: bool = True  # whether the repair loop releases leaks (for the messages that rely on it)
     _pool_locks: weakref.WeakValueDictionary[PoolRef, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
     _allocating: collections.Counter[PoolRef] = field(default_factory=collections.Counter)
+    _refused: LRU[tuple[str, str | None, str], str] = field(default_factory=lambda: LRU(4096))  # see write_status
 
     @contextlib.contextmanager
     def allocating(self, ref: PoolRef) -> Iterator[None]:
@@ -115,6 +122,26 @@ class ReconcileContext:
             store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
         else:
             store.upsert(updated)
+        return updated
+
+    async def write_status(self, store: Store, resource: Resource, obj: Object, status: Object) -> Object | None:
+        """`patch_cached` of the object's status subresource; None when the API server refuses the status as
+        invalid (422): a Warning Event `StatusRefused` on the object says why, logged once per object and refusal,
+        and the write is not retried until the object or its status changes (it would be refused again)."""
+        meta = obj["metadata"]
+        key = (resource.kind, meta.get("namespace"), meta["name"])
+        try:
+            updated = await self.patch_cached(store, resource, obj, {"status": status}, subresource="status")
+        except ApiError as error:
+            if error.status != 422:
+                raise
+            why = cut_message(error.message, EVENT_MESSAGE_LENGTH // 2)
+            if self._refused.get(key) != why:
+                self._refused.put(key, why)
+                log.warning("status refused by the API server", kind=resource.kind, object=name_of(obj), error=why)
+            self.recorder.record(obj, WARNING, REASON_STATUS_REFUSED, f"the API server refused the status: {why}")
+            return None
+        self._refused.pop(key)
         return updated
 
 

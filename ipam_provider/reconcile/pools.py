@@ -158,8 +158,9 @@ class PoolReconciler:
         fields = report.status_fields()
         if not changed and all(status.get(k) == v for k, v in fields.items()):
             return False
-        patch = {"status": {**fields, "conditions": [c.wire() for c in conditions]}}
-        await self.ctx.patch_cached(store, resource, raw, patch, subresource="status")
+        status = {**fields, "conditions": [c.wire() for c in conditions]}
+        if await self.ctx.write_status(store, resource, raw, status) is None:
+            return False  # refused: its own Event says why
         for condition in wanted:
             if condition.warning and _entered(find_condition(current, condition.type), condition):
                 self.ctx.recorder.record(raw, WARNING, condition.reason, condition.message)

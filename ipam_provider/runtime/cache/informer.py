@@ -3,9 +3,10 @@
 For each watched namespace (or the whole cluster) the informer lists, then watches from the list's
 resourceVersion with bookmarks. When the server ends a watch it resumes from the last seen version; on 410 Gone
 it lists again and reports the difference; on any other error it backs off (capped exponential) and lists again.
-A handler that raises is logged and skipped: it never interrupts the watch. A resource the API server does not
-serve (its CRD is not installed) counts as synced and empty, so that one missing pool kind does not stop the
-controller; it is looked for again every NOT_SERVED_RETRY seconds.
+A handler that raises is logged and skipped: it never interrupts the watch; so is an object that cannot be keyed,
+projected or stored (the others are served), and any other failure of a list or watch is retried. A resource the
+API server does not serve (its CRD is not installed) counts as synced and empty, so that one missing pool kind does
+not stop the controller; it is looked for again every NOT_SERVED_RETRY seconds.
 
 While the handler is called for the objects of a scope's first list, `in_initial_list()` is True (as
 controller-runtime's `IsInInitialList`), so that handlers can give work for objects that were merely found a
@@ -22,7 +23,7 @@ from contextvars import ContextVar
 import aiohttp
 import structlog
 
-from ipam_provider.runtime.cache.store import Store, object_key, resource_version
+from ipam_provider.runtime.cache.store import Key, Store, object_key, resource_version
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Object, Resource
@@ -102,6 +103,9 @@ class Informer:
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
                 failures += 1
                 bound.warning("watch connection failed", error=str(error) or type(error).__name__)
+            except Exception as error:  # whatever else a list or a watch raises must not stop the informer
+                failures += 1
+                bound.error("list or watch failed", error=str(error)[:200], error_type=type(error).__name__)
             delay = min(30.0, 0.2 * 2 ** min(failures, 8)) * (0.5 + random.random() / 2)
             await asyncio.sleep(delay)
 
@@ -109,7 +113,7 @@ class Informer:
         """List into the store page by page (a page's objects are projected before the next page is read, so the
         whole list is never held as the API server sent it), then forget what the list no longer has. With
         `initial`, handlers see `in_initial_list()` while the list's objects are applied."""
-        seen = set()
+        seen: set[Key] = set()
         version = ""
         pages = self.kube.list_pages(self.resource, namespace, label_selector=self.label_selector)
         async for items, page_version in pages:
@@ -117,8 +121,7 @@ class Informer:
             token = _INITIAL_LIST.set(initial)
             try:
                 for obj in items:
-                    seen.add(object_key(obj))
-                    self._apply("ADDED", obj)
+                    self._take("ADDED", obj, seen)
             finally:
                 _INITIAL_LIST.reset(token)
         listed_at = int(version) if version.isdigit() else None
@@ -140,15 +143,32 @@ class Informer:
             timeout_seconds=WATCH_TIMEOUT,
         ):
             version = obj.get("metadata", {}).get("resourceVersion", version)
-            if kind == "BOOKMARK":
-                continue
+            if kind != "BOOKMARK":
+                self._take(kind, obj)
+        return version
+
+    def _take(self, kind: str, obj: Object, seen: set[Key] | None = None) -> None:
+        """Apply one listed (`seen` collects its key) or watched object; an object that cannot be keyed, projected
+        or stored is logged and skipped, never allowed to stop the informer."""
+        try:
+            key = object_key(obj)
+            if seen is not None:
+                seen.add(key)  # a listed object that fails below keeps the version cached before, if any
             self.resource.typed(obj)
             if kind == "DELETED":
-                old = self.store.remove(object_key(obj), obj)
+                old = self.store.remove(key, obj)
                 self._notify("DELETED", old or obj, None)
             else:
                 self._apply(kind, obj)
-        return version
+        except Exception as error:
+            log.error(
+                "object not cached; skipped",
+                resource=self.resource.plural,
+                object=name_of(obj),
+                change=kind,
+                error=str(error)[:200] or type(error).__name__,
+                error_type=type(error).__name__,
+            )
 
     def _apply(self, kind: str, obj: Object) -> None:
         """Store `obj` and report the change with the objects as the store keeps them (projected)."""
@@ -168,11 +188,17 @@ class Informer:
         try:
             self.handler(kind, old, new)
         except Exception:
-            obj = new or old or {}
-            meta = obj.get("metadata") or {}
             log.exception(
                 "event handler failed; event skipped",
                 resource=self.resource.plural,
-                object=f"{meta.get('namespace') or ''}/{meta.get('name', '')}",
+                object=name_of(new or old),
                 change=kind,
             )
+
+
+def name_of(obj: object) -> str:
+    """`namespace/name` of an object, as far as it has them (for logs)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return ""
+    return f"{meta.get('namespace') or ''}/{meta.get('name', '')}"

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.resources import Object, now_rfc3339
 
 WINDOW = 600.0
@@ -34,7 +35,6 @@ CACHE_ENTRIES = 4096
 CAPACITY = 1024
 INTERVAL = 1.0
 COMBINED_PREFIX = "(combined from similar events): "
-MESSAGE_LIMIT = 1024
 
 CREATED = "created"  # a new Event of its own
 PATCHED = "patched"  # a repeat: one more in the count of an Event of its own
@@ -63,6 +63,9 @@ class LRU(Generic[K, V]):
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        return self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -154,7 +157,7 @@ class EventCorrelator:
     def observe(self, obj: Object, type: str, reason: str, message: str, related: Object | None = None) -> str:
         """Count one occurrence; returns its outcome: CREATED, PATCHED, COMBINED or DROPPED."""
         now = self.clock()
-        message = message[:MESSAGE_LIMIT]
+        message = cut_message(message, EVENT_MESSAGE_LENGTH)
         involved = reference(obj)
         dedup_key: DedupKey = (identity(involved), type, reason, message)
         series = self._series.get(dedup_key)
@@ -173,7 +176,7 @@ class EventCorrelator:
             self._series.put(dedup_key, series)
             self._dirty[series] = None
             return CREATED
-        combined_message = (COMBINED_PREFIX + message)[:MESSAGE_LIMIT]
+        combined_message = cut_message(COMBINED_PREFIX + message, EVENT_MESSAGE_LENGTH)
         if aggregate.combined is None:
             if not self._room_for_update():
                 return DROPPED

@@ -1,9 +1,9 @@
 """A small typed facade over kubernetes-asyncio's ApiClient for JSON objects of any resource.
 
-Objects are plain JSON dicts as the API server sends them; callers parse them into pydantic models where they
-need types. Non-2xx answers raise `ApiError` carrying the Status reason. Every request carries the controller's
-User-Agent, every write (create, replace, patch) its field manager unless the caller names another
-(`ipam_provider/runtime/user_agent.py`).
+Objects are plain JSON dicts as the API server sends them (decoded whatever their depth: `bounds.loads`); callers
+parse them into pydantic models where they need types. Non-2xx answers raise `ApiError` carrying the Status
+reason. Every request carries the controller's User-Agent, every write (create, replace, patch) its field manager
+unless the caller names another (`ipam_provider/runtime/user_agent.py`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ import orjson
 import yarl
 from kubernetes_asyncio import client, config
 
+from ipam_provider.runtime.kube.bounds import loads
 from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
 from ipam_provider.runtime.kube.resources import Object, Resource
 from ipam_provider.runtime.telemetry.clients import host_label, observe_rest_request
 from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 
 Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVersion
+WATCH_EVENT_BYTES = 64 * 1024 * 1024
+"""The longest watch event read (aiohttp's default, 128 KiB, is less than one object may take: annotations alone
+may hold 256 KiB). An object of the API server's default limit (etcd's 1.5 MiB) takes well under this in JSON."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ class KubeClient:
             raw = await response.read()
         finally:
             response.release()
-        data: Object = orjson.loads(raw) if raw.strip() else {}
+        data: Object = loads(raw) if raw.strip() else {}
         return data
 
     async def get(self, resource: Resource, name: str, namespace: str | None = None) -> Object | None:
@@ -307,10 +311,10 @@ class KubeClient:
             timeout=timeout_seconds + 30,
         )
         try:
-            async for line in response.content:
+            while line := await response.content.readline(max_line_length=WATCH_EVENT_BYTES):
                 if not line.strip():
                     continue
-                event = orjson.loads(line)
+                event = loads(line)
                 kind, obj = event.get("type", ""), event.get("object", {})
                 if kind == "ERROR":
                     raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""), obj)

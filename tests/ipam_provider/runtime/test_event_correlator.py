@@ -11,11 +11,11 @@ from ipam_provider.runtime.events.correlator import (
     COMBINED_PREFIX,
     CREATED,
     DROPPED,
-    MESSAGE_LIMIT,
     PATCHED,
     EventCorrelator,
     Series,
 )
+from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH
 
 Object = dict[str, Any]
 
@@ -199,11 +199,14 @@ def test_the_caches_keep_only_the_most_recently_used_entries() -> None:
 def test_messages_are_cut_to_the_api_limit_and_cluster_scoped_objects_go_to_default() -> None:
     events = correlator(Clock(), individual=1)
     global_pool = pool("g", namespace=None)
-    long = "x" * 5000
-    events.observe(global_pool, "Warning", "PoolInvalid", "a" + long)
-    events.observe(global_pool, "Warning", "PoolInvalid", "b" + long)
+    long = "é" * 5000  # two bytes each: the limit counts bytes
+    events.observe(global_pool, "Warning", "PoolInvalid", "a" + long + "; do this")
+    events.observe(global_pool, "Warning", "PoolInvalid", "b" + long + "; do this")
     single, combined = events.due()
-    assert isinstance(single, Series) and len(single.message) == len(combined.message) == MESSAGE_LIMIT
+    assert isinstance(single, Series)
+    for message in (single.message, combined.message):
+        assert EVENT_MESSAGE_LENGTH - 60 < len(message.encode()) <= EVENT_MESSAGE_LENGTH
+        assert message.endswith("; do this"), "the end, where a message says what to do, is kept"
     assert combined.message.startswith(COMBINED_PREFIX)
     assert single.namespace == combined.namespace == "default"
     assert single.body["involvedObject"]["namespace"] is None
