@@ -4,18 +4,46 @@ Run `.venv/bin/python hack/gen_netbox_crds.py`. Version v1alpha1: these kinds ar
 still allowed to change without a conversion path. The two kinds share one schema; the cluster-scoped one must name
 its Secret's namespace, the namespaced one reads its Secret from its own namespace. Validation is OpenAPI plus CEL
 (isIP, isCIDR, matches), so mistakes are refused at admission with a message. backends/netbox/spec.py mirrors these
-rules.
+rules, and its bounds are used here; what a structural schema cannot bound (the depth and size of customFields
+values, kept with x-kubernetes-preserve-unknown-fields) the admission webhook refuses with `parse_pool`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from crdgen import Schema, age_column, column, conditions, crd, integer, ready_columns, rules, string, write
+from crdgen import (
+    Schema,
+    age_column,
+    column,
+    conditions,
+    crd,
+    integer,
+    namespace_name,
+    object_name,
+    ready_columns,
+    rules,
+    string,
+    write,
+)
 
-VERSION = "v1alpha1"
-OWNER_TAG = "capi-ipam"
-CLAIM_UID_FIELD = "capi_claim_uid"
+from backends.netbox.spec import (
+    CLAIM_UID_FIELD,
+    CUSTOM_FIELD_NAME_LENGTH,
+    CUSTOM_FIELDS,
+    CUSTOM_FIELDS_DEPTH,
+    CUSTOM_FIELDS_TEXT,
+    CUSTOM_FIELDS_VALUES,
+    DESCRIPTION_LENGTH,
+    DNS_NAME_LENGTH,
+    MAX_SOURCES,
+    MAX_TAGS,
+    NAME_LENGTH,
+    OWNER_TAG,
+    VERSION,
+)
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
+
 PLACEHOLDERS = "claim|namespace|cluster|machine"
 TEMPLATE_RULE = f"self.matches('^([^{{}}]|[{{]({PLACEHOLDERS})[}}])*$')"
 TEMPLATE_MESSAGE = "the only placeholders are {claim}, {namespace}, {cluster} and {machine}"
@@ -27,7 +55,7 @@ def ip_string(description: str) -> Schema:
 
 def vrf_fields() -> Schema:
     return {
-        "vrf": string("vrf is the name of the source's NetBox VRF; omitted means the global table.", 100),
+        "vrf": string("vrf is the name of the source's NetBox VRF; omitted means the global table.", NAME_LENGTH),
         "vrfID": integer("vrfID is the NetBox id of the source's VRF (instead of vrf).", 1),
     }
 
@@ -135,25 +163,25 @@ def address_fields_schema() -> Schema:
                 "enum": ["loopback", "secondary", "anycast", "vip", "vrrp", "hsrp", "glbp", "carp"],
             },
             "tenant": string(
-                "tenant is the slug of the NetBox tenant of the addresses.", 100, pattern="^[-a-zA-Z0-9_]+$"
+                "tenant is the slug of the NetBox tenant of the addresses.", NAME_LENGTH, pattern="^[-a-zA-Z0-9_]+$"
             ),
             "dnsName": string(
                 "dnsName is a template for the addresses' DNS name, e.g. {machine}.{cluster}.example.com.",
-                255,
+                DNS_NAME_LENGTH,
                 **{"x-kubernetes-validations": rules((TEMPLATE_RULE, TEMPLATE_MESSAGE))},
             ),
             "description": string(
                 "description is a template for the addresses' description (default: Cluster API claim "
                 "{namespace}/{claim}).",
-                200,
+                DESCRIPTION_LENGTH,
                 **{"x-kubernetes-validations": rules((TEMPLATE_RULE, TEMPLATE_MESSAGE))},
             ),
             "tags": {
                 "description": "tags are slugs of existing NetBox tags to put on the addresses.",
                 "type": "array",
-                "maxItems": 32,
+                "maxItems": MAX_TAGS,
                 "x-kubernetes-list-type": "set",
-                "items": string("a tag slug.", 100, pattern="^[-a-zA-Z0-9_]+$"),
+                "items": string("a tag slug.", NAME_LENGTH, pattern="^[-a-zA-Z0-9_]+$"),
                 "x-kubernetes-validations": rules(
                     (f"!self.exists(t, t == '{OWNER_TAG}')", f"{OWNER_TAG} is the provider's own tag")
                 ),
@@ -161,10 +189,13 @@ def address_fields_schema() -> Schema:
             "customFields": {
                 "description": (
                     "customFields are NetBox custom field values for the addresses, by field name (any JSON value; "
-                    f"not {CLAIM_UID_FIELD}, the provider's own)."
+                    f"not {CLAIM_UID_FIELD}, the provider's own), at most {CUSTOM_FIELDS}. The admission webhook "
+                    f"refuses names longer than {CUSTOM_FIELD_NAME_LENGTH} characters, values nested deeper than "
+                    f"{CUSTOM_FIELDS_DEPTH} levels of objects and lists, more than {CUSTOM_FIELDS_VALUES} values in "
+                    f"all, and strings longer than {CUSTOM_FIELDS_TEXT} characters."
                 ),
                 "type": "object",
-                "maxProperties": 64,
+                "maxProperties": CUSTOM_FIELDS,
                 "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
             },
         },
@@ -185,10 +216,13 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
         ),
         "type": "object",
         "required": ["name"] if namespaced else ["name", "namespace"],
-        "properties": {"name": string("name of the Secret.", 253)},
+        "properties": {"name": object_name("name of the Secret.")},
     }
     if not namespaced:
-        secret_ref["properties"]["namespace"] = string("namespace of the Secret.", 63)
+        secret_ref["properties"]["namespace"] = namespace_name(
+            "namespace of the Secret. The controller reads it only if the Namespace carries the label "
+            f'{SECRET_REFS_LABEL}: "true".'
+        )
     count = {"type": "integer", "format": "int64"}
     spec = {
         "description": f"{kind}Spec says where in NetBox the pool's addresses come from and what they carry.",
@@ -216,7 +250,7 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
                 ),
                 "type": "array",
                 "minItems": 1,
-                "maxItems": 32,
+                "maxItems": MAX_SOURCES,
                 "items": source_schema(),
             },
             "gateway": ip_string(

@@ -10,13 +10,18 @@ AllocationFailed for a NetBox error) or AllocationFailedError; messages never co
 BackendError leaves allocate and release. A pool-level failure of an allocation that the periodic report's GETs
 cannot see (a token that may read but not add IP addresses: 401/403 on the POST) is remembered per pool and client:
 the pool's report shows it until an allocation of that pool succeeds or the Secret's token changes.
+
+A pool's report carries the condition TLSVerified: False (a Warning Event) when its connection skips certificate
+verification (InsecureSkipVerify) or its Secret's url is http:// (PlainHTTP). The admission webhook refuses a created
+or changed pool whose spec `parse_pool` refuses; a deleted pool's connection is closed once no pool uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -28,9 +33,11 @@ from backends.netbox.ledger import Ledger
 from backends.netbox.reasons import PoolUnusableError
 from backends.netbox.repair import NetboxRepair
 from backends.netbox.resolver import Resolver, usage
-from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL
+from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, Pool, parse_pool
+from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import (
     AddressCounts,
+    AddressInUse,
     Allocation,
     AllocationFailedError,
     BackendContext,
@@ -40,10 +47,13 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
     ReleaseImpossibleError,
+    ReportCondition,
 )
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
+
+TLS_VERIFIED = "TLSVerified"
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,27 @@ class NetboxBackend:
         self.restore = self.repair.restore
         self.outside_pool = self.repair.outside_pool
         self._failures: dict[PoolRef, tuple[NetboxClient, PoolUnusableError]] = {}  # those the report can't see
+
+    def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
+        """A deleted pool's connection is forgotten (see `Resolver.forget`); no other pool's report depends on a
+        pool's change."""
+        if new is None and old is not None:
+            ref = kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"])
+            self._failures.pop(ref, None)
+            self.resolver.forget(ref)
+        return ()
+
+    async def review_pool_change(
+        self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
+    ) -> list[str]:
+        """The admission webhook's check: a created or changed pool is refused with what `parse_pool` refuses."""
+        if new is None:
+            return []
+        try:
+            parse_pool(pool_ref, new)
+        except PoolSpecError as error:
+            return list(error.messages)
+        return []
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
@@ -132,24 +163,29 @@ class NetboxBackend:
                 await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
         except PoolUnusableError as problem:
             raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
+        finally:
+            if pool is None:  # the pool is gone: the connection this release made is not kept for it
+                self.resolver.forget(pool_ref)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        client: NetboxClient | None = None
+        conditions: tuple[ReportCondition, ...] = ()
         try:
             parsed = self.resolver.parse(pool_ref, pool)
+            conditions = tls_conditions(parsed, None)
             async with self.resolver.session(parsed, "checking") as client:
+                conditions = tls_conditions(parsed, client.endpoint.url)
                 resolved = await self.resolver.resolve(client, parsed, fresh=True)
                 used = await usage(client, resolved.sources)
         except PoolUnusableError as problem:
             log.info("pool not ready", pool=str(pool_ref), reason=problem.reason, message=problem.message)
-            return PoolReport(False, problem.reason, problem.message)
+            return PoolReport(False, problem.reason, problem.message, conditions=conditions)
         total = sum(s.total for s in resolved.sources)
         counts = AddressCounts(total=total, used=sum(used), free=total - sum(used))
         message = (
             f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free in {len(used)} NetBox source(s) "
             f"at {client.endpoint.display_url}"
         )
-        if parsed.insecure_skip_verify:
-            message += "; TLS verification is off (insecureSkipVerify)"
         if not resolved.ownership.uid_unique:
             message += (
                 f"; the NetBox custom field {CLAIM_UID_FIELD} is not Unique, so every allocation costs an extra "
@@ -159,10 +195,32 @@ class NetboxBackend:
         failed = self._failures.get(parsed.ref)
         if failed is not None and failed[0] is client:
             message = f"the last allocation failed: {failed[1].message}"
-            return PoolReport(False, failed[1].reason, message, status, counts)
+            return PoolReport(False, failed[1].reason, message, status, counts, conditions)
         self._failures.pop(parsed.ref, None)  # the token changed since
-        return PoolReport(True, reasons.READY, message, status, counts)
+        return PoolReport(True, reasons.READY, message, status, counts, conditions)
 
     async def close(self) -> None:
         self._failures.clear()
         await self.resolver.close()
+
+
+def tls_conditions(pool: Pool, url: str | None) -> tuple[ReportCondition, ...]:
+    """The pool's TLSVerified condition, given its Secret's `url` (None: not read; then only what the spec says, or
+    nothing)."""
+    if url is not None and urlsplit(url).scheme == "http":
+        message = (
+            "the url in the pool's Secret (spec.connection.secretRef) is http://, so the NetBox token goes over the "
+            "network unencrypted; use NetBox's https:// url"
+        )
+        return (ReportCondition(TLS_VERIFIED, False, "PlainHTTP", message, warning=True),)
+    if pool.insecure_skip_verify:
+        message = (
+            "spec.connection.insecureSkipVerify is true: NetBox's TLS certificate is not verified, so whoever can "
+            "intercept the connection can read the token; put NetBox's CA in the Secret's caBundle and remove "
+            "insecureSkipVerify"
+        )
+        return (ReportCondition(TLS_VERIFIED, False, "InsecureSkipVerify", message, warning=True),)
+    if url is None:
+        return ()
+    message = "NetBox's TLS certificate is verified (against the Secret's caBundle, or the system's CAs)"
+    return (ReportCondition(TLS_VERIFIED, True, "Verified", message),)

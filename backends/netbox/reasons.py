@@ -10,6 +10,7 @@ from backends.netbox.client import ClientClosedError, HTTPError, NetboxError, Un
 READY = "PoolReady"
 INVALID = "InvalidConfiguration"
 SECRET_NOT_FOUND = "SecretNotFound"
+SECRET_NOT_ALLOWED = "SecretNotAllowed"  # the pool may not read the Secret it names (ipam_provider.backend.tenancy)
 INVALID_SECRET = "InvalidSecret"
 AUTH_FAILED = "AuthenticationFailed"
 UNREACHABLE = "NetBoxUnreachable"

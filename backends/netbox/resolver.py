@@ -442,6 +442,12 @@ class Resolver:
         self._resolved[pool.ref] = (pool.generation, client, resolved)
         return resolved
 
+    def forget(self, pool_ref: PoolRef) -> None:
+        """The pool is gone: its resolved ids go, and its connection if no other pool uses it. Its last good spec
+        stays in `known`, for the releases of its claims that may follow."""
+        self._resolved.pop(pool_ref, None)
+        self.connections.forget(pool_ref)
+
     async def close(self) -> None:
         self._resolved.clear()
         self._ownership.clear()

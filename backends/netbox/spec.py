@@ -1,7 +1,10 @@
 """The NetboxIPPool / GlobalNetboxIPPool API (v1alpha1): pool kinds, the parsed spec, and the dnsName template.
 
 The CRDs (hack/gen_netbox_crds.py) validate the same rules with OpenAPI and CEL; `parse_pool` checks them again so
-that a pool the API server accepted under an older CRD still gets a clear message instead of a crash.
+that a pool the API server accepted under an older CRD still gets a clear message instead of a crash, and checks
+what a structural schema cannot express (the nesting depth, entries and string lengths of `customFields`, bounded
+by CUSTOM_FIELDS_DEPTH, CUSTOM_FIELDS_VALUES and CUSTOM_FIELDS_TEXT; iteratively, so no shape can exhaust the stack).
+The admission webhook refuses what `parse_pool` refuses.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pydantic import Field, ValidationError
 from backends.validation import PoolSpecError, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
+from ipam_provider.backend.tenancy import name_problem
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
@@ -43,6 +47,19 @@ PLACEHOLDERS = ("claim", "namespace", "cluster", "machine")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 DEFAULT_DESCRIPTION = "Cluster API claim {namespace}/{claim}"
 MACHINE_KIND = "Machine"
+SECRET_REF_FIELD = "spec.connection.secretRef"
+
+# Bounds of the free-form and listed fields; the CRDs carry those a structural schema can express.
+MAX_SOURCES = 32
+MAX_TAGS = 32
+NAME_LENGTH = 100  # a VRF name, a tenant or tag slug (NetBox allows 100 characters)
+DNS_NAME_LENGTH = 255
+DESCRIPTION_LENGTH = 200
+CUSTOM_FIELDS = 64  # custom fields per pool
+CUSTOM_FIELD_NAME_LENGTH = 50  # NetBox's limit on a custom field's name
+CUSTOM_FIELDS_DEPTH = 8  # levels of objects and lists in one custom field's value (a scalar: 0)
+CUSTOM_FIELDS_VALUES = 1024  # objects, lists, keys and scalars in all custom field values together
+CUSTOM_FIELDS_TEXT = 4096  # characters of one string (a key or a value) in a custom field's value
 
 
 class SecretRef(Model):
@@ -59,7 +76,7 @@ class _NamedSource(Model):
     """A NetBox object named by `id`, or by value (in the subclass's fields) in a VRF given by name or id."""
 
     id: int | None = None
-    vrf: str | None = None
+    vrf: str | None = Field(default=None, max_length=NAME_LENGTH)
     vrf_id: int | None = Field(default=None, alias="vrfID")
 
 
@@ -82,16 +99,16 @@ class SourceSpec(Model):
 class AddressFields(Model):
     status: str = "active"
     role: str | None = None
-    tenant: str | None = None
-    dns_name: str | None = Field(default=None, alias="dnsName")
-    description: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    custom_fields: dict[str, Any] = Field(default_factory=dict, alias="customFields")
+    tenant: str | None = Field(default=None, max_length=NAME_LENGTH)
+    dns_name: str | None = Field(default=None, alias="dnsName", max_length=DNS_NAME_LENGTH)
+    description: str | None = Field(default=None, max_length=DESCRIPTION_LENGTH)
+    tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
+    custom_fields: dict[str, Any] = Field(default_factory=dict, alias="customFields", max_length=CUSTOM_FIELDS)
 
 
 class PoolSpec(Model):
     connection: ConnectionSpec
-    sources: list[SourceSpec]
+    sources: list[SourceSpec] = Field(max_length=MAX_SOURCES)
     gateway: str | None = None
     prefix_length: int | None = Field(default=None, alias="prefixLength")
     address_fields: AddressFields = Field(default_factory=AddressFields, alias="addressFields")
@@ -136,11 +153,14 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
         spec = PoolSpec.model_validate(pool.get("spec") or {})
     except ValidationError as error:
         raise PoolSpecError(spec_error(error)) from error
-    namespace = ref.namespace or spec.connection.secret_ref.namespace
+    secret = spec.connection.secret_ref
+    namespace = ref.namespace or secret.namespace
     if not namespace:
-        raise PoolSpecError("spec.connection.secretRef.namespace is required for a cluster-scoped pool")
-    if ref.namespace and spec.connection.secret_ref.namespace not in (None, ref.namespace):
-        raise PoolSpecError("spec.connection.secretRef.namespace must be empty or the pool's own namespace")
+        raise PoolSpecError(f"{SECRET_REF_FIELD}.namespace is required for a cluster-scoped pool")
+    if ref.namespace and secret.namespace not in (None, ref.namespace):
+        raise PoolSpecError(f"{SECRET_REF_FIELD}.namespace must be empty or the pool's own namespace")
+    if problem := name_problem(SECRET_REF_FIELD, secret.name, namespace):
+        raise PoolSpecError(problem)
     if not spec.sources:
         raise PoolSpecError("spec.sources must name at least one NetBox prefix or ip-range")
     sources = tuple(_source(i, s, spec) for i, s in enumerate(spec.sources))
@@ -149,7 +169,7 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
         ref=ref,
         generation=int(pool["metadata"].get("generation") or 0),
         secret_namespace=namespace,
-        secret_name=spec.connection.secret_ref.name,
+        secret_name=secret.name,
         insecure_skip_verify=spec.connection.insecure_skip_verify,
         sources=sources,
         fields=spec.address_fields,
@@ -229,8 +249,41 @@ def _check_fields(fields: AddressFields) -> None:
     for reserved in (CLAIM_UID_FIELD, CLAIM_REF_FIELD, CLUSTER_IDENTITY_FIELD):
         if reserved in fields.custom_fields:
             raise PoolSpecError(f"{where}.customFields: {reserved} is set by the provider")
+    for name in fields.custom_fields:
+        if len(name) > CUSTOM_FIELD_NAME_LENGTH:
+            raise PoolSpecError(
+                f"{where}.customFields: a NetBox custom field name has at most {CUSTOM_FIELD_NAME_LENGTH} characters "
+                f"({name[:CUSTOM_FIELD_NAME_LENGTH]!r}... has {len(name)})"
+            )
+    if problem := shape_problem(fields.custom_fields):
+        raise PoolSpecError(f"{where}.customFields{problem}")
     if OWNER_TAG in fields.tags:
         raise PoolSpecError(f"{where}.tags: {OWNER_TAG} is added by the provider")
+
+
+def shape_problem(custom_fields: Mapping[str, Any]) -> str | None:
+    """What makes `custom_fields` (the values of JSON objects and lists) too large, or None: more than
+    CUSTOM_FIELDS_DEPTH levels in one value, more than CUSTOM_FIELDS_VALUES entries in all, or a string (key or
+    value) longer than CUSTOM_FIELDS_TEXT characters. The answer starts with the path of the offending entry
+    (".name[3].key: ..."). Iterative, and it stops at the first problem, so its cost is bounded by the bounds."""
+    pending: list[tuple[str, Any, int]] = [(f".{name}", value, 0) for name, value in custom_fields.items()]
+    seen = len(pending)
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, str) and len(value) > CUSTOM_FIELDS_TEXT:
+            return f"{path}: a string of {len(value)} characters; at most {CUSTOM_FIELDS_TEXT} are allowed"
+        if not isinstance(value, dict | list):
+            continue
+        if depth == CUSTOM_FIELDS_DEPTH:
+            return f"{path}: nested deeper than {CUSTOM_FIELDS_DEPTH} levels of objects and lists"
+        seen += len(value)
+        if seen > CUSTOM_FIELDS_VALUES:
+            return f": more than {CUSTOM_FIELDS_VALUES} values in all custom fields together"
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(key, str) and len(key) > CUSTOM_FIELDS_TEXT:
+                return f"{path}: a key of {len(key)} characters; at most {CUSTOM_FIELDS_TEXT} are allowed"
+            pending.append((f"{path}.{key[:40]}" if isinstance(key, str) else f"{path}[{key}]", item, depth + 1))
+    return None
 
 
 def machine_name(claim: ClaimContext) -> str:

@@ -244,8 +244,8 @@ def assert_the_webhook_is_wired(by_kind: dict[tuple[str, str], Object], pod: Obj
         "globalinclusterippools": ["CREATE", "UPDATE", "DELETE"],
         "inclusterprefixpools": ["CREATE", "UPDATE", "DELETE"],
         "globalinclusterprefixpools": ["CREATE", "UPDATE", "DELETE"],
-        "netboxippools": ["DELETE"],
-        "globalnetboxippools": ["DELETE"],
+        "netboxippools": ["CREATE", "UPDATE", "DELETE"],
+        "globalnetboxippools": ["CREATE", "UPDATE", "DELETE"],
         "infobloxippools": ["DELETE"],
     }
 

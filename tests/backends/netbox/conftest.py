@@ -19,10 +19,11 @@ from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, OWNER_TAG
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, SECRETS
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.objects import claim, ready_condition
 
@@ -70,6 +71,20 @@ async def create_secret(
         "stringData": {"url": url or netbox.url, "token": token if token is not None else netbox.token},
     }
     return await kube.create(SECRETS, body, namespace)
+
+
+async def lend_secrets(kube: KubeClient, namespace: str, lend: bool = True) -> None:
+    """Label the Namespace so that cluster-scoped pools may read its Secrets (`lend`), or remove the label: a
+    GlobalNetboxIPPool reads its Secret only from a Namespace that carries it (ipam_provider.backend.tenancy)."""
+    await kube.patch(NAMESPACES, namespace, {"metadata": {"labels": {SECRET_REFS_LABEL: "true" if lend else None}}})
+
+
+def global_netbox_pool(name: str, sources: list[Object], secret: str, secret_namespace: str, **spec: Any) -> Object:
+    """A GlobalNetboxIPPool whose Secret is `secret_namespace/secret`."""
+    body = netbox_pool(name, sources, **spec)
+    body.update(apiVersion=GLOBAL_NB_POOLS.api_version, kind=GLOBAL_NB_POOLS.kind)
+    body["spec"]["connection"]["secretRef"] = {"name": secret, "namespace": secret_namespace}
+    return body
 
 
 def prefix(cidr: str | None = None, *, id: int | None = None, **source: Any) -> Object:

@@ -200,6 +200,7 @@ async def test_tls_verification(backend: NetboxBackend, kube: KubeClient, namesp
         trusted = pool_of(namespace, "tls-trusted", [prefix("10.57.0.0/29")], secret="tls-ca")
         report = await backend.report(PoolRef.from_object(trusted), trusted, [])
         assert report.ready, report.message
+        assert [(c.type, c.status, c.reason) for c in report.conditions] == [("TLSVerified", True, "Verified")]
         assert (
             await backend.allocate(PoolRef.from_object(trusted), trusted, new_claim(namespace, "tls"))
         ).address == "10.57.0.1"
@@ -211,7 +212,10 @@ async def test_tls_verification(backend: NetboxBackend, kube: KubeClient, namesp
             connection={"secretRef": {"name": "tls-plain"}, "insecureSkipVerify": True},
         )
         report = await backend.report(PoolRef.from_object(insecure), insecure, [])
-        assert report.ready and "TLS verification is off" in report.message
+        assert report.ready, report.message
+        assert [(c.type, c.status, c.reason, c.warning) for c in report.conditions] == [
+            ("TLSVerified", False, "InsecureSkipVerify", True)
+        ]
 
 
 async def test_failures_never_show_the_token(

@@ -21,7 +21,9 @@ from tests.backends.netbox.conftest import (
     claim_uid_of,
     create_secret,
     delete_claim,
+    global_netbox_pool,
     ip_range,
+    lend_secrets,
     nb_claim,
     netbox_pool,
     owned_addresses,
@@ -207,11 +209,9 @@ async def test_global_pool_reads_the_secret_from_its_namespace(
 ) -> None:
     netbox.create_prefix("10.45.0.0/29")
     await create_secret(kube, namespace, netbox, name="global-netbox")
+    await lend_secrets(kube, namespace)  # a cluster-scoped pool reads only a Namespace that lends its Secrets
     name = f"global-{namespace}"
-    body = netbox_pool(name, [prefix("10.45.0.0/29")])
-    body.update(apiVersion=GLOBAL_NB_POOLS.api_version, kind=GLOBAL_NB_POOLS.kind)
-    body["spec"]["connection"]["secretRef"] = {"name": "global-netbox", "namespace": namespace}
-    await kube.create(GLOBAL_NB_POOLS, body)
+    await kube.create(GLOBAL_NB_POOLS, global_netbox_pool(name, [prefix("10.45.0.0/29")], "global-netbox", namespace))
     async with netbox_controller():
         claim_body = nb_claim("g", name)
         claim_body["spec"]["poolRef"]["kind"] = "GlobalNetboxIPPool"
