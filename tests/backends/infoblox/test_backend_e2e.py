@@ -7,7 +7,10 @@ allocation in steady state.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_INSTANCE, ANNOTATION_REF
 from ipam_provider.runtime.kube.client import KubeClient
@@ -15,6 +18,7 @@ from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS, MACHINES, Res
 from tests.backends.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import cluster, wait_address, wait_claim_reason
+from tools.controlplane.crds import install_crds
 
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 Object = dict[str, Any]
@@ -136,9 +140,10 @@ async def test_ipv6_host_record(kube: KubeClient, namespace: str, grid: Grid, in
 
 
 async def test_host_record_named_after_the_machine_owning_the_claim(
-    kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any
+    kube: KubeClient, namespace: str, grid: Grid, infoblox_controller: Any, tmp_path: Path
 ) -> None:
     grid.sim.state.add_zone("nodes.example.com")
+    await install_crds(kube, [infrastructure_crd(tmp_path, "Metal3Data", "metal3datas")])
     await kube.create(CLUSTERS, cluster("prod"), namespace)
     machine = await kube.create(
         MACHINES,
@@ -151,19 +156,18 @@ async def test_host_record_named_after_the_machine_owning_the_claim(
                 "bootstrap": {"dataSecretName": "prod-md-0-x7k2p-bootstrap"},
                 "infrastructureRef": {
                     "apiGroup": "infrastructure.cluster.x-k8s.io",
-                    "kind": "FakeMachine",
+                    "kind": "Metal3Machine",
                     "name": "prod-md-0-x7k2p",
                 },
             },
         },
         namespace,
     )
-    # An infrastructure object between the Machine and the claim, as infrastructure providers have one.
-    infra = await kube.create(
-        CONFIGMAPS,
-        {"metadata": {"name": "infra-vm", "ownerReferences": [owner(machine, controller=True)]}},
-        namespace,
-    )
+    # An infrastructure object between the Machine and the claim, as CAPM3's Metal3Data is.
+    owned_by_machine = {"name": "infra-vm", "ownerReferences": [owner(machine, controller=True)]}
+    infra = await kube.create(METAL3_DATAS, {**METAL3_DATA, "metadata": owned_by_machine}, namespace)
+    # A ConfigMap is no infrastructure kind: the walk does not read it, even when it names the Machine.
+    config_map = await kube.create(CONFIGMAPS, {"metadata": owned_by_machine}, namespace)
     await grid.create_pool(
         "dns", subnets=[{"cidr": "10.10.0.0/24"}], mode="hostRecord", hostRecord={"dnsZone": "nodes.example.com"}
     )
@@ -173,11 +177,16 @@ async def test_host_record_named_after_the_machine_owning_the_claim(
         chained = await grid.create_claim("chained-eth0", "dns", cluster="prod")
         await kube.patch(CLAIMS, "chained-eth0", {"metadata": {"ownerReferences": [owner(infra, True)]}}, namespace)
         orphan = await grid.create_claim("orphan", "dns", cluster="prod")
+        unknown = await grid.create_claim("unknown", "dns", cluster="prod")
+        await kube.patch(CLAIMS, "unknown", {"metadata": {"ownerReferences": [owner(config_map, True)]}}, namespace)
+        forged = await grid.create_claim("forged", "dns", cluster="prod")
+        other_uid = {**owner(machine, True), "uid": "0f0f0f0f-0000-4000-8000-000000000000"}
+        await kube.patch(CLAIMS, "forged", {"metadata": {"ownerReferences": [other_uid]}}, namespace)
 
         await wait_address(kube, namespace, "direct")
         (record,) = grid.objects_of(direct["metadata"]["uid"], "record:host")
         assert record["name"] == "prod-md-0-x7k2p.nodes.example.com"
-        # The second claim reaches the same Machine through the ConfigMap: the name is taken, and not by it.
+        # The second claim reaches the same Machine through the Metal3Data: the name is taken, and not by it.
         failed = await wait_claim_reason(kube, namespace, "chained-eth0", "AllocationFailed")
         message = next(c for c in failed["status"]["conditions"] if c["type"] == "Ready")["message"]
         assert "prod-md-0-x7k2p.nodes.example.com already exists" in message and "direct" in message
@@ -186,9 +195,44 @@ async def test_host_record_named_after_the_machine_owning_the_claim(
         await wait_address(kube, namespace, "chained-eth0")
         (record,) = grid.objects_of(chained["metadata"]["uid"], "record:host")
         assert record["name"] == "prod-md-0-x7k2p.nodes.example.com"
-        no_machine = await wait_claim_reason(kube, namespace, "orphan", "AllocationFailed")
-        assert "no cluster.x-k8s.io Machine owns claim" in str(no_machine["status"]["conditions"])
-        assert not grid.objects_of(orphan["metadata"]["uid"], "record:host")
+        for name, why in (
+            ("orphan", "no cluster.x-k8s.io Machine among its owners"),
+            ("unknown", "not followed: ConfigMap 'infra-vm' of an unknown kind"),
+            ("forged", "is not the object its owner reference names (another uid)"),
+        ):
+            refused = await wait_claim_reason(kube, namespace, name, "AllocationFailed")
+            assert why in str(refused["status"]["conditions"]), refused["status"]
+        for refused_claim in (orphan, unknown, forged):
+            assert not grid.objects_of(refused_claim["metadata"]["uid"], "record:host"), "no guessed host name"
+
+
+METAL3_DATAS = Resource("infrastructure.cluster.x-k8s.io", "v1beta1", "metal3datas", "Metal3Data", namespaced=True)
+METAL3_DATA = {"apiVersion": METAL3_DATAS.api_version, "kind": "Metal3Data"}
+
+
+def infrastructure_crd(directory: Path, kind: str, plural: str) -> Path:
+    """A minimal CRD of an infrastructure kind (any fields kept), written to `directory`."""
+    body = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.infrastructure.cluster.x-k8s.io"},
+        "spec": {
+            "group": "infrastructure.cluster.x-k8s.io",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1beta1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+    path = directory / f"{plural}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
 
 
 def owner(obj: Object, controller: bool = False) -> Object:
