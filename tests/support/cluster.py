@@ -65,14 +65,15 @@ def kubeconfig() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def dedicated_control_plane() -> Iterator[LocalControlPlane]:
+def dedicated_control_plane(*, audit: bool = False) -> Iterator[LocalControlPlane]:
     """A control plane of its own (etcd + kube-apiserver, no CRDs), stopped and removed on exit. Its admin
-    kubeconfig is `plane.kubeconfig_path`. Fails the test if it cannot start."""
+    kubeconfig is `plane.kubeconfig_path`; with `audit`, its audit log is `plane.audit_log_path`
+    (tests/support/audit.py reads it). Fails the test if it cannot start."""
     try:
         binaries = binaries_dir()
     except AssetError as error:
         pytest.fail(f"cannot build the local control plane: {error}", pytrace=False)
-    plane = LocalControlPlane(Path(tempfile.mkdtemp(prefix="ipam-cp-dedicated-")), binaries)
+    plane = LocalControlPlane(Path(tempfile.mkdtemp(prefix="ipam-cp-dedicated-")), binaries, audit=audit)
     try:
         try:
             plane.start()

@@ -3,6 +3,8 @@
 Each instance lives in its own state directory (ports, data, certificates, logs, pids), so several instances can
 run side by side. `stop()` leaves no process and, for a temporary instance, no directory behind.
 `restart_apiserver()` and `restart_etcd()` restart one process on its own ports, keeping etcd's data.
+With `audit=True`, kube-apiserver writes an audit log (`audit_log_path`, JSON lines, one event per finished request
+at Metadata level: who, verb, URI, object reference, status; no bodies).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from tools.controlplane.pki import write_pki
 ADMIN_USER = "admin"
 CONTROLLER_USER = "system:serviceaccount:capi-ipam-system:capi-ipam-controller-manager"
 READY_TIMEOUT = 90.0
+# Metadata level: who did what to which object, and the answer's status, without request or response bodies; one
+# event per request (ResponseComplete, or Panic); in blocking mode a request waits until its event is written.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+"""
 PKI_FILES = {"ca": "ca.crt", "cert": "server.crt", "key": "server.key", "sa_key": "sa.key", "sa_pub": "sa.pub"}
 
 
@@ -76,11 +86,20 @@ class LocalControlPlane:
 
     STATE_FILE = "state.json"
 
-    def __init__(self, directory: Path, binaries: Path | None = None, *, apiserver_flags: tuple[str, ...] = ()) -> None:
-        """`apiserver_flags` are added to kube-apiserver's command line (e.g. `--watch-cache=false`)."""
+    def __init__(
+        self,
+        directory: Path,
+        binaries: Path | None = None,
+        *,
+        apiserver_flags: tuple[str, ...] = (),
+        audit: bool = False,
+    ) -> None:
+        """`apiserver_flags` are added to kube-apiserver's command line (e.g. `--watch-cache=false`); `audit` turns
+        on its audit log (`audit_log_path`)."""
         self.directory = directory.resolve()
         self.binaries = binaries
         self.apiserver_flags = apiserver_flags
+        self.audit = audit
         self.state: ControlPlaneState | None = None
         self._preexec: Callable[[], object] | None = _die_with_parent
         self._pki = {name: self.directory / "pki" / file for name, file in PKI_FILES.items()}
@@ -88,6 +107,24 @@ class LocalControlPlane:
     @property
     def kubeconfig_path(self) -> Path:
         return self.directory / "kubeconfig"
+
+    @property
+    def audit_log_path(self) -> Path:
+        """kube-apiserver's audit log (JSON lines), written when started with `audit=True`."""
+        return self.directory / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.directory / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log_path}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",
+        ]
 
     def start(self, *, detach: bool = False) -> ControlPlaneState:
         """Start etcd and kube-apiserver and wait until the API serves namespace `default`.
@@ -188,6 +225,7 @@ class LocalControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=0",
+                *self._audit_flags(),
                 *self.apiserver_flags,
             ],
         )
