@@ -47,6 +47,7 @@ from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.addresses import adoption_patch, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
 from ipam_provider.runtime.events import NORMAL, WARNING
+from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch import POOL_ADDRESS
@@ -61,6 +62,7 @@ RETRY_IN_USE = 2.0  # an address a live IPAddress still names was given back: as
 REASON_ADDRESS_IN_USE = "AddressStillInUse"
 REASON_REQUESTED_ADDRESS_IGNORED = "RequestedAddressIgnored"
 LIVE, GONE, DELETING = "live", "gone", "deleting"
+LOGGED_TEXT_LENGTH = EVENT_MESSAGE_LENGTH  # a tenant's text (a 40 KB annotation) is cut in logs as in Events
 
 
 class ClaimReconciler:
@@ -282,11 +284,12 @@ class ClaimReconciler:
             return
         self._noticed[key] = (work.claim.metadata.uid, text)
         message = ignored_message(requested or text, current, requested is not None)
-        work.log.info("requested address ignored: the claim is fulfilled", requested=text, address=current)
+        requested_text = cut_message(text, LOGGED_TEXT_LENGTH)
+        work.log.info("requested address ignored: the claim is fulfilled", requested=requested_text, address=current)
         self.ctx.recorder.record(work.raw, WARNING, REASON_REQUESTED_ADDRESS_IGNORED, message, related=work.pool)
 
     async def _failed(self, work: ClaimWork, error: BackendError) -> float:
-        work.log.info("allocation failed", reason=error.reason, message=error.message)
+        work.log.info("allocation failed", reason=error.reason, message=cut_message(error.message, LOGGED_TEXT_LENGTH))
         labels = self.ctx.pool_labels(work.pool_ref)
         pool_metrics.count_allocation_error(labels, error.reason)
         previous = find_condition(work.claim.status.conditions, READY)
