@@ -47,6 +47,7 @@ VERBS = {
     "patch": "patch",
     "delete": "delete",
 }
+CLIENT_MODULES = ("ipam_provider.runtime.kube.client", "ipam_provider.runtime.kube")  # may use kubernetes_asyncio
 NOT_REQUESTS = frozenset({"close", "host", "from_kubeconfig"})  # KubeClient members that send no request
 # Code that does not run as the controller: its requests need no grant of config/rbac.
 NOT_THE_CONTROLLER = {
@@ -315,7 +316,8 @@ class Program:
                         site,
                     )
                 )
-                callees.add(id(partial.args[0]))
+                if not wrapped.startswith(KUBE_CLIENT + "."):  # a request method wrapped is not a request followed
+                    callees.add(id(partial.args[0]))
                 continue
             name = self.target(call.callee)
             if name is not None:
@@ -431,8 +433,11 @@ class Program:
         if isinstance(func, nodes.FuncDef) and func.info is not nodes.FUNC_NO_INFO and not func.is_static:
             formals = formals[1:]  # self or cls
         default = next((a.initializer for a in func.arguments if a.variable.name == name), None)
+        callers = [site.caller] if site.caller is not None else self.callers.get(fullname, [])
+        if not callers:
+            raise Unresolved(f"parameter {name} of {fullname}, which the code never calls")
         found: set[object] = set()
-        for caller in [site.caller] if site.caller is not None else self.callers.get(fullname, []):
+        for caller in callers:
             found |= self._argument_values(caller, formals, name, (default, site) if default else None)
         return frozenset(found)
 
@@ -552,6 +557,7 @@ class Deriver:
                 continue
             for request in found:
                 derivation.requests.setdefault(request, []).append(where)
+        derivation.unresolved += self._bypasses()
         for expr, site in self.program.blocking:
             where = self.program.where(expr, site)
             try:
@@ -560,6 +566,25 @@ class Deriver:
             except Unresolved as error:
                 derivation.unresolved.append(f"{where}: {error}")
         return derivation
+
+    def _bypasses(self) -> list[str]:
+        """Requests the derivation cannot see: a KubeClient request method passed on as a value (not called), and
+        modules that import the Kubernetes client library instead of using KubeClient."""
+        found = [
+            f"{where}: KubeClient.{name.rpartition('.')[2]} passed on, not called: its requests cannot be followed"
+            for name, places in self.program.not_called.items()
+            if name.startswith(KUBE_CLIENT + ".") and name.rpartition(".")[2] in VERBS
+            for where in places
+            if not where.startswith("ipam_provider/runtime/kube/client.py:")
+        ]
+        for module, tree in self.program.modules.items():
+            for imported in tree.imports:
+                ids = [imported.id] if isinstance(imported, (nodes.ImportFrom, nodes.ImportAll)) else []
+                ids += [name for name, _ in imported.ids] if isinstance(imported, nodes.Import) else []
+                if module not in CLIENT_MODULES and any(i.split(".")[0] == "kubernetes_asyncio" for i in ids):
+                    where = f"{module.replace('.', '/')}.py:{imported.line}"
+                    found.append(f"{where}: imports kubernetes_asyncio; requests go through KubeClient only")
+        return found
 
     def _request_method(self, call: nodes.CallExpr, site: Site) -> str | None:
         """The KubeClient method a call makes a request with, or None if it makes none."""
@@ -594,10 +619,10 @@ class Deriver:
         caller = Caller(tuple(call.args), tuple(call.arg_kinds), tuple(call.arg_names), site)
         resources = self.program._argument_values(caller, names, "resource", None)
         if not resources or not all(isinstance(r, Record) and r.cls == RESOURCE for r in resources):
-            raise Unresolved(f"the Resource of {self.program.where(call, site)}")
+            raise Unresolved("its Resource")
         subresources = self._strings(caller, names, "subresource")
         if ANY in subresources:
-            raise Unresolved(f"the subresource of {self.program.where(call, site)}")
+            raise Unresolved("its subresource")
         namespaces, objects = self._strings(caller, names, "namespace"), self._strings(caller, names, "name")
         found = []
         for resource, sub, namespace, name in itertools.product(resources, subresources, namespaces, objects):

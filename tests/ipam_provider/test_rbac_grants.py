@@ -89,6 +89,9 @@ def test_the_leader_election_lease_is_requested_only_in_the_controllers_namespac
 
 
 PROBE = """
+import functools
+
+import kubernetes_asyncio
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS, Resource
 
@@ -96,13 +99,18 @@ from ipam_provider.runtime.kube.resources import SECRETS, Resource
 async def probe(kube: KubeClient, plural: str) -> None:
     await kube.delete(SECRETS, "s", "ns")
     await kube.get(Resource("example.com", "v1", plural, "Example", namespaced=True), "x")
+    delete = functools.partial(kube.delete, SECRETS)
+    await delete("t", "ns")
 """
 
 
-def test_a_new_request_is_derived_and_an_unknown_resource_is_named_with_its_line() -> None:
+def test_a_new_request_is_derived_and_what_cannot_be_followed_is_named_with_its_line() -> None:
     probed = derive(extra={"ipam_provider.rbac_probe": PROBE})
     assert Request("delete", "", "secrets", "ns", "s") in probed.requests
     assert Request("delete", "", "secrets", "ns", "s") in missing(probed.requests, config_grants())
-    found = [line for line in probed.unresolved if line.startswith("ipam_provider/rbac_probe.py:")]
-    assert found and "ipam_provider/rbac_probe.py:8:" in found[0] and "plural" in found[0], probed.unresolved
+    found = sorted(line for line in probed.unresolved if line.startswith("ipam_provider/rbac_probe.py:"))
+    assert len(found) == 3, probed.unresolved
+    assert found[0].startswith("ipam_provider/rbac_probe.py:11:") and "plural" in found[0]  # the Resource unknown
+    assert found[1].startswith("ipam_provider/rbac_probe.py:12:") and "passed on" in found[1]  # wrapped in a partial
+    assert found[2].startswith("ipam_provider/rbac_probe.py:4:") and "kubernetes_asyncio" in found[2]
     assert ANY not in {r.group for r in probed.requests}
