@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, wait_address
+from tools.rbac_calls import ANY, OWN_NAMESPACE, Request, derive
 
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True)
@@ -41,50 +42,43 @@ BINDINGS = [
     (CLUSTER_ROLE_BINDINGS, "capi-ipam-manager-rolebinding", None),
     (ROLE_BINDINGS, "capi-ipam-leader-election-rolebinding", SYSTEM_NAMESPACE),
 ]
-IPAM, CAPI = "ipam.cluster.x-k8s.io", "cluster.x-k8s.io"
-POOL_KINDS = [
-    "inclusterippools",
-    "globalinclusterippools",
-    "inclusterprefixpools",
-    "globalinclusterprefixpools",
-    "netboxippools",
-    "globalnetboxippools",
-    "infobloxippools",
-    "infobloxinstances",
-]
-# (verb, group, resource, namespace): what the code does, written out independently of config/rbac. None is
-# "all namespaces" (the Deployment watches every namespace). "other" is any namespace but the controller's own.
-NEEDED = [
-    *[(verb, IPAM, "ipaddressclaims", None) for verb in ("get", "list", "watch", "patch")],
-    ("patch", IPAM, "ipaddressclaims/status", None),
-    *[(verb, IPAM, "ipaddresses", None) for verb in ("get", "list", "watch", "create", "patch", "delete")],
-    *[(verb, IPAM, kind, None) for kind in POOL_KINDS for verb in ("get", "list", "watch", "patch")],
-    *[("patch", IPAM, f"{kind}/status", None) for kind in POOL_KINDS],
-    *[(verb, IPAM, "inclusteripreservations", None) for verb in ("get", "list", "create", "patch", "delete")],
-    *[(verb, CAPI, kind, None) for kind in ("clusters", "machines") for verb in ("list", "watch")],
-    ("get", "", "secrets", "other"),
-    ("create", "", "events", "other"),
-    ("create", "", "events", "default"),  # Events about cluster-scoped pools go to `default`
-    ("create", "authentication.k8s.io", "tokenreviews", None),  # the metrics endpoint's checks
-    ("create", "authorization.k8s.io", "subjectaccessreviews", None),
-    *[(verb, "coordination.k8s.io", "leases", SYSTEM_NAMESPACE) for verb in ("get", "create", "patch")],
-]
-NOT_GRANTED = [
-    *[(verb, "", "secrets", "other") for verb in ("list", "watch", "create", "update", "delete")],
-    *[(verb, IPAM, "ipaddressclaims", None) for verb in ("create", "delete", "deletecollection")],
-    *[(verb, IPAM, kind, None) for kind in POOL_KINDS for verb in ("create", "delete")],
-    ("deletecollection", IPAM, "inclusteripreservations", None),
-    ("update", IPAM, "inclusteripreservations", None),
-    *[(verb, CAPI, kind, None) for kind in ("clusters", "machines") for verb in ("create", "patch", "delete")],
-    *[(verb, "coordination.k8s.io", "leases", "other") for verb in ("get", "create", "patch")],
-    *[(verb, "coordination.k8s.io", "leases", SYSTEM_NAMESPACE) for verb in ("list", "watch", "delete")],
-    ("delete", "", "events", "other"),
-    ("list", "", "pods", None),
-    ("get", "", "configmaps", "other"),
-    ("list", "", "namespaces", None),
-    ("create", "apiextensions.k8s.io", "customresourcedefinitions", None),
-    ("escalate", "rbac.authorization.k8s.io", "clusterroles", None),
-]
+STANDARD_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+# (verb, group, resource, namespace, name) to ask a SelfSubjectAccessReview about. A namespace None is "all
+# namespaces" (the Deployment watches every namespace), "other" any namespace but the controller's own.
+Access = tuple[str, str, str, str | None, str | None]
+
+
+def needed(requests: Iterable[Request]) -> list[Access]:
+    """What the code requests (derived from it by tools/rbac_calls.py), as access reviews."""
+    scope = {ANY: None, OWN_NAMESPACE: SYSTEM_NAMESPACE}
+    return sorted(
+        {
+            (r.verb, r.group, r.resource, scope.get(r.namespace, r.namespace), None if r.name == ANY else r.name)
+            for r in requests
+        },
+        key=str,
+    )
+
+
+def not_needed(requests: Iterable[Request]) -> list[Access]:
+    """Every standard verb the code never uses on a resource it requests, anywhere; what it requests only in its
+    own namespace, anywhere else; and some permissions a controller must never have."""
+    requests = list(requests)
+    used = {(r.verb, r.group, r.resource) for r in requests}
+    unused: set[Access] = {(v, g, r, None, None) for _, g, r in used for v in STANDARD_VERBS if (v, g, r) not in used}
+    elsewhere = {
+        (v, g, res)
+        for v, g, res in used
+        if all(r.namespace == OWN_NAMESPACE for r in requests if (r.verb, r.group, r.resource) == (v, g, res))
+    }
+    unused |= {(v, g, res, namespace, None) for v, g, res in elsewhere for namespace in (None, "other")}
+    never = [
+        ("list", "", "pods", None, None),
+        ("get", "", "configmaps", "other", None),
+        ("create", "apiextensions.k8s.io", "customresourcedefinitions", None, None),
+        ("escalate", "rbac.authorization.k8s.io", "clusterroles", None, None),
+    ]
+    return sorted(unused | set(never), key=str)
 
 
 @pytest.fixture
@@ -134,6 +128,12 @@ async def allowed(
     return bool(answer["status"].get("allowed"))
 
 
+def in_namespace(access: Access, other: str) -> Access:
+    """`access` with its namespace "other" made `other`."""
+    verb, group, resource, namespace, name = access
+    return verb, group, resource, other if namespace == "other" else namespace, name
+
+
 async def remove_bindings(kube: KubeClient) -> None:
     for resource, name, namespace in BINDINGS:
         await kube.delete(resource, name, namespace)
@@ -174,16 +174,14 @@ async def test_the_controller_needs_and_is_served_by_config_rbac(
             return await status_of(as_controller.list(CLAIMS)) == 200
 
         await wait_for(served, message="config/rbac to let the controller list claims")
-        namespaces = {None: None, "other": namespace, "default": "default", SYSTEM_NAMESPACE: SYSTEM_NAMESPACE}
-        missing = [p for p in NEEDED if not await allowed(as_controller, *p[:3], namespaces[p[3]])]
+        requests = derive().requests
+        missing = [a for a in needed(requests) if not await allowed(as_controller, *in_namespace(a, namespace))]
         assert not missing, f"config/rbac lacks permissions the controller uses: {missing}"
-        excess = [p for p in NOT_GRANTED if await allowed(as_controller, *p[:3], namespaces[p[3]])]
+        excess = [a for a in not_needed(requests) if await allowed(as_controller, *in_namespace(a, namespace))]
         assert not excess, f"config/rbac grants more than the controller needs: {excess}"
-        # The management cluster's identity: the kube-system Namespace, and no other, may be read.
+        # The management cluster's identity, from the kube-system Namespace (tenancy.py reads any Namespace too).
         system = await kube.get(NAMESPACES, IDENTITY_NAMESPACE)
         assert system is not None and await cluster_identity(as_controller) == system["metadata"]["uid"]
-        assert await allowed(as_controller, "get", "", "namespaces", None, name=IDENTITY_NAMESPACE)
-        assert not await allowed(as_controller, "get", "", "namespaces", None, name="default")
 
         await serve_and_release_as_controller(kube, controller_kubeconfig, namespace)
         await hold_the_lease_as_controller(kube, as_controller, namespace)
