@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ipam_provider.runtime.serving.certificates import ServingCertificate
+from ipam_provider.runtime.serving.guard import DEFAULT_LIMITS, MAX_BODY, Limits, Listener, track_requests
 from ipam_provider.runtime.serving.reviews import Reviewer, ReviewUnavailable
 
 log = structlog.get_logger(__name__)
@@ -26,39 +27,46 @@ CERT_CHECK_SECONDS = 10.0  # how often the certificate files are looked at (a st
 
 
 class Server:
-    """One aiohttp application on one address: over HTTPS with `certificate` (its files, when it has a directory,
-    are looked at every CERT_CHECK_SECONDS and reloaded on change), else plain HTTP."""
+    """One aiohttp application on one address, within `limits` (guard.py): over HTTPS with `certificate` (its
+    files, when it has a directory, are looked at every CERT_CHECK_SECONDS and reloaded on change), else plain
+    HTTP."""
 
-    def __init__(self, certificate: ServingCertificate | None) -> None:
+    def __init__(self, certificate: ServingCertificate | None, limits: Limits = DEFAULT_LIMITS) -> None:
         self.certificate = certificate
+        self.limits = limits
         self.address = ""
         self.port = 0
+        self.listener: Listener | None = None
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     async def serve(self, host: str, port: int, app: web.Application) -> None:
         """Serve `app` on host:port (port 0: any free one, then in `port`). Raises OSError when it cannot bind."""
+        app.middlewares.append(track_requests)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         context = self.certificate.context if self.certificate is not None else None
+        listener = Listener(runner, context, self.limits)
         try:
-            await web.TCPSite(runner, host, port, ssl_context=context).start()
+            await listener.start(host, port)
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1]) if runner.addresses else port
+        self._runner, self.listener = runner, listener
+        self.port = listener.port
         self.address = f"{host}:{self.port}"
         if self.certificate is not None and self.certificate.files.directory:
             self._watcher = asyncio.create_task(watch_certificate(self.certificate))
 
     async def close(self) -> None:
-        watcher, runner = self._watcher, self._runner
-        self._watcher, self._runner = None, None
+        watcher, listener, runner = self._watcher, self.listener, self._runner
+        self._watcher, self.listener, self._runner = None, None, None
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+        if listener is not None:
+            await listener.close()
         if runner is not None:
             await runner.cleanup()
 
@@ -68,8 +76,13 @@ class MetricsEndpoint(Server):
     authenticated and authorised through `reviewer`, which the caller sets once it has an API client (until then
     requests are answered 503)."""
 
-    def __init__(self, certificate: ServingCertificate | None, registry: CollectorRegistry = REGISTRY) -> None:
-        super().__init__(certificate)
+    def __init__(
+        self,
+        certificate: ServingCertificate | None,
+        registry: CollectorRegistry = REGISTRY,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        super().__init__(certificate, limits)
         self.reviewer: Reviewer | None = None
         self._registry = registry
 
@@ -79,7 +92,7 @@ class MetricsEndpoint(Server):
 
     async def start(self, host: str, port: int) -> None:
         """Listen on host:port. Raises OSError when the address cannot be bound."""
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([web.get(METRICS_PATH, self._metrics)])
         await self.serve(host, port, app)
 

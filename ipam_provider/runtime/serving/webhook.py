@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,21 +27,26 @@ from typing import Any
 
 import aiohttp
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ipam_provider.runtime.flagforms import go_duration
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Object
 from ipam_provider.runtime.serving.certificates import ServingCertificate
 from ipam_provider.runtime.serving.endpoint import Server
+from ipam_provider.runtime.serving.guard import DEFAULT_LIMITS, MAX_BODY, BodyTooLarge, Limits, read_body, too_large
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_TIMEOUT = 10.0  # the API server's own default for timeoutSeconds
 MARGIN = 1.0  # answer this much before the API server's timeout
 MIN_BUDGET = 0.5
+MAX_TIMEOUT = 30.0  # the longest timeoutSeconds the API accepts
 CONCURRENT_REVIEWS = 8
-MAX_BODY = 16 * 1024 * 1024  # a review carries the object twice; an object is at most ~1.5 MiB in etcd
+# A body over BULKY_BODY (or of unknown length, or compressed) may decode to a tenfold of Python objects (7 MiB of
+# `{}` make 150 MiB of dicts): such reviews take one of CONCURRENT_BULKY_REVIEWS slots first, then a common one.
+BULKY_BODY = 256 * 1024
+CONCURRENT_BULKY_REVIEWS = 1
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
@@ -132,12 +139,15 @@ class Route:
 
 
 class WebhookServer(Server):
-    """The webhook on one address, over HTTPS with `certificate`; it reviews through the routes set by `use`."""
+    """The webhook on one address, over HTTPS with `certificate`, within `limits`; it reviews through the routes set
+    by `use`."""
 
-    def __init__(self, certificate: ServingCertificate) -> None:
-        super().__init__(certificate)
+    def __init__(self, certificate: ServingCertificate, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(certificate, limits)
         self._routes: Mapping[str, Route] | None = None
         self._slots = asyncio.Semaphore(CONCURRENT_REVIEWS)
+        self._bulky_slots = asyncio.Semaphore(CONCURRENT_BULKY_REVIEWS)
+        self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="webhook-json")
 
     @property
     def serving(self) -> bool:
@@ -158,39 +168,52 @@ class WebhookServer(Server):
         report = log.warning if source == "self-signed" else log.info
         report("serving the admission webhook over HTTPS", address=self.address, certificate=source)
 
+    async def close(self) -> None:
+        await super().close()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
+
     async def _review(self, request: web.Request) -> web.Response:
+        """Nothing of the body is read before the request holds its slots, which it keeps until it is answered;
+        a request that cannot get them and its body within the budget is answered 429 (there is no review yet)."""
         started = time.monotonic()
         routes = self._routes
         if routes is None:
             return web.Response(status=503, text="starting: not connected to the API server yet\n")
-        try:
-            review = parse_review(json.loads(await request.read()))
-        except (MalformedReview, ValueError, UnicodeDecodeError, RecursionError) as error:  # nested too deep: JSON
-            log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
-            return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
-        route = routes.get(request.path)
-        if route is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
-            log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)
-            return web.json_response(review_response(review.uid, ALLOWED))
-        budget = max(_timeout(request.query.get("timeout")) - MARGIN, MIN_BUDGET)
-        verdict = await self._decide(route, review, budget)
-        (log.debug if verdict.allowed else log.info)(  # a refusal is the requester's to fix, not the controller's
-            "admission review",
-            kind=route.label,
-            namespace=review.namespace,
-            name=review.name,
-            operation=review.operation,
-            allowed=verdict.allowed,
-            message=verdict.message or None,
-            seconds=round(time.monotonic() - started, 3),
-        )
+        budget = max(min(_timeout(request.query.get("timeout")), MAX_TIMEOUT) - MARGIN, MIN_BUDGET)
+        deadline = asyncio.get_running_loop().time() + budget
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    if _maybe_bulky(request):
+                        await held.enter_async_context(self._bulky_slots)
+                    await held.enter_async_context(self._slots)
+                    review = parse_review(await self._decode(await read_body(request)))
+            except TimeoutError:
+                return web.Response(status=429, text=f"too many reviews: this one was not read within {budget:g} s\n")
+            except BodyTooLarge:
+                return too_large()
+            except (ValueError, UnicodeDecodeError, RecursionError) as error:  # MalformedReview; JSON nested too deep
+                log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
+                return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
+            route = routes.get(request.path)
+            if route is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
+                log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)
+                return web.json_response(review_response(review.uid, ALLOWED))
+            verdict = await self._decide(route, review, deadline, budget)
+        _log_verdict(route, review, verdict, time.monotonic() - started)
         return web.json_response(review_response(review.uid, verdict))
 
-    async def _decide(self, route: Route, review: ReviewRequest, budget: float) -> Verdict:
+    async def _decode(self, body: bytes) -> Any:
+        """The JSON of `body`: a large one in the decoder's one thread, so that the event loop waits at most for one
+        decoding at a time (the decoder holds the GIL while it runs)."""
+        if len(body) <= BULKY_BODY:
+            return json.loads(body)
+        return await asyncio.get_running_loop().run_in_executor(self._decoder, json.loads, body)
+
+    async def _decide(self, route: Route, review: ReviewRequest, deadline: float, budget: float) -> Verdict:
         try:
-            async with asyncio.timeout(budget):
-                async with self._slots:
-                    return await route.decide(review)
+            async with asyncio.timeout_at(deadline):
+                return await route.decide(review)
         except TimeoutError:
             message = f"could not check the change within {budget:g} s; try again"
         except (ApiError, aiohttp.ClientError, OSError) as error:
@@ -199,6 +222,26 @@ class WebhookServer(Server):
             log.error("admission check failed", kind=route.label, name=review.name, exc_info=True)
             message = f"the check failed: {type(error).__name__}: {error}"
         return Verdict(False, 500, "InternalError", message)
+
+
+def _log_verdict(route: Route, review: ReviewRequest, verdict: Verdict, seconds: float) -> None:
+    (log.debug if verdict.allowed else log.info)(  # a refusal is the requester's to fix, not the controller's
+        "admission review",
+        kind=route.label,
+        namespace=review.namespace,
+        name=review.name,
+        operation=review.operation,
+        allowed=verdict.allowed,
+        message=verdict.message or None,
+        seconds=round(seconds, 3),
+    )
+
+
+def _maybe_bulky(request: web.Request) -> bool:
+    """Whether the body may decode to more than BULKY_BODY bytes (unknown length, or compressed)."""
+    length = request.content_length
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    return length is None or length > BULKY_BODY or encoding != "identity"
 
 
 def _timeout(text: str | None) -> float:
