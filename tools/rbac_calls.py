@@ -3,10 +3,16 @@
 mypy, the project's type checker, reads ipam_provider/ and backends/ with their types. Every call of a KubeClient
 request method (and every call that hands a `Resource` to a method of that name) is a request. Its Resource is
 followed back, as mypy resolves names, to `Resource(...)` calls with constant arguments: through module constants,
-instance and dataclass attributes, the parameters of a function (to every call of it, `functools.partial` included),
-return values, containers, subscripts and loops. A request whose Resource cannot be followed is `unresolved`, with
-the line, unless BY_HAND says what the value is; so a new request is never silently left out. Namespaces and names
-are followed the same way: one that cannot be followed is any namespace or name (`ANY`).
+instance and dataclass attributes, the parameters of a function (per call of it, `functools.partial` included),
+return values, containers, subscripts and loops. A PoolKind that cannot be followed is any PoolKind the code
+constructs (they are the backends' constants). Namespaces and names are followed the same way; one that cannot be
+followed is any namespace or name (`ANY`).
+
+A request whose Resource cannot be followed is `unresolved`, with its line, and so is a request the derivation
+cannot see (a request method passed on as a value, the Kubernetes client library used beside KubeClient): a new
+request is never silently left out. What the code does not say by itself is in small tables, each entry with its
+reason: BY_HAND (values from flags), TABLES (a Resource built from a lookup table), BLOCKING_OWNERS (the owners
+whose `finalizers` a blockOwnerDeletion reference needs) and NOT_THE_CONTROLLER (code run by another identity).
 
 `missing` and `unused` compare the requests with the rules of config/rbac's Roles, both ways.
 """
@@ -230,6 +236,9 @@ class Program:
     def _index(self, node: nodes.Node, site: Site, partials: dict[int, tuple[str, nodes.CallExpr]]) -> None:
         if isinstance(node, nodes.CallExpr):
             self.calls.append((node, site))
+            self._mutation(node, site)
+        elif isinstance(node, nodes.OperatorAssignmentStmt):
+            self._add(node.lvalue, node.rvalue if self._is_container(node.lvalue) else _unknown(node), site)
         elif isinstance(node, nodes.AssignmentStmt):
             for target in node.lvalues:
                 self._assign(target, node.rvalue, site, partials)
@@ -253,6 +262,8 @@ class Program:
         partials: dict[int, tuple[str, nodes.CallExpr]],
     ) -> None:
         var = self._variable(target)
+        if isinstance(target, nodes.IndexExpr):  # container[key] = value
+            self._add(target.base, _display(value), site)
         if var is None:
             if isinstance(target, (nodes.TupleExpr, nodes.ListExpr)):  # unpacked: not followed
                 for item in target.items:
@@ -264,6 +275,35 @@ class Program:
             wrapped = self.target(value.args[0])
             if wrapped is not None:
                 partials[id(var)] = (wrapped, value)
+
+    def _mutation(self, call: nodes.CallExpr, site: Site) -> None:
+        """What a call adds to a container (append, add, insert, setdefault; extend, update), or gives a dataclass's
+        field (dataclasses.replace)."""
+        callee = call.callee
+        if self.target(callee) == "dataclasses.replace" and call.args:
+            owner = self._instance(call.args[0])
+            for arg, name in zip(call.args[1:], call.arg_names[1:], strict=True):
+                found = owner.type.get(name) if owner is not None and name else None
+                if found is not None and isinstance(found.node, nodes.Var):
+                    self.assigned.setdefault(id(found.node), []).append((arg, site))
+        elif isinstance(callee, nodes.MemberExpr) and call.args and self._is_container(callee.expr):
+            if callee.name in ("append", "add", "insert", "setdefault"):
+                self._add(callee.expr, _display(call.args[-1]), site)
+            elif callee.name in ("extend", "update"):
+                self._add(callee.expr, call.args[0], site)
+
+    def _is_container(self, expr: nodes.Expression) -> bool:
+        instance = self._instance(expr)
+        return (
+            instance is not None
+            and instance.type.fullname != "builtins.str"
+            and any(instance.type.has_base(base) for base in ("typing.Iterable", "typing.Mapping"))
+        )
+
+    def _add(self, container: nodes.Expression, items: nodes.Expression, site: Site) -> None:
+        var = self._variable(container)
+        if var is not None:
+            self.assigned.setdefault(id(var), []).append((items, site))
 
     def _iterate(self, index: nodes.Expression, sequence: nodes.Expression | None, site: Site) -> None:
         var = self._variable(index)
@@ -505,6 +545,20 @@ class Program:
 
 
 _CONSTANTS: dict[str, object] = {"builtins.None": None, "builtins.True": True, "builtins.False": False}
+
+
+def _display(item: nodes.Expression) -> nodes.Expression:
+    """A list display of one item (what adding `item` to a container adds)."""
+    display = nodes.ListExpr([item])
+    display.set_line(item)
+    return display
+
+
+def _unknown(at: nodes.Context) -> nodes.Expression:
+    """An expression of no known value (an augmented assignment to a scalar)."""
+    unknown = nodes.TempNode(types.AnyType(types.TypeOfAny.special_form))
+    unknown.set_line(at)
+    return unknown
 
 
 def _ours(module: str) -> bool:

@@ -93,7 +93,7 @@ import functools
 
 import kubernetes_asyncio
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import SECRETS, Resource
+from ipam_provider.runtime.kube.resources import CLAIMS, NAMESPACES, SECRETS, Resource
 
 
 async def probe(kube: KubeClient, plural: str) -> None:
@@ -101,6 +101,10 @@ async def probe(kube: KubeClient, plural: str) -> None:
     await kube.get(Resource("example.com", "v1", plural, "Example", namespaced=True), "x")
     delete = functools.partial(kube.delete, SECRETS)
     await delete("t", "ns")
+    watched = [CLAIMS]
+    watched.append(NAMESPACES)
+    for resource in watched:
+        await kube.watch(resource, resource_version="1")
 """
 
 
@@ -108,6 +112,7 @@ def test_a_new_request_is_derived_and_what_cannot_be_followed_is_named_with_its_
     probed = derive(extra={"ipam_provider.rbac_probe": PROBE})
     assert Request("delete", "", "secrets", "ns", "s") in probed.requests
     assert Request("delete", "", "secrets", "ns", "s") in missing(probed.requests, config_grants())
+    assert {Request("watch", IPAM, "ipaddressclaims"), Request("watch", "", "namespaces")} <= set(probed.requests)
     found = sorted(line for line in probed.unresolved if line.startswith("ipam_provider/rbac_probe.py:"))
     assert len(found) == 3, probed.unresolved
     assert found[0].startswith("ipam_provider/rbac_probe.py:11:") and "plural" in found[0]  # the Resource unknown
