@@ -379,7 +379,7 @@ class Program:
         return f"{site.module.replace('.', '/')}.py:{expr.line}: {source.strip()[:100]}"
 
     def values(self, expr: nodes.Expression, site: Site) -> frozenset[object]:
-        """The values `expr` may have (constants, Records, Items, SERVED, OWN_NAMESPACE); Unresolved if unknown."""
+        """The values `expr` may have (constants, Records, Items, OWN_NAMESPACE); Unresolved if they are unknown."""
         key = (id(expr), id(site.func), id(site.caller))
         if key in self._active:  # a cycle adds nothing to what its other paths give
             return frozenset()
@@ -420,8 +420,10 @@ class Program:
         if isinstance(expr, nodes.CallExpr):
             return self._call_values(expr, site)
         if isinstance(expr, nodes.MemberExpr) and self._record_type(expr.expr):
-            records = self.values(expr.expr, site)
-            return frozenset(value[expr.name] for value in records if isinstance(value, Record))
+            records = [value for value in self.values(expr.expr, site) if isinstance(value, Record)]
+            if any(expr.name not in dict(record.fields) for record in records):
+                raise Unresolved(f"{self.where(expr, site)} (a field the derivation does not keep)")
+            return frozenset(record[expr.name] for record in records)
         var = self._variable(expr) if isinstance(expr, nodes.RefExpr) else None
         if var is not None:
             return self._variable_values(var, expr, site)
