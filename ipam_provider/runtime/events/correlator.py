@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
-from ipam_provider.runtime.kube.resources import Object, now_rfc3339
+from ipam_provider.runtime.kube.resources import SUBDOMAIN_LENGTH, Object, now_rfc3339
 
 WINDOW = 600.0
 INDIVIDUAL = 10
@@ -82,6 +82,13 @@ def reference(obj: Object) -> Object:
         "uid": meta.get("uid"),
         "resourceVersion": meta.get("resourceVersion"),
     }
+
+
+def event_name(involved: str) -> str:
+    """A new Event's name: the involved object's, cut so that with its random suffix it stays a DNS subdomain (an
+    object's name may take all of SUBDOMAIN_LENGTH), then a dot and 16 hex digits."""
+    suffix = f".{secrets.token_hex(8)}"
+    return (involved[: SUBDOMAIN_LENGTH - len(suffix)].rstrip(".-") or "object") + suffix
 
 
 def identity(ref: Object) -> tuple[str | None, ...]:
@@ -222,7 +229,7 @@ class EventCorrelator:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{involved.get('name') or 'object'}.{secrets.token_hex(8)}",
+                "name": event_name(involved.get("name") or "object"),
                 "namespace": involved.get("namespace") or "default",
             },
             "involvedObject": involved,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from ipam_provider.runtime.events.correlator import (
     Series,
 )
 from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH
+from ipam_provider.runtime.kube.resources import SUBDOMAIN_LENGTH, subdomain_problem
 
 Object = dict[str, Any]
 
@@ -210,3 +212,16 @@ def test_messages_are_cut_to_the_api_limit_and_cluster_scoped_objects_go_to_defa
     assert combined.message.startswith(COMBINED_PREFIX)
     assert single.namespace == combined.namespace == "default"
     assert single.body["involvedObject"]["namespace"] is None
+
+
+def test_an_event_on_an_object_whose_name_takes_all_253_characters_has_a_valid_name() -> None:
+    events = correlator(Clock())
+    longest = pool("a" * 200 + "." + "b" * 34 + "-" + "c" * 17, namespace="ns")  # the cut falls after the "-"
+    assert len(longest["metadata"]["name"]) == SUBDOMAIN_LENGTH
+    events.observe(longest, "Warning", "PoolInvalid", "bad")
+    (series,) = events.due()
+    assert subdomain_problem(series.name) is None and len(series.name) <= SUBDOMAIN_LENGTH
+    assert series.name.startswith("a" * 200 + "." + "b" * 34 + ".")
+    events.observe(pool("x", namespace="ns"), "Warning", "PoolInvalid", "bad")
+    (short,) = events.due()
+    assert re.fullmatch(r"x\.[0-9a-f]{16}", short.name)
