@@ -126,8 +126,8 @@ class ReconcileContext:
 
     async def write_status(self, store: Store, resource: Resource, obj: Object, status: Object) -> Object | None:
         """`patch_cached` of the object's status subresource; None when the API server refuses the status as
-        invalid (422): a Warning Event `StatusRefused` on the object says why, logged once per object and refusal,
-        and the write is not retried until the object or its status changes (it would be refused again)."""
+        invalid (422): a Warning Event `StatusRefused` on the object says why (logged once per object and refusal),
+        and no error is raised, so that the reconcile is not retried with backoff for a write refused again."""
         meta = obj["metadata"]
         key = (resource.kind, meta.get("namespace"), meta["name"])
         try:
