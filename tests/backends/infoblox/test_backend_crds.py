@@ -83,6 +83,17 @@ async def test_defaults_are_applied(kube: KubeClient, namespace: str) -> None:
         ({"caBundle": PEM, "caBundleSecretRef": SECRET}, "set caBundle or caBundleSecretRef, not both"),
         ({"wapiVersion": "1.0"}, "spec.wapiVersion"),
         ({"port": 0}, "spec.port"),
+        ({"credentialsSecretRef": {"name": "../../x", "namespace": "ns"}}, "spec.credentialsSecretRef.name"),
+        ({"credentialsSecretRef": {"name": "x", "namespace": "ns/secrets"}}, "spec.credentialsSecretRef.namespace"),
+        (
+            {"caBundleSecretRef": {"name": "..", "namespace": "ns", "key": "ca.crt"}},
+            "spec.caBundleSecretRef.name",
+        ),
+        ({"allowedNamespaces": {"list": ["Team A"]}}, "spec.allowedNamespaces.list[0]"),
+        (
+            {"allowedNamespaces": {"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}},
+            "spec.allowedNamespaces.selector.matchExpressions[0].operator",
+        ),
     ],
 )
 async def test_invalid_instances_are_refused(kube: KubeClient, namespace: str, spec: Object, message: str) -> None:
@@ -109,6 +120,10 @@ async def test_invalid_instances_are_refused(kube: KubeClient, namespace: str, s
         (
             {"subnets": [{"cidr": "10.0.0.0/24"}], "extensibleAttributes": {"CAPI-Claim-UID": "x"}},
             "the CAPI-* ownership attributes are the provider's own",
+        ),
+        (
+            {"subnets": [{"cidr": "10.0.0.0/24"}], "instanceRef": {"name": "../../v1beta2/namespaces/v/secrets/s"}},
+            "spec.instanceRef.name",
         ),
     ],
 )

@@ -5,6 +5,7 @@ off shows on the instance and its pools, with Warning Events."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
@@ -119,11 +120,14 @@ async def test_an_instance_serves_only_the_namespaces_it_allows(
         await wait_pool_reason(kube, team, "net", "PoolReady")
         assert (await wait_address(kube, team, "node-0"))["spec"]["address"] == "10.10.0.1"
 
-        # And out again: new claims wait, the pool says why.
+        # And out again: new claims wait, and the pool says why at its next report (instances are not watched:
+        # a change of the pool brings it forward).
         await grid.patch_instance({"allowedNamespaces": {"list": [namespace], "selector": None}})
-        await wait_pool_reason(kube, team, "net", "InstanceNotAllowed")
+        await asyncio.sleep(2 * FAST.instance_cache_seconds)  # the instance as read is trusted this long
         await kube.create(CLAIMS, claim("node-1", "net", kind=KIND), team)
         await wait_claim_reason(kube, team, "node-1", "PoolNotReady")
+        await kube.patch(POOLS, "net", {"metadata": {"labels": {"touched": "yes"}}}, team)
+        await wait_pool_reason(kube, team, "net", "InstanceNotAllowed")
 
 
 async def test_an_instance_reads_secrets_only_of_a_namespace_that_lends_them(
@@ -136,9 +140,10 @@ async def test_an_instance_reads_secrets_only_of_a_namespace_that_lends_them(
         instance = await wait_instance_reason(kube, grid.instance, "SecretNotAllowed")
         message = ready_condition(instance)["message"]  # type: ignore[index]
         assert SECRET_REFS_LABEL in message and grid.sim.password not in message
-        await wait_pool_reason(kube, namespace, "net", "SecretNotAllowed")
         await grid.create_claim("node-0", "net")
         await wait_claim_reason(kube, namespace, "node-0", "PoolNotReady")
+        await kube.patch(POOLS, "net", {"metadata": {"labels": {"touched": "yes"}}}, namespace)  # report it now
+        await wait_pool_reason(kube, namespace, "net", "SecretNotAllowed")
 
 
 async def test_turning_tls_off_warns_on_the_instance_and_its_pools(
