@@ -3,6 +3,11 @@ reading no more than the answer needs. An UPDATE that leaves `spec` as it is is 
 while live IPAddresses name the pool, but allowed under clusterctl's `delete-for-move` and under
 `skip-validate-delete-webhook` (with a warning when it is in use). What passes goes to the kind's backend's
 `review_pool_change`. Refusals are 422 (CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500).
+
+The webhook's caller is not authenticated (anyone who reaches the port may post a review), so the core's answers
+name no object: a DELETE refusal counts the IPAddresses and says how to list them. Until the controller's caches
+have synced (a standby, or a replica starting), the IPAddresses of a namespaced pool are listed in its namespace,
+and a review that would need a cluster-wide LIST (a cluster-scoped pool) is refused with code 503, to be retried.
 """
 
 from __future__ import annotations
@@ -31,10 +36,22 @@ from ipam_provider.runtime.serving.webhook import ALLOWED, ReviewRequest, Route,
 
 log = structlog.get_logger(__name__)
 
-LISTED_ADDRESSES = 10  # IPAddresses named in a DELETE's refusal; the rest are counted
 LISTED_REASONS = 20  # a backend's reasons joined into one refusal; the rest are counted
 OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the verdict stands without it)
-READ_ERRORS = (ApiError, aiohttp.ClientError, OSError, TimeoutError)
+
+
+class CachesNotSynced(Exception):
+    """The check needs every namespace's IPAddresses, and this replica's caches have not synced."""
+
+
+READ_ERRORS = (ApiError, aiohttp.ClientError, OSError, TimeoutError, CachesNotSynced)
+NOT_SYNCED = Verdict(
+    False,
+    503,
+    "ServiceUnavailable",
+    "this replica cannot check a cluster-scoped pool's IPAddresses before its caches have synced (it is a standby "
+    "or starting); try again",
+)
 
 
 def webhook_path(kind: PoolKind) -> str:
@@ -68,6 +85,12 @@ class PoolAdmission:
 
     async def decide(self, request: ReviewRequest, path_kind: PoolKind) -> Verdict:
         """The verdict on `request`, come in at `path_kind`'s path; raises what a LIST it needed raised."""
+        try:
+            return await self._decide(request, path_kind)
+        except CachesNotSynced:
+            return NOT_SYNCED
+
+    async def _decide(self, request: ReviewRequest, path_kind: PoolKind) -> Verdict:
         if (request.group, request.kind) != (path_kind.group, path_kind.kind):
             return Verdict(
                 False, 400, "BadRequest", f"this path reviews {path_kind.kind}, not {request.kind or 'an object'}"
@@ -100,7 +123,7 @@ class PoolAdmission:
             return await self._skipped_delete(ref)
         in_use = await self.addresses_in_use(ref)
         if in_use:
-            return Verdict(False, 403, "Forbidden", _in_use_refusal(in_use))
+            return Verdict(False, 403, "Forbidden", _in_use_refusal(ref, len(in_use)))
         review = self._reviewer(kind)
         if pool is None or review is None:
             return ALLOWED
@@ -124,8 +147,8 @@ class PoolAdmission:
         return Verdict(
             True,
             warnings=(
-                f"{ref} still has {len(in_use)} IPAddress(es) in use (such as {min(str(a) for a in in_use)}); "
-                f"{ANNOTATION_SKIP_DELETE_VALIDATION} lets the pool go anyway, and no pool serves them any more",
+                f"{ref} still has {len(in_use)} IPAddress(es) in use; {ANNOTATION_SKIP_DELETE_VALIDATION} lets the "
+                f"pool go anyway, and no pool serves them any more ({_listing(ref)} lists them)",
             ),
         )
 
@@ -144,13 +167,21 @@ class PoolAdmission:
             )
             return None
 
+    def _synced(self, ref: PoolRef) -> bool:
+        """Whether the controller's caches have synced (its pool caches answer): it is the leader, and running."""
+        kind = self.registry.kind_of(ref.group, ref.kind)
+        return kind is not None and self.cached_pools(kind) is not None
+
     def _reviewer(self, kind: PoolKind) -> AdmissionReviewer | None:
         found = self.registry.lookup(kind.group, kind.kind)
         return admission_reviewer_of(found[0]) if found is not None else None
 
     async def addresses_in_use(self, ref: PoolRef) -> list[AddressInUse]:
-        """The live IPAddresses naming the pool: from the cache if it can answer, else listed."""
+        """The live IPAddresses naming the pool: from the cache if it can answer, else listed (in the pool's
+        namespace; every namespace only once the caches have synced, else raises CachesNotSynced)."""
         cached = self.cached_addresses(ref)
+        if cached is None and ref.namespace is None and not self._synced(ref):
+            raise CachesNotSynced()
         items = cached if cached is not None else (await self.kube.list(ADDRESSES, ref.namespace))[0]
         in_use: list[AddressInUse] = []
         for item in items:
@@ -182,9 +213,18 @@ def _verdict(operation: str, kind: PoolKind, ref: PoolRef, reasons: Sequence[str
     return Verdict(False, code, reason, f"{kind.kind} {ref.name}: {listed(reasons, LISTED_REASONS, '; ')}")
 
 
-def _in_use_refusal(in_use: Sequence[AddressInUse]) -> str:
-    names = listed(sorted(str(address) for address in in_use), LISTED_ADDRESSES)
+def _in_use_refusal(ref: PoolRef, count: int) -> str:
+    """The refusal of a DELETE: how many IPAddresses name the pool, and how to list them (the requester is not
+    known, so none is named)."""
     return (
-        f"{POOL_IN_USE} IPAddresses: {names}. Delete their claims first, or annotate the pool "
-        f"{ANNOTATION_SKIP_DELETE_VALIDATION} to delete it anyway."
+        f"{POOL_IN_USE} {count} IPAddress(es) name the pool ({_listing(ref)} lists them). Delete their claims "
+        f"first, or annotate the pool {ANNOTATION_SKIP_DELETE_VALIDATION} to delete it anyway."
     )
+
+
+def _listing(ref: PoolRef) -> str:
+    """The kubectl command that lists the IPAddresses of the pool's namespace (every namespace: a cluster-scoped
+    pool) with the pool each names."""
+    scope = f"-n {ref.namespace}" if ref.namespace else "-A"
+    columns = "NAMESPACE:.metadata.namespace,NAME:.metadata.name,KIND:.spec.poolRef.kind,POOL:.spec.poolRef.name"
+    return f"`kubectl get ipaddresses.ipam.cluster.x-k8s.io {scope} -o custom-columns={columns}`"

@@ -28,7 +28,7 @@ from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
 from ipam_provider.runtime.serving.webhook import ALLOWED, Verdict, WebhookServer, parse_review
-from tests.ipam_provider.fake_backend import FAKE_POOL, FakeBackend
+from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
 
 IN_CLUSTER_PATH = webhook_path(IN_CLUSTER_POOL)
 FAKE_PATH = webhook_path(FAKE_POOL)
@@ -210,7 +210,9 @@ async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -
     status = answer["response"]["status"]
     assert answer["response"]["allowed"] is False and (status["code"], status["reason"]) == (403, "Forbidden")
     assert status["message"].startswith("Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses")
-    assert "team-a/m1" in status["message"]
+    listing = "1 IPAddress(es) name the pool (`kubectl get ipaddresses.ipam.cluster.x-k8s.io -n team-a "
+    assert listing in status["message"]
+    assert "m1" not in status["message"] and "10.0.0.10" not in status["message"]  # the caller may be anyone
     for annotation in (
         "ipam.cluster.x-k8s.io/skip-validate-delete-webhook",
         "clusterctl.cluster.x-k8s.io/delete-for-move",
@@ -220,7 +222,8 @@ async def test_delete_of_a_pool_in_use_is_refused_for_any_kind(served: Served) -
         assert answer["response"]["allowed"] is True, annotation
         if annotation.startswith("ipam."):  # a person's choice: told what it leaves behind
             (warning,) = answer["response"]["warnings"]
-            assert warning.startswith("FakeIPPool/team-a/net still has 1 IPAddress(es) in use (such as team-a/m1)")
+            assert warning.startswith("FakeIPPool/team-a/net still has 1 IPAddress(es) in use; ")
+            assert "m1" not in warning
         else:  # clusterctl move's: nothing is read
             assert "warnings" not in answer["response"]
     served.in_use[0] = {**address, "metadata": {**address["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
@@ -334,12 +337,12 @@ async def test_a_delete_without_its_old_object(unreachable: KubeClient) -> None:
     assert delete.old is None and await admission.decide(delete, FAKE_POOL) == ALLOWED
     in_use.append(address_of(FAKE_POOL, "m1"))
     verdict = await admission.decide(delete, FAKE_POOL)
-    assert not verdict.allowed and verdict.code == 403 and "team-a/m1" in verdict.message
+    assert not verdict.allowed and verdict.code == 403 and "1 IPAddress(es) name the pool" in verdict.message
     pools.append(pool_object(FAKE_POOL))
     assert not (await admission.decide(delete, FAKE_POOL)).allowed
     pools[0] = annotated(pool_object(FAKE_POOL), SKIP)
     verdict = await admission.decide(delete, FAKE_POOL)
-    assert verdict.allowed and "(such as team-a/m1)" in verdict.warnings[0]
+    assert verdict.allowed and "still has 1 IPAddress(es) in use" in verdict.warnings[0]
     pools[0] = annotated(pool_object(FAKE_POOL), MOVE)
     assert await admission.decide(delete, FAKE_POOL) == ALLOWED
     nameless = review(FAKE_POOL, "DELETE", None, None)
@@ -356,3 +359,23 @@ def address_of(kind: PoolKind, claim: str) -> Object:
             "claimRef": {"name": claim},
         },
     }
+
+
+async def test_a_replica_whose_caches_have_not_synced_lists_no_namespace_but_the_pools(unreachable: KubeClient) -> None:
+    """A standby (no cache answers): a namespaced pool's IPAddresses are listed in its namespace (here the LIST
+    fails: it was sent), and a cluster-scoped pool's change is refused with 503, to be retried, without a LIST."""
+    registry = BackendRegistry([ReviewingBackend()])
+    standby = PoolAdmission(unreachable, registry)  # no cache answers
+    fake = pool_object(FAKE_POOL)
+    with pytest.raises(aiohttp.ClientError):
+        await standby.decide(parse_review(review(FAKE_POOL, "DELETE", None, fake)), FAKE_POOL)
+    global_pool = {**pool_object(GLOBAL_FAKE_POOL), "metadata": {"name": "net"}}
+    delete = review(GLOBAL_FAKE_POOL, "DELETE", None, global_pool)
+    delete["request"].pop("namespace")
+    verdict = await standby.decide(parse_review(delete), GLOBAL_FAKE_POOL)
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "ServiceUnavailable")
+    assert "caches" in verdict.message and "try again" in verdict.message
+    # Once synced (the pool caches answer), the leader lists what its cache does not cover, as before.
+    leader = PoolAdmission(unreachable, registry, lambda ref: None, lambda kind: [])
+    with pytest.raises(aiohttp.ClientError):
+        await leader.decide(parse_review(delete), GLOBAL_FAKE_POOL)
