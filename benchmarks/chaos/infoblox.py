@@ -145,6 +145,7 @@ class InfobloxChaos:
                 "wapiVersion": sim.wapi_version,
                 "credentialsSecretRef": {"name": SECRET_NAME, "namespace": namespace},
                 "caBundle": sim.ca_path.read_text(),
+                "allowedNamespaces": {"list": [namespace]},
             },
         }
         return [secret, instance, *(self._pool(ref) for ref in self.pool_refs(namespace, count))]

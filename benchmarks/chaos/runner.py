@@ -113,7 +113,9 @@ async def _run_on(plane: LocalControlPlane, name: str, options: Options, result:
     replicas: Replicas | None = None
     try:
         await install_crds(kube, crds)
-        await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+        # It holds the InfobloxInstance's Secret: lent to cluster-scoped objects (ipam_provider/backend/tenancy.py).
+        labels = {"ipam.cluster.x-k8s.io/allow-cluster-scoped-secret-refs": "true"}
+        await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE, "labels": labels}})
         await backend.start()
         pools = await _apply_manifests(kube, backend, crds, options.pools)
         await link.start()

@@ -28,7 +28,7 @@ from benchmarks.chaos.infoblox import FAULT_KINDS, InfobloxChaos
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, ClaimContext, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS
-from tests.backends.infoblox.conftest import FAST
+from tests.backends.infoblox.conftest import FAST, lend_secrets
 
 Object = dict[str, Any]
 Held = dict[str, tuple[ClaimContext, Allocation]]
@@ -56,6 +56,7 @@ async def pools(harness: InfobloxChaos, kube: KubeClient, namespace: str) -> Asy
     """The harness's Secret and instance, created in the API server; its two pools as the reconciler hands them
     over."""
     secret, instance, *made = harness.manifests(namespace, 2)
+    await lend_secrets(kube, namespace)
     await kube.create(SECRETS, secret, namespace)
     await kube.create(INSTANCES, instance)
     for pool in made:
