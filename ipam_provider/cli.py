@@ -56,7 +56,7 @@ class Endpoints:
             if metrics is not None:
                 served = options.metrics
                 cert = ServingCertificate.load(served.cert, served.tls) if served.secure else None
-                endpoint = MetricsEndpoint(cert)
+                endpoint = MetricsEndpoint(cert, limits=options.webhook.limits)
                 try:
                     await endpoint.start(*metrics)
                 except OSError as error:
@@ -64,7 +64,8 @@ class Endpoints:
                 endpoints.metrics = endpoint
             webhook = options.webhook.bind
             if webhook is not None:
-                server = WebhookServer(ServingCertificate.load(options.webhook.cert, options.metrics.tls))
+                certificate = ServingCertificate.load(options.webhook.cert, options.metrics.tls)
+                server = WebhookServer(certificate, options.webhook.limits)
                 try:
                     await server.start(*webhook)
                 except OSError as error:

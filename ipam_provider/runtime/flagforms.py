@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ipam_provider.runtime.serving.certificates import CertificateFiles, TlsOptions
+from ipam_provider.runtime.serving.guard import CONNECTIONS, DEFAULT_LIMITS, HEADER_SECONDS, IDLE_SECONDS, Limits
 
 CLAIM_KIND = "ipaddressclaim"
 
@@ -170,11 +171,13 @@ class MetricsServing:
 
 @dataclass(frozen=True)
 class WebhookServing:
-    """Where the admission webhook listens (`port` 0: it is off) and with which certificate."""
+    """Where the admission webhook listens (`port` 0: it is off) and with which certificate; `limits` bound what
+    a client may hold of it and of the metrics endpoint."""
 
     host: str
     port: int
     cert: CertificateFiles
+    limits: Limits = DEFAULT_LIMITS
 
     @property
     def bind(self) -> tuple[str, int] | None:
@@ -204,6 +207,36 @@ def add_webhook_flags(run: argparse.ArgumentParser) -> None:
         help="the directory holding the webhook's tls.crt and tls.key (default: %(default)s), re-read when they "
         "change; while both are absent a self-signed certificate is served, which the API server does not trust",
     )
+    limits = run.add_argument_group("HTTPS servers' limits (the webhook and the metrics)")
+    limits.add_argument(
+        "--http-read-header-timeout",
+        type=positive_duration,
+        default=HEADER_SECONDS,
+        metavar="DURATION",
+        help="a connection whose TLS handshake or request headers take longer is dropped (default: 32s, "
+        "controller-runtime's)",
+    )
+    limits.add_argument(
+        "--http-idle-timeout",
+        type=positive_duration,
+        default=IDLE_SECONDS,
+        metavar="DURATION",
+        help="a connection idle this long between requests is closed (default: 90s, controller-runtime's)",
+    )
+    limits.add_argument(
+        "--http-max-connections",
+        type=_positive_int,
+        default=CONNECTIONS,
+        metavar="N",
+        help="connections each server keeps open at once, handshakes included; one more is closed at once "
+        "(default: %(default)s)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number over 0")
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -213,7 +246,8 @@ def _port(text: str) -> int:
 
 
 def webhook_serving(args: argparse.Namespace) -> WebhookServing:
-    return WebhookServing(args.webhook_host, args.webhook_port, CertificateFiles(args.webhook_cert_dir))
+    limits = Limits(args.http_read_header_timeout, args.http_idle_timeout, args.http_max_connections)
+    return WebhookServing(args.webhook_host, args.webhook_port, CertificateFiles(args.webhook_cert_dir), limits)
 
 
 def add_serving_flags(run: argparse.ArgumentParser) -> None:
