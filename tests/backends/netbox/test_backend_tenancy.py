@@ -1,7 +1,8 @@
 """The NetBox backend's Secrets and connections against the real API server (no NetBox: the Secrets name a port
 where nothing listens, and a client is made without a request): which Secrets a pool may read, what a Secret may
 make the controller hold (a CA bundle parsed and bounded), connections closed and CA files removed when no pool uses
-them any more, and the TLSVerified condition.
+them any more, and the TLSVerified condition; then with the controller (and its webhook, registered as config/webhook
+ships it), what a tenant sees of each.
 """
 
 from __future__ import annotations
@@ -19,9 +20,23 @@ from backends.netbox.spec import NETBOX_POOL, Pool
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef, ReportCondition
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import SECRETS
-from tests.backends.netbox.conftest import global_netbox_pool, lend_secrets, new_claim, pool_of, prefix
+from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
+from tests.backends.netbox.conftest import (
+    GLOBAL_NB_POOLS,
+    NB_POOLS,
+    backend_factory,
+    global_netbox_pool,
+    lend_secrets,
+    nb_claim,
+    netbox_pool,
+    new_claim,
+    pool_of,
+    prefix,
+    wait_pool_reason,
+)
+from tests.ipam_provider.test_admission import labelled, refused, webhook
 from tests.support.cluster import wait_for
+from tests.support.objects import ready_condition, wait_claim_reason
 from tools.controlplane.pki import write_pki
 
 Object = dict[str, Any]
@@ -174,3 +189,83 @@ async def test_tls_off_is_a_warning_condition(backend: NetboxBackend, kube: Kube
     pool = pool_of(namespace, "missing", SOURCES, **missing)
     report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert report.reason == "SecretNotFound" and tls_verified(report.conditions) == (False, "InsecureSkipVerify", True)
+
+
+# --- with the controller, as a tenant sees it ------------------------------------------------------------------
+
+
+async def conditions_and_events(kube: KubeClient, namespace: str) -> str:
+    """Everything a tenant reads back in `namespace` and of cluster-scoped pools: conditions and Event messages."""
+    events = (await kube.list(EVENTS, namespace))[0] + (await kube.list(EVENTS, "default"))[0]
+    texts = [str(event.get("message")) for event in events]
+    for resource, where in ((CLAIMS, namespace), (NB_POOLS, namespace), (GLOBAL_NB_POOLS, None)):
+        texts += [str((o.get("status") or {}).get("conditions")) for o in (await kube.list(resource, where))[0]]
+    return "\n".join(texts)
+
+
+async def test_a_global_pool_on_a_namespace_that_lends_nothing_says_so_on_itself_and_its_claims(
+    kube: KubeClient, namespace: str, netbox_controller: Any, fast_pool_resync: None
+) -> None:
+    await create_secret(kube, namespace, "netbox", url=f"{CLOSED}/team-b-secret-url", token="team-b-token")
+    name = f"global-{namespace}"
+    await kube.create(GLOBAL_NB_POOLS, global_netbox_pool(name, SOURCES, "netbox", namespace))
+    try:
+        async with netbox_controller():
+            claim_body = nb_claim("c", name)
+            claim_body["spec"]["poolRef"]["kind"] = GLOBAL_NB_POOLS.kind
+            await kube.create(CLAIMS, claim_body, namespace)
+            pool = await wait_pool_reason(kube, None, name, "SecretNotAllowed", resource=GLOBAL_NB_POOLS)
+            message = (ready_condition(pool) or {}).get("message", "")
+            assert SECRET_REFS_LABEL in message, message
+            claim = await wait_claim_reason(kube, namespace, "c", "PoolNotReady")
+            assert (ready_condition(claim) or {}).get("message") == message
+            seen = await conditions_and_events(kube, namespace)
+            assert "team-b-secret-url" not in seen and "127.0.0.1:9" not in seen and "team-b-token" not in seen, seen
+            await lend_secrets(kube, namespace)  # now it may: the pool reaches for NetBox (where nothing listens)
+            await wait_pool_reason(kube, None, name, "NetBoxUnreachable", resource=GLOBAL_NB_POOLS)
+    finally:
+        await kube.delete(GLOBAL_NB_POOLS, name)
+
+
+async def test_plain_http_is_a_warning_condition_and_event(
+    kube: KubeClient, namespace: str, netbox_controller: Any
+) -> None:
+    await create_secret(kube, namespace, "netbox", url="http://127.0.0.1:9")
+    await kube.create(NB_POOLS, netbox_pool("plain", SOURCES), namespace)
+    async with netbox_controller():
+
+        async def warned() -> list[Object]:
+            events = (await kube.list(EVENTS, namespace))[0]
+            return [e for e in events if (e.get("type"), e.get("reason")) == ("Warning", "PlainHTTP")]
+
+        (event,) = await wait_for(warned, timeout=60, message="a PlainHTTP Warning Event")
+        assert event["involvedObject"]["name"] == "plain", event
+        pool = await kube.get(NB_POOLS, "plain", namespace)
+        conditions = {c["type"]: c for c in (pool or {})["status"]["conditions"]}
+        assert (conditions["TLSVerified"]["status"], conditions["TLSVerified"]["reason"]) == ("False", "PlainHTTP")
+
+
+def nested_objects(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"n": value}
+    return value
+
+
+async def test_the_webhook_refuses_custom_fields_too_deep_on_create_and_update(
+    kube: KubeClient, kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    async with webhook(kube, kubeconfig, namespace, tmp_path, extra_backends=[backend_factory()]) as label:
+
+        def with_depth(name: str, levels: int) -> Object:
+            fields = {"customFields": {"f": nested_objects(levels)}}
+            return labelled(netbox_pool(name, SOURCES, addressFields=fields), label)
+
+        deep = with_depth("deep", 200)  # the test's client (orjson) sends at most 254 levels
+        refusal = await refused(kube.create(NB_POOLS, deep, namespace))
+        assert refusal.status == 422 and "customFields.f.n.n.n.n.n.n.n.n: nested deeper than 8" in refusal.message
+        assert await kube.get(NB_POOLS, "deep", namespace) is None
+        await kube.create(NB_POOLS, with_depth("shallow", 8), namespace)
+        deeper = {"spec": {"addressFields": {"customFields": {"f": nested_objects(9)}}}}
+        refusal = await refused(kube.patch(NB_POOLS, "shallow", deeper, namespace))
+        assert refusal.status == 422 and "nested deeper than 8" in refusal.message, refusal.message
