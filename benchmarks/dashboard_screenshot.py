@@ -125,7 +125,10 @@ async def prepare(kubeconfig: Path, grid: WapiSimulator) -> None:
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
     try:
         await install_crds(kube, [*capi_crd_paths(load_versions()), *our_crd_paths()])
-        await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        lend = {"ipam.cluster.x-k8s.io/allow-cluster-scoped-secret-refs": "true"}  # the grid's Secret, to its instance
+        await kube.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": lend}}
+        )
         for name, (cidr, prefix) in LAYOUT.items():
             body = {"apiVersion": POOLS.api_version, "kind": POOLS.kind, "metadata": {"name": name}}
             await kube.create(POOLS, {**body, "spec": {"addresses": [cidr], "prefix": prefix}}, NAMESPACE)
@@ -153,6 +156,7 @@ def grid_objects(grid: WapiSimulator) -> list[tuple[Resource, dict[str, Any], st
         "credentialsSecretRef": {"name": "grid-credentials", "namespace": NAMESPACE},
         "caBundle": grid.ca_path.read_text(),
         "defaultNetworkView": GRID_VIEW,
+        "allowedNamespaces": {"list": [NAMESPACE]},
     }
     instance = {"apiVersion": INSTANCES.api_version, "kind": INSTANCES.kind, "metadata": {"name": "dashboard-grid"}}
     pool_spec = {

@@ -31,7 +31,7 @@ from backends.infoblox.spec import INSTANCES
 from benchmarks.infoblox_throughput import MemoryKube, _b64
 from ipam_provider.backend.contract import BackendContext, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.runtime.kube.resources import SECRETS
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from ipam_provider.runtime.logconfig import configure_logging
 from tools.wapi_simulator import WapiSimulator
 
@@ -95,8 +95,13 @@ def backend_for(sim: WapiSimulator, page_size: int) -> tuple[InfobloxBackend, Ob
         "wapiVersion": sim.wapi_version,
         "credentialsSecretRef": {"name": "wapi", "namespace": "bench"},
         "caBundle": sim.ca_path.read_text(),
+        "allowedNamespaces": {"list": ["bench"]},
     }
     kube.put(INSTANCES, {"metadata": {"name": "grid"}, "spec": spec})
+    kube.put(
+        NAMESPACES,
+        {"metadata": {"name": "bench", "labels": {"ipam.cluster.x-k8s.io/allow-cluster-scoped-secret-refs": "true"}}},
+    )  # lends its Secret to the instance
     settings = replace(InfobloxSettings(), repair_page_size=page_size)
     backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)), settings)
     pool = {

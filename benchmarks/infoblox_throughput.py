@@ -38,7 +38,7 @@ from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import INSTANCES
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.common import Object
-from ipam_provider.runtime.kube.resources import SECRETS, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 from ipam_provider.runtime.logconfig import configure_logging
 from tools.wapi_simulator import WapiSimulator
 
@@ -133,8 +133,13 @@ async def ours(sim: WapiSimulator, pools: int, per_pool: int) -> Result:
         "credentialsSecretRef": {"name": "wapi", "namespace": "bench"},
         "caBundle": sim.ca_path.read_text(),
         "maxConcurrentRequests": pools,
+        "allowedNamespaces": {"list": ["bench"]},
     }
     kube.put(INSTANCES, {"metadata": {"name": "grid"}, "spec": spec})
+    kube.put(
+        NAMESPACES,
+        {"metadata": {"name": "bench", "labels": {"ipam.cluster.x-k8s.io/allow-cluster-scoped-secret-refs": "true"}}},
+    )  # lends its Secret to the instance
     backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)))
     objects = [pool_object(p, "grid") for p in range(pools)]
     for obj in objects:

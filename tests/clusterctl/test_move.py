@@ -36,6 +36,7 @@ import pytest_asyncio
 from backends.incluster.ledger import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import Backend, BackendContext
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
@@ -414,8 +415,10 @@ def infoblox_backend_spec(sim: WapiSimulator) -> Backend_:
             "type": "kubernetes.io/basic-auth",
             "data": {"username": b64(sim.username), "password": b64(sim.password)},
         }
+        lend = {"metadata": {"labels": {SECRET_REFS_LABEL: "true"}}}  # to the cluster-scoped instance
         for kube in (source, target):
             await kube.create(SECRETS, credentials, IPAM_NAMESPACE)
+            await kube.patch(NAMESPACES, IPAM_NAMESPACE, lend)
         assert sim.ca_path is not None
         spec = {
             "host": sim.host,
@@ -423,6 +426,7 @@ def infoblox_backend_spec(sim: WapiSimulator) -> Backend_:
             "wapiVersion": sim.wapi_version,
             "credentialsSecretRef": {"name": instance, "namespace": IPAM_NAMESPACE},
             "caBundle": sim.ca_path.read_text(),
+            "allowedNamespaces": {"list": [namespace]},
         }
         body = {"apiVersion": INSTANCES.api_version, "kind": INSTANCES.kind, "metadata": {"name": instance}}
         await source.create(INSTANCES, {**body, "spec": spec})

@@ -27,11 +27,12 @@ from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.client import ClientSettings
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, NAMESPACES, SECRETS
 from tests.ipam_provider.test_admission import labelled, webhook
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, pool, wait_address
 
@@ -227,6 +228,8 @@ async def test_every_bad_input_is_refused_or_surfaced(
     async with webhook(kube, kubeconfig, namespace, tmp_path, extra_backends=other_backends()) as label:
         try:
             await apply(kube, pool("corpus-good", ["10.88.0.0/24"], 24), namespace, label)
+            # The namespace holds the InfobloxInstances' Secrets: lent to cluster-scoped objects.
+            await kube.patch(NAMESPACES, namespace, {"metadata": {"labels": {SECRET_REFS_LABEL: "true"}}})
             for doc in support:
                 await apply(kube, doc, namespace, label)
             for case in cases:

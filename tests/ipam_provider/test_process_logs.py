@@ -21,10 +21,11 @@ from typing import Any
 import pytest_asyncio
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP, SECRETS, Resource
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP, NAMESPACES, SECRETS, Resource
 from ipam_provider.runtime.user_agent import user_agent
 from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
@@ -105,7 +106,9 @@ async def infoblox_pool(kube: KubeClient, namespace: str, sim: WapiSimulator) ->
         "wapiVersion": sim.wapi_version,
         "caBundle": sim.ca_path.read_text(),
         "credentialsSecretRef": {"name": name, "namespace": namespace},
+        "allowedNamespaces": {"list": [namespace]},
     }
+    await kube.patch(NAMESPACES, namespace, {"metadata": {"labels": {SECRET_REFS_LABEL: "true"}}})  # lends the Secret
     await kube.create(
         INSTANCES,
         {"apiVersion": INSTANCES.api_version, "kind": INSTANCES.kind, "metadata": {"name": name}, "spec": spec},
