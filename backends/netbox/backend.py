@@ -94,10 +94,13 @@ class NetboxBackend:
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's connection is forgotten (see `Resolver.forget`); no other pool's report depends on a
         pool's change."""
-        if new is None and old is not None:
-            ref = kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"])
+        meta = (new or old or {}).get("metadata") or {}
+        ref = kind.ref(meta.get("namespace"), str(meta.get("name", "")))
+        if new is None:
             self._failures.pop(ref, None)
             self.resolver.forget(ref)
+        else:
+            self.resolver.connections.seen(ref)
         return ()
 
     async def review_pool_change(

@@ -84,6 +84,7 @@ class Connections:
         self._secrets: dict[SecretKey, _SecretData] = {}
         self._allowed: dict[PoolRef, tuple[SecretKey, float]] = {}  # each pool's last granted read, and when
         self._uses: dict[PoolRef, Use] = {}  # what each pool's client was made from
+        self._gone: set[PoolRef] = set()  # pools forgotten and not seen since: they keep no client
         self._client_of: dict[Use, str] = {}  # fingerprints of the current clients
         self._clients: dict[str, NetboxClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
@@ -98,6 +99,8 @@ class Connections:
         """The client for `pool`, lent for the duration of the `async with` block (see the module contract)."""
         client = await self.client(pool)
         self._loans[client] = self._loans.get(client, 0) + 1
+        if pool.ref in self._gone:  # forgotten while its Secret was read, or a release after it went: lent only
+            self.forget(pool.ref)
         try:
             yield client
         finally:
@@ -143,10 +146,16 @@ class Connections:
         self._secrets.pop((pool.secret_namespace, pool.secret_name), None)
 
     def forget(self, pool_ref: PoolRef) -> None:
-        """The pool is gone: what only it used is retired (see the module contract)."""
+        """The pool is gone: what only it used is retired (see the module contract), and until it is `seen` again
+        it keeps no client (one is only lent to it, as for a release after the pool went)."""
+        self._gone.add(pool_ref)
         self._allowed.pop(pool_ref, None)
         if self._uses.pop(pool_ref, None) is not None:
             self._prune()
+
+    def seen(self, pool_ref: PoolRef) -> None:
+        """The pool exists (again): its client is kept from its next use on."""
+        self._gone.discard(pool_ref)
 
     def _unusable(self, pool: Pool, key: SecretKey, problem: PoolUnusableError) -> None:
         """The pool cannot use its Secret: it gives up its client; when the Secret itself is gone or unusable (not

@@ -114,6 +114,21 @@ async def test_a_deleted_pool_closes_its_client_and_removes_its_ca_file(
     assert backend.resolver.connections._limits == {}, "the URL's semaphore stayed"
 
 
+async def test_a_pool_gone_is_only_lent_a_client(backend: NetboxBackend, kube: KubeClient, namespace: str) -> None:
+    await create_secret(kube, namespace, "netbox")
+    pool = pool_of(namespace, "pool", SOURCES)
+    backend.observe_pool(NETBOX_POOL, None, pool)
+    backend.observe_pool(NETBOX_POOL, pool, None)
+    # A release after the pool went (the backend's `release` with pool None) borrows a client for its operation...
+    async with backend.resolver.connections.use(parsed(backend, pool)) as client:
+        assert not client.closed
+    await closed(client)  # ... which keeps none for the pool that is gone.
+    backend.observe_pool(NETBOX_POOL, None, pool)  # a pool of that name again: its client is kept
+    async with backend.resolver.connections.use(parsed(backend, pool)) as again:
+        pass
+    assert again is not client and not again.closed
+
+
 async def test_a_rotated_token_and_a_deleted_secret_close_the_clients_made_from_it(
     backend: NetboxBackend, kube: KubeClient, namespace: str, ca_pem: str
 ) -> None:
