@@ -357,7 +357,8 @@ class Connections:
 
     async def _admit(self, name: str, spec: InstanceSpec, namespace: str) -> None:
         """InstanceProblem InstanceNotAllowed unless `namespace` is listed in the instance's allowedNamespaces or
-        its labels match the selector there; the message names the instance and the field, nothing more."""
+        its labels match the selector there; the message names the namespace and the field, nothing more (callers
+        prefix the instance's name)."""
         allowed = spec.allowed_namespaces
         if allowed is not None and namespace in allowed.names:
             return
@@ -367,9 +368,9 @@ class Connections:
                 return
         raise InstanceProblem(
             "InstanceNotAllowed",
-            f"InfobloxInstance {name} does not allow namespace {namespace} (spec.allowedNamespaces); its owner may "
-            "add the namespace to spec.allowedNamespaces.list, or label the namespace to match "
-            "spec.allowedNamespaces.selector",
+            f"namespace {namespace} may not use it: its spec.allowedNamespaces neither lists the namespace nor "
+            "selects its labels; its owner may add the namespace to spec.allowedNamespaces.list, or label the "
+            "namespace to match spec.allowedNamespaces.selector",
         )
 
     async def _labels(self, namespace: str) -> Mapping[str, str] | None:
