@@ -13,7 +13,6 @@ measures the same at length.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,21 @@ import pytest
 
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, LEASES
-from tests.apiserver.webhook_flood import POSTS, Observed, observe, percentile, rss_kib, run_flood
+from ipam_provider.runtime.kube.resources import LEASES
+from tests.apiserver.webhook_flood import (
+    POSTS,
+    Observed,
+    claims_at_pace,
+    fulfilment_seconds,
+    observe,
+    percentile,
+    rss_kib,
+    run_flood,
+)
 from tests.ipam_provider.test_admission import configuration, labelled, refused, registered, serving_pki
 from tests.ipam_provider.test_admission_process import controller_process, tail, wait_ready
 from tests.ipam_provider.test_cli import free_port
-from tests.support.cluster import wait_for
-from tests.support.objects import POOLS, claim, pool
+from tests.support.objects import POOLS, pool
 
 LEASE = "webhook-load"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 8.0, 5.0, 1.0
@@ -53,28 +60,6 @@ def flags(port: int, health: int, certs: str, namespace: str) -> list[str]:
     ]
 
 
-async def fulfilment_seconds(kube: KubeClient, namespace: str, name: str, pool_name: str) -> float:
-    """Create a claim and wait for its status to name its IPAddress: the seconds it took."""
-    started = time.monotonic()
-    await kube.create(CLAIMS, claim(name, pool_name), namespace)
-
-    async def fulfilled() -> bool:
-        found = await kube.get(CLAIMS, name, namespace)
-        return bool(((found or {}).get("status") or {}).get("addressRef", {}).get("name"))
-
-    await wait_for(fulfilled, timeout=CLAIM_SECONDS * 3, interval=0.05, message=f"claim {name} to be fulfilled")
-    return time.monotonic() - started
-
-
-async def claims_at_pace(kube: KubeClient, namespace: str, prefix: str, count: int, every: float) -> list[float]:
-    """`count` claims, one created every `every` seconds (not waiting for the one before): their latencies."""
-    tasks = []
-    for number in range(count):
-        tasks.append(asyncio.create_task(fulfilment_seconds(kube, namespace, f"{prefix}-{number}", "net")))
-        await asyncio.sleep(every)
-    return list(await asyncio.gather(*tasks))
-
-
 async def flooded(kube: KubeClient, namespace: str, pid: int, port: int) -> tuple[Observed, list[float], Any]:
     """The flood, with claims at one a second and the lease and RSS watched: what was seen."""
     observed, stop = Observed(), asyncio.Event()
@@ -85,7 +70,7 @@ async def flooded(kube: KubeClient, namespace: str, pid: int, port: int) -> tupl
     watcher = asyncio.create_task(observe(read_lease, pid, observed, stop))
     flood = asyncio.create_task(run_flood(port, FLOOD_SECONDS))
     await asyncio.sleep(1.0)  # the flood under way
-    latencies = await claims_at_pace(kube, namespace, "flood", int(FLOOD_SECONDS) - 3, 1.0)
+    latencies = await claims_at_pace(kube, namespace, "flood", int(FLOOD_SECONDS) - 3, 1.0, CLAIM_SECONDS * 3)
     figures = await flood
     stop.set()
     await watcher
@@ -116,7 +101,7 @@ async def test_a_flood_of_the_webhook_port_leaves_the_leader_serving(
         body = configuration(f"ipam-load-{namespace}", f"https://127.0.0.1:{port}", ca, namespace)
         async with registered(kube, body, namespace):
             await kube.create(POOLS, labelled(pool("net", ["10.72.0.0/20"], 20), namespace), namespace)
-            idle = [await fulfilment_seconds(kube, namespace, f"idle-{n}", "net") for n in range(5)]  # leader now
+            idle = [await fulfilment_seconds(kube, namespace, f"idle-{n}", "net", 60) for n in range(5)]  # leader now
             before = rss_kib(cp.pid)
             observed, latencies, figures = await flooded(kube, namespace, cp.pid, port)
             print(report(idle, latencies, observed, figures, before))

@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import CLAIMS
+from tests.support.objects import claim
+
 PATH = "/validate-ipam-cluster-x-k8s-io-v1alpha2-inclusterippool"
 BODY = 8 * 1024 * 1024  # over the 7 MiB limit
 BOMB_INFLATED = 32 * 1024 * 1024
@@ -230,6 +234,31 @@ async def run_flood(port: int, seconds: float, *flags: str) -> dict[str, Any]:
     assert process.returncode == 0, out
     result: dict[str, Any] = json.loads(out)
     return result
+
+
+async def fulfilment_seconds(kube: KubeClient, namespace: str, name: str, pool_name: str, timeout: float) -> float:
+    """Create a claim of the InClusterIPPool `pool_name` and wait for its status to name its IPAddress: the seconds
+    it took. Raises TimeoutError after `timeout`."""
+    started = time.monotonic()
+    await kube.create(CLAIMS, claim(name, pool_name), namespace)
+    async with asyncio.timeout(timeout):
+        while True:
+            found = await kube.get(CLAIMS, name, namespace)
+            if ((found or {}).get("status") or {}).get("addressRef", {}).get("name"):
+                return time.monotonic() - started
+            await asyncio.sleep(0.05)
+
+
+async def claims_at_pace(
+    kube: KubeClient, namespace: str, prefix: str, count: int, every: float, timeout: float
+) -> list[float]:
+    """`count` claims of the pool `net`, one created every `every` seconds (not waiting for the one before): their
+    latencies."""
+    tasks = []
+    for number in range(count):
+        tasks.append(asyncio.create_task(fulfilment_seconds(kube, namespace, f"{prefix}-{number}", "net", timeout)))
+        await asyncio.sleep(every)
+    return list(await asyncio.gather(*tasks))
 
 
 def percentile(values: list[float], fraction: float) -> float:
