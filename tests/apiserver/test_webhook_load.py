@@ -117,6 +117,7 @@ async def test_a_flood_of_the_webhook_port_leaves_the_leader_serving(
     for kind in POSTS:
         statuses = figures["statuses"][kind]
         assert statuses.get("413", 0) >= 1 and set(statuses) <= {"413", "429", "0", "-1"}, (kind, statuses)
-    assert figures["slow_dropped"] >= 1 and figures["slow_max_seconds"] < HEADER_SECONDS + 3, figures
+    slowest = 2 * HEADER_SECONDS + 3  # the handshake, then the headers, each within the header timeout
+    assert figures["slow_dropped"] >= 1 and figures["slow_max_seconds"] < slowest, figures
     assert figures["idle_refused"] >= 1, figures  # more connections than the server keeps open
     assert (max(observed.rss_kib) - before) / 1024 < RSS_GROWTH_MIB, (before, max(observed.rss_kib))

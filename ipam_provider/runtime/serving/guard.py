@@ -1,7 +1,8 @@
 """What one HTTPS server (the admission webhook, the metrics endpoint) lets a client hold, as controller-runtime's
 servers bound it: a body of at most MAX_BODY bytes once any Content-Encoding is undone (413; from Content-Length at
-once, before any of the body is read); request headers that arrive within `Limits.header_seconds` of the
-connection (the TLS handshake included) or of the request's first byte, else the connection is dropped; a
+once, before any of the body is read); a TLS handshake within `Limits.header_seconds` of the accept, then request
+headers within as long of its end or of the request's first byte (as Go's servers time both), else the connection
+is dropped; a
 connection idle between requests closed after `Limits.idle_seconds`; at most HEADER_BYTES of request line and
 headers in all (400); and at most `Limits.connections` connections open at once, handshakes included: one more is
 closed as soon as it is accepted, and counted in `Listener.refused`.
