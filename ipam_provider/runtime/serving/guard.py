@@ -79,11 +79,12 @@ class GuardedHandler(web.RequestHandler):
         self._released()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
-        """A request that does not parse (headers too long or too many, bad syntax) is the client's fault, answered
-        400: one debug line, not an error with a traceback per request of a flood."""
+        """A request that does not parse (headers too long or too many, bad syntax, a body that does not decode) or
+        whose client went away while it was read is the client's doing: one debug line, not an error with a
+        traceback per request of a flood."""
         error = kw.get("exc_info")
-        if isinstance(error, HttpProcessingError):
-            log.debug("bad HTTP request", error=str(error.message), status=error.code)
+        if isinstance(error, HttpProcessingError | web.RequestPayloadError | ConnectionError):
+            log.debug("bad HTTP request", error=str(error) or type(error).__name__)
             return
         super().log_exception(*args, **kw)
 

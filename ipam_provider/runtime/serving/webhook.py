@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import hdrs, web
+from aiohttp.web import RequestPayloadError
 
 from ipam_provider.runtime.flagforms import go_duration
 from ipam_provider.runtime.kube.errors import ApiError
@@ -192,7 +193,7 @@ class WebhookServer(Server):
                 return web.Response(status=429, text=f"too many reviews: this one was not read within {budget:g} s\n")
             except BodyTooLarge:
                 return too_large()
-            except (ValueError, UnicodeDecodeError, RecursionError) as error:  # MalformedReview; JSON nested too deep
+            except (ValueError, UnicodeDecodeError, RecursionError, RequestPayloadError) as error:  # bad gzip too
                 log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
                 return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
             route = routes.get(request.path)

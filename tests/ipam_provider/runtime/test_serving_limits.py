@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import pytest
 import pytest_asyncio
 
 from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
@@ -244,3 +246,19 @@ async def test_the_metrics_endpoint_has_the_same_limits() -> None:
         writer.close()
     finally:
         await endpoint.close()
+
+
+async def test_a_client_that_goes_away_or_sends_bad_gzip_logs_no_error(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under a flood every such request would otherwise log an error with its traceback."""
+    for head in (post(None), post(100)):
+        _, writer = await served.connect()
+        writer.write(head + b"\r\n\r\n" + (b"10\r\n{{{{" if b"chunked" in head else b"{{{{"))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()  # gone, mid-body
+    garbage = b"\x1f\x8b\x08\x00not gzip at all"
+    assert await served.exchange(post(len(garbage), "Content-Encoding: gzip"), garbage) == 400
+    await asyncio.sleep(0.2)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
