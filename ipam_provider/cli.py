@@ -25,7 +25,8 @@ from ipam_provider.runtime.kube.resources import NAMESPACES
 from ipam_provider.runtime.leader import LeaderElector
 from ipam_provider.runtime.logconfig import configure_logging
 from ipam_provider.runtime.serving.certificates import CertificateError, ServingCertificate
-from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
+from ipam_provider.runtime.serving.endpoint import MetricsEndpoint, Server
+from ipam_provider.runtime.serving.guard import Limits
 from ipam_provider.runtime.serving.reviews import Reviewer
 from ipam_provider.runtime.serving.webhook import WebhookServer
 from ipam_provider.statusview import status
@@ -44,7 +45,7 @@ class Endpoints:
 
     def __init__(self) -> None:
         self.metrics: MetricsEndpoint | None = None
-        self.probes: web.AppRunner | None = None
+        self.probes: Server | None = None
         self.webhook: WebhookServer | None = None
         self.ready: Callable[[], bool] = lambda: False  # /readyz without the webhook; the controller replaces it
 
@@ -73,7 +74,7 @@ class Endpoints:
                 endpoints.webhook = server
             probes = options.probes_bind
             if probes is not None:
-                endpoints.probes = await endpoints._serve_probes(probes, options.probes_address)
+                endpoints.probes = await endpoints._serve_probes(probes, options.probes_address, options.webhook.limits)
         except BaseException:
             await endpoints.close()
             raise
@@ -81,7 +82,7 @@ class Endpoints:
             endpoints.metrics.log_serving()
         return endpoints
 
-    async def _serve_probes(self, address: tuple[str, int], text: str) -> web.AppRunner:
+    async def _serve_probes(self, address: tuple[str, int], text: str, limits: Limits) -> Server:
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
 
@@ -96,14 +97,12 @@ class Endpoints:
 
         app = web.Application()
         app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
-        runner = web.AppRunner(app)
-        await runner.setup()
+        server = Server(None, limits)  # plain HTTP, within the HTTPS servers' limits
         try:
-            await web.TCPSite(runner, address[0], address[1]).start()
+            await server.serve(address[0], address[1], app)
         except OSError as error:
-            await runner.cleanup()
             raise _bind_error(text, "--health-probe-bind-address", error) from None
-        return runner
+        return server
 
     def use_api(self, kube: KubeClient) -> None:
         """Let the secure metrics endpoint review requests through `kube` (it answers 503 until then)."""
@@ -120,7 +119,7 @@ class Endpoints:
             webhook, self.webhook = self.webhook, None
             await webhook.close()
         if self.probes is not None:
-            await self.probes.cleanup()
+            await self.probes.close()
             self.probes = None
         if self.metrics is not None:
             metrics, self.metrics = self.metrics, None

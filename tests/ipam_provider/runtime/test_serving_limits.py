@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from ipam_provider.cli import Endpoints
 from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
 from ipam_provider.runtime.serving.endpoint import MetricsEndpoint
 from ipam_provider.runtime.serving.guard import MAX_BODY, Limits
@@ -262,3 +263,16 @@ async def test_a_client_that_goes_away_or_sends_bad_gzip_logs_no_error(
     assert await served.exchange(post(len(garbage), "Content-Encoding: gzip"), garbage) == 400
     await asyncio.sleep(0.2)
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
+async def test_the_probes_have_the_same_limits() -> None:
+    endpoints = Endpoints()
+    probes = await endpoints._serve_probes(("127.0.0.1", 0), "127.0.0.1:0", FAST)
+    endpoints.probes = probes
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", probes.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: p\r\n")  # never ends its headers
+        assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 1) == b""
+        writer.close()
+    finally:
+        await endpoints.close()
