@@ -207,7 +207,7 @@ def add_webhook_flags(run: argparse.ArgumentParser) -> None:
         help="the directory holding the webhook's tls.crt and tls.key (default: %(default)s), re-read when they "
         "change; while both are absent a self-signed certificate is served, which the API server does not trust",
     )
-    limits = run.add_argument_group("HTTPS servers' limits (the webhook and the metrics)")
+    limits = run.add_argument_group("HTTP servers' limits (the webhook, the metrics and the probes)")
     limits.add_argument(
         "--http-read-header-timeout",
         type=positive_duration,
