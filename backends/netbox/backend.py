@@ -171,7 +171,6 @@ class NetboxBackend:
                 self.resolver.forget(pool_ref)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
-        client: NetboxClient | None = None
         conditions: tuple[ReportCondition, ...] = ()
         try:
             parsed = self.resolver.parse(pool_ref, pool)
