@@ -6,11 +6,13 @@ read) is answered 400 and logged; a review at another `/validate-...` path (a ki
 `--backends`) is allowed.
 
 Every review is answered before the API server gives up: within the `timeout` it sends with the call (`?timeout=5s`,
-the configuration's `timeoutSeconds`) less a margin, else DEFAULT_TIMEOUT. A check that cannot finish in time, or
-fails, is answered as a refusal with code 500 saying why (with `failurePolicy: Fail` the API server would refuse the
-change anyway, without the reason). At most CONCURRENT_REVIEWS reviews run at once. Until the controller has its API
-client (`use`), reviews are answered 503. The certificate files are looked at every few seconds and reloaded when
-they change (cert-manager's renewals).
+the configuration's `timeoutSeconds`, at most MAX_TIMEOUT) less a margin, else DEFAULT_TIMEOUT. A check that cannot
+finish in time, or fails, is answered as a refusal with code 500 saying why (with `failurePolicy: Fail` the API
+server would refuse the change anyway, without the reason). At most CONCURRENT_REVIEWS reviews run at once, and
+nothing of a body is read before its review holds a slot: one that gets none (and its body) in time is answered
+429. Bodies are bounded as guard.py says (413 over MAX_BODY). Until the controller has its API client (`use`),
+reviews are answered 503. The certificate files are looked at every few seconds and reloaded when they change
+(cert-manager's renewals).
 """
 
 from __future__ import annotations
