@@ -310,16 +310,17 @@ async def post_to_webhook(
 
 
 LARGE = 12 * 1024 * 1024  # over controller-runtime's 7 MiB, under the 16 MiB 73a4755 read
+HUGE = 16 * 1024 * 1024  # the largest body 73a4755 took
 
 
 async def test_large_bodies_and_a_gzip_bomb_are_refused_and_the_webhook_keeps_serving(
     deployment: Deployment,
 ) -> None:
     small = json.dumps(review("CREATE", "p", "nowhere", None, pool("p", ["10.81.0.0/24"], 24))).encode()
-    padded = small + b" " * (LARGE - len(small))
-    answers = await asyncio.gather(*(post_to_webhook(deployment, padded) for _ in range(4)))
+    padded = {size: small + b" " * (size - len(small)) for size in (LARGE, HUGE)}
+    answers = await asyncio.gather(*(post_to_webhook(deployment, padded[size]) for size in (LARGE, HUGE) * 2))
     assert [status for status, _ in answers] == [413] * 4, answers
-    bomb = gzip.compress(padded, compresslevel=9)
+    bomb = gzip.compress(padded[LARGE], compresslevel=9)
     assert len(bomb) < 64 * 1024
     answers = await asyncio.gather(*(post_to_webhook(deployment, bomb, {"Content-Encoding": "gzip"}) for _ in range(4)))
     assert [status for status, _ in answers] == [413] * 4, answers
