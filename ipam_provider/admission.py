@@ -23,6 +23,7 @@ from ipam_provider.api.capi import (
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_SKIP_DELETE_VALIDATION,
     POOL_IN_USE,
+    addresses_listing,
     names_pool,
 )
 from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef, admission_reviewer_of
@@ -148,7 +149,7 @@ class PoolAdmission:
             True,
             warnings=(
                 f"{ref} still has {len(in_use)} IPAddress(es) in use; {ANNOTATION_SKIP_DELETE_VALIDATION} lets the "
-                f"pool go anyway, and no pool serves them any more ({_listing(ref)} lists them)",
+                f"pool go anyway, and no pool serves them any more ({addresses_listing(ref)} lists them)",
             ),
         )
 
@@ -217,14 +218,6 @@ def _in_use_refusal(ref: PoolRef, count: int) -> str:
     """The refusal of a DELETE: how many IPAddresses name the pool, and how to list them (the requester is not
     known, so none is named)."""
     return (
-        f"{POOL_IN_USE} {count} IPAddress(es) name the pool ({_listing(ref)} lists them). Delete their claims "
+        f"{POOL_IN_USE} {count} IPAddress(es) name the pool ({addresses_listing(ref)} lists them). Delete their claims "
         f"first, or annotate the pool {ANNOTATION_SKIP_DELETE_VALIDATION} to delete it anyway."
     )
-
-
-def _listing(ref: PoolRef) -> str:
-    """The kubectl command that lists the IPAddresses of the pool's namespace (every namespace: a cluster-scoped
-    pool) with the pool each names."""
-    scope = f"-n {ref.namespace}" if ref.namespace else "-A"
-    columns = "NAMESPACE:.metadata.namespace,NAME:.metadata.name,KIND:.spec.poolRef.kind,POOL:.spec.poolRef.name"
-    return f"`kubectl get ipaddresses.ipam.cluster.x-k8s.io {scope} -o custom-columns={columns}`"

@@ -38,11 +38,12 @@ from backends.incluster.spec import (
     PreAllocations,
     first_line,
     read_pool,
+    stranded_refusal,
 )
 from backends.validation import PoolSpecError
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import AddressInUse, PoolRef
-from ipam_provider.common import Object, listed
+from ipam_provider.common import Object
 
 DEFAULT_ALLOCATION_PREFIX_LENGTH = 64
 PREFIXES_REQUIRED = "prefixes is required"
@@ -203,7 +204,6 @@ class PrefixPool(ParsedPool):
 
 
 STRANDED = "existing allocations become non-allocatable"  # the Go provider's text
-LISTED = 10  # addresses and IPAddresses named in one message; the rest are counted
 
 
 def prefix_pool_change_problems(old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]) -> list[str]:
@@ -218,18 +218,15 @@ def prefix_pool_change_problems(old: Object | None, new: Object | None, in_use: 
         return [f"the pool's spec is invalid: {'; '.join(problems)}"]
     if old is None or allocatable is None:
         return []
-    holders = [
-        address
+    held = {
+        address.address
         for address in in_use
         if not _allocatable(address, allocatable) and (previous is None or _allocatable(address, previous))
-    ]
-    if not holders:
+    }
+    if not held:
         return []
-    addresses = sorted(address.address for address in holders)
-    more = len(addresses) - LISTED
-    shown = f"[{' '.join(addresses[:LISTED])}]" + (f" and {more} more" if more > 0 else "")
-    names = listed(sorted(str(address) for address in holders), LISTED)
-    return [f"{STRANDED}: {shown} (held by IPAddresses {names}); keep their prefixes in the pool or release them first"]
+    remedy = "keep their prefixes in the pool or release them first"
+    return [stranded_refusal(STRANDED, PoolRef.from_object(new), len(held), remedy)]
 
 
 def _parsed(pool: Object) -> tuple[AllocatableSet | None, list[str]]:

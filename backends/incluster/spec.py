@@ -39,7 +39,7 @@ from backends.incluster.domains import domain_problem
 from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.validation import PoolSpecError, spec_error
-from ipam_provider.api.capi import Model
+from ipam_provider.api.capi import Model, addresses_listing
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     AddressInUse,
@@ -52,7 +52,6 @@ from ipam_provider.backend.contract import (
 from ipam_provider.common import Object, listed, normalized_address
 
 STRANDED = "pool addresses do not contain allocated addresses"  # the Go provider's text
-LISTED_HOLDERS = 10  # IPAddresses named in one message; the rest are counted
 SPEC_ERRORS = (PoolSpecError, ValidationError, ValueError)
 NAMESPACED_KEY = "an InClusterIPPool names claims of its own namespace by name alone"
 GLOBAL_KEY = "a GlobalInClusterIPPool names claims as namespace/name"
@@ -367,9 +366,10 @@ def pool_change_problems(old: Object | None, new: Object | None, in_use: Sequenc
     try:
         _, previous = parse_pool(old)
     except SPEC_ERRORS:
-        return problems + _stranded(None, allocatable, in_use)
+        return problems + _stranded(PoolRef.from_object(new), None, allocatable, in_use)
     known = set(_pre_allocation_problems(old, previous, in_use))
-    return [problem for problem in problems if problem not in known] + _stranded(previous, allocatable, in_use)
+    stranded = _stranded(PoolRef.from_object(new), previous, allocatable, in_use)
+    return [problem for problem in problems if problem not in known] + stranded
 
 
 def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]) -> list[str]:
@@ -385,37 +385,35 @@ def _pre_allocation_problems(pool: Object, allocatable: AllocatableSet, in_use: 
         holders.setdefault(normalized_address(address.address), []).append(address)
     ref = PoolRef.from_object(pool)
     for claim_name, text in sorted(entries.items()):
-        for holder in holders.get(normalized_address(text), []):
-            if claim_key(ref, *holder.claim.partition("/")[::2]) != claim_name:
-                problems.append(
-                    f"spec.preAllocations[{claim_name}]: {normalized_address(text)} is already held by claim "
-                    f"{holder.claim} (IPAddress {holder}); pre-allocate another address or release that one first"
-                )
+        named = holders.get(normalized_address(text), [])
+        if any(claim_key(ref, *holder.claim.partition("/")[::2]) != claim_name for holder in named):
+            problems.append(
+                f"spec.preAllocations[{claim_name}]: {normalized_address(text)} is already held by another claim's "
+                f"IPAddress ({addresses_listing(ref)} lists them); pre-allocate another address or release that one "
+                "first"
+            )
     return problems
 
 
 def _stranded(
-    previous: AllocatableSet | None, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]
+    ref: PoolRef, previous: AllocatableSet | None, allocatable: AllocatableSet, in_use: Sequence[AddressInUse]
 ) -> list[str]:
     """The Go provider's refusal of addresses in use the new spec leaves out and the old one (if valid) held."""
     values: set[tuple[int, int]] = set()
-    holders: list[AddressInUse] = []
     for address in in_use:
         held = _family_value(address.address)
         if held is None or _contains(allocatable, held) or (previous is not None and not _contains(previous, held)):
             continue  # not an address, still in the pool, or outside it already
         values.add(held)
-        holders.append(address)
     if not values:
         return []
-    ranges = " ".join(
-        f"{int_to_address(first, family)}-{int_to_address(last, family)}"
-        for family in (4, 6)
-        for first, last in IntervalSet.from_points(value for of_family, value in values if of_family == family)
-    )
-    names = sorted(str(holder) for holder in holders)
-    holding = listed(names, LISTED_HOLDERS)
-    return [f"{STRANDED}: [{ranges}] (held by IPAddresses {holding}); keep them in the pool or release them first"]
+    return [stranded_refusal(STRANDED, ref, len(values), "keep them in the pool or release them first")]
+
+
+def stranded_refusal(text: str, ref: PoolRef, count: int, remedy: str) -> str:
+    """The refusal of an UPDATE that leaves `count` addresses in use out of the pool: `text` (the Go provider's), the
+    count and how to list them, naming none (the review's requester is not known; see docs/admission.md)."""
+    return f"{text}: the new spec leaves out {count} address(es) in use ({addresses_listing(ref)} lists them); {remedy}"
 
 
 def _contains(allocatable: AllocatableSet, held: tuple[int, int]) -> bool:

@@ -183,6 +183,15 @@ def referenced_pool(obj: Mapping[str, Any], kind_of: KindLookup) -> PoolRef | No
     return kind.ref(obj["metadata"].get("namespace"), name)
 
 
+def addresses_listing(ref: PoolRef) -> str:
+    """The kubectl command that lists the IPAddresses of the pool's namespace (every namespace: a cluster-scoped
+    pool) with the pool each names: what an admission refusal gives instead of naming them (its requester is not
+    known)."""
+    scope = f"-n {ref.namespace}" if ref.namespace else "-A"
+    columns = "NAMESPACE:.metadata.namespace,NAME:.metadata.name,KIND:.spec.poolRef.kind,POOL:.spec.poolRef.name"
+    return f"`kubectl get ipaddresses.ipam.cluster.x-k8s.io {scope} -o custom-columns={columns}`"
+
+
 def names_pool(address: Mapping[str, Any], ref: PoolRef) -> bool:
     """Whether the IPAddress's `spec.poolRef` names the pool `ref` (by group, kind and name: uids may predate a
     restore). A namespaced pool is named only by IPAddresses of its own namespace."""
