@@ -16,7 +16,6 @@ import base64
 import contextlib
 import copy
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ import pytest
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import CLAIMS, LEASES, NAMESPACES, Resource
+from tests.apiserver.test_examples import CONFIG, kubectl_against
 from tests.support.audit import AuditLog
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.metrics import install_cert_manager_crds
@@ -90,7 +90,7 @@ class ControllerProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=os.environ
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
             )
 
     def stop(self) -> None:
@@ -165,8 +165,6 @@ class Deployment:
     async def kubectl(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
         """kubectl as the admin: (exit code, stdout, stderr). It sends what KubeClient cannot (orjson refuses
         documents nested more than 254 levels)."""
-        from tests.apiserver.test_examples import kubectl_against
-
         return await kubectl_against(self.plane.kubeconfig_path, *args, stdin=stdin)
 
     async def restart_controller(self) -> None:
@@ -207,8 +205,6 @@ async def _probe_refused(kube: KubeClient) -> bool:
 async def _apply_config_default(plane: LocalControlPlane, kube: KubeClient) -> list[Object]:
     """Install the CRDs, make the probe pool (before the webhook, which would refuse it without its controller),
     and `kubectl apply --server-side -k config/default`; return the shipped webhooks."""
-    from tests.apiserver.test_examples import CONFIG, kubectl_against
-
     await install_crds(kube, [*capi_crd_paths(load_versions()), *our_crd_paths()])
     await install_cert_manager_crds(kube)
     await kube.create(NAMESPACES, {"metadata": {"name": PROBE_NAMESPACE}})
