@@ -5,9 +5,10 @@ while live IPAddresses name the pool, but allowed under clusterctl's `delete-for
 `review_pool_change`. Refusals are 422 (CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500).
 
 The webhook's caller is not authenticated (anyone who reaches the port may post a review), so the core's answers
-name no object: a DELETE refusal counts the IPAddresses and says how to list them. Until the controller's caches
-have synced (a standby, or a replica starting), the IPAddresses of a namespaced pool are listed in its namespace,
-and a review that would need a cluster-wide LIST (a cluster-scoped pool) is refused with code 503, to be retried.
+name no object: a DELETE refusal counts the IPAddresses and says how to list them. Every replica, leader or standby,
+answers from its IPAddress and pool caches. Until they have synced (a replica starting), the IPAddresses of a
+namespaced pool are listed in its namespace, and a review that would need a cluster-wide LIST (a cluster-scoped
+pool) is refused with code 503, to be retried.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the 
 
 
 class CachesNotSynced(Exception):
-    """The check needs every namespace's IPAddresses, and this replica's caches have not synced."""
+    """The check needs every namespace's IPAddresses, and this replica's IPAddress cache has not synced."""
 
 
 READ_ERRORS = (ApiError, aiohttp.ClientError, OSError, TimeoutError, CachesNotSynced)
@@ -50,8 +51,8 @@ NOT_SYNCED = Verdict(
     False,
     503,
     "ServiceUnavailable",
-    "this replica cannot check a cluster-scoped pool's IPAddresses before its caches have synced (it is a standby "
-    "or starting); try again",
+    "this replica cannot check a cluster-scoped pool's IPAddresses before its caches have synced (it is starting); "
+    "try again",
 )
 
 
@@ -63,7 +64,8 @@ def webhook_path(kind: PoolKind) -> str:
 class PoolAdmission:
     """Decides reviews of pools of the registry's kinds. `cached_addresses(ref)` answers the IPAddresses naming a
     pool from the controller's cache, or None when the cache cannot answer (then they are listed);
-    `cached_pools(kind)` the pools of a kind from the controller's cache, or None before it has synced."""
+    `cached_pools(kind)` the pools of a kind from the controller's cache, or None before it has synced; `synced()`
+    whether those caches have synced (`Controller.admission_synced`; in a standby too)."""
 
     def __init__(
         self,
@@ -71,11 +73,13 @@ class PoolAdmission:
         registry: BackendRegistry,
         cached_addresses: Callable[[PoolRef], Sequence[Object] | None] = lambda ref: None,
         cached_pools: Callable[[PoolKind], Sequence[Object] | None] = lambda kind: None,
+        synced: Callable[[], bool] = lambda: False,
     ) -> None:
         self.kube = kube
         self.registry = registry
         self.cached_addresses = cached_addresses
         self.cached_pools = cached_pools
+        self.synced = synced
 
     def routes(self) -> dict[str, Route]:
         """The webhook's routes: one path per kind of the registry."""
@@ -168,20 +172,16 @@ class PoolAdmission:
             )
             return None
 
-    def _synced(self, ref: PoolRef) -> bool:
-        """Whether the controller's caches have synced (its pool caches answer): it is the leader, and running."""
-        kind = self.registry.kind_of(ref.group, ref.kind)
-        return kind is not None and self.cached_pools(kind) is not None
-
     def _reviewer(self, kind: PoolKind) -> AdmissionReviewer | None:
         found = self.registry.lookup(kind.group, kind.kind)
         return admission_reviewer_of(found[0]) if found is not None else None
 
     async def addresses_in_use(self, ref: PoolRef) -> list[AddressInUse]:
         """The live IPAddresses naming the pool: from the cache if it can answer, else listed (in the pool's
-        namespace; every namespace only once the caches have synced, else raises CachesNotSynced)."""
+        namespace; in every namespace only when the synced caches do not cover the pool's, with --namespace; before
+        they have synced raises CachesNotSynced)."""
         cached = self.cached_addresses(ref)
-        if cached is None and ref.namespace is None and not self._synced(ref):
+        if cached is None and ref.namespace is None and not self.synced():
             raise CachesNotSynced()
         items = cached if cached is not None else (await self.kube.list(ADDRESSES, ref.namespace))[0]
         in_use: list[AddressInUse] = []

@@ -48,6 +48,7 @@ class Endpoints:
         self.probes: Server | None = None
         self.webhook: WebhookServer | None = None
         self.ready: Callable[[], bool] = lambda: False  # /readyz without the webhook; the controller replaces it
+        self.admission_synced: Callable[[], bool] = lambda: False  # with it: whether the caches it reads synced
 
     @classmethod
     async def bind(cls, options: RunOptions) -> Endpoints:
@@ -87,10 +88,11 @@ class Endpoints:
             return web.Response(text="ok")
 
         async def readyz(_: web.Request) -> web.Response:
-            # With the webhook, readiness is the webhook's alone: it needs no synced cache (it lists instead), and
-            # a standby that wins the lease must stay in the webhook Service while its caches sync.
+            # With the webhook, readiness is the webhook's: serving, from synced caches (which every replica runs,
+            # so that a standby stays in the webhook Service; a replica starting joins it once it answers all).
             if self.webhook is not None:
-                ready, why = self.webhook.serving, "webhook not serving"
+                serving, synced = self.webhook.serving, self.admission_synced()
+                ready, why = serving and synced, "webhook not serving" if not serving else "caches not synced"
             else:
                 ready, why = self.ready(), "caches not synced"
             return web.Response(text="ok") if ready else web.Response(status=503, text=why)
@@ -251,7 +253,9 @@ async def _serve(
     ctx = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity)
     registry = load_registry(ctx, options.backends)
     controller = view.controller = Controller(kube, registry, options.controller)
-    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools))  # every replica
+    controller.start_caches()  # every replica: what admission reads, so that a standby answers from its caches
+    endpoints.admission_synced = view.synced
+    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools, view.synced))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)
@@ -268,6 +272,7 @@ async def _serve(
             return await lead_and_run(controller, leader_elector(kube, election), standby)
         await controller.run()
     finally:
+        await controller.close_caches()
         await registry.close()
         await kube.close()
     return 0

@@ -1,6 +1,11 @@
 """The controller: informers → event handlers → work queue → reconcilers → backends, and, once the caches have
 synced, the repair loop beside them (unless its interval is 0). `stop()` stops taking new keys, lets in-flight
 reconciles finish, then stops the repair loop and the watches.
+
+Every replica runs the caches admission reads (IPAddresses and the pools: `start_caches`), leader or standby, as
+controller-runtime's manager runs its cache in every replica; their event handlers act only in `run()` (the leader),
+which first replays what the caches hold to them. The claim and Cluster informers, the reconcilers and the repair
+loop run in the leader only.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.compare import Scope
-from ipam_provider.runtime.cache.informer import Informer
+from ipam_provider.runtime.cache.informer import EventHandler, Informer
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
@@ -60,7 +65,9 @@ class Controller:
         self.context.repair_releases = settings.repair.enabled and not settings.repair.report_only
         scope = Scope(settings.namespaces, settings.watch_filter)
         self.repair = RepairLoop(self.context, scope, settings.repair, self.queue.busy)
+        self._handling = False  # whether the admission caches' handlers act (from `_sync`: the leader)
         self.informers = self._informers()
+        self._cache_tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._traced: dict[QueueKey, str] = {}  # keys failing now → the error type whose traceback was logged
 
@@ -82,23 +89,46 @@ class Controller:
     def _informers(self) -> list[Informer]:
         watch_filter = self.settings.watch_filter
         selector = f"{LABEL_WATCH_FILTER}={watch_filter}" if watch_filter else None
-        caches, handlers = self.caches, self.handlers
+        caches, handlers, gated = self.caches, self.handlers, self._gated
         informer = functools.partial(Informer, self.kube, namespaces=self.settings.namespaces or None)
-        informers = [
-            informer(CLAIMS, caches.claims, handlers.on_claim, label_selector=selector),
-            informer(ADDRESSES, caches.addresses, handlers.on_address),
-            informer(CLUSTERS, caches.clusters, handlers.on_cluster),
-        ]
+        self.address_informer = informer(ADDRESSES, caches.addresses, gated(handlers.on_address))
         self.pool_informers = [
-            informer(pool_resource(kind), caches.pools[(kind.group, kind.kind)], handlers.on_pool(kind))
+            informer(pool_resource(kind), caches.pools[(kind.group, kind.kind)], gated(handlers.on_pool(kind)))
             for kind in self.registry.kinds
         ]
-        return informers + self.pool_informers
+        self.admission_informers = [self.address_informer, *self.pool_informers]
+        self.leader_informers = [
+            informer(CLAIMS, caches.claims, handlers.on_claim, label_selector=selector),
+            informer(CLUSTERS, caches.clusters, handlers.on_cluster),
+        ]
+        return self.leader_informers + self.admission_informers
+
+    def _gated(self, handler: EventHandler) -> EventHandler:
+        """`handler`, acting only once `run()` lets it (`_sync`): until then its informer only keeps its store."""
+
+        def handle(type: str, old: Object | None, new: Object | None) -> None:
+            if self._handling:
+                handler(type, old, new)
+
+        return handle
+
+    def start_caches(self) -> None:
+        """Start the informers of the caches admission reads (IPAddresses, pools), once; every replica calls it."""
+        if not self._cache_tasks:
+            self._cache_tasks = [asyncio.create_task(informer.run()) for informer in self.admission_informers]
+
+    async def close_caches(self) -> None:
+        """Stop the informers `start_caches` started (`run()` does it on its way out)."""
+        tasks, self._cache_tasks = self._cache_tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run until `stop()` (honoured at any time, also while the caches sync); `ready` is set once every cache has
         synced and workers run."""
-        watches = [asyncio.create_task(informer.run()) for informer in self.informers]
+        self.start_caches()
+        watches = [asyncio.create_task(informer.run()) for informer in self.leader_informers]
         watches.append(asyncio.create_task(self._prepare_pools()))
         self.context.recorder.start()
         try:
@@ -123,6 +153,7 @@ class Controller:
             for task in watches:
                 task.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
+            await self.close_caches()
             await self.context.recorder.close()  # the Events of the last reconciles, for a few seconds at most
             log.info("controller stopped")
 
@@ -142,11 +173,19 @@ class Controller:
                 except Exception as error:  # only a head start is lost: the first allocation does the work
                     log.warning("pool not prepared", pool=str(ref), error=str(error), error_type=type(error).__name__)
 
+    async def _sync(self) -> None:
+        """Wait for the leader's own informers (claims, Clusters) to sync; then let the handlers of the caches every
+        replica runs act, replaying what those hold (each claim's key is queued under its pool: the claims are
+        known by then), and wait for those caches to sync too."""
+        await asyncio.gather(*(informer.wait_synced() for informer in self.leader_informers))
+        self._handling = True  # in the same step as the replay: no change is missed, none is seen twice
+        for informer in self.admission_informers:
+            informer.replay()
+        await asyncio.gather(*(informer.wait_synced() for informer in self.admission_informers))
+
     async def _synced_or_stopped(self) -> bool:
         """Wait until every cache has synced (True) or `stop()` was called (False), whichever comes first."""
-        synced: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(informer.wait_synced() for informer in self.informers))
-        )
+        synced: asyncio.Future[Any] = asyncio.ensure_future(self._sync())
         stopping: asyncio.Future[Any] = asyncio.ensure_future(self._stopping.wait())
         try:
             await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -165,11 +204,18 @@ class Controller:
     def synced(self) -> bool:
         return all(informer.synced for informer in self.informers)
 
+    @property
+    def admission_synced(self) -> bool:
+        """Whether the caches admission reads (IPAddresses, pools) have synced: in a standby too."""
+        return all(informer.synced for informer in self.admission_informers)
+
     def cached_addresses(self, ref: PoolRef) -> list[Object] | None:
-        """The cached IPAddresses naming the pool; None unless the caches have synced and watch every namespace the
-        pool's IPAddresses may be in (see `BackendContext.cached_addresses`)."""
+        """The cached IPAddresses naming the pool; None unless the IPAddress cache has synced and watches every
+        namespace the pool's IPAddresses may be in (see `BackendContext.cached_addresses`)."""
         namespaces = self.settings.namespaces
-        if not self.synced or (namespaces and (ref.namespace is None or ref.namespace not in namespaces)):
+        if not self.address_informer.synced or (
+            namespaces and (ref.namespace is None or ref.namespace not in namespaces)
+        ):
             return None
         return self.caches.addresses.by_index(POOL, ref)
 
@@ -255,6 +301,10 @@ class CacheView:
 
     def pools(self, kind: PoolKind) -> list[Object] | None:
         return self.controller.cached_pools(kind) if self.controller is not None else None
+
+    def synced(self) -> bool:
+        """Whether the caches admission reads have synced (`Controller.admission_synced`)."""
+        return self.controller is not None and self.controller.admission_synced
 
 
 CLAIM_CONTROLLER = "ipaddressclaim"

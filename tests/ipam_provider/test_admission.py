@@ -120,7 +120,11 @@ async def webhook(
         await server.start("127.0.0.1", 0)
         try:
             admission = PoolAdmission(
-                controller.kube, controller.registry, controller.cached_addresses, controller.cached_pools
+                controller.kube,
+                controller.registry,
+                controller.cached_addresses,
+                controller.cached_pools,
+                lambda: controller.admission_synced,
             )  # as cli.py wires it
             server.use(admission.routes())
             body = configuration(f"ipam-test-{namespace}", f"https://127.0.0.1:{server.port}", ca, namespace)
@@ -329,8 +333,7 @@ async def test_prefix_pools_keep_their_children_in_use(
         error = await refused(kube.patch(PREFIX_POOLS, "p6", {"spec": {"prefixes": ["fd00:61:0:2::/63"]}}, namespace))
         assert error.status == 422, error
         assert (
-            "existing allocations become non-allocatable: the new spec leaves out 2 address(es) in use"
-            in error.message
+            "existing allocations become non-allocatable: the new spec leaves out 2 address(es) in use" in error.message
         ), error.message
         assert "fd00:61::" not in error.message and f"{namespace}/a" not in error.message
         exclude = {"spec": {"excludedPrefixes": ["fd00:61:0:1::/64"]}}

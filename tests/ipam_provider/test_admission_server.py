@@ -239,7 +239,8 @@ async def test_timeouts_the_api_server_sends(served: Served, timeout: str) -> No
 
 
 async def test_readyz_is_the_webhooks_when_it_serves() -> None:
-    """Without the webhook, /readyz follows the caches (synced, or a standby); with it, the webhook alone."""
+    """Without the webhook, /readyz follows the caches (synced, or a standby); with it, the webhook serving from
+    the synced caches every replica runs."""
     from ipam_provider.cli import Endpoints
     from ipam_provider.flags import parse_args
     from tests.ipam_provider.test_cli import free_port
@@ -262,14 +263,17 @@ async def test_readyz_is_the_webhooks_when_it_serves() -> None:
     )
     try:
         assert endpoints.webhook is not None and endpoints.webhook.port == webhook
-        endpoints.ready = lambda: False  # caches not synced: a standby that has just won the lease
+        endpoints.ready = lambda: False  # the leader's caches (claims, Clusters) do not count: a standby's
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
                 assert (reply.status, await reply.text()) == (503, "webhook not serving")
             kube = cast(KubeClient, object())
             endpoints.use_admission(PoolAdmission(kube, BackendRegistry([FakeBackend()])))
+            async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:  # a replica starting
+                assert (reply.status, await reply.text()) == (503, "caches not synced")
+            endpoints.admission_synced = lambda: True  # the caches every replica runs, standby or leader
             async with session.get(f"http://127.0.0.1:{health}/readyz") as reply:
-                assert reply.status == 200, "the webhook needs no synced cache: it stays in its Service"
+                assert reply.status == 200, "a standby answers from its synced caches: it stays in the Service"
     finally:
         await endpoints.close()
 
@@ -362,20 +366,21 @@ def address_of(kind: PoolKind, claim: str) -> Object:
 
 
 async def test_a_replica_whose_caches_have_not_synced_lists_no_namespace_but_the_pools(unreachable: KubeClient) -> None:
-    """A standby (no cache answers): a namespaced pool's IPAddresses are listed in its namespace (here the LIST
-    fails: it was sent), and a cluster-scoped pool's change is refused with 503, to be retried, without a LIST."""
+    """A replica starting (no cache answers yet): a namespaced pool's IPAddresses are listed in its namespace (here
+    the LIST fails: it was sent), and a cluster-scoped pool's change is refused with 503, to be retried, without a
+    LIST."""
     registry = BackendRegistry([ReviewingBackend()])
-    standby = PoolAdmission(unreachable, registry)  # no cache answers
+    starting = PoolAdmission(unreachable, registry)  # no cache answers
     fake = pool_object(FAKE_POOL)
     with pytest.raises(aiohttp.ClientError):
-        await standby.decide(parse_review(review(FAKE_POOL, "DELETE", None, fake)), FAKE_POOL)
+        await starting.decide(parse_review(review(FAKE_POOL, "DELETE", None, fake)), FAKE_POOL)
     global_pool = {**pool_object(GLOBAL_FAKE_POOL), "metadata": {"name": "net"}}
     delete = review(GLOBAL_FAKE_POOL, "DELETE", None, global_pool)
     delete["request"].pop("namespace")
-    verdict = await standby.decide(parse_review(delete), GLOBAL_FAKE_POOL)
+    verdict = await starting.decide(parse_review(delete), GLOBAL_FAKE_POOL)
     assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "ServiceUnavailable")
     assert "caches" in verdict.message and "try again" in verdict.message
-    # Once synced (the pool caches answer), the leader lists what its cache does not cover, as before.
-    leader = PoolAdmission(unreachable, registry, lambda ref: None, lambda kind: [])
+    # Once synced, a replica (leader or standby) lists what its cache does not cover (--namespace), as before.
+    synced = PoolAdmission(unreachable, registry, lambda ref: None, lambda kind: [], lambda: True)
     with pytest.raises(aiohttp.ClientError):
-        await leader.decide(parse_review(delete), GLOBAL_FAKE_POOL)
+        await synced.decide(parse_review(delete), GLOBAL_FAKE_POOL)

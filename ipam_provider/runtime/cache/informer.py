@@ -70,6 +70,18 @@ class Informer:
     def synced(self) -> bool:
         return all(event.is_set() for event in self._synced)
 
+    def replay(self) -> None:
+        """Report every stored object as ADDED, with `in_initial_list()` True, as a first list does: for a handler
+        that begins to act after the store filled (controller-runtime replays the cache to a handler added late)."""
+        token = _INITIAL_LIST.set(True)
+        try:
+            for key in list(self.store.keys()):
+                obj = self.store.get(*key)
+                if obj is not None:
+                    self._notify("ADDED", None, obj)
+        finally:
+            _INITIAL_LIST.reset(token)
+
     async def run(self) -> None:
         await asyncio.gather(
             *(self._run_scope(scope, synced) for scope, synced in zip(self.scopes, self._synced, strict=True))
