@@ -5,7 +5,10 @@ while live IPAddresses name the pool, but allowed under clusterctl's `delete-for
 `review_pool_change`. Refusals are 422 (CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500).
 
 The webhook's caller is not authenticated (anyone who reaches the port may post a review), so the core's answers
-name no object: a DELETE refusal counts the IPAddresses and says how to list them. Every replica, leader or standby,
+name no object: a DELETE refusal counts the IPAddresses and says how to list them. And an answer rests on the pool's
+IPAddresses only when the review is about the pool as stored (`_reviews_stored`: same uid, and for an UPDATE the same
+resourceVersion; for a CREATE no such pool): else an UPDATE or CREATE is reviewed on its spec alone and a DELETE is
+allowed, since the API server deletes no pool on that answer. A DELETE without `oldObject` is a bad request. Every replica, leader or standby,
 answers from its IPAddress and pool caches. Until they have synced (a replica starting), the IPAddresses of a
 namespaced pool are listed in its namespace, and a review that would need a cluster-wide LIST (a cluster-scoped
 pool) is refused with code 503, to be retried.
@@ -39,6 +42,8 @@ from ipam_provider.runtime.serving.webhook import ALLOWED, ReviewRequest, Route,
 log = structlog.get_logger(__name__)
 
 LISTED_REASONS = 20  # a backend's reasons joined into one refusal; the rest are counted
+# The metadata a review's old object shares with the stored pool when the review is about it (a CREATE: no pool).
+IDENTITY = {"UPDATE": ("uid", "resourceVersion"), "DELETE": ("uid",)}
 OPTIONAL_READ_SECONDS = 1.0  # a read whose answer is not needed to decide (the verdict stands without it)
 
 
@@ -113,33 +118,40 @@ class PoolAdmission:
         if review is None:
             return ALLOWED
         ref = _ref(request, path_kind, pool)
-        reasons = await review(ref, request.old, pool, await self.addresses_in_use(ref))
-        return _verdict(request.operation, path_kind, ref, reasons)
+        in_use = await self.addresses_in_use(ref)
+        if in_use and not await self._reviews_stored(request, path_kind, ref):
+            in_use = []  # the spec alone: the answer tells nothing of addresses in use
+        return _verdict(request.operation, path_kind, ref, await review(ref, request.old, pool, in_use))
 
     async def _decide_delete(self, request: ReviewRequest, kind: PoolKind) -> Verdict:
         ref = _ref(request, kind, request.old)
         if not ref.name:
             return Verdict(False, 400, "BadRequest", "the DELETE request names no pool")
-        pool = request.old if request.old is not None else await self._stored_pool(kind, ref)
-        annotations = ((pool or {}).get("metadata") or {}).get("annotations") or {}
+        pool = request.old
+        if pool is None:
+            return Verdict(False, 400, "BadRequest", "the DELETE request carries no oldObject")
+        annotations = (pool.get("metadata") or {}).get("annotations") or {}
         if ANNOTATION_DELETE_FOR_MOVE in annotations:
             return ALLOWED
         if ANNOTATION_SKIP_DELETE_VALIDATION in annotations:
-            return await self._skipped_delete(ref)
+            return await self._skipped_delete(request, kind, ref)
         in_use = await self.addresses_in_use(ref)
+        if in_use and not await self._reviews_stored(request, kind, ref):
+            return ALLOWED  # no stored pool has its uid: the API server deletes no pool on this answer
         if in_use:
             return Verdict(False, 403, "Forbidden", _in_use_refusal(ref, len(in_use)))
         review = self._reviewer(kind)
-        if pool is None or review is None:
+        if review is None:
             return ALLOWED
         return _verdict(request.operation, kind, ref, await review(ref, pool, None, in_use))
 
-    async def _skipped_delete(self, ref: PoolRef) -> Verdict:
-        """A DELETE under the skip annotation: allowed, with a warning if IPAddresses are known to name the pool.
-        The cache answers, else a LIST of at most OPTIONAL_READ_SECONDS whose failure only drops the warning."""
+    async def _skipped_delete(self, request: ReviewRequest, kind: PoolKind, ref: PoolRef) -> Verdict:
+        """A DELETE under the skip annotation: allowed, with a warning if IPAddresses are known to name the stored
+        pool. The caches answer, else reads of at most OPTIONAL_READ_SECONDS whose failure only drops the warning."""
         try:
             async with asyncio.timeout(OPTIONAL_READ_SECONDS):
                 in_use = await self.addresses_in_use(ref)
+                stored = not in_use or await self._reviews_stored(request, kind, ref)
         except READ_ERRORS as error:
             log.info(
                 "deleting a pool under the skip annotation; its IPAddresses not listed",
@@ -147,7 +159,7 @@ class PoolAdmission:
                 error=str(error) or type(error).__name__,
             )
             return ALLOWED
-        if not in_use:
+        if not in_use or not stored:
             return ALLOWED
         return Verdict(
             True,
@@ -157,20 +169,21 @@ class PoolAdmission:
             ),
         )
 
-    async def _stored_pool(self, kind: PoolKind, ref: PoolRef) -> Object | None:
-        """The pool from the cache, else from the API server within OPTIONAL_READ_SECONDS, else None."""
-        for item in self.cached_pools(kind) or ():
-            meta = item.get("metadata") or {}
-            if meta.get("name") == ref.name and meta.get("namespace") == ref.namespace:
-                return item
-        try:
-            async with asyncio.timeout(OPTIONAL_READ_SECONDS):
-                return await self.kube.get(pool_resource(kind), ref.name, ref.namespace)
-        except READ_ERRORS as error:
-            log.info(
-                "a DELETE review without the pool; read failed", pool=str(ref), error=str(error) or type(error).__name__
-            )
-            return None
+    async def _reviews_stored(self, request: ReviewRequest, kind: PoolKind, ref: PoolRef) -> bool:
+        """Whether the review is about the pool as stored, so that its answer may rest on the pool's IPAddresses:
+        for a CREATE, no pool of its name is stored; for an UPDATE, the stored pool has the uid and resourceVersion
+        of the review's old object; for a DELETE, its uid. The cache answers when it agrees, else a GET (which
+        raises what it raised). A forged review (its requester is not known) thus learns nothing of the addresses
+        in use of a pool it cannot read (a uid is random)."""
+        fields = IDENTITY.get(request.operation, ())
+        wanted = _identity(request.old, fields) if fields else None
+        if fields and (wanted is None or not all(wanted)):
+            return False
+        cached = self.cached_pools(kind)
+        if cached is not None and _identity(_named(cached, ref), fields) == wanted:
+            return True
+        stored = await self.kube.get(pool_resource(kind), ref.name, ref.namespace)
+        return _identity(stored, fields) == wanted
 
     def _reviewer(self, kind: PoolKind) -> AdmissionReviewer | None:
         found = self.registry.lookup(kind.group, kind.kind)
@@ -204,6 +217,23 @@ def _ref(request: ReviewRequest, kind: PoolKind, pool: Object | None) -> PoolRef
     meta = (pool or {}).get("metadata") or {}
     namespace = request.namespace or meta.get("namespace")
     return kind.ref(str(namespace) if namespace else None, request.name or str(meta.get("name") or ""))
+
+
+def _named(pools: Sequence[Object], ref: PoolRef) -> Object | None:
+    for item in pools:
+        meta = item.get("metadata") or {}
+        if meta.get("name") == ref.name and meta.get("namespace") == ref.namespace:
+            return item
+    return None
+
+
+def _identity(pool: Object | None, fields: Sequence[str]) -> tuple[str, ...] | None:
+    """The pool's metadata `fields` (uid, resourceVersion), or None for no pool; () for a pool and no fields (a
+    CREATE's review then matches no stored pool only)."""
+    if pool is None:
+        return None
+    meta = pool.get("metadata") or {}
+    return tuple(str(meta.get(name) or "") for name in fields)
 
 
 def _verdict(operation: str, kind: PoolKind, ref: PoolRef, reasons: Sequence[str]) -> Verdict:

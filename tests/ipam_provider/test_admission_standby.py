@@ -140,8 +140,9 @@ async def test_a_forged_update_review_learns_no_name_and_no_address(
     kube: KubeClient, kubeconfig: Path, namespace: str
 ) -> None:
     """Another namespace's pool holds 10.97.0.13 for a claim; a review posted straight to the webhook (old spec: the
-    whole /16, new: one address; then the held address pre-allocated) is refused without naming the holder or any
-    address in use that the forged spec did not contain."""
+    whole /16, new: one address; then the held address pre-allocated) learns nothing of the address in use unless
+    its old object has the stored pool's uid and resourceVersion (which only a reader of the pool knows); then it is
+    refused without naming the holder or any address in use that the forged spec did not contain."""
     victim = await kube.create(POOLS, pool("private", ["10.97.0.10-10.97.0.20"], 24), namespace)
     await kube.create(ADDRESSES, ip_address("secret-m1", "10.97.0.13", IN_CLUSTER_POOL, "private"), namespace)
     async with standby(kubeconfig) as (controller, admission, _):
@@ -150,6 +151,12 @@ async def test_a_forged_update_review_learns_no_name_and_no_address(
         wide = {**victim, "metadata": meta, "spec": {"addresses": ["10.97.0.1-10.97.255.254"], "prefix": 16}}
         narrow = {**victim, "metadata": meta, "spec": {"addresses": ["10.97.255.1"], "prefix": 16}}
         probe = {**wide, "spec": {**wide["spec"], "preAllocations": {"probe": "10.97.0.13"}}}
+        for guessed in ({"uid": "00000000-0000-0000-0000-000000000000"}, {"resourceVersion": "1"}):
+            unknown = {**wide, "metadata": {**meta, **guessed}}
+            for new in (narrow, probe):
+                forged = review(IN_CLUSTER_POOL, "UPDATE", namespace, new, unknown)
+                verdict = await admission.decide(parse_review(forged), IN_CLUSTER_POOL)
+                assert verdict.allowed and not verdict.warnings, (guessed, verdict)
         for new, said in ((narrow, "leaves out 1 address(es) in use"), (probe, "10.97.0.13 is already held by")):
             forged = review(IN_CLUSTER_POOL, "UPDATE", namespace, new, wide)
             verdict = await admission.decide(parse_review(forged), IN_CLUSTER_POOL)
