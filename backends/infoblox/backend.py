@@ -8,7 +8,7 @@ missing gets no POST. Releases on an instance whose credentials were refused wai
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import structlog
 
@@ -63,6 +63,16 @@ class InfobloxBackend:
         self.list_holdings = self.repair.list_holdings
         self.release_holding = self.repair.release_holding
         self.restore = self.repair.restore
+
+    def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
+        """A deleted pool's spec, index and check results are forgotten; no other pool's report depends on a pool's
+        change."""
+        if new is None and old is not None:
+            meta = old.get("metadata") or {}
+            ref = kind.ref(meta.get("namespace"), str(meta.get("name", "")))
+            self.ledger.forget(ref)
+            self.checks.forget(ref)
+        return ()
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None

@@ -32,7 +32,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections import defaultdict
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -42,7 +42,15 @@ from pydantic import ValidationError
 
 from backends.infoblox.client import PAGE_SIZE, Failure, WapiClient, WapiError
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import INSTANCES, OPTIONAL_EAS, OWNERSHIP_EAS, InstanceSpec, Pool, SecretRef
+from backends.infoblox.spec import (
+    INSTANCES,
+    OPTIONAL_EAS,
+    OWNERSHIP_EAS,
+    AllowedNamespaces,
+    InstanceSpec,
+    Pool,
+    SecretRef,
+)
 from backends.validation import spec_error
 from ipam_provider.api.capi import READY, Condition, set_condition
 from ipam_provider.backend.contract import AllocationFailedError, BackendError, PoolNotReadyError
@@ -125,6 +133,15 @@ class Material:
     options: dict[str, Any]  # the Connector's
     secret: str  # "<namespace>/<name>" of the credentials Secret, for messages
     files: tempfile.TemporaryDirectory[str] | None  # the private files the options name
+
+
+def allowed_namespaces(instance: Object) -> AllowedNamespaces | None:
+    """The instance's spec.allowedNamespaces, nothing else of it read; None (no namespace) when it is malformed."""
+    spec = instance.get("spec")
+    try:
+        return AllowedNamespaces.model_validate(spec["allowedNamespaces"]) if isinstance(spec, dict) else None
+    except (KeyError, TypeError, ValidationError):
+        return None
 
 
 def instance_spec(instance: Object) -> InstanceSpec:
@@ -241,11 +258,14 @@ class InstanceStatus:
     def __init__(self, kube: KubeClient, recorder: EventRecorder | None = None) -> None:
         self._kube = kube
         self._recorder = recorder
-        self.instances: dict[str, Object] = {}  # each InfobloxInstance as last read or written
+        self.instances: dict[str, Object] = {}  # each InfobloxInstance in use, as last read or written
 
     async def publish(self, name: str, ready: bool, reason: str, message: str, type: str = READY) -> bool:
-        """Set condition `type` of the instance (as last read by Connections.connect); whether it changed."""
-        instance = self.instances[name]  # read by Connections.connect before any connection to it exists
+        """Set condition `type` of the instance (as last read by Connections.connect); whether it changed. An
+        instance no longer held (its connection retired meanwhile) is not written."""
+        instance = self.instances.get(name)
+        if instance is None:
+            return False
         try:
             current = [Condition.model_validate(c) for c in (instance.get("status") or {}).get("conditions") or []]
         except ValidationError:
@@ -293,7 +313,7 @@ class Connections:
         self._settings = settings
         self._status = status
         self._connections: dict[str, Connection] = {}
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()  # while used
         self._closing: dict[asyncio.Task[None], Connection] = {}  # replaced ones, closed once their calls ended
         self._namespaces: dict[str, tuple[float, Mapping[str, str] | None]] = {}  # labels, as read at a time
 
@@ -304,7 +324,10 @@ class Connections:
         if problem := subdomain_problem(name):
             raise InstanceProblem("InvalidConfiguration", f"spec.instanceRef.name: {problem}")
         self._sweep()
-        async with self._locks[name]:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        async with lock:
             connection = await self._current(name, namespace)
         connection.used_at = time.monotonic()
         return connection
@@ -312,15 +335,15 @@ class Connections:
     async def _current(self, name: str, namespace: str) -> Connection:
         current = self._connections.get(name)
         if current is not None and time.monotonic() - current.read_at < self._settings.instance_cache_seconds:
-            await self._admit(name, current.spec, namespace)
+            await self._admit(current.spec.allowed_namespaces, namespace)
             return current
         instance = await self._kube.get(INSTANCES, name)
         if instance is None:
             self._retire(name)
+            self._status.instances.pop(name, None)
             raise InstanceProblem(
                 "InstanceNotFound", f"InfobloxInstance {name} was not found; create it or fix spec.instanceRef"
             )
-        self._status.instances[name] = instance
         material = await self._material(name, instance, namespace)
         if current is not None and current.key == material.key:
             if material.files is not None:
@@ -338,14 +361,12 @@ class Connections:
         return connection
 
     async def _material(self, name: str, instance: Object, namespace: str) -> Material:
-        """The instance's checked spec and Secrets, once `namespace` is found allowed; a problem of the instance's
-        own is written on it (and its connection retired)."""
+        """The instance's checked spec and Secrets, once `namespace` is found allowed (nothing else of the instance
+        is looked at before); a problem of the instance's own is written on it (and its connection retired)."""
+        await self._admit(allowed_namespaces(instance), namespace)
+        self._status.instances[name] = instance
         try:
             spec = instance_spec(instance)
-        except InstanceProblem as problem:
-            await self._unusable(name, problem)
-        await self._admit(name, spec, namespace)
-        try:
             return await read_material(self._kube, instance, spec)
         except InstanceProblem as problem:
             await self._unusable(name, problem)
@@ -353,13 +374,13 @@ class Connections:
     async def _unusable(self, name: str, problem: InstanceProblem) -> NoReturn:
         self._retire(name)
         await self._status.publish(name, False, problem.reason, problem.message)
+        self._status.instances.pop(name, None)  # read again by the next connect, which has no connection to reuse
         raise problem
 
-    async def _admit(self, name: str, spec: InstanceSpec, namespace: str) -> None:
+    async def _admit(self, allowed: AllowedNamespaces | None, namespace: str) -> None:
         """InstanceProblem InstanceNotAllowed unless `namespace` is listed in the instance's allowedNamespaces or
         its labels match the selector there; the message names the namespace and the field, nothing more (callers
         prefix the instance's name)."""
-        allowed = spec.allowed_namespaces
         if allowed is not None and namespace in allowed.names:
             return
         if allowed is not None and allowed.selector is not None:
@@ -390,8 +411,9 @@ class Connections:
         for name in [
             n for n, c in self._connections.items() if now - c.used_at > self._settings.idle_connection_seconds
         ]:
-            if not self._locks[name].locked():
+            if name not in self._locks:  # else a connect is under way
                 self._retire(name)
+                self._status.instances.pop(name, None)
         stale = [
             ns for ns, (read_at, _) in self._namespaces.items() if now - read_at > self._settings.instance_cache_seconds
         ]

@@ -254,7 +254,12 @@ class Ledger:
         self.stamp = stamp
         self._settings = settings
         self.indexes: dict[PoolRef, PoolIndex] = {}  # each pool's as it stands (`index` rebuilds it)
-        self.known: dict[PoolRef, Pool] = {}  # last good spec of each pool, for releases after it is gone
+        self.known: dict[PoolRef, Pool] = {}  # last good spec of each pool, until its deletion is observed
+
+    def forget(self, pool_ref: PoolRef) -> None:
+        """Drop what is kept of a deleted pool (its IPAddresses name their instance, for releases after it)."""
+        self.indexes.pop(pool_ref, None)
+        self.known.pop(pool_ref, None)
 
     def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
         """The pool's spec, remembered in `known`; PoolNotReadyError when it cannot be used."""

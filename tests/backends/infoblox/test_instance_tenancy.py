@@ -6,6 +6,7 @@ turning TLS off is a condition and a Warning Event, and idle connections go with
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any, cast
 
 import pytest
@@ -14,7 +15,7 @@ from backends.infoblox import connections as connections_module
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.connections import CA_BUNDLE_LIMIT, Connection, Connections, InstanceProblem, InstanceStatus
 from backends.infoblox.settings import InfobloxSettings
-from backends.infoblox.spec import parse_pool
+from backends.infoblox.spec import INFOBLOX_POOL, parse_pool
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
@@ -91,6 +92,66 @@ async def test_allowed_namespaces_decide_before_any_secret_is_read(allowed: Any,
         assert not [g for g in kube.gets if g[0] == "secrets"], "no Secret is read for a namespace not allowed"
         assert kube.patches == [], "the refusal is the asking pool's: nothing is written on the instance"
     await connections.close()
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        {"host": None},  # a spec that does not validate
+        {"credentialsSecretRef": {"name": "../x", "namespace": "sys"}},  # a malformed Secret name
+        {"credentialsSecretRef": {"name": "absent", "namespace": "sys"}},  # a Secret that does not exist
+        {"allowedNamespaces": {"list": "ns"}},  # allowedNamespaces itself malformed: it admits nobody
+    ],
+)
+async def test_a_pool_of_a_namespace_not_allowed_learns_nothing_of_the_instance_and_writes_nothing(
+    problem: Object,
+) -> None:
+    kube = usable(**problem)
+    if "host" in problem:
+        kube.objects[INSTANCE]["spec"].pop("host")
+    kube.objects[("namespaces", None, "other")] = {"metadata": {"name": "other", "labels": {}}}
+    backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)))
+    body = pool(subnets=[{"cidr": "10.0.0.0/24"}])
+    namespace = "ns" if "allowedNamespaces" in problem else "other"
+    body["metadata"]["namespace"] = namespace
+    report = await backend.report(PoolRef.from_object(body), body, [])
+    assert (report.ready, report.reason) == (False, "InstanceNotAllowed"), report.message
+    assert report.message.startswith(f"InfobloxInstance grid: namespace {namespace} may not use it")
+    for leak in ("host", "credentialsSecretRef", "absent", "sys", "Field required", "not found"):
+        assert leak not in report.message
+    assert kube.patches == [], "nothing is written on the instance for a pool it does not allow"
+    assert not [g for g in kube.gets if g[0] == "secrets"]
+    assert backend.ledger.connections._status.instances == {}
+    await backend.close()
+
+
+async def test_pools_and_instances_that_are_gone_leave_nothing_behind() -> None:
+    kube = usable(host=None)  # "grid" exists but is unusable; the other instances named do not exist
+    kube.objects[INSTANCE]["spec"].pop("host")
+    backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)))
+    connections, ledger = backend.ledger.connections, backend.ledger
+    for turn in range(2):
+        for index in range(50):
+            body = pool(subnets=[{"cidr": "10.0.0.0/24"}])
+            body["metadata"]["name"] = f"p{index}"
+            body["spec"]["instanceRef"]["name"] = "grid" if index % 5 == 0 else f"absent-{turn}-{index}"
+            ref = PoolRef.from_object(body)
+            report = await backend.report(ref, body, [])
+            assert report.reason in ("InstanceNotFound", "InvalidConfiguration"), report.message
+            with pytest.raises(PoolNotReadyError):
+                await backend.allocate(ref, body, ClaimContext("ns", f"c{index}", f"uid-{index}"))
+            backend.observe_pool(INFOBLOX_POOL, body, None)
+    gc.collect()  # the locks of exceptions' frames, as the collector frees them in a running process
+    kept = {
+        "locks": len(connections._locks),
+        "connections": len(connections._connections),
+        "instances": len(connections._status.instances),
+        "known pools": len(ledger.known),
+        "indexes": len(ledger.indexes),
+        "pool checks": len(backend.checks._results),
+    }
+    assert kept == dict.fromkeys(kept, 0)
+    await backend.close()
 
 
 async def test_namespace_labels_are_read_once_per_cache_period() -> None:
