@@ -99,6 +99,7 @@ class NetboxBackend:
         if new is None:
             self._failures.pop(ref, None)
             self.resolver.forget(ref)
+            self.ledger.forget(ref)
         else:
             self.resolver.connections.seen(ref)
         return ()
@@ -140,9 +141,10 @@ class NetboxBackend:
             if problem.reason == reasons.AUTH_FAILED and client is not None:
                 self._failures[parsed.ref] = (client, problem)
             bound.info("allocation failed", reason=problem.reason, message=problem.message)
+            message = for_claims(problem.message, client)
             if problem.reason != reasons.NETBOX_ERROR:  # the pool cannot serve anyone: PoolNotReady
-                raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
-            raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
+                raise PoolNotReadyError(message, retry_after=problem.retry_after) from problem
+            raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
         self._failures.pop(parsed.ref, None)
         bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
         return allocation
@@ -160,15 +162,17 @@ class NetboxBackend:
                 f"whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, stays in NetBox, where the repair "
                 "loop finds it through any pool whose sources cover it (if none does, delete it by hand)"
             )
+        client: NetboxClient | None = None
         try:
             async with self.resolver.session(parsed, f"releasing claim {claim} from") as client:
                 sweep = not (await self.resolver.ownership(client, any_age=True)).uid_unique
                 await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
         except PoolUnusableError as problem:
-            raise AllocationFailedError(problem.message, retry_after=problem.retry_after) from problem
+            message = for_claims(problem.message, client)
+            raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
         finally:
             if pool is None:  # the pool is gone: the connection this release made is not kept for it
-                self.resolver.forget(pool_ref)
+                self.resolver.forget(pool_ref, spec=False)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         conditions: tuple[ReportCondition, ...] = ()
@@ -204,6 +208,18 @@ class NetboxBackend:
     async def close(self) -> None:
         self._failures.clear()
         await self.resolver.close()
+
+
+def for_claims(message: str, client: NetboxClient | None) -> str:
+    """A pool-level `message` as a claim shows it: the NetBox URL (from the pool's Secret, which for a Global pool is
+    the operator's, not the claim's namespace's) is replaced with "the pool's NetBox"; only the pool's own condition
+    names it."""
+    if client is None:
+        return message
+    shown = client.endpoint.display_url
+    for url in (f"NetBox at {shown}", shown, client.endpoint.url):
+        message = message.replace(url, "the pool's NetBox")
+    return message
 
 
 def tls_conditions(pool: Pool, url: str | None) -> tuple[ReportCondition, ...]:

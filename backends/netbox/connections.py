@@ -84,7 +84,8 @@ class Connections:
         self._secrets: dict[SecretKey, _SecretData] = {}
         self._allowed: dict[PoolRef, tuple[SecretKey, float]] = {}  # each pool's last granted read, and when
         self._uses: dict[PoolRef, Use] = {}  # what each pool's client was made from
-        self._gone: set[PoolRef] = set()  # pools forgotten and not seen since: they keep no client
+        self._pending: dict[PoolRef, int] = {}  # operations in progress, per pool
+        self._gone: set[PoolRef] = set()  # pools forgotten during an operation of theirs: it keeps no client
         self._client_of: dict[Use, str] = {}  # fingerprints of the current clients
         self._clients: dict[str, NetboxClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
@@ -97,18 +98,29 @@ class Connections:
     @contextlib.asynccontextmanager
     async def use(self, pool: Pool) -> AsyncIterator[NetboxClient]:
         """The client for `pool`, lent for the duration of the `async with` block (see the module contract)."""
-        client = await self.client(pool)
-        self._loans[client] = self._loans.get(client, 0) + 1
-        if pool.ref in self._gone:  # forgotten while its Secret was read, or a release after it went: lent only
-            self.forget(pool.ref)
+        self._pending[pool.ref] = self._pending.get(pool.ref, 0) + 1
         try:
-            yield client
+            client = await self.client(pool)
+            self._loans[client] = self._loans.get(client, 0) + 1
+            if pool.ref in self._gone:  # forgotten while its Secret was read: lent only
+                self.forget(pool.ref)
+            try:
+                yield client
+            finally:
+                self._return(client)
         finally:
-            self._loans[client] -= 1
-            if not self._loans[client]:
-                del self._loans[client]
-                if client in self._retired:
-                    self._retire(client)
+            self._pending[pool.ref] -= 1
+            if not self._pending[pool.ref]:
+                del self._pending[pool.ref]
+                self._gone.discard(pool.ref)
+
+    def _return(self, client: NetboxClient) -> None:
+        """One loan of `client` ends; a retired client is closed after its last."""
+        self._loans[client] -= 1
+        if not self._loans[client]:
+            del self._loans[client]
+            if client in self._retired:
+                self._retire(client)
 
     async def client(self, pool: Pool) -> NetboxClient:
         """The client for `pool`'s Secret; raises PoolUnusableError when the Secret is missing, unusable or not the
@@ -147,8 +159,9 @@ class Connections:
 
     def forget(self, pool_ref: PoolRef) -> None:
         """The pool is gone: what only it used is retired (see the module contract), and until it is `seen` again
-        it keeps no client (one is only lent to it, as for a release after the pool went)."""
-        self._gone.add(pool_ref)
+        its operations in progress keep no client (one is only lent to them)."""
+        if pool_ref in self._pending:
+            self._gone.add(pool_ref)
         self._allowed.pop(pool_ref, None)
         if self._uses.pop(pool_ref, None) is not None:
             self._prune()

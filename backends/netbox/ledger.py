@@ -98,6 +98,10 @@ class Ledger:
     def index(self, ref: PoolRef) -> PoolIndex:
         return self._indexes.setdefault(ref, PoolIndex())
 
+    def forget(self, ref: PoolRef) -> None:
+        """The pool is gone: what was remembered of its addresses goes."""
+        self._indexes.pop(ref, None)
+
     def trusted(self, ref: PoolRef, claim: ClaimContext, existing: Allocation) -> bool:
         """Whether `existing` is known to be this claim's NetBox address without asking NetBox: its annotations
         name a NetBox id and this claim's UID, or this controller verified that address for the claim."""

@@ -384,7 +384,8 @@ class Resolver:
         self.known: dict[PoolRef, Pool] = {}  # the last good spec `parse` saw of each pool
         self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
-        self._ownership_locks: dict[str, asyncio.Lock] = {}
+        # One lock per NetBox URL, and how many hold or wait for it: the entry goes with the last of them.
+        self._ownership_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
         """The pool's spec, remembered as the last good one; PoolUnusableError (InvalidConfiguration) if invalid."""
@@ -419,7 +420,7 @@ class Resolver:
     async def ownership(self, client: NetboxClient, *, any_age: bool = False) -> Ownership:
         """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time; with `any_age`, a
         cached answer of any age."""
-        async with self._ownership_locks.setdefault(client.endpoint.url, asyncio.Lock()):
+        async with self._one_at_a_time(client.endpoint.url):
             self._ownership = {c: o for c, o in self._ownership.items() if not c.closed}  # replaced ones go
             cached = self._ownership.get(client)
             if cached is not None and (any_age or time.monotonic() - cached[0] < self.ownership_seconds):
@@ -427,6 +428,20 @@ class Resolver:
             ownership = await ensure_ownership(client)
             self._ownership[client] = (time.monotonic(), ownership)
             return ownership
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, url: str) -> AsyncIterator[None]:
+        """Hold the lock of `url`, made for the first holder and dropped after the last (a failure's traceback
+        keeps nothing of it alive)."""
+        lock, users = self._ownership_locks.setdefault(url, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._ownership_locks[url]
 
     async def resolve(
         self, client: NetboxClient, pool: Pool, *, fresh: bool = False, pacer: Pacer | None = None
@@ -442,10 +457,13 @@ class Resolver:
         self._resolved[pool.ref] = (pool.generation, client, resolved)
         return resolved
 
-    def forget(self, pool_ref: PoolRef) -> None:
-        """The pool is gone: its resolved ids go, and its connection if no other pool uses it. Its last good spec
-        stays in `known`, for the releases of its claims that may follow."""
+    def forget(self, pool_ref: PoolRef, *, spec: bool = True) -> None:
+        """The pool is gone: its resolved ids go, its connection if no other pool uses it, and (with `spec`) its last
+        good spec in `known`. A deleted pool keeps its finalizer while IPAddresses name it, so its releases come
+        before; one that comes after finds no spec (ReleaseImpossible: the repair loop finds the address)."""
         self._resolved.pop(pool_ref, None)
+        if spec:
+            self.known.pop(pool_ref, None)
         self.connections.forget(pool_ref)
 
     async def close(self) -> None:

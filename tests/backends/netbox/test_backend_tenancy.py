@@ -118,9 +118,9 @@ async def test_a_pool_gone_is_only_lent_a_client(backend: NetboxBackend, kube: K
     await create_secret(kube, namespace, "netbox")
     pool = pool_of(namespace, "pool", SOURCES)
     backend.observe_pool(NETBOX_POOL, None, pool)
-    backend.observe_pool(NETBOX_POOL, pool, None)
-    # A release after the pool went (the backend's `release` with pool None) borrows a client for its operation...
+    # An operation under way when the pool goes borrows its client to the end...
     async with backend.resolver.connections.use(parsed(backend, pool)) as client:
+        backend.observe_pool(NETBOX_POOL, pool, None)
         assert not client.closed
     await closed(client)  # ... which keeps none for the pool that is gone.
     backend.observe_pool(NETBOX_POOL, None, pool)  # a pool of that name again: its client is kept
