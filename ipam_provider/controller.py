@@ -33,8 +33,8 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.telemetry import controller as telemetry
-from ipam_provider.runtime.workqueue import WorkQueue
-from ipam_provider.watch import POOL, Caches, ClaimKey, EventHandlers, QueueKey
+from ipam_provider.runtime.workqueue import Tenants, WorkQueue
+from ipam_provider.watch import POOL, Caches, ClaimKey, EventHandlers, QueueKey, tenant_of
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +55,10 @@ class Controller:
         self.registry = registry
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
-        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit)
+        # A namespace's keys hold a quarter of the workers while others wait, so that its stalling backends
+        # cannot take the workers of the other namespaces' claims.
+        share = Tenants(tenant_of, limit=max(1, settings.workers // 4), workers=settings.workers)
+        self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit, tenants=share)
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._observe_pool)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed

@@ -6,7 +6,7 @@ Claim and IPAddress events enqueue the claim (an IPAddress's also its pool, a li
 claims waiting on the pool. A Cluster event enqueues its claims when its pause state may have changed. A pool event
 goes to its backend's observer first (the other pools it answers are enqueued later, not for the initial list), then
 enqueues the pool and its claims; a status-only change only the waiting claims, once the pool became usable. Claims
-are sharded by pool; a fulfilled claim of an initial list gets the low priority.
+are sharded by pool and grouped by namespace (`tenant_of`); a fulfilled claim of an initial list gets the low priority.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ class PoolKey:
 
 QueueKey = ClaimKey | PoolKey
 Shard = PoolRef | None  # a key's pool: the queue serves pools in turn; None for a claim whose pool is not served
+
+
+def tenant_of(key: QueueKey) -> str | None:
+    """A key's tenant, which the queue serves in turn before pools: its namespace; None (one tenant of their
+    own) for the cluster-scoped pools."""
+    return key.namespace if isinstance(key, ClaimKey) else key.ref.namespace
 
 
 class EventHandlers:

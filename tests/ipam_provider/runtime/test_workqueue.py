@@ -1,11 +1,11 @@
-"""The work queue's contract: dedup, shard limits, parallel shards, priorities, backoff, delays, shutdown."""
+"""The work queue's contract: dedup, shard limits, parallel shards, tenants, priorities, backoff, delays, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
 
-from ipam_provider.runtime.workqueue import Priority, WorkQueue
+from ipam_provider.runtime.workqueue import Priority, Tenants, WorkQueue
 
 
 async def drain(queue: WorkQueue[str], count: int) -> list[tuple[str, Hashable]]:
@@ -211,3 +211,71 @@ async def test_busy_while_waiting_processing_or_due_after_a_delay() -> None:
     assert queue.busy("a"), "due after a delay"
     queue.shutdown()
     assert not queue.busy("a")
+
+
+def by_prefix(key: str) -> str:
+    """The tenant of a test key "tenant/name"."""
+    return key.split("/")[0]
+
+
+async def pending(getter: asyncio.Task[tuple[str, Hashable] | None]) -> bool:
+    """Whether `getter` is still waiting once every ready callback has run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return not getter.done()
+
+
+async def test_tenants_are_served_in_turn_before_their_shards() -> None:
+    queue: WorkQueue[str] = WorkQueue(tenants=Tenants(by_prefix))
+    for number in range(1, 5):
+        queue.add(f"a/{number}", f"a-pool-{number}")
+    queue.add("b/1", "b-pool")
+    order = [key for key, _ in await drain(queue, 5)]
+    assert order == ["a/1", "b/1", "a/2", "a/3", "a/4"], "a tenant with many pools gets no more turns than one"
+
+
+async def test_a_tenant_at_its_limit_waits_without_a_worker_count() -> None:
+    queue: WorkQueue[str] = WorkQueue(tenants=Tenants(by_prefix, limit=1))
+    queue.add("a/1", "A1")
+    queue.add("a/2", "A2")
+    first = await asyncio.wait_for(queue.get(), 1)
+    assert first == ("a/1", "A1")
+    second = asyncio.create_task(queue.get())
+    assert await pending(second), "the tenant holds its one key"
+    queue.done("a/1", "A1")
+    assert await asyncio.wait_for(second, 1) == ("a/2", "A2")
+
+
+async def test_stalled_tenant_keys_leave_workers_for_another_tenant() -> None:
+    """Eight workers, a share of two: a tenant's stalling keys hold at most six workers, another tenant's key
+    is handed out at once, and a worker one of them gives back goes to a tenant below its share."""
+    queue: WorkQueue[str] = WorkQueue(tenants=Tenants(by_prefix, limit=2, workers=8))
+    for number in range(100):
+        queue.add(f"evil/{number}", f"evil-pool-{number}")
+    held = [await asyncio.wait_for(queue.get(), 1) for _ in range(6)]
+    stalled = held[0]
+    assert stalled is not None
+    getter = asyncio.create_task(queue.get())
+    assert await pending(getter), "a seventh worker is kept from the stalling tenant"
+    assert queue.holding("evil") == 6
+    queue.add("good/1", "good-pool")
+    assert await asyncio.wait_for(getter, 1) == ("good/1", "good-pool")
+    queue.add("good/2", "good-pool-2")
+    queue.add("other/1", "other-pool")
+    assert await asyncio.wait_for(queue.get(), 1) == ("good/2", "good-pool-2")
+    assert queue.processing == 8  # every worker is busy
+    queue.done(*stalled)  # a stalled key gives its worker back: the tenant waiting gets it, not the stalling one
+    assert await asyncio.wait_for(queue.get(), 1) == ("other/1", "other-pool")
+    assert queue.holding("evil") == 5
+
+
+async def test_a_shard_limit_holds_across_tenants() -> None:
+    queue: WorkQueue[str] = WorkQueue(tenants=Tenants(by_prefix))
+    queue.add("a/1", "shared-pool")
+    queue.add("b/1", "shared-pool")
+    first = await asyncio.wait_for(queue.get(), 1)
+    assert first == ("a/1", "shared-pool")
+    second = asyncio.create_task(queue.get())
+    assert await pending(second), "one key of the pool at a time, whatever its tenant"
+    queue.done(*first)
+    assert await asyncio.wait_for(second, 1) == ("b/1", "shared-pool")
