@@ -154,6 +154,21 @@ async def test_pools_and_instances_that_are_gone_leave_nothing_behind() -> None:
     await backend.close()
 
 
+async def test_a_deleted_pool_leaves_no_index_spec_or_check_behind(wapi_simulator: WapiSimulator) -> None:
+    wapi_simulator.state.add_network("10.0.0.0/24")
+    kube = simulated(wapi_simulator, insecureSkipVerify=True)
+    backend = InfobloxBackend(BackendContext(kube=cast(Any, kube)))
+    for index in range(10):
+        body = pool(subnets=[{"cidr": "10.0.0.0/24"}])
+        body["metadata"]["name"] = f"p{index}"
+        report = await backend.report(PoolRef.from_object(body), body, [])
+        assert report.ready, report.message
+        assert len(backend.ledger.indexes) == len(backend.checks._results) == len(backend.ledger.known) == 1
+        backend.observe_pool(INFOBLOX_POOL, body, None)
+    assert (backend.ledger.indexes, backend.checks._results, backend.ledger.known) == ({}, {}, {})
+    await backend.close()
+
+
 async def test_namespace_labels_are_read_once_per_cache_period() -> None:
     kube = usable(allowedNamespaces={"selector": {"matchLabels": {"team": "a"}}})
     connections = connections_of(kube, instance_cache_seconds=60)
