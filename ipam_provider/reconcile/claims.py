@@ -332,7 +332,9 @@ class ClaimReconciler:
             + (" and recorded again for its claim" if outcome == RestoreOutcome.RECORDED else "")
         )
         self.ctx.recorder.record(pool, WARNING, REASON_ADDRESS_IN_USE, message)
-        why = f"{allocation.address} is still used by IPAddress {held_by}; asking {work.pool_ref} for another address"
+        holder_namespace = holder["metadata"].get("namespace")
+        named = f"IPAddress {held_by}" if holder_namespace == work.namespace else "an IPAddress of another namespace"
+        why = f"{allocation.address} is still used by {named}; asking {work.pool_ref} for another address"
         return AllocationFailedError(why, retry_after=RETRY_IN_USE)
 
     async def _restore_for_holder(self, work: ClaimWork, pool: Object, holder: Object) -> str:

@@ -148,9 +148,19 @@ class PoolComparison:
     unrecorded: list[Unrecorded] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)  # addresses of the pool's live IPAddresses (canonical, unique)
     shared: dict[str, list[Sharer]] = field(default_factory=dict)  # canonical address → the claims naming it
+    foreign: int = 0  # a namespaced pool's holdings for claims of other namespaces: counted, never looked up
 
 
-def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
+def own_holdings(pool: PoolRef, holdings: Sequence[Holding]) -> list[Holding]:
+    """The holdings a pool may account for: a namespaced pool's backend (which its namespace chose, and may control)
+    records claims of its own namespace only; a record naming another namespace's claim is never followed there."""
+    if pool.namespace is None:
+        return list(holdings)
+    return [holding for holding in holdings if holding.claim_namespace in ("", pool.namespace)]
+
+
+def compare_pool(pool: PoolRef, all_holdings: Sequence[Holding], live: LiveState, scope: Scope) -> PoolComparison:
+    holdings = own_holdings(pool, all_holdings)
     addresses = [(address, address_text(address)) for address in live.addresses_of(pool)]
     by_name: set[tuple[str, str]] = set()
     by_uid: set[tuple[str, str]] = set()
@@ -160,7 +170,7 @@ def compare_pool(pool: PoolRef, holdings: Sequence[Holding], live: LiveState, sc
         uid = owner_claim_uid(address)
         if uid:
             by_uid.add((text, uid))
-    result = PoolComparison()
+    result = PoolComparison(foreign=len(all_holdings) - len(holdings))
     held: set[tuple[str, str]] = set()
     for holding in holdings:
         text = normalized_address(holding.address)

@@ -146,6 +146,7 @@ class PoolFindings:
     duplicates: dict[str, str] = field(default_factory=dict)  # "IPAddress ns/name" or "claim ns/name" → who else
     outside: dict[str, str] = field(default_factory=dict)  # canonical address → why
     failures: dict[str, str] = field(default_factory=dict)  # IPAddress ns/name → the failed restore's message
+    foreign: int = 0  # holdings for claims of other namespaces than the (namespaced) pool's: ignored
 
 
 @dataclass
@@ -211,7 +212,13 @@ class PoolRepairs:
                 await self._release(target, holding)
         previous = self.findings.get(target.ref, PoolFindings())
         outside = await target.repairer.outside_pool(target.ref, target.raw, comparison.in_use)
-        found = PoolFindings(outside=dict(outside))
+        found = PoolFindings(outside=dict(outside), foreign=comparison.foreign)
+        if found.foreign != previous.foreign and found.foreign:
+            log.warning(
+                "backend records name claims of other namespaces than the pool's; ignored",
+                pool=str(target.ref),
+                count=found.foreign,
+            )
         for text, sharers in sorted(comparison.shared.items()):
             self._shared(target, text, sharers, previous, found)
         for item in comparison.unrecorded:
@@ -339,11 +346,15 @@ class PoolRepairs:
             if previous.duplicates.get(subject) != found.duplicates[subject]:
                 log.warning("duplicate address", pool=str(target.ref), address=item.name, holder=holder)
                 message = (
-                    f"{text} is held in {target.ref} by {holder}: the address is in use twice; it is not handed out "
+                    f"{text} is held in {target.ref} by {{}}: the address is in use twice; it is not handed out "
                     "again. Free it where it is held wrongly, or delete the claim to get another address"
                 )
-                self.ctx.recorder.record(item.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
-                self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
+                # A cluster-scoped pool's holder may be of any namespace: the claim's Event does not name it.
+                told = holder if target.ref.namespace else "a holder of the shared pool (its Events name it)"
+                self.ctx.recorder.record(
+                    item.claim, WARNING, REASON_DUPLICATE, message.format(told), related=target.raw
+                )
+                self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message.format(holder))
         elif answer.outcome == RestoreOutcome.OUTSIDE:
             found.outside[address_text(item.address)] = answer.detail or "not an address of the pool"
 
@@ -380,12 +391,13 @@ class PoolRepairs:
         named = ", ".join(subjects)
         log.warning("address named by several claims", pool=str(target.ref), ip=text, named_by=named)
         message = (
-            f"{text} in {target.ref} is named by {len(sharers)} claims ({named}): the address is in use twice; it is "
+            f"{text} in {target.ref} is named by {len(sharers)} claims ({{}}): the address is in use twice; it is "
             "not handed out again. Delete the claims that must get another address"
         )
         for sharer in changed:
-            self.ctx.recorder.record(sharer.claim, WARNING, REASON_DUPLICATE, message, related=target.raw)
-        self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message)
+            told = _seen_from(sharer_namespace(sharer), sharers, subjects)
+            self.ctx.recorder.record(sharer.claim, WARNING, REASON_DUPLICATE, message.format(told), related=target.raw)
+        self.ctx.recorder.record(target.raw, WARNING, REASON_DUPLICATE, message.format(named))
 
     async def _unchanged(self, item: Unrecorded) -> bool:
         """Fresh GETs: the IPAddress and its claim are still as listed (neither gone, replaced nor deleting)."""
@@ -432,3 +444,14 @@ def _keep_previous(item: Unrecorded, previous: PoolFindings, found: PoolFindings
 def _claim_key(holding: Holding) -> ClaimKey:
     namespace, _, name = holding.claim.partition("/")
     return ClaimKey(namespace, name)
+
+
+def sharer_namespace(sharer: Sharer) -> str:
+    return str(sharer.claim["metadata"].get("namespace") or "")
+
+
+def _seen_from(namespace: str, sharers: list[Sharer], subjects: list[str]) -> str:
+    """The sharers' `subjects` as a claim of `namespace` is told them: those of other namespaces counted only."""
+    own = [subject for sharer, subject in zip(sharers, subjects, strict=True) if sharer_namespace(sharer) == namespace]
+    others = len(subjects) - len(own)
+    return ", ".join(own + ([f"{others} of another namespace"] if others else []))

@@ -4,10 +4,12 @@ the new claim gets another address on its next attempt."""
 
 from __future__ import annotations
 
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.resources import CLAIMS
+from tests.ipam_provider.fake_backend import GLOBAL_FAKE_POOL
 from tests.ipam_provider.repair.test_repair_restore import forget_in_backend, fulfilled
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world
-from tests.ipam_provider.world import NS, claim
+from tests.ipam_provider.world import NS, claim, pool
 
 
 async def _second_claim_gets_the_lost_address(rw: RepairWorld) -> str:
@@ -35,3 +37,22 @@ async def test_an_address_handed_out_again_is_never_written_for_another_claim() 
     rw.world.sync()
     second = rw.world.address("m2")
     assert second is not None and second["spec"]["address"] != ip
+
+
+async def test_a_holder_in_another_namespace_is_not_named_on_the_claim() -> None:
+    """A Global pool's claims are of many namespaces: the claim that met the holder's address learns only that an
+    IPAddress of another namespace holds it, not which."""
+    rw = make_repair_world(pool_name="shared")
+    rw.world.add(pool_resource(GLOBAL_FAKE_POOL), pool("shared", kind=GLOBAL_FAKE_POOL))
+    rw.world.add(CLAIMS, claim("m1", "shared", kind=GLOBAL_FAKE_POOL, namespace="team-a"))
+    await rw.world.claims.reconcile("team-a", "m1")
+    rw.world.sync()
+    held = rw.world.address("m1", "team-a")
+    assert held is not None
+    forget_in_backend(rw, held["spec"]["address"])
+    rw.backend._next -= 1
+    rw.world.add(CLAIMS, claim("m2", "shared", kind=GLOBAL_FAKE_POOL, namespace="team-b"))
+    await rw.world.claims.reconcile("team-b", "m2")
+    rw.world.sync()
+    (ready,) = [c for c in rw.world.claim("m2", "team-b")["status"]["conditions"] if c["type"] == "Ready"]
+    assert "an IPAddress of another namespace" in ready["message"] and "team-a" not in ready["message"], ready

@@ -5,6 +5,7 @@ claim is in the work queue, never while its claim is being allocated, and never 
 from __future__ import annotations
 
 import pytest
+import structlog
 from prometheus_client import REGISTRY
 
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
@@ -270,3 +271,20 @@ async def test_the_fresh_check_before_a_release_accepts_an_ipaddress_of_another_
 
     assert ghost.handle in rw.backend.records, "accounted for by the fresh read: never released"
     assert "RepairReleasedLeak" not in await rw.reasons()
+
+
+async def test_a_namespaced_pools_record_of_another_namespaces_claim_is_never_followed() -> None:
+    """A namespaced pool's backend is the tenant's choice (a NetBox it may control): a record naming a claim of
+    another namespace (victim/x) is counted, never looked up there nor reported by name, never released."""
+    rw = make_repair_world(RepairSettings(interval=1.0, grace_period=0.0), Scope([NS, "victim"]))
+    rw.world.add(CLAIMS, claim("x", namespace="victim"))
+    forged = rw.ghost(address="10.0.0.60", claim="victim/x", uid="uid-forged")
+    with structlog.testing.capture_logs() as logs:
+        for advance in (0.0, 1.0, 1.0):
+            await rw.run_pass(advance=advance)
+    assert forged.handle in rw.backend.records, "never released"
+    assert await rw.reasons() == [] and await rw.world.events("victim") == []
+    looked_up = [request for request in rw.world.kube.requests if request.namespace == "victim"]
+    assert [r for r in looked_up if r.verb == "get"] == [], looked_up
+    (counted,) = [entry for entry in logs if "other namespaces" in entry["event"]]
+    assert counted["count"] == 1 and "victim" not in str(counted)

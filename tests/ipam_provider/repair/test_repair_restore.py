@@ -8,12 +8,14 @@ from collections.abc import Mapping, Sequence
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolRef
+from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.repair.compare import Scope
 from ipam_provider.repair.pool import RECORDED_MESSAGE
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
+from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
 from ipam_provider.watch import ClaimKey
+from tests.ipam_provider.fake_backend import GLOBAL_FAKE_POOL
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world, sample
-from tests.ipam_provider.world import NS, POOLS, Object, address, claim, cluster
+from tests.ipam_provider.world import NS, POOLS, Object, address, claim, cluster, pool
 
 RESTORED = "ipam_provider_repair_restored_total"
 DUPLICATES = "ipam_provider_repair_duplicates"
@@ -179,3 +181,34 @@ async def test_claims_that_are_busy_paused_unserved_or_another_are_not_restored(
     rw.busy.clear()
     await rw.run_pass(advance=1.0)
     assert [c.claim.name for c in rw.backend.calls if c.method == "restore" and c.claim] == ["busy"]
+
+
+def event_messages(rw: RepairWorld, kind: str, namespace: str | None = None) -> list[str]:
+    """The messages of the Events about objects of `kind` (in `namespace`, or any)."""
+    events = rw.world.kube.stored_all(EVENTS, namespace)
+    return [str(event["message"]) for event in events if event["involvedObject"]["kind"] == kind]
+
+
+async def test_a_shared_pools_claims_are_not_told_other_namespaces_holders() -> None:
+    """Claims of team-a and team-b name one address of a Global pool: each claim's Event counts the claim of the
+    other namespace without naming it; the pool's names both; a taken restore does not name the holder."""
+    rw = make_repair_world(scope=Scope())
+    rw.world.add(pool_resource(GLOBAL_FAKE_POOL), pool("shared", kind=GLOBAL_FAKE_POOL))
+    for namespace in ("team-a", "team-b"):
+        made = rw.world.add(CLAIMS, claim("m1", "shared", kind=GLOBAL_FAKE_POOL, namespace=namespace))
+        rw.world.add(ADDRESSES, address("m1", "m1", "shared", "10.0.0.70", kind=GLOBAL_FAKE_POOL, namespace=namespace))
+        rw.backend.hold(GLOBAL_FAKE_POOL.ref(None, "shared"), "10.0.0.70", f"{namespace}/m1", made["metadata"]["uid"])
+    rw.world.add(CLAIMS, claim("m2", "shared", kind=GLOBAL_FAKE_POOL, namespace="team-a"))
+    rw.world.add(ADDRESSES, address("m2", "m2", "shared", "10.0.0.71", kind=GLOBAL_FAKE_POOL, namespace="team-a"))
+    rw.backend.foreign["10.0.0.71"] = "claim team-b/hidden"
+
+    await rw.run_pass()
+    await rw.world.ctx.recorder.flush()
+
+    for namespace, other in (("team-a", "team-b"), ("team-b", "team-a")):
+        messages = event_messages(rw, "IPAddressClaim", namespace)
+        assert messages and all(other not in message for message in messages), messages
+        assert any("1 of another namespace" in message for message in messages), messages
+    pool_messages = event_messages(rw, GLOBAL_FAKE_POOL.kind)
+    assert any("team-a/m1" in m and "team-b/m1" in m for m in pool_messages), pool_messages
+    assert any("claim team-b/hidden" in m for m in pool_messages), pool_messages
