@@ -19,12 +19,15 @@ or changed pool whose spec `parse_pool` refuses; a deleted pool's connection is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import structlog
 
+from backends.infoblox.hostname import MACHINE, HostnameError, OwnerBounds
+from backends.infoblox.hostname import machine_name as owning_machine
 from backends.netbox import reasons
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import ClientSettings, NetboxClient
@@ -54,6 +57,7 @@ from ipam_provider.common import Object, cap_int64
 log = structlog.get_logger(__name__)
 
 TLS_VERIFIED = "TLSVerified"
+MACHINE_PLACEHOLDER = "{machine}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class NetboxBackend:
         self.restore = self.repair.restore
         self.outside_pool = self.repair.outside_pool
         self._failures: dict[PoolRef, tuple[NetboxClient, PoolUnusableError]] = {}  # those the report can't see
+        self._kube = context.kube
+        self.owner_bounds = OwnerBounds()
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's connection is forgotten (see `Resolver.forget`); no other pool's report depends on a
@@ -125,6 +131,7 @@ class NetboxBackend:
             raise PoolNotReadyError(problem.message) from problem
         if existing is not None and self.ledger.trusted(parsed.ref, claim, existing):
             return existing  # the steady state of a fulfilled claim: no request at all
+        claim = await self._machine_read(parsed, claim)
         asked = claim.requested_address if existing is None else None  # AllocationFailedError if not an IP
         bound = log.bind(claim=str(claim), pool=str(parsed.ref))
         client: NetboxClient | None = None
@@ -148,6 +155,25 @@ class NetboxBackend:
         self._failures.pop(parsed.ref, None)
         bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
         return allocation
+
+    async def _machine_read(self, pool: Pool, claim: ClaimContext) -> ClaimContext:
+        """`claim` as the pool's templates see it. When one names {machine} and the claim has owners, the Machine is
+        read first (the owner walk of backends.infoblox.hostname: known kinds, the claim's namespace, bounded, each
+        uid checked), and the claim keeps that Machine as its only owner; AllocationFailedError when it cannot be
+        found, so that a claim never stamps a name it merely supplies."""
+        templates = (pool.fields.dns_name or "", pool.fields.description or "")
+        if not claim.owner_references or not any(MACHINE_PLACEHOLDER in t for t in templates):
+            return claim
+        try:
+            name = await owning_machine(self._kube, claim, self.owner_bounds)
+        except HostnameError as error:
+            why = str(error).partition("; set spec.hostRecord")[0]  # the walk's advice is Infoblox's
+            raise AllocationFailedError(
+                f"{pool.ref}: {MACHINE_PLACEHOLDER} in spec.addressFields cannot be filled in: {why}; let the "
+                f"claim's owner chain reach its Machine, or remove {MACHINE_PLACEHOLDER} from the templates"
+            ) from error
+        machine = {"apiVersion": f"{MACHINE[0]}/v1beta2", "kind": MACHINE[1], "name": name}
+        return dataclasses.replace(claim, owner_references=(machine,))
 
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None

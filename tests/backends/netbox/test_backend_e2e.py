@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS
+from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS, MACHINES
 from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
@@ -162,7 +162,26 @@ async def test_metadata_on_the_netbox_object(
         "customFields": {field.name: "prod"},
     }
     await kube.create(NB_POOLS, netbox_pool("meta", [prefix("10.43.0.0/28")], addressFields=fields), namespace)
-    machine_owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m-0", "uid": "u-1"}
+    machine = await kube.create(
+        MACHINES,
+        {
+            "apiVersion": MACHINES.api_version,
+            "kind": "Machine",
+            "metadata": {"name": "m-0"},
+            "spec": {
+                "clusterName": "prod",
+                "bootstrap": {"dataSecretName": "m-0-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "M", "name": "m-0"},
+            },
+        },
+        namespace,
+    )  # {machine} is the Machine read, its uid the ownerReference's
+    machine_owner = {
+        "apiVersion": MACHINES.api_version,
+        "kind": "Machine",
+        "name": "m-0",
+        "uid": machine["metadata"]["uid"],
+    }
     body = nb_claim("meta-0", "meta", labels={"cluster.x-k8s.io/cluster-name": "prod"})
     body["metadata"]["ownerReferences"] = [machine_owner]
     await kube.create(CLUSTERS, cluster("prod"), namespace)
