@@ -33,7 +33,7 @@ from backends.netbox.allocator import Allocator
 from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.connections import Connections
 from backends.netbox.ledger import Ledger
-from backends.netbox.reasons import PoolUnusableError
+from backends.netbox.reasons import PoolUnusableError, for_claims, shown_to_claims
 from backends.netbox.repair import NetboxRepair
 from backends.netbox.resolver import Resolver, usage
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, Pool, parse_pool
@@ -44,6 +44,7 @@ from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
     BackendContext,
+    BackendError,
     ClaimContext,
     PoolKind,
     PoolNotReadyError,
@@ -144,6 +145,9 @@ class NetboxBackend:
                     allocation = await self.allocator.allocate_requested(client, parsed, resolved, claim, asked)
                 else:
                     allocation = await self.allocator.allocate(client, parsed, resolved, claim)
+        except BackendError as error:  # from the allocator
+            shown_to_claims(error, client)
+            raise
         except PoolUnusableError as problem:
             if problem.reason == reasons.AUTH_FAILED and client is not None:
                 self._failures[parsed.ref] = (client, problem)
@@ -193,6 +197,9 @@ class NetboxBackend:
             async with self.resolver.session(parsed, f"releasing claim {claim} from") as client:
                 sweep = not (await self.resolver.ownership(client, any_age=True)).uid_unique
                 await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
+        except BackendError as error:  # from the allocator
+            shown_to_claims(error, client)
+            raise
         except PoolUnusableError as problem:
             message = for_claims(problem.message, client)
             raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
@@ -234,18 +241,6 @@ class NetboxBackend:
     async def close(self) -> None:
         self._failures.clear()
         await self.resolver.close()
-
-
-def for_claims(message: str, client: NetboxClient | None) -> str:
-    """A pool-level `message` as a claim shows it: the NetBox URL (from the pool's Secret, which for a Global pool is
-    the operator's, not the claim's namespace's) is replaced with "the pool's NetBox"; only the pool's own condition
-    names it."""
-    if client is None:
-        return message
-    shown = client.endpoint.display_url
-    for url in (f"NetBox at {shown}", shown, client.endpoint.url):
-        message = message.replace(url, "the pool's NetBox")
-    return message
 
 
 def tls_conditions(pool: Pool, url: str | None) -> tuple[ReportCondition, ...]:

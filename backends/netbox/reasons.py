@@ -5,7 +5,8 @@ NETBOX_ERROR, AllocationFailedError) with its message on the claims. Messages ne
 
 from __future__ import annotations
 
-from backends.netbox.client import ClientClosedError, HTTPError, NetboxError, UnreachableError
+from backends.netbox.client import ClientClosedError, HTTPError, NetboxClient, NetboxError, UnreachableError
+from ipam_provider.backend.contract import BackendError
 
 READY = "PoolReady"
 INVALID = "InvalidConfiguration"
@@ -74,3 +75,22 @@ def of_failure(error: Exception, context: str, scrub: str | None) -> PoolUnusabl
         "NetBox objects the pool names",
         retry_after=5.0,
     )
+
+
+def for_claims(message: str, client: NetboxClient | None) -> str:
+    """A pool-level `message` as a claim shows it: the NetBox URL (from the pool's Secret, which for a Global pool is
+    the lending namespace's, not the claim's) is replaced with "the pool's NetBox"; only the pool's own condition
+    names it."""
+    if client is None:
+        return message
+    shown = client.endpoint.display_url
+    for url in (f"NetBox at {shown}", shown, client.endpoint.url):
+        message = message.replace(url, "the pool's NetBox")
+    return message
+
+
+def shown_to_claims(error: BackendError, client: NetboxClient | None) -> BackendError:
+    """`error`, its message changed in place by `for_claims` (its type and retry stay)."""
+    error.message = for_claims(error.message, client)
+    error.args = (error.message,)
+    return error

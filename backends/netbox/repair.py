@@ -32,10 +32,17 @@ from backends.netbox import calls
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import NetboxClient
 from backends.netbox.ledger import Ledger, claim_ref, claim_ref_of, host_of, is_ours, uid_of
-from backends.netbox.reasons import PoolUnusableError
+from backends.netbox.reasons import PoolUnusableError, for_claims, shown_to_claims
 from backends.netbox.resolver import Resolved, Resolver, Source, offered_by, populated_ranges, populated_why, vrf_id_of
 from backends.netbox.spec import CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG, Pool
-from ipam_provider.backend.contract import Allocation, AllocationFailedError, ClaimContext, PoolNotReadyError, PoolRef
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    BackendError,
+    ClaimContext,
+    PoolNotReadyError,
+    PoolRef,
+)
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 
@@ -58,14 +65,23 @@ class NetboxRepair:
         self._resolved_this_pass: set[PoolRef] = set()
 
     @contextlib.asynccontextmanager
-    async def _netbox(self, pool_ref: PoolRef, pool: Object, doing: str) -> AsyncIterator[tuple[Pool, NetboxClient]]:
-        """The parsed pool and its client, lent for one operation; failures become PoolNotReadyError."""
+    async def _netbox(
+        self, pool_ref: PoolRef, pool: Object, doing: str, *, for_claim: bool = False
+    ) -> AsyncIterator[tuple[Pool, NetboxClient]]:
+        """The parsed pool and its client, lent for one operation; failures become PoolNotReadyError. With
+        `for_claim` (a claim's Event shows the failure), every BackendError's message leaves out the NetBox URL."""
+        client: NetboxClient | None = None
         try:
             parsed = self.resolver.parse(pool_ref, pool)
             async with self.resolver.session(parsed, doing) as client:
                 yield parsed, client
+        except BackendError as error:
+            if for_claim:
+                shown_to_claims(error, client)
+            raise
         except PoolUnusableError as problem:
-            raise PoolNotReadyError(problem.message, retry_after=problem.retry_after) from problem
+            message = for_claims(problem.message, client) if for_claim else problem.message
+            raise PoolNotReadyError(message, retry_after=problem.retry_after) from problem
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
         async with self._netbox(pool_ref, pool, "listing the NetBox addresses of") as (parsed, client):
@@ -115,7 +131,8 @@ class NetboxRepair:
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
         address = normalized_address(allocation.address)
-        async with self._netbox(pool_ref, pool, f"restoring {address} of claim {claim} in") as (parsed, client):
+        doing = f"restoring {address} of claim {claim} in"
+        async with self._netbox(pool_ref, pool, doing, for_claim=True) as (parsed, client):
             # Afresh once per pool and pass (the first restore after the pool's listing), then from the cache.
             resolved = await self.resolver.resolve(client, parsed, fresh=parsed.ref not in self._resolved_this_pass)
             self._resolved_this_pass.add(parsed.ref)

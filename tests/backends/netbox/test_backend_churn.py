@@ -12,7 +12,7 @@ from typing import Any
 
 from backends.netbox import NetboxBackend
 from backends.netbox.spec import GLOBAL_NETBOX_POOL
-from ipam_provider.backend.contract import BackendContext, BackendError, PoolRef
+from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from tests.backends.netbox.conftest import fast_settings, global_netbox_pool, new_claim, prefix
@@ -69,6 +69,22 @@ async def test_a_global_pools_claims_never_see_its_secrets_url() -> None:
             raise AssertionError("allocated from a NetBox that is not there")
         assert "127.0.0.1" not in message and "the-lenders-secret-url" not in message, message
         assert "the pool's NetBox" in message, message
+    finally:
+        await backend.close()
+
+
+async def test_a_restores_failure_on_a_claims_event_never_names_the_url() -> None:
+    backend = NetboxBackend(BackendContext(lending_kube()), fast_settings())
+    pool = global_pool("shared")
+    allocation = Allocation(address="10.0.0.5", prefix=24)
+    try:
+        try:
+            await backend.restore(PoolRef.from_object(pool), pool, new_claim("tenant", "c"), allocation)
+        except BackendError as error:
+            message = error.message
+        else:
+            raise AssertionError("restored into a NetBox that is not there")
+        assert "127.0.0.1" not in message and "the pool's NetBox" in message, message
     finally:
         await backend.close()
 
