@@ -55,8 +55,8 @@ class Controller:
         self.registry = registry
         self.settings = settings
         self.caches = Caches.indexed(registry.kinds, registry.kind_of)
-        # A namespace's keys hold a quarter of the workers while others wait, so that its stalling backends
-        # cannot take the workers of the other namespaces' claims.
+        # Namespaces are served in turn; one holding a quarter of the workers gets another only while more than a
+        # quarter stay idle, so that its stalling backends never take the workers other namespaces' claims need.
         share = Tenants(tenant_of, limit=max(1, settings.workers // 4), workers=settings.workers)
         self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit, tenants=share)
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._observe_pool)
