@@ -229,12 +229,13 @@ class Allocator:
 
 
 def _held_message(pool: ParsedPool, address: str, claim: ClaimContext, held: Reservation) -> str:
+    visible = held.claim.partition("/")[0] == claim.namespace  # a Global pool's claims are of any namespace
     if held.pool_label != pool_hash(pool.ref):
-        holder = held.holder()
+        holder = held.holder(claim.namespace)
     elif held.released_at:
         holder = f"claim {held.claim} (released; kept until the pool's addressReuseGracePeriodSeconds pass)"
     else:
-        holder = f"claim {held.claim}"
+        holder = f"claim {held.claim}" if visible else "a claim of another namespace"
     if claim.requested_address is None:  # the address comes from spec.preAllocations alone
         return (
             f"pre-allocated address {address} is already held by {holder} in {pool.ref}; delete that claim or "
@@ -255,9 +256,11 @@ def _adopted_held_message(pool: ParsedPool, claim: ClaimContext, address: str, h
     if holder is None:
         owner = f"another claim in {pool.ref}"
     elif holder.pool_label != pool_hash(pool.ref):
-        owner = holder.holder() + " (of the same uniqueness domain)"
-    else:
+        owner = holder.holder(claim.namespace) + " (of the same uniqueness domain)"
+    elif holder.claim.partition("/")[0] == claim.namespace:
         owner = f"claim {holder.claim} in {pool.ref}"
+    else:
+        owner = f"a claim of another namespace in {pool.ref}"
     return f"address {address} of IPAddress {claim} is already held by {owner}; delete one of the two IPAddresses"
 
 

@@ -217,8 +217,10 @@ class PoolSurvey:
         return sorted(found, key=lambda overlap: overlap.pool)
 
 
-def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> ReportCondition:
-    """The pool's AddressesOverlap condition (see the module)."""
+def overlap_condition(overlaps: Sequence[Overlap], domain: str | None, seen_from: str | None) -> ReportCondition:
+    """The AddressesOverlap condition (see the module) of a pool of namespace `seen_from` (None: cluster-scoped). It
+    names, with their shared count and first shared address, the overlapping pools of that namespace and the
+    cluster-scoped (the operator's) ones; those of other namespaces it counts only, for a tenant may read it."""
     unsafe = [overlap for overlap in overlaps if not overlap.same_domain]
     safe = [overlap for overlap in overlaps if overlap.same_domain]
     if not overlaps:
@@ -226,14 +228,14 @@ def overlap_condition(overlaps: Sequence[Overlap], domain: str | None) -> Report
     parts = []
     if unsafe:
         parts.append(
-            f"shares addresses with {_describe(unsafe)}: two claims may be given the same address; make the "
+            f"shares addresses with {_describe(unsafe, seen_from)}: two claims may be given the same address; make the "
             "pools' spec.addresses disjoint (for example with spec.excludedAddresses), or create the pools anew "
             "with one spec.uniquenessDomain"
         )
     if safe:
         parts.append(
-            f"shares addresses with {_describe(safe)} of uniqueness domain {domain}, which never hands out an "
-            "address twice"
+            f"shares addresses with {_describe(safe, seen_from)} of uniqueness domain {domain}, which never hands "
+            "out an address twice"
         )
     reason = POOLS_OVERLAP if unsafe else OVERLAP_WITHIN_DOMAIN
     return ReportCondition(ADDRESSES_OVERLAP, True, reason, "; ".join(parts), warning=bool(unsafe))
@@ -262,13 +264,19 @@ def assess(
     related = [overlap.pool for overlap in overlaps if overlap.same_domain]
     others = (cached_addresses(other) for other in related)
     held = held_elsewhere(allocatable.addresses, allocatable.family, own_addresses, others) if related else frozenset()
-    return [overlap_condition(overlaps, domain)], related, held
+    return [overlap_condition(overlaps, domain, ref.namespace)], related, held
 
 
-def _describe(overlaps: Sequence[Overlap]) -> str:
-    named = [f"{o.pool} ({_addresses(o.count)}, first {o.first})" for o in overlaps[:NAMED_IN_MESSAGE]]
-    more = len(overlaps) - len(named)
-    return ", ".join(named) + (f" and {more} more pools" if more else "")
+def _describe(overlaps: Sequence[Overlap], seen_from: str | None) -> str:
+    visible = [o for o in overlaps if o.pool.namespace in (None, seen_from)]
+    named = [f"{o.pool} ({_addresses(o.count)}, first {o.first})" for o in visible[:NAMED_IN_MESSAGE]]
+    more, hidden = len(visible) - len(named), len(overlaps) - len(visible)
+    parts = [", ".join(named)] if named else []
+    if more:
+        parts.append(f"{more} more pools")
+    if hidden:
+        parts.append(f"{hidden} pool{'s' if hidden > 1 else ''} of other namespaces")
+    return " and ".join(parts)
 
 
 def _addresses(count: int) -> str:

@@ -82,11 +82,17 @@ def holding_of(reservation: Reservation) -> Holding:
     )
 
 
-def holder_text(reservation: Reservation) -> str:
-    """Who holds the reservation's address, for people (Restore's detail)."""
-    pool = f"pool {reservation.pool}" if reservation.pool is not None else "an unknown pool"
+def holder_text(reservation: Reservation, seen_from: str | None) -> str:
+    """Who holds the reservation's address, for people (Restore's detail) of namespace `seen_from` (None: a
+    cluster-scoped pool's, the operator's): a pool or claim of another namespace (in a shared uniqueness domain) is
+    not named (docs/incluster.md)."""
+    visible = reservation.pool is not None and reservation.pool.namespace in (None, seen_from)
+    pool = f"pool {reservation.pool}" if visible else "a pool of another namespace or an unknown pool"
     if reservation.released_at:
         return f"a release record of {pool} (reuse grace period or LeastRecentlyReleased)"
+    claim_namespace = reservation.claim.partition("/")[0] if "/" in reservation.claim else seen_from
+    if seen_from is not None and not (visible and claim_namespace == seen_from):
+        return "a claim of another namespace, in a pool of the same uniqueness domain"
     if not reservation.claim_uid:
         return f"the pin of claim {reservation.claim} in {pool} (spec.preAllocations)"
     return f"claim {reservation.claim} in {pool}"
@@ -180,7 +186,7 @@ class Repair:
         if not own and found.released_at:
             return await self._other_pools_record(found, claim, held.address)
         if not own or not (found.released_at or found.claim == str(claim)):
-            return Restore(RestoreOutcome.TAKEN, holder_text(found))
+            return Restore(RestoreOutcome.TAKEN, holder_text(found, ref.namespace))
         taken = await self.ledger.give(ref, None, found, claim, held)
         if taken is None:
             return None

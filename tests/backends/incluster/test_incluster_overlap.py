@@ -92,16 +92,37 @@ def test_no_answer_before_the_pool_caches_synced() -> None:
 def test_the_condition_warns_of_pools_outside_the_domain_only() -> None:
     g = GLOBAL_IN_CLUSTER_POOL.ref(None, "g")
     b = IN_CLUSTER_POOL.ref("ns", "b")
-    none = overlap_condition([], None)
+    none = overlap_condition([], None, "ns")
     assert (none.type, none.status, none.reason, none.warning) == ("AddressesOverlap", False, "NoOverlap", False)
-    safe = overlap_condition([Overlap(g, 1, "10.0.0.1", True)], "d")
+    safe = overlap_condition([Overlap(g, 1, "10.0.0.1", True)], "d", "ns")
     assert (safe.status, safe.reason, safe.warning) == (True, "OverlapWithinUniquenessDomain", False)
     assert "GlobalInClusterIPPool/g (1 address, first 10.0.0.1)" in safe.message and "domain d" in safe.message
-    both = overlap_condition([Overlap(b, 3, "10.0.0.7", False), Overlap(g, 1, "10.0.0.1", True)], "d")
+    both = overlap_condition([Overlap(b, 3, "10.0.0.7", False), Overlap(g, 1, "10.0.0.1", True)], "d", "ns")
     assert (both.status, both.reason, both.warning) == (True, "PoolsOverlap", True)
     assert both.message.startswith("shares addresses with InClusterIPPool/ns/b (3 addresses, first 10.0.0.7): two")
     many = [Overlap(IN_CLUSTER_POOL.ref("ns", f"p{i}"), 1, "10.0.0.1", False) for i in range(NAMED_IN_MESSAGE + 2)]
-    assert "and 2 more pools" in overlap_condition(many, None).message
+    assert "and 2 more pools" in overlap_condition(many, None, "ns").message
+
+
+def test_the_condition_names_no_pool_of_another_namespace() -> None:
+    """A tenant's pool spanning much of the address space sees, of other namespaces' pools, only how many overlap:
+    not their names, ranges or first shared addresses. Its own namespace's and the cluster-scoped pools are named."""
+    g = GLOBAL_IN_CLUSTER_POOL.ref(None, "g")
+    own = IN_CLUSTER_POOL.ref("team-a", "mine")
+    victims = [Overlap(IN_CLUSTER_POOL.ref(f"victim-{i}", "secret"), 3, f"10.0.{i}.7", False) for i in range(2)]
+    found = [Overlap(g, 1, "10.0.9.1", False), Overlap(own, 2, "10.0.8.1", False), *victims]
+    condition = overlap_condition(found, None, "team-a")
+    assert (condition.reason, condition.warning) == ("PoolsOverlap", True)
+    assert "GlobalInClusterIPPool/g (1 address, first 10.0.9.1)" in condition.message
+    assert "InClusterIPPool/team-a/mine (2 addresses, first 10.0.8.1) and 2 pools of other namespaces" in (
+        condition.message
+    )
+    assert "victim" not in condition.message and "secret" not in condition.message
+    assert "10.0.0.7" not in condition.message and "10.0.1.7" not in condition.message
+    # Within a shared uniqueness domain too; a cluster-scoped pool's condition names only cluster-scoped pools.
+    domain = overlap_condition([Overlap(victims[0].pool, 3, "10.0.0.7", True)], "d", "team-a")
+    assert "1 pool of other namespaces of uniqueness domain d" in domain.message and "victim" not in domain.message
+    assert "victim" not in overlap_condition(victims, None, None).message
 
 
 def released(name: str, pool: str, ago: float, grace: int | None) -> Reservation:

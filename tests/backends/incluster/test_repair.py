@@ -375,3 +375,32 @@ async def test_the_sweep_of_deleted_pools_runs_at_most_once_per_ten_minutes(
     now[0] += 2.0
     assert await sweep(0.0) >= 1
     assert await stored(kube, gone, "10.120.11.5") is None
+
+
+def test_a_restore_taken_in_a_shared_domain_names_no_other_namespace() -> None:
+    """A restore's detail reaches the restoring pool's Events: a holder of another namespace (a pool of a shared
+    uniqueness domain, or a Global pool's claim) is described, not named; one of the pool's own namespace is."""
+
+    def held(pool: PoolRef, claim: str, released: str | None = None) -> Reservation:
+        return Reservation("d.10-0-0-5", "10.0.0.5", 24, None, "uid-1", claim, released, "1", "u", pool=pool)
+
+    victim = held(IN_CLUSTER_POOL.ref("victim", "secret"), "victim/db")
+    shared = held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "victim/db")
+    own = held(IN_CLUSTER_POOL.ref("team-a", "other"), "team-a/m1")
+    for reservation in (victim, shared, held(IN_CLUSTER_POOL.ref("victim", "secret"), "victim/db", "2026-01-01")):
+        text = incluster_repair.holder_text(reservation, "team-a")
+        assert "victim" not in text and "secret" not in text and "db" not in text, text
+    assert incluster_repair.holder_text(own, "team-a") == "claim team-a/m1 in pool InClusterIPPool/team-a/other"
+    assert "victim/db" in incluster_repair.holder_text(victim, None), "a Global pool's Events are the operator's"
+
+
+def test_a_holder_is_named_on_a_claim_only_within_its_namespace() -> None:
+    """`Reservation.holder` feeds a claim's AllocationFailed: another namespace's claim or pool is not named."""
+
+    def held(pool: PoolRef, claim: str) -> Reservation:
+        return Reservation("d.10-0-0-5", "10.0.0.5", 24, None, "uid-1", claim, None, "1", "u", pool=pool)
+
+    assert held(IN_CLUSTER_POOL.ref("victim", "secret"), "victim/db").holder("team-a") == "a claim of another namespace"
+    assert held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "victim/db").holder("team-a") == "a claim of another namespace"
+    own = held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "team-a/m1").holder("team-a")
+    assert own == "claim team-a/m1 of GlobalInClusterIPPool/g"
