@@ -276,6 +276,7 @@ class WorkQueue(Generic[K]):
                 continue
             if key in self._processing:  # cannot happen by the invariants; never run a key twice at once
                 self._requeue_when_done[key] = _Entry(shard, priority)
+                self._mark_ready(tenant, shard)
                 continue
             self._processing[key] = tenant
             self._active[shard] = self._active.get(shard, 0) + 1

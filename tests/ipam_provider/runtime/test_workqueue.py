@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Hashable
 
 from ipam_provider.runtime.workqueue import Priority, Tenants, WorkQueue
@@ -279,3 +280,43 @@ async def test_a_shard_limit_holds_across_tenants() -> None:
     assert await pending(second), "one key of the pool at a time, whatever its tenant"
     queue.done(*first)
     assert await asyncio.wait_for(second, 1) == ("b/1", "shared-pool")
+
+
+async def test_random_adds_keep_every_limit_and_lose_no_key() -> None:
+    """Eight workers holding keys for random turns of the loop, keys of 5 tenants in 12 shards added at random: no
+    key twice at once, one key of a shard at a time, no tenant beyond its share while workers are scarce, and
+    every key added is handed out afterwards."""
+    generator = random.Random(31)
+    queue: WorkQueue[str] = WorkQueue(tenants=Tenants(by_prefix, limit=2, workers=8))
+    shard_of = {f"t{t}/k{k}": f"s{(t * 7 + k) % 12}" for t in range(5) for k in range(20)}
+    pending_since: dict[str, int] = {}  # key → the step of an add not yet followed by a hand-out
+    active_shards: set[Hashable] = set()
+
+    async def worker() -> None:
+        while (item := await queue.get()) is not None:
+            key, shard = item
+            assert shard not in active_shards, "one key of a shard at a time"
+            assert queue.holding(by_prefix(key)) <= 2 or queue.processing <= 8 - 2
+            active_shards.add(shard)
+            pending_since.pop(key, None)
+            for _ in range(generator.randrange(1, 30)):
+                await asyncio.sleep(0)
+            active_shards.discard(shard)
+            queue.done(key, shard)
+
+    workers = [asyncio.create_task(worker()) for _ in range(8)]
+    for step in range(3000):
+        key = generator.choice(sorted(shard_of))
+        pending_since.setdefault(key, step)
+        queue.add(key, shard_of[key])
+        await asyncio.sleep(0)
+    for _ in range(3000):
+        if not pending_since and queue.processing == 0:
+            break
+        await asyncio.sleep(0)
+    for task in workers:
+        if task.done():
+            task.result()  # a worker's failed assertion
+    assert pending_since == {}, "every key added is handed out"
+    queue.shutdown()
+    await asyncio.wait_for(asyncio.gather(*workers), 1)
