@@ -9,9 +9,9 @@ name no object: a DELETE refusal counts the IPAddresses and says how to list the
 IPAddresses only when the review is about the pool as stored (`_reviews_stored`: same uid, and for an UPDATE the same
 resourceVersion; for a CREATE no such pool): else an UPDATE or CREATE is reviewed on its spec alone and a DELETE is
 allowed, since the API server deletes no pool on that answer. A DELETE without `oldObject` is a bad request.
-Every replica, leader or standby, answers from its IPAddress and pool caches. Until they have synced (a replica starting), the IPAddresses of a
-namespaced pool are listed in its namespace, and a review that would need a cluster-wide LIST (a cluster-scoped
-pool) is refused with code 503, to be retried.
+Every replica, leader or standby, answers from its IPAddress and pool caches. Until they have synced (a replica
+starting), the IPAddresses of a namespaced pool are listed in its namespace, and a review that would need a
+cluster-wide LIST (a cluster-scoped pool) is refused with code 503, to be retried.
 """
 
 from __future__ import annotations
