@@ -167,7 +167,7 @@ class LimitWriter:
         ready = ReportCondition(READY, True, "PoolReady", f"{counts.free} of {counts.total} addresses free")
         generation = cursor.pool["metadata"].get("generation")
         conditions: list[Condition] = []
-        for one in (ready, overlap_condition([], None), consistency_condition([])):
+        for one in (ready, overlap_condition([], None, None), consistency_condition([])):
             conditions, _ = set_condition(
                 conditions,
                 type=one.type,
