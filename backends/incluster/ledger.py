@@ -338,7 +338,9 @@ class PoolIndex:
     def with_allocatable(self, allocatable: AllocatableSet, policy: AllocationPolicy) -> PoolIndex:
         """The same holdings and pending candidates over a new allocatable set and policy (the spec changed)."""
         held = list(self.by_address.values())
-        index = PoolIndex.build(allocatable, held, policy, pending=self.pending, own_label=self.own_label)
+        index = PoolIndex.build(
+            allocatable, held, policy, pending=self.pending, rng=self.chooser.rng, own_label=self.own_label
+        )
         index.reuse_grace_seconds, index.clock, index.pool_uid = self.reuse_grace_seconds, self.clock, self.pool_uid
         return index
 
@@ -357,7 +359,7 @@ class PoolIndex:
     def set_policy(self, policy: AllocationPolicy) -> None:
         """Choose by `policy` from now on, over the same holdings: O(r) for r runs of used addresses and records."""
         self.policy = policy
-        self.chooser = Chooser(policy, self.allocator)
+        self.chooser = Chooser(policy, self.allocator, self.chooser.rng)
         for value, released_at in self._released_at.items():
             if value not in self.pending:
                 self.chooser.record(value, released_at)

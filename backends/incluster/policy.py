@@ -174,7 +174,7 @@ class Chooser:
 
     def __init__(self, policy: AllocationPolicy, allocator: PoolAllocator, rng: random.Random | None = None) -> None:
         self.policy = policy
-        self._rng = rng or SHARED_RNG
+        self.rng = rng or SHARED_RNG  # kept when the pool's policy or spec changes (PoolIndex)
         allocatable = allocator.allocatable
         band = IntervalSet()
         if policy.static_band:
@@ -225,7 +225,7 @@ class Chooser:
         strategy = self.policy.strategy
         for zone in (self.upper, self.band):
             if strategy is AllocationStrategy.RANDOM:
-                value = zone.random_free(allocator, self._rng)
+                value = zone.random_free(allocator, self.rng)
             else:
                 value = zone.lowest_free(allocator)
                 if value is None and strategy is AllocationStrategy.LEAST_RECENTLY_RELEASED:

@@ -239,11 +239,13 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
     def change_policy(self, strategy: AllocationStrategy, band: bool, in_place: bool) -> None:
         """The pool's spec changes its policy: a new index over the same holdings, or the same one re-chosen."""
         self.policy = AllocationPolicy(strategy, band, self.policy.pinned)
+        clock, rng = self.index.clock, self.index.chooser.rng
         if in_place:
             self.index.set_policy(self.policy)
-            return
-        clock = self.index.clock
-        self.index = self.index.with_allocatable(AllocatableSet(self.allocatable_set, FAMILY), self.policy)
+        else:
+            self.index = self.index.with_allocatable(AllocatableSet(self.allocatable_set, FAMILY), self.policy)
+        # The pool's own generator stays (a process-wide one would make Random's choices differ between runs).
+        assert self.index.chooser.rng is rng
         assert self.index.clock is clock and self.index.reuse_grace_seconds == (self.grace or 0)
 
     # --- what always holds
