@@ -178,13 +178,19 @@ async def test_headers_are_capped_at_a_mebibyte_in_all(served: Served) -> None:
     assert await served.exchange(post(len(body), *many[:25]), body) == 200
 
 
-async def test_no_body_is_read_before_a_slot_is_held(served: Served) -> None:
+async def hold_every_slot(served: Served) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """CONCURRENT_REVIEWS reviews posted and decided, each kept in its slot until `served.hold` is set."""
     served.hold.clear()
     body = review_body()
     held = [await served.connect() for _ in range(CONCURRENT_REVIEWS)]
     for _, writer in held:
         writer.write(post(len(body)) + b"\r\n\r\n" + body)
     await served.wait_decided(CONCURRENT_REVIEWS)
+    return held
+
+
+async def test_no_body_is_read_before_a_slot_is_held(served: Served) -> None:
+    held = await hold_every_slot(served)
     reader, writer = await served.connect()
     try:
         writer.write(post(8, query="?timeout=30s") + b"\r\n\r\nnot json")  # a malformed body: 400 once read
@@ -200,12 +206,8 @@ async def test_no_body_is_read_before_a_slot_is_held(served: Served) -> None:
 
 
 async def test_a_review_without_a_slot_in_its_budget_is_429(served: Served) -> None:
-    served.hold.clear()
+    held = await hold_every_slot(served)
     body = review_body()
-    held = [await served.connect() for _ in range(CONCURRENT_REVIEWS)]
-    for _, writer in held:
-        writer.write(post(len(body)) + b"\r\n\r\n" + body)
-    await served.wait_decided(CONCURRENT_REVIEWS)
     try:
         assert await served.exchange(post(len(body), query="?timeout=1s"), body, seconds=3) == 429
     finally:
