@@ -7,31 +7,40 @@ reads the live IPAddresses and claims fresh, once for all backends, and repairs 
 Every listing request waits for the shared pacer. A BackendError skips the pool until the next pass; any other
 exception is logged and skips it too; neither stops the loop. Each backend's pass is counted by result and timed.
 When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
+
+A pass yields to new work. Its loops over pools give the event loop's other tasks a turn every few milliseconds
+(`Turns`), and it hands the pools whose `AddressesRecorded` condition changed (after a burst: every new pool) to the
+pool reconciler `HAND_OVER_AT_ONCE` at a time, the next ones only once the cache shows the last ones written (or
+after `HAND_OVER_WAIT`): a pool or claim that comes meanwhile waits behind those few at most, and a queue busy with
+other work holds the hand-over back, not that work. The pass ends when every change is handed over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
-from ipam_provider.backend.contract import BackendError
+from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, pools_lister_of, repairer_of
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
-from ipam_provider.watch import ClaimKey
+from ipam_provider.watch import QueueKey
 
 log = structlog.get_logger(__name__)
 
 FIRST_PASS_DELAY = 5.0  # the first pass comes this long after the start (or after one interval, if shorter)
+HAND_OVER_AT_ONCE = 8  # pools whose condition a pass changed, handed to the pool reconciler at a time
+HAND_OVER_WAIT = 2.0  # seconds the last ones handed over are waited for at most (a refused write never shows)
+HAND_OVER_POLL = 0.05  # seconds between two looks at the cache for them
 Listed = list[tuple[PoolTarget, list[Holding]]]  # pools with their holdings, as a pass listed them
 
 
@@ -50,7 +59,7 @@ class RepairLoop:
         ctx: ReconcileContext,
         scope: Scope,
         settings: RepairSettings,
-        busy: Callable[[ClaimKey], bool],
+        busy: Callable[[QueueKey], bool],
         *,
         clock: Callable[[], float] = time.monotonic,
         pacer: Pacer | None = None,
@@ -86,7 +95,7 @@ class RepairLoop:
 
     async def run_pass(self) -> None:
         """One pass: every backend's holdings, then the live state for all of them (the caches', or one fresh read),
-        then each backend's pools. Never raises but for cancellation."""
+        then each backend's pools, then the changed conditions handed over. Never raises but for cancellation."""
         self.passes += 1
         self.pools.pacer = self.pacer
         backends = self._backend_passes()
@@ -112,6 +121,38 @@ class RepairLoop:
             finally:
                 pool_metrics.REPAIR_PASSES.labels(one.name, result).inc()
                 pool_metrics.REPAIR_PASS_SECONDS.labels(one.name).observe(spent + time.perf_counter() - started)
+        await self._hand_over()
+
+    async def _hand_over(self) -> None:
+        """Hand the pools whose condition the pass changed to the pool reconciler, `HAND_OVER_AT_ONCE` at a time, each
+        slice once the cache shows the one before written (see the module's contract)."""
+        changed = list(self.pools.changed.items())
+        self.pools.changed.clear()
+        handed: Sequence[tuple[PoolRef, ReportCondition]] = ()
+        for start in range(0, len(changed), HAND_OVER_AT_ONCE):
+            await self._written(handed)
+            handed = changed[start : start + HAND_OVER_AT_ONCE]
+            for ref, _ in handed:
+                self.ctx.pool_changed(ref)
+
+    async def _written(self, handed: Sequence[tuple[PoolRef, ReportCondition]]) -> None:
+        """Wait until the cache shows every `handed` condition on its pool (or the pool gone), `HAND_OVER_WAIT` at
+        most."""
+        for _ in range(round(HAND_OVER_WAIT / HAND_OVER_POLL)):
+            if all(self._shows(ref, condition) for ref, condition in handed):
+                return
+            await asyncio.sleep(HAND_OVER_POLL)
+
+    def _shows(self, ref: PoolRef, condition: ReportCondition) -> bool:
+        """Whether the cached pool carries `condition`, or is gone or being deleted (nothing to wait for then)."""
+        raw = self.ctx.caches.pool(ref)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return True
+        wanted = ("True" if condition.status else "False", condition.reason, condition.message)
+        for found in (raw.get("status") or {}).get("conditions") or []:
+            if found.get("type") == condition.type:
+                return (found.get("status"), found.get("reason"), found.get("message")) == wanted
+        return False
 
     async def _live(self, listed: Listed) -> LiveState | None:
         """The live state as the watch caches show it, when it gives the listed pools nothing to do (the usual
@@ -153,6 +194,7 @@ class RepairLoop:
             result, listed = PASS_ERROR, []
         for target, holdings in listed:
             assert live is not None
+            await self.pools.turns.take()
             try:
                 await self.pools.repair(target, holdings, live)
             except BackendError as error:

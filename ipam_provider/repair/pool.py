@@ -1,7 +1,8 @@
 """One pool's share of a repair pass (docs/repair.md, "What a pass does"): suspected leaks entered in the book and
 released once releasable, unrecorded IPAddresses restored, duplicates and addresses outside the pool reported (each
-Event once per change), and the `AddressesRecorded` condition handed to the pool reconciler (not with a watch
-filter: sharded controllers each see only their own claims).
+Event once per change), and the `AddressesRecorded` condition set for the pool reconciler (not with a watch
+filter: sharded controllers each see only their own claims); the pools whose condition changed wait in `changed`
+for the loop to hand them over. Long loops over pools give the event loop's other tasks their turn (`turns`).
 
 Nothing is released or restored while its claim is queued or being reconciled, nor unless fresh GETs still show
 what the pass saw; every request of a release or a restore waits for the pacer. A holding that is not `releasable`
@@ -38,11 +39,11 @@ from ipam_provider.repair.compare import (
     object_name,
     owner_claim_uid,
 )
-from ipam_provider.repair.pacer import CountingPacer
+from ipam_provider.repair.pacer import CountingPacer, Turns
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
-from ipam_provider.watch import ClaimKey
+from ipam_provider.watch import ClaimKey, QueueKey
 
 log = structlog.get_logger(__name__)
 
@@ -154,12 +155,14 @@ class PoolRepairs:
     ctx: ReconcileContext
     scope: Scope
     settings: RepairSettings
-    busy: Callable[[ClaimKey], bool]
+    busy: Callable[[QueueKey], bool]
     clock: Callable[[], float] = time.monotonic
     book: SuspectedLeaks = field(default_factory=SuspectedLeaks)
     findings: dict[PoolRef, PoolFindings] = field(default_factory=dict)
     labels: dict[PoolRef, PoolLabels] = field(default_factory=dict)  # of the pools a pass has recorded series of
     pacer: Pacer = field(default_factory=CountingPacer)  # the loop's, set before each pass
+    changed: dict[PoolRef, ReportCondition] = field(default_factory=dict)  # for the loop to hand over, in order
+    turns: Turns = field(default_factory=Turns)
     _settled: dict[PoolRef, tuple[LiveState, PoolComparison]] = field(default_factory=dict)
 
     @property
@@ -180,6 +183,7 @@ class PoolRepairs:
         IPAddress recorded, no address shared, no deleting IPAddress, and no finding left from the last pass."""
         self._settled.clear()
         for target, holdings in listed:
+            await self.turns.take()
             if self.findings.get(target.ref, PoolFindings()) != PoolFindings():
                 return False
             if any(deleting(address) for address in live.addresses_of(target.ref)):
@@ -426,7 +430,7 @@ class PoolRepairs:
             return  # each shard sees only its own claims: the condition is left as it is (see the module's contract)
         if self.ctx.repair_conditions.get(target.ref) != condition:
             self.ctx.repair_conditions[target.ref] = condition
-            self.ctx.pool_changed(target.ref)
+            self.changed[target.ref] = condition
 
 
 def _keep_previous(item: Unrecorded, previous: PoolFindings, found: PoolFindings) -> None:
