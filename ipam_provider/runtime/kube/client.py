@@ -20,8 +20,10 @@ from typing import Any
 import aiohttp
 import aiohttp.helpers
 import orjson
+import structlog
 import yarl
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.config import incluster_config
 
 from ipam_provider.runtime.kube.bounds import loads
 from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
@@ -30,6 +32,7 @@ from ipam_provider.runtime.telemetry.clients import host_label, observe_rest_req
 from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 
 Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVersion
+log = structlog.get_logger(__name__)
 WATCH_EVENT_BYTES = 64 * 1024 * 1024
 """The longest watch event read (aiohttp's default, 128 KiB, is less than one object may take: annotations alone
 may hold 256 KiB). An object of the API server's default limit (etcd's 1.5 MiB) takes well under this in JSON."""
@@ -63,6 +66,49 @@ def _kubeconfig_files(path: str | None) -> list[str]:
         return [path]
     listed = [file for file in os.environ.get("KUBECONFIG", "").split(os.pathsep) if file]
     return [file for file in listed or [os.path.expanduser("~/.kube/config")] if os.path.isfile(file)]
+
+
+class TokenFile:
+    """The service account's token file, as a Configuration's `refresh_api_key_hook`: before each request it looks
+    at the file (a stat, which follows the kubelet's `..data` symlink to the file behind it) and reads it again
+    when it changed, so a token the kubelet projects anew is sent from the next request on. When the file cannot
+    be read the last token read is kept, and the file is tried again at the next request."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int, int] | None = None
+        self._failing = False
+
+    def __call__(self, configuration: client.Configuration, *_: object) -> None:
+        try:
+            stat = os.stat(self.path)
+            seen = (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if seen == self._seen:
+                return
+            with open(self.path, encoding="utf-8") as file:
+                token = file.read().strip()
+        except OSError as error:
+            if not self._failing:  # once until it can be read again
+                log.warning(
+                    "cannot read the service account token, keeping the last one", path=self.path, error=str(error)
+                )
+            self._failing = True
+            return
+        self._failing = False
+        if token:
+            configuration.api_key["BearerToken"] = f"Bearer {token}"
+            self._seen = seen
+
+
+def _load_incluster(configuration: client.Configuration) -> None:
+    """The in-cluster service account into `configuration` (kubernetes-asyncio's loader), its token re-read from
+    the file whenever the file changes (`TokenFile`). Raises config.ConfigException outside a pod."""
+    token_path = incluster_config.SERVICE_TOKEN_FILENAME
+    loader = incluster_config.InClusterConfigLoader(
+        token_filename=token_path, cert_filename=incluster_config.SERVICE_CERT_FILENAME, try_refresh_token=False
+    )
+    loader.load_and_set(configuration)
+    configuration.refresh_api_key_hook = TokenFile(token_path)
 
 
 def _reason(error: BaseException) -> str:
@@ -100,7 +146,7 @@ class KubeClient:
                 ) from None
         else:
             try:
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+                _load_incluster(configuration)
             except config.ConfigException:
                 raise KubeconfigError(
                     "no kubeconfig: give one with --kubeconfig=<file> or KUBECONFIG, put one at ~/.kube/config, "
