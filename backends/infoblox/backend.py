@@ -26,6 +26,7 @@ from backends.infoblox.ledger import ClusterStamp, Ledger
 from backends.infoblox.repair import GridRepair
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, parse_pool
+from backends.live_pools import LivePools
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import (
     Allocation,
@@ -38,6 +39,7 @@ from ipam_provider.backend.contract import (
     ReleaseImpossibleError,
     ReportCondition,
 )
+from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.events.recorder import EventRecorder
 from ipam_provider.runtime.kube.resources import subdomain_problem
@@ -59,23 +61,27 @@ class InfobloxBackend:
         self.allocator = Allocator(context.kube, self.ledger, self.settings)
         self.checks = PoolChecks(self.grid, self.settings)
         self.repair = GridRepair(self.ledger, self.allocator, self.settings)
-        # The repair capability (ipam_provider.backend.repair.Repairable) is the GridRepair's.
-        self.list_holdings = self.repair.list_holdings
-        self.release_holding = self.repair.release_holding
-        self.restore = self.repair.restore
+        self.pools = LivePools(self._forget)
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """A deleted pool's spec, index and check results are forgotten; no other pool's report depends on a pool's
-        change."""
-        if new is None and old is not None:
-            meta = old.get("metadata") or {}
-            ref = kind.ref(meta.get("namespace"), str(meta.get("name", "")))
-            self.ledger.forget(ref)
-            self.checks.forget(ref)
+        """A deleted pool's spec, index and check results are forgotten, also when an operation of it ends later
+        (`LivePools`); no other pool's report depends on a pool's change."""
+        meta = (new or old or {}).get("metadata") or {}
+        self.pools.observe(kind.ref(meta.get("namespace"), str(meta.get("name", ""))), new is not None)
         return ()
+
+    def _forget(self, ref: PoolRef) -> None:
+        self.ledger.forget(ref)
+        self.checks.forget(ref)
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        with self.pools.operation(pool_ref):
+            return await self._allocate(pool_ref, pool, claim, existing)
+
+    async def _allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
     ) -> Allocation:
         try:
             parsed = self.ledger.parse(pool_ref, pool)
@@ -103,6 +109,12 @@ class InfobloxBackend:
             raise
 
     async def release(
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
+        with self.pools.operation(pool_ref):
+            await self._release(pool_ref, pool, claim, allocation)
+
+    async def _release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         # The grid that holds the address is the one recorded when it was allocated; the pool may have been
@@ -133,6 +145,10 @@ class InfobloxBackend:
         await self.ledger.release(connection, pool_ref, claim, allocation)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        with self.pools.operation(pool_ref):
+            return await self._report(pool_ref, pool, addresses)
+
+    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
             parsed = self.ledger.known[pool_ref] = parse_pool(pool_ref, pool)
         except PoolSpecError as error:
@@ -162,6 +178,20 @@ class InfobloxBackend:
         stamped = self.ledger.stamp.condition(connection)
         conditions += [stamped] if stamped else []
         return PoolReport(True, "PoolReady", message, status, counts, conditions)
+
+    # The repair capability (ipam_provider.backend.repair.Repairable) is the GridRepair's.
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> Sequence[Holding]:
+        with self.pools.operation(pool_ref):
+            return await self.repair.list_holdings(pool_ref, pool, pacer)
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        with self.pools.operation(pool_ref):
+            return await self.repair.release_holding(pool_ref, pool, holding)
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        with self.pools.operation(pool_ref):
+            return await self.repair.restore(pool_ref, pool, claim, allocation)
 
     async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
         try:

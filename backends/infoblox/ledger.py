@@ -424,11 +424,13 @@ class Ledger:
             index.exhausted.clear()
 
     async def release_leak(self, connection: Connection, pool_ref: PoolRef, claim_uid: str, ref: str) -> bool:
-        """DELETE a leaked object of the pool (the repair loop's), dropped from the index; False if already gone."""
+        """DELETE a leaked object of the pool (the repair loop's), dropped from the index with its claim's uncertainty;
+        False if already gone."""
         deleted = await connection.client.delete(ref)
         index = self.indexes.get(pool_ref)
         if index is not None:
             _drop(index, claim_uid, ref)
+            index.uncertain.discard(claim_uid)
             index.exhausted.clear()
         return deleted
 
