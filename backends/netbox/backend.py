@@ -28,6 +28,7 @@ import structlog
 
 from backends.infoblox.hostname import MACHINE, HostnameError, OwnerBounds
 from backends.infoblox.hostname import machine_name as owning_machine
+from backends.live_pools import LivePools
 from backends.netbox import reasons
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import ClientSettings, NetboxClient
@@ -53,6 +54,7 @@ from ipam_provider.backend.contract import (
     ReleaseImpossibleError,
     ReportCondition,
 )
+from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 log = structlog.get_logger(__name__)
@@ -89,27 +91,28 @@ class NetboxBackend:
             self.ledger, settings.full_skip_seconds, settings.unknown_retry_seconds, settings.uncertain_seconds
         )
         self.repair = NetboxRepair(self.resolver, self.ledger, self.allocator, settings.repair_page_size)
-        # The repair capability (ipam_provider.backend.repair.Repairable) is the NetboxRepair's.
-        self.list_holdings = self.repair.list_holdings
-        self.release_holding = self.repair.release_holding
-        self.restore = self.repair.restore
-        self.outside_pool = self.repair.outside_pool
         self._failures: dict[PoolRef, tuple[NetboxClient, PoolUnusableError]] = {}  # those the report can't see
         self._kube = context.kube
         self.owner_bounds = OwnerBounds()
+        self.pools = LivePools(self._forget)
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """A deleted pool's connection is forgotten (see `Resolver.forget`); no other pool's report depends on a
-        pool's change."""
+        """A deleted pool's state and connection are forgotten (`_forget`), also when an operation of it ends later
+        (`LivePools`); no other pool's report depends on a pool's change."""
         meta = (new or old or {}).get("metadata") or {}
         ref = kind.ref(meta.get("namespace"), str(meta.get("name", "")))
-        if new is None:
-            self._failures.pop(ref, None)
-            self.resolver.forget(ref)
-            self.ledger.forget(ref)
-        else:
+        if new is not None:
             self.resolver.connections.seen(ref)
+        self.pools.observe(ref, new is not None)
         return ()
+
+    def _forget(self, ref: PoolRef) -> None:
+        """What is kept of a gone pool: its last failure, spec, resolved ids and connection (`Resolver.forget`), its
+        ledger index and the repair pass's note."""
+        self._failures.pop(ref, None)
+        self.resolver.forget(ref)
+        self.ledger.forget(ref)
+        self.repair.forget(ref)
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -125,6 +128,12 @@ class NetboxBackend:
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
+    ) -> Allocation:
+        with self.pools.operation(pool_ref):
+            return await self._allocate(pool_ref, pool, claim, existing)
+
+    async def _allocate(
+        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
     ) -> Allocation:
         try:
             parsed = self.resolver.parse(pool_ref, pool)
@@ -182,6 +191,12 @@ class NetboxBackend:
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
+        with self.pools.operation(pool_ref):
+            await self._release(pool_ref, pool, claim, allocation)
+
+    async def _release(
+        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
+    ) -> None:
         if pool is not None:
             with contextlib.suppress(PoolUnusableError):  # invalid now: the last good spec serves
                 self.resolver.parse(pool_ref, pool)
@@ -203,11 +218,12 @@ class NetboxBackend:
         except PoolUnusableError as problem:
             message = for_claims(problem.message, client)
             raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
-        finally:
-            if pool is None:  # the pool is gone: the connection this release made is not kept for it
-                self.resolver.forget(pool_ref, spec=False)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        with self.pools.operation(pool_ref):
+            return await self._report(pool_ref, pool, addresses)
+
+    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         conditions: tuple[ReportCondition, ...] = ()
         try:
             parsed = self.resolver.parse(pool_ref, pool)
@@ -237,6 +253,24 @@ class NetboxBackend:
             return PoolReport(False, failed[1].reason, message, status, counts, conditions)
         self._failures.pop(parsed.ref, None)  # the token changed since
         return PoolReport(True, reasons.READY, message, status, counts, conditions)
+
+    # The repair capability (ipam_provider.backend.repair.Repairable) is the NetboxRepair's.
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
+        with self.pools.operation(pool_ref):
+            return await self.repair.list_holdings(pool_ref, pool, pacer)
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        with self.pools.operation(pool_ref):
+            return await self.repair.release_holding(pool_ref, pool, holding)
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        with self.pools.operation(pool_ref):
+            return await self.repair.restore(pool_ref, pool, claim, allocation)
+
+    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> dict[str, str]:
+        with self.pools.operation(pool_ref):
+            return await self.repair.outside_pool(pool_ref, pool, addresses)
 
     async def close(self) -> None:
         self._failures.clear()

@@ -102,6 +102,13 @@ class Ledger:
         """The pool is gone: what was remembered of its addresses goes."""
         self._indexes.pop(ref, None)
 
+    def forget_claim(self, ref: PoolRef, uid: str) -> None:
+        """The claim `uid` is gone: what was remembered of its address and of a lost POST of it goes."""
+        index = self._indexes.get(ref)
+        if index is not None:
+            index.by_claim.pop(uid, None)
+            index.uncertain.pop(uid, None)
+
     def trusted(self, ref: PoolRef, claim: ClaimContext, existing: Allocation) -> bool:
         """Whether `existing` is known to be this claim's NetBox address without asking NetBox: its annotations
         name a NetBox id and this claim's UID, or this controller verified that address for the claim."""

@@ -64,6 +64,10 @@ class NetboxRepair:
         # The pools whose sources a restore resolved afresh since their last listing (one listing per pass).
         self._resolved_this_pass: set[PoolRef] = set()
 
+    def forget(self, pool_ref: PoolRef) -> None:
+        """The pool is gone."""
+        self._resolved_this_pass.discard(pool_ref)
+
     @contextlib.asynccontextmanager
     async def _netbox(
         self, pool_ref: PoolRef, pool: Object, doing: str, *, for_claim: bool = False
@@ -125,6 +129,7 @@ class NetboxRepair:
                 log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
                 return False
             deleted = await self.ledger.delete(client, parsed.ref, address_id, holding.claim_uid)
+            self.ledger.forget_claim(parsed.ref, holding.claim_uid)  # its claim is gone: so is any lost POST of it
             if deleted:
                 log.info("leaked address released", pool=str(parsed.ref), address=holding.address, id=address_id)
             return deleted

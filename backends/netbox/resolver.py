@@ -457,13 +457,12 @@ class Resolver:
         self._resolved[pool.ref] = (pool.generation, client, resolved)
         return resolved
 
-    def forget(self, pool_ref: PoolRef, *, spec: bool = True) -> None:
-        """The pool is gone: its resolved ids go, its connection if no other pool uses it, and (with `spec`) its last
-        good spec in `known`. A deleted pool keeps its finalizer while IPAddresses name it, so its releases come
-        before; one that comes after finds no spec (ReleaseImpossible: the repair loop finds the address)."""
+    def forget(self, pool_ref: PoolRef) -> None:
+        """The pool is gone: its resolved ids go, its connection if no other pool uses it, and its last good spec in
+        `known`. A deleted pool keeps its finalizer while IPAddresses name it, so its releases come before; one that
+        comes after finds no spec (ReleaseImpossible: the repair loop finds the address)."""
         self._resolved.pop(pool_ref, None)
-        if spec:
-            self.known.pop(pool_ref, None)
+        self.known.pop(pool_ref, None)
         self.connections.forget(pool_ref)
 
     async def close(self) -> None:

@@ -8,15 +8,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from backends.live_pools import LivePools
 from backends.netbox import NetboxBackend
+from backends.netbox.resolver import Resolver
 from backends.netbox.spec import GLOBAL_NETBOX_POOL
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
+from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from tests.backends.netbox.conftest import fast_settings, global_netbox_pool, new_claim, prefix
 from tests.ipam_provider.fake_kube import FakeKube
+from tests.support.footprint import footprint, footprint_growth
 
 Object = dict[str, Any]
 SECRET_URL = "http://127.0.0.1:9/the-lenders-secret-url"  # nothing listens here
@@ -107,3 +114,94 @@ async def test_pools_created_and_deleted_leave_no_per_pool_state() -> None:
         assert sizes(backend) == before
     finally:
         await backend.close()
+
+
+class DeletingPacer(CountingPacer):
+    """Observes its pool's deletion at the first wait: the deletion comes while the operation runs."""
+
+    def __init__(self, backend: NetboxBackend, body: Object) -> None:
+        super().__init__()
+        self.backend, self.body = backend, body
+
+    async def wait(self) -> None:
+        await super().wait()
+        if self.waits == 1:
+            self.backend.observe_pool(GLOBAL_NETBOX_POOL, self.body, None)
+
+
+async def churn_cycle(backend: NetboxBackend, cycle: int) -> None:
+    """A pool through its life (its NetBox unreachable), then the repair loop's calls with a pool whose deletion
+    was observed before them or while they ran."""
+    claim = new_claim("tenant", f"c{cycle}")
+    allocation = Allocation("10.0.0.5", 24)
+    for name in (f"pool-{cycle}", f"stale-{cycle}", f"late-{cycle}"):
+        body = global_pool(name)
+        ref = PoolRef.from_object(body)
+        backend.observe_pool(GLOBAL_NETBOX_POOL, None, body)
+        assert not (await backend.report(ref, body, [])).ready
+        with contextlib.suppress(BackendError):
+            await backend.allocate(ref, body, claim)
+        if name.startswith("late"):
+            with contextlib.suppress(BackendError):
+                await backend.list_holdings(ref, body, DeletingPacer(backend, body))
+            continue
+        if name.startswith("pool"):
+            with contextlib.suppress(BackendError):
+                await backend.release(ref, body, claim, allocation)
+        backend.observe_pool(GLOBAL_NETBOX_POOL, body, None)
+        if name.startswith("stale"):
+            await backend.report(ref, body, [])
+            await backend.outside_pool(ref, body, ["10.0.0.5"])
+            for call in (
+                backend.list_holdings(ref, body, CountingPacer()),
+                backend.restore(ref, body, claim, allocation),
+                backend.release(ref, None, claim, allocation),
+            ):
+                with contextlib.suppress(BackendError):
+                    await call
+
+
+async def churn_growth(cycles: int = 3) -> dict[str, tuple[int, int]]:
+    backend = NetboxBackend(BackendContext(lending_kube()), fast_settings())
+    try:
+        await churn_cycle(backend, 0)  # warm-up
+        await settled()
+        before = footprint(backend)
+        for cycle in range(1, cycles + 1):
+            await churn_cycle(backend, cycle)
+        await settled()
+        return footprint_growth(before, footprint(backend))
+    finally:
+        await backend.close()
+
+
+async def settled() -> None:
+    """Let retired clients finish closing (their close runs in a task)."""
+    for _ in range(50):
+        if len(asyncio.all_tasks()) <= 1:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_churned_pools_and_stale_operations_leave_the_footprint_unchanged() -> None:
+    assert await churn_growth() == {}
+
+
+@contextlib.contextmanager
+def _kept(self: LivePools, ref: PoolRef) -> Iterator[None]:
+    yield
+
+
+CLEANUPS: dict[str, tuple[object, str, object, str]] = {
+    # name: (owner, attribute, no-op replacement, a path that must then grow)
+    "Resolver.forget": (Resolver, "forget", lambda self, ref: None, "NetboxBackend.resolver.known"),
+    "LivePools.operation": (LivePools, "operation", _kept, "NetboxBackend.resolver.known"),
+}
+
+
+@pytest.mark.parametrize("cleanup", sorted(CLEANUPS))
+async def test_each_cleanup_is_needed(cleanup: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, attribute, replacement, path = CLEANUPS[cleanup]
+    monkeypatch.setattr(owner, attribute, replacement)
+    grown = await churn_growth(cycles=2)
+    assert path in grown, grown
