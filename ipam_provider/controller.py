@@ -257,10 +257,21 @@ class Controller:
                     self.queue.add_after(key, requeue, shard)
             finally:
                 self.queue.done(key, shard)
+                self._reconciled(key)
                 telemetry.reconcile_finished(controller, started, result)
             # A reconcile that needed no request never suspended: let the loop serve other workers' answers before
             # this one takes the next key (after a restart thousands of fulfilled claims are only confirmed).
             await asyncio.sleep(0)
+
+    def _reconciled(self, key: QueueKey) -> None:
+        """A reconcile of `key` finished: what is kept for its objects while writes to them may be in flight goes
+        (`Caches.reconciled`), and, once its object is gone from the cache, what the Event correlator keeps for it."""
+        self.caches.reconciled(key)
+        if isinstance(key, ClaimKey):
+            if self.caches.claims.get(key.namespace, key.name) is None:
+                self.context.recorder.forget(CLAIMS.kind, key.namespace, key.name)
+        elif self.caches.pool(key.ref) is None:
+            self.context.recorder.forget(key.ref.kind, key.ref.namespace, key.ref.name)
 
     def _succeeded(self, key: QueueKey) -> None:
         """A reconcile of `key` succeeded: its backoff and its failure streak end."""

@@ -63,6 +63,17 @@ class Caches:
         store = self.pools.get((ref.group, ref.kind))
         return store.get(ref.namespace, ref.name) if store is not None else None
 
+    def reconciled(self, key: QueueKey) -> None:
+        """A reconcile of `key` finished, and with it every write to the objects it keeps (a claim and its
+        IPAddress, or a pool): their tombstones the watch has shown go (`Store.forget_tombstone`)."""
+        if isinstance(key, ClaimKey):
+            self.claims.forget_tombstone((key.namespace, key.name))
+            self.addresses.forget_tombstone((key.namespace, key.name))
+            return
+        store = self.pools.get((key.ref.group, key.ref.kind))
+        if store is not None:
+            store.forget_tombstone((key.ref.namespace, key.ref.name))
+
 
 def _claim_cluster(claim: Object) -> Iterable[Hashable]:
     meta = claim["metadata"]

@@ -76,8 +76,13 @@ class InClusterBackend:
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`)."""
         if new is None and old is not None:
-            self.repair.all_inside.pop(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]), None)
+            self.forget_pool(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]))
         return self.survey.observe(kind, old, new)
+
+    def forget_pool(self, ref: PoolRef) -> None:
+        """The pool's watch showed it deleted: what the ledger and the repair keep for it goes."""
+        self.ledger.forget(ref)
+        self.repair.all_inside.pop(ref, None)
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
         """Build the pool's index ahead of its first allocation (`Ledger.prepare`); an invalid pool is left alone."""

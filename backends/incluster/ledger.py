@@ -192,6 +192,10 @@ class ReservationClient:
     def domain_of(self, ref: PoolRef) -> str | None:
         return self._domains.get(ref)
 
+    def forget(self, ref: PoolRef) -> None:
+        """The pool is gone: its noted domain goes too."""
+        self._domains.pop(ref, None)
+
     def noted_pools(self, domain: str) -> list[PoolRef]:
         """The pools noted as naming `domain` (by `note_domain`)."""
         return [ref for ref, noted in self._domains.items() if noted == domain]
@@ -545,6 +549,15 @@ class Ledger:
 
     def clear(self) -> None:
         self._indexes.clear()
+
+    def forget(self, ref: PoolRef) -> None:
+        """The pool is gone (its watch showed it deleted): drop its index, its noted domain, and its build lock
+        unless a build holds it now."""
+        self._indexes.pop(ref, None)
+        self.reservations.forget(ref)
+        lock = self._building.get(ref)
+        if lock is not None and not lock.locked():
+            del self._building[ref]
 
     def current(self, ref: PoolRef, index: PoolIndex) -> PoolIndex:
         """The pool's index now, if built for the same pool object from the same or a newer spec than `index`;

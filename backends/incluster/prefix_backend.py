@@ -41,9 +41,9 @@ class InClusterPrefixBackend(InClusterBackend):
     pool_type: type[ParsedPool] = PrefixPool
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """A prefix pool's report depends on no other pool; a deleted one is forgotten by the repair."""
+        """A prefix pool's report depends on no other pool; a deleted one is forgotten (`forget_pool`)."""
         if new is None and old is not None:
-            self.repair.all_inside.pop(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]), None)
+            self.forget_pool(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]))
         return ()
 
     async def review_pool_change(

@@ -8,7 +8,8 @@
 - partials, bound methods and the closures of functions defined in owned modules;
 
 plus every loaded owned module's module-level containers, owned objects and functools caches (and those of its
-classes), the count of live asyncio tasks and the number of series in the Prometheus registry.
+classes; only unbounded ones of owned functions: one with a `maxsize` is bounded by design), the count of live
+asyncio tasks and the number of series in the Prometheus registry.
 
 It answers a map from a stable path to an element count: each mutable container's length, added up over every
 container reached by the same path, where a container's elements are named `[*]` (`Controller.queue._entries`,
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
+from sortedcontainers import SortedDict, SortedList, SortedSet
 
 OWNED_PREFIXES = ("ipam_provider", "backends")
 MAX_PLAIN_NESTING = 4  # plain containers nested below one owned object, at most (JSON values go deeper)
@@ -46,6 +48,9 @@ COUNTED = (
     weakref.WeakValueDictionary,
     weakref.WeakKeyDictionary,
     weakref.WeakSet,
+    SortedDict,
+    SortedList,
+    SortedSet,
 )
 
 
@@ -105,9 +110,12 @@ def _add_class(walk: _Walk, cls: type, path: str) -> None:
 
 
 def _cache_of(value: object) -> Any:
-    """The functools cache wrapper `value` is (it has `cache_info`), else None."""
+    """The functools cache wrapper `value` is (it has `cache_info`) if it wraps an owned function and has no
+    `maxsize` (a bounded cache is bounded by design), else None."""
     info = getattr(value, "cache_info", None)
-    return value if callable(info) and callable(value) else None
+    if not (callable(info) and callable(value)) or not is_owned_module(getattr(value, "__module__", "") or ""):
+        return None
+    return value if info().maxsize is None else None
 
 
 class _Walk:
@@ -174,7 +182,7 @@ def _elements(value: object, path: str) -> Iterator[tuple[object, str]]:
         for key, item in list(value.items()):
             yield key, f"{path}<key>"
             yield item, f"{path}[*]"
-    elif isinstance(value, (list, tuple, set, frozenset, collections.deque, weakref.WeakSet)):
+    elif isinstance(value, (list, tuple, set, frozenset, collections.deque, weakref.WeakSet, SortedList, SortedSet)):
         yield from ((item, f"{path}[*]") for item in list(value))
     elif isinstance(value, functools.partial):
         yield from _named(path, func=value.func, args=value.args, keywords=value.keywords)

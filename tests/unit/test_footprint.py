@@ -45,6 +45,13 @@ def test_module_state_caches_cycles_and_series(monkeypatch: pytest.MonkeyPatch) 
     def cached(value: int) -> int:
         return value
 
+    @functools.lru_cache(maxsize=8)
+    def bounded(value: int) -> int:  # bounded by design: not counted
+        return value
+
+    cached.__module__ = bounded.__module__ = store_module.__name__  # as if defined there
+    monkeypatch.setattr(store_module, "_bounded", bounded, raising=False)
+
     monkeypatch.setattr(store_module, "_memo", memo, raising=False)
     monkeypatch.setattr(store_module, "_cached", cached, raising=False)
     registry = CollectorRegistry()
@@ -55,6 +62,7 @@ def test_module_state_caches_cycles_and_series(monkeypatch: pytest.MonkeyPatch) 
     memo["x"] = 1
     cached(1)
     cached(2)
+    bounded(1)
     counter.labels(pool="a").inc()
     grown = footprint_growth(before, footprint(cyclic, registry))
     assert grown == {

@@ -142,7 +142,7 @@ class Informer:
                 cached = resource_version(self.store.get(*key) or {})
                 if listed_at is not None and cached is not None and cached > listed_at:
                     continue  # written by this controller after the list's snapshot: not gone
-                old = self.store.remove(key)
+                old = self.store.remove(key, watched=True)
                 self._notify("DELETED", old, None)
         return version
 
@@ -168,7 +168,7 @@ class Informer:
                 seen.add(key)  # a listed object that fails below keeps the version cached before, if any
             self.resource.typed(obj)
             if kind == "DELETED":
-                old = self.store.remove(key, obj)
+                old = self.store.remove(key, obj, watched=True)
                 self._notify("DELETED", old or obj, None)
             else:
                 self._apply(kind, obj)

@@ -2,7 +2,9 @@
 
 The cache is fed by its informer and by the controller's own writes (read-your-writes). An object is never
 replaced by an older resourceVersion of itself, so a lagging watch cannot undo what the controller just wrote;
-and a deleted object leaves a tombstone, so a late answer to one of our own writes cannot bring it back.
+and a deleted object leaves a tombstone, so a late answer to one of our own writes cannot bring it back. A tombstone
+is needed only while such a write may be in flight and until the watch has shown the deletion: `forget_tombstone`,
+called once the object's reconcile has finished, drops one the watch has shown (`remove(..., watched=True)`).
 
 Whatever enters the store, from the informer or from a write's answer, is first reduced by the store's projection
 (`ipam_provider/runtime/cache/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
@@ -41,6 +43,7 @@ class Store:
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[Hashable, set[Key]]] = {}
         self._tombstones: dict[Key, int] = {}
+        self._watched: set[Key] = set()  # tombstones whose deletion the watch has shown
 
     def add_index(self, name: str, func: IndexFunc) -> None:
         self._index_funcs[name] = func
@@ -78,6 +81,7 @@ class Store:
             if new_version <= tombstone:
                 return False
             del self._tombstones[key]
+            self._watched.discard(key)
         if previous is not None:
             old_version = resource_version(previous)
             if new_version is not None and old_version is not None and new_version <= old_version:
@@ -89,18 +93,29 @@ class Store:
             self._index(name, key, obj)
         return True
 
-    def remove(self, key: Key, deleted: Object | None = None) -> Object | None:
+    def remove(self, key: Key, deleted: Object | None = None, *, watched: bool = False) -> Object | None:
         """Forget the object; `deleted` (its last state, e.g. from a DELETED event) leaves a tombstone so that
-        no version up to that one is stored again."""
+        no version up to that one is stored again; `watched`: the watch (or a list) has shown the deletion."""
         version = resource_version(deleted or self._objects.get(key) or {})
         if version is not None:
             self._tombstones[key] = max(version, self._tombstones.get(key, 0))
+            if watched:
+                self._watched.add(key)
             while len(self._tombstones) > 10_000:
-                del self._tombstones[next(iter(self._tombstones))]
+                oldest = next(iter(self._tombstones))
+                del self._tombstones[oldest]
+                self._watched.discard(oldest)
         previous = self._objects.pop(key, None)
         if previous is not None:
             self._unindex(key, previous)
         return previous
+
+    def forget_tombstone(self, key: Key) -> None:
+        """No write to the object is in flight any more (its reconcile finished): its tombstone goes if the watch
+        has shown the deletion, for then no older version can come back from the watch either."""
+        if key in self._watched:
+            self._watched.discard(key)
+            self._tombstones.pop(key, None)
 
     def _index(self, name: str, key: Key, obj: Object) -> None:
         try:

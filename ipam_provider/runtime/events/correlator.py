@@ -11,10 +11,12 @@ recorder takes dirty Events with `due()` and writes them. The clock is injected.
   latest one prefixed with `COMBINED_PREFIX`, its `count` the number of occurrences it stands for.
 - Writes: an Event is taken for writing at most once per `interval` seconds (unless forced); occurrences in
   between only change what the next write sends.
-- Bounds: the dedup and aggregation caches keep the `cache_entries` most recently used entries each. New Events
-  of their own wait to be written while fewer than `capacity` Events wait; beyond that an occurrence is counted
-  into its combined Event instead. Updates of waiting Events take no room; combined Events and updates of written
-  ones may wait up to twice `capacity`, and only beyond that is an occurrence dropped (the outcome says so).
+- Bounds: the dedup and aggregation caches keep the `cache_entries` most recently used entries each; `forget`
+  drops the entries naming an object that is gone (by kind, namespace and name), so that they do not wait for
+  eviction. New Events of their own wait to be written while fewer than `capacity` Events wait; beyond that an
+  occurrence is counted into its combined Event instead. Updates of waiting Events take no room; combined Events
+  and updates of written ones may wait up to twice `capacity`, and only beyond that is an occurrence dropped (the
+  outcome says so).
 """
 
 from __future__ import annotations
@@ -69,6 +71,38 @@ class LRU(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class GroupedLRU(LRU[K, V]):
+    """An LRU whose keys fall into groups (`group_of`), so that a group's entries can go at once."""
+
+    def __init__(self, size: int, group_of: Callable[[K], Hashable]) -> None:
+        super().__init__(size)
+        self.group_of = group_of
+        self._groups: dict[Hashable, set[K]] = {}
+
+    def put(self, key: K, value: V) -> None:
+        self._groups.setdefault(self.group_of(key), set()).add(key)
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._ungroup(self._entries.popitem(last=False)[0])
+
+    def pop(self, key: K) -> V | None:
+        self._ungroup(key)
+        return self._entries.pop(key, None)
+
+    def pop_group(self, group: Hashable) -> None:
+        for key in self._groups.pop(group, ()):
+            self._entries.pop(key, None)
+
+    def _ungroup(self, key: K) -> None:
+        group = self.group_of(key)
+        keys = self._groups.get(group)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._groups[group]
 
 
 def reference(obj: Object) -> Object:
@@ -148,13 +182,19 @@ class EventCorrelator:
     cache_entries: int = CACHE_ENTRIES
     capacity: int = CAPACITY
     interval: float = INTERVAL
-    _series: LRU[DedupKey, Series] = field(init=False)
-    _aggregates: LRU[AggregateKey, _Aggregate] = field(init=False)
+    _series: GroupedLRU[DedupKey, Series] = field(init=False)
+    _aggregates: GroupedLRU[AggregateKey, _Aggregate] = field(init=False)
     _dirty: dict[Series, None] = field(init=False, default_factory=dict)  # an ordered set: oldest first
 
     def __post_init__(self) -> None:
-        self._series = LRU(self.cache_entries)
-        self._aggregates = LRU(self.cache_entries)
+        self._series = GroupedLRU(self.cache_entries, lambda key: key[0][1:4])  # by the involved object
+        self._aggregates = GroupedLRU(self.cache_entries, lambda key: key[3][1:4])  # by the related (or involved) one
+
+    def forget(self, kind: str, namespace: str | None, name: str) -> None:
+        """The object is gone: the dedup and aggregation entries naming it go, whatever its uid (Events waiting to
+        be written stay)."""
+        self._series.pop_group((kind, namespace, name))
+        self._aggregates.pop_group((kind, namespace, name))
 
     @property
     def pending(self) -> int:

@@ -55,6 +55,10 @@ class EventRecorder:
             log.warning("event buffer full; events dropped until it drains", reason=reason, capacity=self.capacity)
         self._wake.set()
 
+    def forget(self, kind: str, namespace: str | None, name: str) -> None:
+        """The object is gone: what the correlator keeps for it goes (`EventCorrelator.forget`)."""
+        self.correlator.forget(kind, namespace, name)
+
     @property
     def capacity(self) -> int:
         return self.correlator.capacity
