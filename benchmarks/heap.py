@@ -14,12 +14,13 @@ deep in a library is charged to the line of ours that asked for it.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import signal
 import sys
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -48,13 +49,20 @@ def install_dumper(directory: Path) -> None:
 @dataclass
 class Site:
     """One of our lines and what the allocations made below it grew by; `leaf`: where the largest of them was
-    made (the allocation's own frame, in a library or ours)."""
+    made (the allocation's own frame, in a library or ours); `callers`: the bytes by the chain of our frames that
+    called `own` (which says who keeps what was allocated)."""
 
     own: str
     size_diff: int = 0
     count_diff: int = 0
     leaf: str = ""
     leaf_size: int = 0
+    callers: collections.Counter[str] = field(default_factory=collections.Counter)  # `via` chain -> bytes
+
+    @property
+    def via(self) -> str:
+        """The chain of our callers (outwards) that the most of the growth came through."""
+        return self.callers.most_common(1)[0][0] if self.callers else ""
 
 
 def short(filename: str, lineno: int) -> str:
@@ -68,14 +76,26 @@ def short(filename: str, lineno: int) -> str:
     return f"{filename}:{lineno}"
 
 
+def own_frames(traceback: tracemalloc.Traceback) -> list[str]:
+    """The frames in our own code, from the allocation outwards."""
+    return [short(f.filename, f.lineno) for f in reversed(list(traceback)) if any(p in f.filename for p in OWN_CODE)]
+
+
 def own_frame(traceback: tracemalloc.Traceback) -> str:
     """The frame nearest the allocation that is in our own code, else the allocation's own frame marked."""
-    frames = list(traceback)  # oldest first
-    for frame in reversed(frames):
-        if any(part in frame.filename for part in OWN_CODE):
-            return short(frame.filename, frame.lineno)
-    leaf = frames[-1]
+    if frames := own_frames(traceback):
+        return frames[0]
+    leaf = traceback[-1]  # the most recent frame
     return f"(no frame of ours) {short(leaf.filename, leaf.lineno)}"
+
+
+def via(traceback: tracemalloc.Traceback, own: str, depth: int = 3) -> str:
+    """Up to `depth` of our frames that called `own`, outwards, each line once."""
+    chain: list[str] = []
+    for frame in own_frames(traceback):
+        if frame != own and frame not in chain:
+            chain.append(frame)
+    return " <- ".join(chain[:depth])
 
 
 def top_sites(before: Path, after: Path, limit: int = 25) -> tuple[list[Site], int, int]:
@@ -93,6 +113,7 @@ def top_sites(before: Path, after: Path, limit: int = 25) -> tuple[list[Site], i
         site.count_diff += diff.count_diff
         size_total += diff.size_diff
         count_total += diff.count_diff
+        site.callers[via(diff.traceback, key)] += diff.size_diff
         if diff.size_diff > site.leaf_size:
             leaf = list(diff.traceback)[-1]
             site.leaf, site.leaf_size = short(leaf.filename, leaf.lineno), diff.size_diff

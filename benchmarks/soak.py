@@ -51,7 +51,7 @@ from typing import Any
 
 from backends.incluster.ledger import RESERVATIONS
 from benchmarks._support import GoPeerUnavailable, build_go_peer
-from benchmarks.fulfilment import current_version, has_address, wait_until
+from benchmarks.fulfilment import current_version, has_address, wait_fulfilled, wait_until
 from benchmarks.heap import Site, snapshot_path, top_sites
 from benchmarks.metrics_scrape import free_port
 from benchmarks.pools import cpu_of, is_gone, together
@@ -68,7 +68,6 @@ from benchmarks.targets import (
     go_baseline,
     ours,
 )
-from benchmarks.throughput import warm_up
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
 from tools.controlplane.assets import AssetError, binaries_dir
@@ -292,10 +291,18 @@ def progress(result: SoakResult, cycle: Cycle) -> None:
     )
 
 
+async def warm_up(run: SoakRun) -> None:
+    """One claim on the warm-up pool, waited for (caches synced, workers running); `--timeout` allowed, since a
+    traced controller starts slowly."""
+    claims = run.target.claims
+    await run.kube.create(claims, claim_body(run.target, WARMUP, WARMUP), NAMESPACE)
+    await wait_fulfilled(run.kube, claims, NAMESPACE, {WARMUP}, run.plan.timeout, run.session.alive)
+
+
 async def cycles(run: SoakRun, result: SoakResult, deadline: float) -> None:
     """Warm-up claim, the fleet's pools if any, the baseline counts, then cycles until `deadline` (snapshots
     around them under --heap)."""
-    await warm_up(run.kube, run.session)
+    await warm_up(run)
     fleet = [f"fleet-pool-{i}" for i in range(POOL_COUNT)] if run.plan.scenario == "fleet" else []
     if fleet:
         await run.create_pools(fleet)
@@ -495,9 +502,11 @@ def print_heap(result: SoakResult, warmup: int) -> None:
     print("(RSS and CPU under tracemalloc are not representative of the controller untraced)")
     print(f"traced growth: {result.heap_total[0] / 1024:+,.1f} KiB in {result.heap_total[1]:+,} blocks")
     print("grouped by the first frame of ours from the allocation outwards; leaf: where the largest part was made")
-    print("\n| # | size diff KiB | count diff | our line | leaf |\n|---|---|---|---|---|")
+    print("via: the chain of our callers most of it came through (who keeps it)")
+    print("\n| # | size diff KiB | count diff | our line | leaf | via |\n|---|---|---|---|---|---|")
     for rank, site in enumerate(result.heap_sites, 1):
-        print(f"| {rank} | {site.size_diff / 1024:+,.1f} | {site.count_diff:+,} | {site.own} | {site.leaf} |")
+        cells = f"{site.size_diff / 1024:+,.1f} | {site.count_diff:+,} | {site.own} | {site.leaf} | {site.via}"
+        print(f"| {rank} | {cells} |")
 
 
 def report(results: list[SoakResult], args: argparse.Namespace, began: str) -> None:
@@ -516,6 +525,16 @@ def report(results: list[SoakResult], args: argparse.Namespace, began: str) -> N
         print(f"\nper-cycle records written to {args.json}")
 
 
+def site_json(site: Site) -> dict[str, Any]:
+    return {
+        "own": site.own,
+        "size_diff": site.size_diff,
+        "count_diff": site.count_diff,
+        "leaf": site.leaf,
+        "via": site.via,
+    }
+
+
 def write_json(path: Path, results: list[SoakResult], args: argparse.Namespace, began: str) -> None:
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     body = {
@@ -528,7 +547,7 @@ def write_json(path: Path, results: list[SoakResult], args: argparse.Namespace, 
                 "slug": r.slug,
                 "summary": summary(r, args.warmup_cycle),
                 "cycles": [dataclasses.asdict(c) for c in r.cycles],
-                "heap_sites": [dataclasses.asdict(s) for s in r.heap_sites],
+                "heap_sites": [site_json(site) for site in r.heap_sites],
                 "heap_total": r.heap_total,
                 "error": r.error,
             }
