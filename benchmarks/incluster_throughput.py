@@ -8,8 +8,9 @@ Scenarios (`--scenario`, comma-separated or repeated; `all` = every one at the i
 - restart (`benchmarks/restart.py`): the controller restarted after the throughput run of `--restart-addresses`
   claims on one pool, then one new claim; seconds from process start to caches synced and to its fulfilment;
 - pools (`benchmarks/pools.py`): N pools (`--pool-counts`, each size its own runs) of `--claims-per-pool` claims
-  created at once on a running controller; seconds and CPU until settled, idle CPU, one more pool, one pool
-  deleted, peak RSS; for ours at the first size, API requests of one repair pass and CPU of one metrics scrape.
+  created at once on a running controller; seconds and CPU until settled, CPU of the 10 s after, one more pool
+  then (fulfilled, and counted in its status), idle CPU, one pool deleted, peak RSS; for ours at the first size,
+  API requests of one repair pass and CPU of one metrics scrape.
 
 Each target runs on its own fresh local control plane (etcd + kube-apiserver, `tools.controlplane`) with the CRDs
 it speaks, never two at once: ours (`python -m ipam_provider run --workers 8`, CAPI v1beta2 CRDs), the Go provider
@@ -140,7 +141,10 @@ def add_pools_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--claims-per-pool", type=int, default=2, help="pools: claims in each pool (default 2)")
     parser.add_argument(
-        "--idle-seconds", type=float, default=60.0, help="pools: seconds of idle CPU after settling (default 60)"
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        help="pools: seconds of idle CPU after the one more pool, itself 10 s after settling (default 60)",
     )
 
 

@@ -7,16 +7,19 @@ at once, 20 requests in flight, each pool's claims once its create has returned.
 1. settled: from the first create until a watch has seen every claim fulfilled (status.addressRef, as
    `fulfilment.py`) and another every pool's `status.ipAddresses.used` equal to C; the controller's CPU over that
    window (/proc), and the API requests of the window (once they settled) less the benchmark's creates;
-2. idle: the controller's CPU over the next `--idle-seconds` (from the moment it settled);
-3. one more pool: pool N and its C claims created; from its create until its claims are fulfilled and its status
-   says used = C; CPU over that window;
-4. one pool deleted: pool-0's C claims deleted, and once they are gone (both controllers delete the IPAddresses
+2. quiet: the controller's CPU over the `AFTER_SETTLING` (10 s) from the moment it settled, when the first repair
+   pass over the burst's pools comes and the next cluster is likely to arrive;
+3. one more pool, created `AFTER_SETTLING` after it settled: pool N and its C claims; from its create until its
+   claims are fulfilled (the fulfilled seconds) and until its status says used = C as well (the counted seconds);
+   CPU over the whole window;
+4. idle: the controller's CPU over the next `--idle-seconds` (so from at least `AFTER_SETTLING` after settling);
+5. one pool deleted: pool-0's C claims deleted, and once they are gone (both controllers delete the IPAddresses
    before they let a claim go, and hold a pool while IPAddresses name it) the pool; from the first delete until
    the pool is gone; CPU over that window;
-5. peak RSS (VmHWM) at the end, and duplicates over all pools (`check_addresses`: N * C IPAddresses expected).
+6. peak RSS (VmHWM) at the end, and duplicates over all pools (`check_addresses`: N * C IPAddresses expected).
 
 Ours serves its metrics over plain HTTP here (`--metrics-bind-address`), and at the first size only two more
-figures are taken from it, after step 4 (N pools again):
+figures are taken from it, after step 5 (N pools again):
 - API requests of one repair pass (default `--repair-interval` of 60 s): our `ipam_provider_repair_passes_total`
   is read every 0.5 s; a pass has completed when every backend's count went up by one (the loop counts each backend
   at the end of its share of a pass). The API server's request counts are read right after one pass completed and
@@ -61,6 +64,7 @@ from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 Object = dict[str, Any]
 Job = Callable[[], Awaitable[None]]
+AFTER_SETTLING = 10.0  # seconds from settling to the one more pool (the quiet step's span)
 MAX_POOLS = 25_000  # 10.0.0.0/24 … 10.97.167.0/24, clear of the warm-up pool's 10.99.0.0/24
 SCRAPES = 5
 POLL = 0.5
@@ -166,6 +170,12 @@ async def together(step: str, timeout: float, *work: Coroutine[Any, Any, Any]) -
     return time.monotonic() - started, [task.result() for task in tasks]
 
 
+async def since(started: float, work: Awaitable[Any]) -> float:
+    """Seconds from `started` (time.monotonic()) until `work` is done."""
+    await work
+    return time.monotonic() - started
+
+
 def cpu_of(pid: int) -> float:
     cpu = proc_figures(pid)[1]
     if cpu is None:
@@ -236,28 +246,37 @@ class ControllerRun:
         self.result.requests = request_delta(before, after, driver)
         return settled, settled_at
 
-    async def idle(self, settled_cpu: float, settled_at: float) -> None:
-        """Step 2: CPU over `idle_seconds` from the moment it settled."""
-        await asyncio.sleep(max(0.0, self.plan.idle_seconds - (time.monotonic() - settled_at)))
-        self.result.idle_cpu_seconds = cpu_of(self.pid) - settled_cpu
-        self.result.idle_seconds = self.plan.idle_seconds
+    async def quiet(self, settled_cpu: float, settled_at: float) -> None:
+        """Step 2: CPU over the `AFTER_SETTLING` from the moment it settled."""
+        await asyncio.sleep(max(0.0, AFTER_SETTLING - (time.monotonic() - settled_at)))
+        self.result.quiet_cpu_seconds = cpu_of(self.pid) - settled_cpu
 
     async def add_pool(self) -> None:
-        """Step 3: one more pool, with its claims."""
+        """Step 3: one more pool, with its claims: until they are fulfilled, and until its status counts them."""
         plan, index = self.plan, self.plan.pools
         claim_version, pool_version = await self.versions()
-        cpu = cpu_of(self.pid)
-        self.result.add_seconds, _ = await together(
+        cpu, started = cpu_of(self.pid), time.monotonic()
+        claims = self.wait_claims(claim_names(index, plan.per_pool), claim_version)
+        counted = self.wait_pools([pool_name(index)], used_is(plan.per_pool), pool_version)
+        self.result.add_seconds, (fulfilled, _, _) = await together(
             "one more pool",
             plan.timeout,
-            self.wait_claims(claim_names(index, plan.per_pool), claim_version),
-            self.wait_pools([pool_name(index)], used_is(plan.per_pool), pool_version),
+            since(started, claims),
+            counted,
             self.creator.pool_with_claims(index, plan.per_pool),
         )
         self.result.add_cpu_seconds = cpu_of(self.pid) - cpu
+        self.result.add_fulfilled_seconds = fulfilled
+
+    async def idle(self) -> None:
+        """Step 4: CPU over `idle_seconds` from the moment the one more pool was counted."""
+        cpu = cpu_of(self.pid)
+        await asyncio.sleep(self.plan.idle_seconds)
+        self.result.idle_cpu_seconds = cpu_of(self.pid) - cpu
+        self.result.idle_seconds = self.plan.idle_seconds
 
     async def delete_pool(self) -> None:
-        """Step 4: pool-0's claims deleted, then (once they are gone) the pool."""
+        """Step 5: pool-0's claims deleted, then (once they are gone) the pool."""
         claims = claim_names(0, self.plan.per_pool)
         claim_version, pool_version = await self.versions()
         cpu, started = cpu_of(self.pid), time.monotonic()
@@ -284,8 +303,9 @@ async def _controller(session: Session, plan: PoolsPlan, metrics_url: str | None
         run = ControllerRun(session, kube, plan, result)
         settled_cpu, settled_at = await run.settle()
         print(f"[{result.name}] {plan.pools} pools settled in {result.settled_seconds:.1f} s", flush=True)
-        await run.idle(settled_cpu, settled_at)
+        await run.quiet(settled_cpu, settled_at)
         await run.add_pool()
+        await run.idle()
         await run.delete_pool()
         if metrics_url is not None and plan.extras:
             await repair_and_scrape(session, metrics_url, plan, result)

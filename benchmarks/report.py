@@ -144,15 +144,18 @@ def _ms(seconds: float | None) -> float | None:
 
 @dataclass
 class PoolsResult(RunResult):
-    """N pools and C claims in each created at once, settled; then idle; one more pool; one pool deleted.
-    `claims` is N * C; `requests` are those of the settled window."""
+    """N pools and C claims in each created at once, settled; the quiet 10 s after; one more pool; idle; one pool
+    deleted. `claims` is N * C; `requests` are those of the settled window; `add_seconds` runs until the one more
+    pool's status counts its claims, `add_fulfilled_seconds` until they are fulfilled."""
 
     pools: int = 0
     claims_per_pool: int = 0
     settled_seconds: float | None = None
     settled_cpu_seconds: float | None = None
+    quiet_cpu_seconds: float | None = None  # the 10 s after settling
     idle_seconds: float = 0.0
     idle_cpu_seconds: float | None = None
+    add_fulfilled_seconds: float | None = None
     add_seconds: float | None = None
     add_cpu_seconds: float | None = None
     delete_seconds: float | None = None
@@ -167,8 +170,10 @@ class PoolsResult(RunResult):
         return {
             "settled_seconds": self.settled_seconds,
             "settled_cpu_seconds": self.settled_cpu_seconds,
+            "quiet_cpu_seconds": self.quiet_cpu_seconds,
             "idle_cpu_seconds": idle,
             "idle_cpu_percent": None if idle is None or not self.idle_seconds else 100 * idle / self.idle_seconds,
+            "add_pool_fulfilled_seconds": self.add_fulfilled_seconds,
             "add_pool_seconds": self.add_seconds,
             "add_pool_cpu_ms": _ms(self.add_cpu_seconds),
             "delete_pool_seconds": self.delete_seconds,
@@ -235,9 +240,11 @@ RESTART_COLUMNS: list[Column] = [
 POOLS_COLUMNS: list[Column] = [
     ("settled_seconds", "settled s", "{:.1f}"),
     ("settled_cpu_seconds", "CPU s", "{:.1f}"),
+    ("quiet_cpu_seconds", "10 s after CPU s", "{:.2f}"),
     ("idle_cpu_seconds", "idle CPU s", "{:.2f}"),
     ("idle_cpu_percent", "idle % core", "{:.1f}"),
-    ("add_pool_seconds", "+1 pool s", "{:.2f}"),
+    ("add_pool_fulfilled_seconds", "+1 fulfilled s", "{:.2f}"),
+    ("add_pool_seconds", "+1 counted s", "{:.2f}"),
     ("add_pool_cpu_ms", "+1 CPU ms", "{:.0f}"),
     ("delete_pool_seconds", "-1 pool s", "{:.2f}"),
     ("delete_pool_cpu_ms", "-1 CPU ms", "{:.0f}"),
