@@ -206,5 +206,7 @@ async def test_the_controller_serves_claims_after_its_first_token_expired(tmp_pa
             assert now.get("leaseTransitions") == leading.get("leaseTransitions")
             assert now["renewTime"] != leading["renewTime"], "the lease is renewed with the new tokens"
             assert controller.alive, controller.tail()
+            refused = [line for line in controller.log.read_text().splitlines() if "Unauthorized" in line]
+            assert not refused, "the controller sent a token the API server no longer takes:\n" + "\n".join(refused[:5])
         finally:
             controller.stop()
