@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 import urllib.parse
@@ -33,6 +34,8 @@ from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 
 Page = tuple[list[Object], str]  # a page of a list, and the list's resourceVersion
 log = structlog.get_logger(__name__)
+TOKEN_CHECK_SECONDS = 1.0
+"""How often the service account's token file is looked at (a stat per look; one per request would cost ~13 µs)."""
 WATCH_EVENT_BYTES = 64 * 1024 * 1024
 """The longest watch event read (aiohttp's default, 128 KiB, is less than one object may take: annotations alone
 may hold 256 KiB). An object of the API server's default limit (etcd's 1.5 MiB) takes well under this in JSON."""
@@ -69,17 +72,24 @@ def _kubeconfig_files(path: str | None) -> list[str]:
 
 
 class TokenFile:
-    """The service account's token file, as a Configuration's `refresh_api_key_hook`: before each request it looks
-    at the file (a stat, which follows the kubelet's `..data` symlink to the file behind it) and reads it again
-    when it changed, so a token the kubelet projects anew is sent from the next request on. When the file cannot
-    be read the last token read is kept, and the file is tried again at the next request."""
+    """The service account's token file, as a Configuration's `refresh_api_key_hook`: before a request it looks at
+    the file (a stat, which follows the kubelet's `..data` symlink to the file behind it), at most once per
+    `check_seconds`, and reads it again when it changed, so a token the kubelet projects anew is sent within
+    `check_seconds` (the kubelet rotates minutes before expiry). When the file cannot be read the last token read is
+    kept, and the file is tried again at the next look."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, check_seconds: float) -> None:
         self.path = path
+        self.check_seconds = check_seconds
         self._seen: tuple[int, int, int, int] | None = None
+        self._looked_at = -math.inf
         self._failing = False
 
     def __call__(self, configuration: client.Configuration, *_: object) -> None:
+        now = time.monotonic()
+        if now - self._looked_at < self.check_seconds:
+            return
+        self._looked_at = now
         try:
             stat = os.stat(self.path)
             seen = (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
@@ -108,7 +118,7 @@ def _load_incluster(configuration: client.Configuration) -> None:
         token_filename=token_path, cert_filename=incluster_config.SERVICE_CERT_FILENAME, try_refresh_token=False
     )
     loader.load_and_set(configuration)
-    configuration.refresh_api_key_hook = TokenFile(token_path)
+    configuration.refresh_api_key_hook = TokenFile(token_path, TOKEN_CHECK_SECONDS)
 
 
 def _reason(error: BaseException) -> str:

@@ -11,6 +11,7 @@ import structlog
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import incluster_config
 
+from ipam_provider.runtime.kube import client as client_module
 from ipam_provider.runtime.kube.client import KubeClient, TokenFile
 from ipam_provider.runtime.serving.certificates import self_signed_pem
 
@@ -36,7 +37,7 @@ async def test_each_projected_token_is_sent_from_the_next_request_on(tmp_path: P
     project(tmp_path, 1, "first\n")
     configuration = client.Configuration()
     configuration.api_key["BearerToken"] = "Bearer first"
-    configuration.refresh_api_key_hook = TokenFile(str(tmp_path / "token"))
+    configuration.refresh_api_key_hook = TokenFile(str(tmp_path / "token"), 0.0)
     assert await sent(configuration) == "Bearer first"
     project(tmp_path, 2, "second")
     assert await sent(configuration) == "Bearer second"
@@ -44,10 +45,20 @@ async def test_each_projected_token_is_sent_from_the_next_request_on(tmp_path: P
     assert await sent(configuration) == "Bearer third"
 
 
+async def test_the_file_is_looked_at_once_per_check_interval(tmp_path: Path) -> None:
+    project(tmp_path, 1, "first")
+    configuration = client.Configuration()
+    configuration.refresh_api_key_hook = TokenFile(str(tmp_path / "token"), 3600.0)
+    configuration.api_key["BearerToken"] = "Bearer none"
+    assert await sent(configuration) == "Bearer first"
+    project(tmp_path, 2, "second")
+    assert await sent(configuration) == "Bearer first", "not looked at again within the interval"
+
+
 async def test_an_unreadable_token_file_keeps_the_last_token_and_is_logged_once(tmp_path: Path) -> None:
     project(tmp_path, 1, "first")
     configuration = client.Configuration()
-    configuration.refresh_api_key_hook = TokenFile(str(tmp_path / "token"))
+    configuration.refresh_api_key_hook = TokenFile(str(tmp_path / "token"), 0.0)
     configuration.api_key["BearerToken"] = "Bearer none"
     assert await sent(configuration) == "Bearer first"
     (tmp_path / "..data").unlink()
@@ -64,6 +75,7 @@ async def test_the_in_cluster_configuration_follows_the_token_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     project(tmp_path, 1, "first")
+    monkeypatch.setattr(client_module, "TOKEN_CHECK_SECONDS", 0.0)
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
