@@ -225,3 +225,19 @@ def test_an_event_on_an_object_whose_name_takes_all_253_characters_has_a_valid_n
     events.observe(pool("x", namespace="ns"), "Warning", "PoolInvalid", "bad")
     (short,) = events.due()
     assert re.fullmatch(r"x\.[0-9a-f]{16}", short.name)
+
+
+def test_forgetting_an_object_drops_its_entries_and_a_repeat_then_makes_a_new_event() -> None:
+    clock = Clock()
+    events = correlator(clock, cache_entries=3)
+    assert events.observe(claim("a"), "Normal", "AddressAllocated", "one", pool()) == CREATED
+    assert events.observe(claim("b"), "Normal", "AddressAllocated", "two", pool()) == CREATED
+    events.due()
+    events.forget("IPAddressClaim", "ns", "a")
+    assert len(events._series) == 1  # b's stays; the pool's aggregate (a and b were related to it) too
+    assert events.observe(claim("a"), "Normal", "AddressAllocated", "one", pool()) == CREATED
+    events.forget("InClusterIPPool", "ns", "net")
+    assert len(events._aggregates) == 0
+    for index in range(5):  # evictions leave no group behind
+        events.observe(claim(f"c{index}"), "Normal", "Reason", "x")
+    assert len(events._series) == 3 and len(events._series._groups) == 3

@@ -60,3 +60,18 @@ def test_the_same_version_is_not_stored_again() -> None:
     assert store.upsert(obj("a", 5, pool="echo")) is False
     assert store.get("ns", "a") == obj("a", 5, pool="p")
     assert store.by_index("pool", "echo") == []
+
+
+def test_a_tombstone_the_watch_showed_goes_once_the_objects_reconcile_finished() -> None:
+    store = Store()
+    store.upsert(obj("a", 5))
+    store.upsert(obj("b", 5))
+    store.remove(("ns", "a"), obj("a", 7), watched=True)
+    store.remove(("ns", "b"), obj("b", 7))  # our own write's answer: the watch has not shown it yet
+    store.forget_tombstone(("ns", "a"))
+    store.forget_tombstone(("ns", "b"))
+    assert store.upsert(obj("b", 6)) is False, "an unwatched deletion keeps its tombstone"
+    assert store.upsert(obj("a", 6)) is True, "a watched and reconciled deletion leaves none"
+    store.remove(("ns", "b"), obj("b", 8), watched=True)
+    store.forget_tombstone(("ns", "b"))
+    assert store.upsert(obj("b", 7)) is True
