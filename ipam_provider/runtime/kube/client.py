@@ -194,7 +194,7 @@ class KubeClient:
         url = self._base_url + path
         query_params = tuple((k, _query_value(v)) for k, v in (query or {}).items() if v is not None)
         if query_params:
-            url += "?" + _encoded_query(query_params)
+            url += "?" + _query_string(query_params)
         rest = self._api.rest_client
         options: dict[str, Any] = {"proxy": rest.proxy, "proxy_headers": rest.proxy_headers}
         if rest.server_hostname:
@@ -414,9 +414,21 @@ def _configuration() -> client.Configuration:
     return configuration
 
 
+_ONE_OFF_PARAMETERS = frozenset({"labelSelector", "continue", "resourceVersion"})
+"""Query parameters whose values are seldom sent twice (a selector may name one claim, a continue token or a watch's
+resourceVersion is used once): queries with them are not cached."""
+
+
+def _query_string(params: tuple[tuple[str, str], ...]) -> str:
+    """The query string of `params`: from a cache for the few that most requests repeat (every write names our field
+    manager), encoded anew for one-off ones, which would only churn the cache."""
+    if any(key in _ONE_OFF_PARAMETERS for key, _ in params):
+        return urllib.parse.urlencode(params)
+    return _encoded_query(params)
+
+
 @functools.lru_cache(maxsize=256)
 def _encoded_query(params: tuple[tuple[str, str], ...]) -> str:
-    """The query string of `params`; most requests repeat one of a few (every write names our field manager)."""
     return urllib.parse.urlencode(params)
 
 
