@@ -5,7 +5,7 @@ Each target runs on its own fresh local control plane (`benchmarks/targets.py`: 
 `python -m ipam_provider run --workers 8` serving its metrics over plain HTTP; the Go provider (built and cached by
 hack/go-incluster/build.sh) serves its diagnostics (metrics) over plain HTTP (`--insecure-diagnostics`). By default
 both run at once for `--minutes` (same wall clock, same noise); `--sequential` runs one after the other, each for
-`--minutes`. After one warm-up claim, cycles run until the time is up (a cycle begun is finished):
+`--minutes`. After one warm-up claim, cycles run for `--minutes` from the first one (a cycle begun is finished):
 
 - `pools` (pool churn, clusters that come and go): 20 new InClusterIPPools (`c<cycle>-pool-<i>`, new names, pool i
   always the /26 `10.200.<i>.0/26`) with 5 claims each; wait until all 100 claims are fulfilled (status.addressRef,
@@ -299,14 +299,15 @@ async def warm_up(run: SoakRun) -> None:
     await wait_fulfilled(run.kube, claims, NAMESPACE, {WARMUP}, run.plan.timeout, run.session.alive)
 
 
-async def cycles(run: SoakRun, result: SoakResult, deadline: float) -> None:
-    """Warm-up claim, the fleet's pools if any, the baseline counts, then cycles until `deadline` (snapshots
-    around them under --heap)."""
+async def cycles(run: SoakRun, result: SoakResult) -> None:
+    """Warm-up claim, the fleet's pools if any, the baseline counts, then cycles for the plan's seconds from the
+    first one on (snapshots around them under --heap)."""
     await warm_up(run)
     fleet = [f"fleet-pool-{i}" for i in range(POOL_COUNT)] if run.plan.scenario == "fleet" else []
     if fleet:
         await run.create_pools(fleet)
     run.baseline = await run.counts()
+    deadline = time.monotonic() + run.plan.seconds
     snapshots: list[Path] = []
     number = 0
     while time.monotonic() < deadline:
@@ -326,7 +327,7 @@ async def soak(session: Session, plan: SoakPlan, metrics: str | None) -> SoakRes
     result = SoakResult(session.target.name, session.target.slug, plan.scenario)
     kube = await KubeClient.from_kubeconfig(str(session.kubeconfig))
     try:
-        await cycles(SoakRun(session, kube, plan, metrics), result, time.monotonic() + plan.seconds)
+        await cycles(SoakRun(session, kube, plan, metrics), result)
     except Exception as error:
         result.error = session.failure(error)
         print(f"[{result.slug}] failed: {result.error.splitlines()[0]}", flush=True)
