@@ -33,6 +33,7 @@ from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
 from ipam_provider.repair.pacer import RatePacer
 from ipam_provider.repair.pool import PoolRepairs, PoolTarget, RepairSettings
+from ipam_provider.runtime.kube.bounds import CONDITION_MESSAGE_LENGTH, cut_message
 from ipam_provider.watch import QueueKey
 
 log = structlog.get_logger(__name__)
@@ -148,7 +149,8 @@ class RepairLoop:
         raw = self.ctx.caches.pool(ref)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return True
-        wanted = ("True" if condition.status else "False", condition.reason, condition.message)
+        message = cut_message(condition.message, CONDITION_MESSAGE_LENGTH)  # as the pool reconciler writes it
+        wanted = ("True" if condition.status else "False", condition.reason, message)
         for found in (raw.get("status") or {}).get("conditions") or []:
             if found.get("type") == condition.type:
                 return (found.get("status"), found.get("reason"), found.get("message")) == wanted
