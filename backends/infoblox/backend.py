@@ -26,7 +26,6 @@ from backends.infoblox.ledger import ClusterStamp, Ledger
 from backends.infoblox.repair import GridRepair
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_INSTANCE, HOST_RECORD, INFOBLOX_POOL, parse_pool
-from backends.live_pools import LivePools
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import (
     Allocation,
@@ -39,6 +38,7 @@ from ipam_provider.backend.contract import (
     ReleaseImpossibleError,
     ReportCondition,
 )
+from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.events.recorder import EventRecorder

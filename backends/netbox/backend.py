@@ -28,7 +28,6 @@ import structlog
 
 from backends.infoblox.hostname import MACHINE, HostnameError, OwnerBounds
 from backends.infoblox.hostname import machine_name as owning_machine
-from backends.live_pools import LivePools
 from backends.netbox import reasons
 from backends.netbox.allocator import Allocator
 from backends.netbox.client import ClientSettings, NetboxClient
@@ -54,6 +53,7 @@ from ipam_provider.backend.contract import (
     ReleaseImpossibleError,
     ReportCondition,
 )
+from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 

@@ -18,7 +18,6 @@ from backends.infoblox.checks import PoolChecks
 from backends.infoblox.ledger import Ledger
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_INSTANCE, INFOBLOX_POOL
-from backends.live_pools import LivePools
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -27,6 +26,7 @@ from ipam_provider.backend.contract import (
     ClaimContext,
     PoolRef,
 )
+from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.repair.pacer import CountingPacer
 from tests.backends.infoblox.test_backend_units import StubKube, grid_instance, pool, secret
 from tests.support.footprint import footprint, footprint_growth

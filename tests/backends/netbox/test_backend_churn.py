@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from backends.live_pools import LivePools
 from backends.netbox import NetboxBackend
 from backends.netbox.resolver import Resolver
 from backends.netbox.spec import GLOBAL_NETBOX_POOL
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef
+from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
