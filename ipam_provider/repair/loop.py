@@ -218,19 +218,22 @@ class RepairLoop:
         return result
 
     async def _list(self, one: BackendPass) -> tuple[str, Listed]:
-        """Every pool's holdings, in one listing when the backend offers it (`pools_lister_of`), else pool by pool;
-        the result label so far and what was listed."""
+        """Every pool's holdings, in one listing when the backend offers it (`pools_lister_of`), else pool by pool
+        (a pool the cache no longer shows is left out); the result label so far and what was listed."""
         lister = pools_lister_of(one.repairer)
-        if lister is not None and one.targets:
+        targets = [target for target in one.targets if self.pools.live(target)]
+        if lister is not None and targets:
             try:
-                found = await lister([(target.ref, target.raw) for target in one.targets], self.pacer)
+                found = await lister([(target.ref, target.raw) for target in targets], self.pacer)
             except BackendError as error:
                 log.warning("repair pass skipped its pools", backend=one.name, reason=error.reason, error=error.message)
                 return PASS_BACKEND_ERROR, []
-            return PASS_OK, [(target, list(found.get(target.ref, ()))) for target in one.targets]
+            return PASS_OK, [(target, list(found.get(target.ref, ()))) for target in targets]
         result = PASS_OK
         listed: Listed = []
         for target in one.targets:
+            if not self.pools.live(target):
+                continue  # gone meanwhile: no backend call for it (see `pool.py`)
             try:
                 listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
             except BackendError as error:

@@ -1,12 +1,17 @@
-"""One pool's share of a repair pass (docs/repair.md, "What a pass does"): suspected leaks entered in the book and
-released once releasable, unrecorded IPAddresses restored, duplicates and addresses outside the pool reported (each
-Event once per change), and the `AddressesRecorded` condition set for the pool reconciler (not with a watch
-filter: sharded controllers each see only their own claims); the pools whose condition changed wait in `changed`
-for the loop to hand them over. Long loops over pools give the event loop's other tasks their turn (`turns`).
+"""One pool's share of a repair pass (docs/repair.md, "What a pass does"): suspected leaks entered in the book,
+reported when the next pass finds them again and released once releasable, unrecorded IPAddresses restored,
+duplicates and addresses outside the pool reported (each Event once per change), and the `AddressesRecorded`
+condition set for the pool reconciler (not with a watch filter: sharded controllers each see only their own
+claims); the pools whose condition changed wait in `changed` for the loop to hand them over. Long loops over
+pools give the event loop's other tasks their turn (`turns`).
 
 Nothing is released or restored while its claim is queued or being reconciled, nor unless fresh GETs still show
 what the pass saw; every request of a release or a restore waits for the pacer. A holding that is not `releasable`
 is reported, never released. A deleting IPAddress with our finalizer whose claim is gone loses the finalizer.
+
+A pool the cache no longer shows as the pass listed it (deleted meanwhile, or replaced by another of its name) gets
+no more backend call from the pass: the cache is looked at right before each one (`PoolGone`), so that nothing the
+backend forgot of the pool is brought back; what the pass kept of the pool goes too.
 """
 
 from __future__ import annotations
@@ -84,9 +89,14 @@ class _Suspect:
     passes: int = 1
 
 
+class PoolGone(Exception):
+    """The cache no longer shows the pool a pass is repairing as the pass listed it."""
+
+
 class SuspectedLeaks:
     """The book of suspected leaks, keyed by pool, holding handle and claim uid (a record re-used for another claim
-    is another suspect). Only consecutive sightings count; a pool whose pass was skipped keeps its suspects."""
+    is another suspect). Only consecutive sightings count; a pool whose pass was skipped keeps its suspects. A
+    suspect is reported on its second sighting in a row: a first one may be a claim's release racing the pass."""
 
     def __init__(self) -> None:
         self._suspects: dict[tuple[PoolRef, str, str], _Suspect] = {}
@@ -96,20 +106,21 @@ class SuspectedLeaks:
 
     def observe(self, pool: PoolRef, suspects: Iterable[Holding], now: float) -> list[Holding]:
         """Record a completed pass of `pool` that found `suspects` unaccounted for (forgetting the pool's suspects
-        it did not find again); answer those seen for the first time."""
+        it did not find again); answer those found now for the second pass in a row (to be reported)."""
         seen = {(pool, holding.handle, holding.claim_uid): holding for holding in suspects}
         for key in [key for key in self._suspects if key[0] == pool and key not in seen]:
             del self._suspects[key]
-        new: list[Holding] = []
+        confirmed: list[Holding] = []
         for key, holding in seen.items():
             known = self._suspects.get(key)
             if known is None:
                 self._suspects[key] = _Suspect(holding, now)
-                new.append(holding)
-            else:
-                known.holding = holding
-                known.passes += 1
-        return new
+                continue
+            known.holding = holding
+            known.passes += 1
+            if known.passes == 2:
+                confirmed.append(holding)
+        return confirmed
 
     def releasable(self, pool: PoolRef, now: float, grace: float) -> list[Holding]:
         """The pool's `releasable` suspects seen in two passes or more in a row, the first `grace` seconds ago."""
@@ -126,8 +137,11 @@ class SuspectedLeaks:
     def forget(self, pool: PoolRef, holding: Holding) -> None:
         self._suspects.pop((pool, holding.handle, holding.claim_uid), None)
 
-    def keep_only(self, pools: set[PoolRef]) -> None:
-        self._suspects = {key: suspect for key, suspect in self._suspects.items() if key[0] in pools}
+    def pools(self) -> set[PoolRef]:
+        return {key[0] for key in self._suspects}
+
+    def forget_pool(self, pool: PoolRef) -> None:
+        self._suspects = {key: suspect for key, suspect in self._suspects.items() if key[0] != pool}
 
 
 @dataclass(frozen=True)
@@ -170,13 +184,30 @@ class PoolRepairs:
         return not self.settings.report_only
 
     def forget_others(self, pools: set[PoolRef]) -> None:
-        """Forget the findings and repair series of every pool not in `pools` (gone, paused, or not served)."""
-        self.book.keep_only(pools)
-        for ref in [ref for ref in self.findings if ref not in pools]:
-            del self.findings[ref]
-            self.ctx.repair_conditions.pop(ref, None)
-        for ref in [ref for ref in self.labels if ref not in pools]:
-            pool_metrics.forget_repair_series(self.labels.pop(ref))
+        """Forget the suspects, findings and repair series of every pool not in `pools` (gone, paused, or not
+        served)."""
+        for ref in (self.book.pools() | set(self.findings) | set(self.labels)) - pools:
+            self._forget(ref)
+
+    def _forget(self, ref: PoolRef) -> None:
+        self.book.forget_pool(ref)
+        self.findings.pop(ref, None)
+        self.ctx.repair_conditions.pop(ref, None)
+        self.changed.pop(ref, None)
+        self._settled.pop(ref, None)
+        labels = self.labels.pop(ref, None)
+        if labels is not None:
+            pool_metrics.forget_repair_series(labels)
+
+    def live(self, target: PoolTarget) -> bool:
+        """Whether the cache still shows the pool as the pass listed it (the same uid)."""
+        cached = self.ctx.caches.pool(target.ref)
+        return cached is not None and cached["metadata"].get("uid") == target.raw["metadata"].get("uid")
+
+    def _still_live(self, target: PoolTarget) -> None:
+        """Raise PoolGone unless the cache still shows the pool: called right before each backend call for it."""
+        if not self.live(target):
+            raise PoolGone(str(target.ref))
 
     async def settled(self, listed: Sequence[tuple[PoolTarget, Sequence[Holding]]], live: LiveState) -> bool:
         """Whether `live` gives the pools nothing to act on or report: every holding accounted for, every live
@@ -200,7 +231,16 @@ class PoolRepairs:
         return await asyncio.to_thread(compare_pool, ref, holdings, live, self.scope)
 
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
-        """The pool's share of the pass. BackendError propagates: the findings stay as they were."""
+        """The pool's share of the pass. BackendError propagates: the findings stay as they were. A pool that goes
+        meanwhile (see the module's contract) is forgotten, with no more backend call."""
+        try:
+            await self._repair(target, holdings, live)
+        except PoolGone:
+            log.debug("pool gone during the repair pass; forgotten", pool=str(target.ref))
+            self._forget(target.ref)
+
+    async def _repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
+        self._still_live(target)
         settled = self._settled.pop(target.ref, None)
         if settled is not None and settled[0] is live:
             comparison = settled[1]  # and `settled` saw no deleting IPAddress of the pool
@@ -208,6 +248,7 @@ class PoolRepairs:
             comparison = await self._compared(target.ref, holdings, live)
             if self.releasing:
                 await self._let_go_orphaned_addresses(target, live)
+        self._still_live(target)  # before its Events too
         suspects = [h for h in comparison.suspected if not self.busy(_claim_key(h))]
         for holding in self.book.observe(target.ref, suspects, self.clock()):
             self._suspected(target, holding)
@@ -215,6 +256,7 @@ class PoolRepairs:
             for holding in self.book.releasable(target.ref, self.clock(), self.settings.grace_period):
                 await self._release(target, holding)
         previous = self.findings.get(target.ref, PoolFindings())
+        self._still_live(target)
         outside = await target.repairer.outside_pool(target.ref, target.raw, comparison.in_use)
         found = PoolFindings(outside=dict(outside), foreign=comparison.foreign)
         if found.foreign != previous.foreign and found.foreign:
@@ -227,6 +269,7 @@ class PoolRepairs:
             self._shared(target, text, sharers, previous, found)
         for item in comparison.unrecorded:
             await self._restore(target, item, previous, found)
+        self._still_live(target)
         self._report(target, previous, found)
         self.findings[target.ref] = found
         self.labels[target.ref] = target.labels
@@ -263,7 +306,9 @@ class PoolRepairs:
             self.book.forget(target.ref, holding)
             return
         await self.pacer.wait()
+        self._still_live(target)
         async with self.ctx.backend_turn(target.repairer, target.ref):
+            self._still_live(target)
             released = await target.repairer.release_holding(target.ref, target.raw, holding)
         self.book.forget(target.ref, holding)
         if not released:
@@ -330,8 +375,10 @@ class PoolRepairs:
             _keep_previous(item, previous, found)
             return
         await self.pacer.wait()
+        self._still_live(target)
         try:
             async with self.ctx.backend_turn(target.repairer, target.ref):
+                self._still_live(target)
                 answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
         except BackendError as error:
             self._restore_failed(target, item, error, previous, found)

@@ -55,7 +55,7 @@ def test_the_book_never_answers_an_unreleasable_suspect() -> None:
     kept = Holding("10.0.0.1", f"{NS}/a", "uid-a", "h1", releasable=False)
     freed = Holding("10.0.0.2", f"{NS}/b", "uid-b", "h2")
     book = SuspectedLeaks()
-    assert book.observe(pool, [kept, freed], 0.0) == [kept, freed]
-    book.observe(pool, [kept, freed], 100.0)
+    assert book.observe(pool, [kept, freed], 0.0) == [], "a first sighting is not reported"
+    assert book.observe(pool, [kept, freed], 100.0) == [kept, freed]
     assert book.releasable(pool, 100.0, 0.0) == [freed]
     assert book.count(pool) == 2
