@@ -50,7 +50,7 @@ class Served:
         async def enough() -> bool:
             return len(self.decided) >= count
 
-        await wait_for(enough, timeout=5, interval=0.01, message=f"{count} reviews being decided")
+        await wait_for(enough, timeout=30, interval=0.01, message=f"{count} reviews being decided")
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         context = ssl.create_default_context()
@@ -113,7 +113,7 @@ async def test_a_review_is_answered(served: Served) -> None:
 
 async def test_a_content_length_over_the_limit_is_413_before_any_body_came(served: Served) -> None:
     started = time.monotonic()
-    assert await served.exchange(post(MAX_BODY + 1), seconds=2) == 413
+    assert await served.exchange(post(MAX_BODY + 1), seconds=10) == 413
     assert time.monotonic() - started < 2
     assert served.decided == []
 
@@ -145,12 +145,12 @@ async def test_slow_headers_are_cut_off(served: Served) -> None:
             writer.write(b"X")
             await writer.drain()
             await asyncio.sleep(0.1)
-        assert await asyncio.wait_for(reader.read(), 2) == b""
+        assert await asyncio.wait_for(reader.read(), 10) == b""
     except ConnectionError:
         pass  # aborted: as good as closed
     finally:
         writer.close()
-    assert time.monotonic() - started < FAST.header_seconds + 1.5
+    assert time.monotonic() - started < FAST.header_seconds + 2.9  # before the 4 s of trickling end
 
 
 async def test_an_idle_connection_is_closed_and_a_busy_one_kept(served: Served) -> None:
@@ -163,8 +163,8 @@ async def test_an_idle_connection_is_closed_and_a_busy_one_kept(served: Served) 
             await reader.readuntil(b'"allowed": true}}')
             await asyncio.sleep(FAST.idle_seconds / 3)
         started = time.monotonic()
-        assert await asyncio.wait_for(reader.read(), FAST.idle_seconds + 2) == b""
-        assert time.monotonic() - started < FAST.idle_seconds + 1
+        assert await asyncio.wait_for(reader.read(), FAST.idle_seconds + 10) == b""
+        assert time.monotonic() - started < FAST.idle_seconds + 5  # long before anything else would close it
     finally:
         writer.close()
 
@@ -182,9 +182,11 @@ async def hold_every_slot(served: Served) -> list[tuple[asyncio.StreamReader, as
     """CONCURRENT_REVIEWS reviews posted and decided, each kept in its slot until `served.hold` is set."""
     served.hold.clear()
     body = review_body()
-    held = [await served.connect() for _ in range(CONCURRENT_REVIEWS)]
-    for _, writer in held:
+    held = []
+    for _ in range(CONCURRENT_REVIEWS):  # each request sent at once: its header timeout never runs out
+        reader, writer = await served.connect()
         writer.write(post(len(body)) + b"\r\n\r\n" + body)
+        held.append((reader, writer))
     await served.wait_decided(CONCURRENT_REVIEWS)
     return held
 
@@ -198,7 +200,7 @@ async def test_no_body_is_read_before_a_slot_is_held(served: Served) -> None:
         await asyncio.sleep(0.5)
         assert not answer.done()  # not even read while every slot is held
         served.hold.set()
-        assert await asyncio.wait_for(answer, 5) == 400
+        assert await asyncio.wait_for(answer, 15) == 400
     finally:
         writer.close()
         for _, other in held:
@@ -209,7 +211,7 @@ async def test_a_review_without_a_slot_in_its_budget_is_429(served: Served) -> N
     held = await hold_every_slot(served)
     body = review_body()
     try:
-        assert await served.exchange(post(len(body), query="?timeout=1s"), body, seconds=3) == 429
+        assert await served.exchange(post(len(body), query="?timeout=1s"), body, seconds=15) == 429
     finally:
         for _, writer in held:
             writer.close()
@@ -219,13 +221,13 @@ async def test_connections_are_counted_from_their_accept(served: Served) -> None
     silent = [await asyncio.open_connection("127.0.0.1", served.server.port) for _ in range(FAST.connections)]
     try:
         extra, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
-        assert await asyncio.wait_for(extra.read(), 2) == b""  # one too many: closed at once
+        assert await asyncio.wait_for(extra.read(), 10) == b""  # one too many: closed at once
         writer.close()
         listener = served.server.listener
         assert listener is not None and listener.refused >= 1
         # The silent ones never start their TLS handshake: they are closed after the header timeout...
         for reader, _ in silent:
-            assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 2) == b""
+            assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 10) == b""
     finally:
         for _, other in silent:
             other.close()
@@ -241,11 +243,11 @@ async def test_the_metrics_endpoint_has_the_same_limits() -> None:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: m\r\n")  # never ends its headers
-        assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 1) == b""
+        assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 10) == b""
         writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
         writer.write(f"GET /metrics HTTP/1.1\r\nHost: m\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode())
-        assert await asyncio.wait_for(status_of(reader), 2) == 413
+        assert await asyncio.wait_for(status_of(reader), 10) == 413
         writer.close()
     finally:
         await endpoint.close()
@@ -274,7 +276,7 @@ async def test_the_probes_have_the_same_limits() -> None:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", probes.port)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: p\r\n")  # never ends its headers
-        assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 1) == b""
+        assert await asyncio.wait_for(reader.read(), FAST.header_seconds + 10) == b""
         writer.close()
     finally:
         await endpoints.close()
