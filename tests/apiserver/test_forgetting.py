@@ -212,10 +212,8 @@ async def test_pool_churn_leaves_nothing_behind(
 async def test_claim_churn_in_pools_that_stay_leaves_nothing_behind(
     kube: KubeClient, namespace: str, controller_factory: ControllerFactory
 ) -> None:
-    # Without the repair loop: its passes, racing the claims' releases, report RepairSuspectedLeak Events on the
-    # live pools naming each churned claim, which the correlator keeps per message (requested of the repair's
-    # owner in /tmp/team/requests.md); the pool churn above runs it.
-    async with churning(kube, namespace, controller_factory, repair=RepairSettings(interval=0)) as churn:
+    # The repair loop runs too: its passes race the claims' releases, and must not keep anything per churned claim.
+    async with churning(kube, namespace, controller_factory) as churn:
         await churn.create_pools()
         await churn.churn_claims("w")
         await churn.settle()
