@@ -2,9 +2,9 @@
 InfobloxIPPools (new names each cycle) on the WAPI simulator, with dynamic and requested addresses, a pool of a
 missing InfobloxInstance and one of an instance whose credentials are refused, each with claims, every path of the
 controller's `footprint` (tests/support/footprint.py) is back at most at its size after a warm-up cycle; likewise
-when the pools stay and only claims churn. In the pool churn the repair loop runs meanwhile (every 0.5 s), so its
-calls for pools that are going are part of it. With a cleanup of the backend made a no-op, the same churn leaves
-its path grown."""
+when the pools stay and only claims churn. The repair loop runs meanwhile (every 0.5 s), so its calls for pools
+that are going, and its passes racing the claims' releases, are part of it. With a cleanup of the backend made a
+no-op, the same churn leaves its path grown."""
 
 from __future__ import annotations
 
@@ -144,9 +144,7 @@ async def test_claim_churn_in_pools_that_stay_leaves_nothing_behind(
     kube: KubeClient, namespace: str, infoblox_controller: Start, grid: Grid, grid_factory: Callable[..., Any]
 ) -> None:
     refused = await grid_factory(password="not-the-password")
-    # Without the repair loop: its passes may suspect the holding of a claim being released (a Normal Event per
-    # claim, kept in the live pool's Event group up to the correlator's bound), which is the repair loop's to fix.
-    async with infoblox_controller(repair=RepairSettings(interval=0)) as controller:
+    async with infoblox_controller(repair=REPAIR) as controller:  # passes race the releases, and keep nothing
         churn = Churn(kube, namespace, controller, grid, refused)
         await churn.create_pools()
         await churn.churn_claims("w")
