@@ -9,6 +9,7 @@ allocation follow the number of allocations, not the pool's size (see `intervals
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import TypeVar, cast
 
 from backends.incluster.allocator import Allocator, collisions
 from backends.incluster.domains import (
@@ -45,6 +46,7 @@ from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "inclusterippools", namespaced=True)
+Parsed = TypeVar("Parsed", bound=ParsedPool)
 GLOBAL_IN_CLUSTER_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
 )
@@ -68,10 +70,26 @@ class InClusterBackend:
         self.outside_pool, self.sweep_orphaned = self.repair.outside_pool, self.repair.sweep_orphaned
         self.cached_addresses = context.cached_addresses
         self.survey = PoolSurvey(self.kinds, cached_pools, survey_parse)
+        # Each pool's last valid parse, by the type it was parsed as, with the spec it was read from.
+        self._parsed: dict[PoolRef, tuple[type[ParsedPool], Object, ParsedPool]] = {}
 
     def parse(self, ref: PoolRef, pool: Object) -> ParsedPool:
         """The pool as one call reads it (its uniqueness domain noted); PoolNotReadyError when it is invalid."""
-        return self.ledger.noted(self.pool_type.parse(ref, pool))
+        return self.ledger.noted(self._parse_as(self.pool_type, ref, pool))
+
+    def _parse_as(self, pool_type: type[Parsed], ref: PoolRef, pool: Object) -> Parsed:
+        """`pool_type.parse(ref, pool)`; the pool's last parse while its uid, generation and spec are the same
+        (a parse depends on nothing else). An invalid pool is parsed, and fails, every time."""
+        meta, spec = pool.get("metadata") or {}, pool.get("spec") or {}
+        kept = self._parsed.get(ref)
+        if kept is not None:
+            kept_type, kept_spec, last = kept
+            same_pool = last.uid == str(meta.get("uid") or "") and last.generation == int(meta.get("generation") or 0)
+            if kept_type is pool_type and same_pool and (kept_spec is spec or kept_spec == spec):
+                return cast(Parsed, last)
+        parsed = cast(Parsed, pool_type.parse(ref, pool))
+        self._parsed[ref] = (pool_type, spec, parsed)
+        return parsed
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`)."""
@@ -83,6 +101,7 @@ class InClusterBackend:
         """The pool's watch showed it deleted: what the ledger and the repair keep for it goes."""
         self.ledger.forget(ref)
         self.repair.all_inside.pop(ref, None)
+        self._parsed.pop(ref, None)
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
         """Build the pool's index ahead of its first allocation (`Ledger.prepare`); an invalid pool is left alone."""
@@ -110,7 +129,7 @@ class InClusterBackend:
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = self.ledger.noted(AddressPool.parse(pool_ref, pool))
+            parsed = self.ledger.noted(self._parse_as(AddressPool, pool_ref, pool))
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             conditions = [INVALID_POOL_OVERLAP]
