@@ -11,8 +11,9 @@ When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
 A pass yields to new work. Its loops over pools give the event loop's other tasks a turn every few milliseconds
 (`Turns`), and it hands the pools whose `AddressesRecorded` condition changed (after a burst: every new pool) to the
 pool reconciler `HAND_OVER_AT_ONCE` at a time, the next ones only once the cache shows the last ones written (or
-after `HAND_OVER_WAIT`): a pool or claim that comes meanwhile waits behind those few at most, and a queue busy with
-other work holds the hand-over back, not that work. The pass ends when every change is handed over.
+after `HAND_OVER_WAIT`; once a slice is not seen in that time, as when its writes are refused, the rest go without
+waiting): a pool or claim that comes meanwhile waits behind those few at most, and a queue busy with other work holds
+the hand-over back, not that work. The pass ends when every change is handed over.
 """
 
 from __future__ import annotations
@@ -128,21 +129,24 @@ class RepairLoop:
         """Hand the pools whose condition the pass changed to the pool reconciler, `HAND_OVER_AT_ONCE` at a time, each
         slice once the cache shows the one before written (see the module's contract)."""
         changed = list(self.pools.changed.items())
-        self.pools.changed.clear()
         handed: Sequence[tuple[PoolRef, ReportCondition]] = ()
+        waiting = True  # until a slice is not seen written in time: then the rest go without waiting
         for start in range(0, len(changed), HAND_OVER_AT_ONCE):
-            await self._written(handed)
+            if waiting:
+                waiting = await self._written(handed)
             handed = changed[start : start + HAND_OVER_AT_ONCE]
             for ref, _ in handed:
+                self.pools.changed.pop(ref, None)  # a pass cancelled here leaves the rest for the next one
                 self.ctx.pool_changed(ref)
 
-    async def _written(self, handed: Sequence[tuple[PoolRef, ReportCondition]]) -> None:
+    async def _written(self, handed: Sequence[tuple[PoolRef, ReportCondition]]) -> bool:
         """Wait until the cache shows every `handed` condition on its pool (or the pool gone), `HAND_OVER_WAIT` at
-        most."""
+        most; whether it did."""
         for _ in range(round(HAND_OVER_WAIT / HAND_OVER_POLL)):
             if all(self._shows(ref, condition) for ref, condition in handed):
-                return
+                return True
             await asyncio.sleep(HAND_OVER_POLL)
+        return False
 
     def _shows(self, ref: PoolRef, condition: ReportCondition) -> bool:
         """Whether the cached pool carries `condition`, or is gone or being deleted (nothing to wait for then)."""

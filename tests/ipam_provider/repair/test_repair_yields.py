@@ -88,3 +88,34 @@ async def test_a_pass_with_one_slice_or_less_waits_for_nothing(monkeypatch: pyte
     assert len(rw.world.pool_changes) == HAND_OVER_AT_ONCE
     await rw.run_pass()
     assert len(rw.world.pool_changes) == HAND_OVER_AT_ONCE, "an unchanged condition is not handed over again"
+
+
+async def test_a_slice_never_seen_written_lets_the_rest_go_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(repair_loop, "HAND_OVER_WAIT", 0.05)  # nothing writes the conditions: each wait runs out
+    rw = many_pools()
+    waits: list[bool] = []
+    written = repair_loop.RepairLoop._written
+
+    async def counted(loop: repair_loop.RepairLoop, handed: list[tuple[PoolRef, object]]) -> bool:
+        waits.append(await written(loop, handed))  # type: ignore[arg-type]
+        return waits[-1]
+
+    monkeypatch.setattr(repair_loop.RepairLoop, "_written", counted)
+    await rw.run_pass()
+
+    assert waits == [True, False]  # nothing to wait for before the first slice; the second waits once, in vain
+    assert len(rw.world.pool_changes) == POOL_COUNT
+    assert rw.loop.pools.changed == {}
+
+
+async def test_a_pass_cancelled_in_its_hand_over_keeps_the_rest_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(repair_loop, "HAND_OVER_WAIT", 3600.0)
+    rw = many_pools()
+    passing = asyncio.create_task(rw.run_pass())
+    await until(at_least(rw.world.pool_changes, HAND_OVER_AT_ONCE), "the first slice handed over")
+    passing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await passing
+
+    assert len(rw.loop.pools.changed) == POOL_COUNT - HAND_OVER_AT_ONCE
+    assert not set(rw.loop.pools.changed) & set(rw.world.pool_changes)
