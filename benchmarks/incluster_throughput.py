@@ -160,7 +160,7 @@ def check_pools_flags(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("need 1 <= --claims-per-pool <= 250 and --idle-seconds >= 0")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--scenario",
@@ -202,11 +202,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-limit", action="store_true", help="do not measure the speed-of-light client")
     parser.add_argument("--keep-logs", type=Path, help="copy the controllers' logs into this directory")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args(argv)
     chosen = {s.strip() for value in args.scenario or ["throughput"] for s in value.split(",") if s.strip()}
     if unknown := chosen - {*SCENARIOS, "all"}:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     args.scenarios = list(SCENARIOS) if "all" in chosen else sorted(chosen)
+    args.sizes = _sizes(parser, args, "all" in chosen)
+    if args.rate <= 0 or args.duration <= 0:
+        parser.error("need --rate > 0 and --duration > 0")
+    check_pools_flags(parser, args)
+    return args
+
+
+def _sizes(parser: argparse.ArgumentParser, args: argparse.Namespace, every: bool) -> list[tuple[int, ...]]:
+    """The throughput and restart runs' claims/pools sizes, the largest last."""
     try:
         sizes = [tuple(int(part) for part in size.split("/", 1)) for size in args.size]
     except ValueError:
@@ -214,18 +228,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.claims is not None or args.pools is not None:
         sizes.append((args.claims or 300, args.pools or 3))
     if not sizes and "throughput" in args.scenarios:
-        sizes = list(ISSUE_SIZES) if "all" in chosen else [(300, 3)]
+        sizes = list(ISSUE_SIZES) if every else [(300, 3)]
     if "restart" in args.scenarios and (args.restart_addresses, 1) not in sizes:
         sizes.append((args.restart_addresses, 1))
     for claims, pools in sizes:
         if claims < 1 or not 1 <= pools <= 100:
             parser.error(f"{claims}/{pools}: need at least 1 claim and 1 to 100 pools")
         pool_layout(claims, pools)
-    args.sizes = sorted(set(sizes), key=lambda size: (size[0], -size[1]))  # the largest run last
-    if args.rate <= 0 or args.duration <= 0:
-        parser.error("need --rate > 0 and --duration > 0")
-    check_pools_flags(parser, args)
-    return args
+    return sorted(set(sizes), key=lambda size: (size[0], -size[1]))
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

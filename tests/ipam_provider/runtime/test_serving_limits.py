@@ -114,7 +114,7 @@ async def test_a_review_is_answered(served: Served) -> None:
 async def test_a_content_length_over_the_limit_is_413_before_any_body_came(served: Served) -> None:
     started = time.monotonic()
     assert await served.exchange(post(MAX_BODY + 1), seconds=10) == 413
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < FAST.idle_seconds  # not after waiting in vain for the body
     assert served.decided == []
 
 
