@@ -8,7 +8,8 @@ allocation follow the number of allocations, not the pool's size (see `intervals
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+from collections.abc import Collection, Mapping, Sequence
 from typing import TypeVar, cast
 
 from backends.incluster.allocator import Allocator, collisions
@@ -20,7 +21,7 @@ from backends.incluster.domains import (
     unheld_pinned,
 )
 from backends.incluster.intervals import address_value
-from backends.incluster.ledger import Ledger
+from backends.incluster.ledger import LABEL_POOL, Ledger
 from backends.incluster.repair import Repair
 from backends.incluster.spec import (
     AddressPool,
@@ -42,6 +43,8 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
 )
+from ipam_provider.backend.live_pools import LivePools
+from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
@@ -64,14 +67,14 @@ class InClusterBackend:
         self.ledger = Ledger(kube, context.cached_addresses, lambda d: domain_pools(kube, self.kinds, cached_pools, d))
         self.allocator = Allocator(self.ledger)
         self.repair = Repair(self.ledger, self.pool_type.parse, self.kinds, cached_pools)
-        # The repair capability (see `ipam_provider.backend.repair`) is the Repair's.
-        self.list_holdings, self.list_pools_holdings = self.repair.list_holdings, self.repair.list_pools_holdings
-        self.release_holding, self.restore = self.repair.release_holding, self.repair.restore
-        self.outside_pool, self.sweep_orphaned = self.repair.outside_pool, self.repair.sweep_orphaned
+        # The repair capability (see `ipam_provider.backend.repair`) is the Repair's, each call a pool operation.
+        self.sweep_orphaned = self.repair.sweep_orphaned
         self.cached_addresses = context.cached_addresses
         self.survey = PoolSurvey(self.kinds, cached_pools, survey_parse)
         # Each pool's last valid parse, by the type it was parsed as, with the spec it was read from.
         self._parsed: dict[PoolRef, tuple[type[ParsedPool], Object, ParsedPool]] = {}
+        # Every operation of a pool runs in `pools.operation`: what one keeps for a pool gone meanwhile goes.
+        self.pools = LivePools(self.forget_pool)
 
     def parse(self, ref: PoolRef, pool: Object) -> ParsedPool:
         """The pool as one call reads it (its uniqueness domain noted); PoolNotReadyError when it is invalid."""
@@ -92,24 +95,56 @@ class InClusterBackend:
         return parsed
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`)."""
-        if new is None and old is not None:
-            self.forget_pool(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]))
+        """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`); a deleted
+        pool is forgotten (`observe_live`)."""
+        self.observe_live(kind, old, new)
         return self.survey.observe(kind, old, new)
 
+    def observe_live(self, kind: PoolKind, old: Object | None, new: Object | None) -> None:
+        """Tell `pools` whether the changed pool exists: a deleted one is forgotten (`forget_pool`) now and when an
+        operation of it ends later."""
+        meta = (new or old or {}).get("metadata") or {}
+        if meta.get("name"):
+            self.pools.observe(kind.ref(meta.get("namespace"), meta["name"]), new is not None)
+
     def forget_pool(self, ref: PoolRef) -> None:
-        """The pool's watch showed it deleted: what the ledger and the repair keep for it goes."""
+        """The pool is gone: what the ledger and the repair keep for it, and its parse, go."""
         self.ledger.forget(ref)
         self.repair.all_inside.pop(ref, None)
         self._parsed.pop(ref, None)
 
     async def prepare(self, pool_ref: PoolRef, pool: Object) -> None:
         """Build the pool's index ahead of its first allocation (`Ledger.prepare`); an invalid pool is left alone."""
-        try:
-            parsed = self.parse(pool_ref, pool)
-        except PoolNotReadyError:
-            return
-        await self.ledger.prepare(parsed)
+        with self.pools.operation(pool_ref):
+            try:
+                parsed = self.parse(pool_ref, pool)
+            except PoolNotReadyError:
+                return
+            await self.ledger.prepare(parsed)
+
+    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
+        with self.pools.operation(pool_ref):
+            return await self.repair.list_holdings(pool_ref, pool, pacer)
+
+    async def list_pools_holdings(
+        self, pools: Sequence[tuple[PoolRef, Object]], pacer: Pacer, selector: str = LABEL_POOL
+    ) -> dict[PoolRef, list[Holding]]:
+        with contextlib.ExitStack() as operations:
+            for ref, _ in pools:
+                operations.enter_context(self.pools.operation(ref))
+            return await self.repair.list_pools_holdings(pools, pacer, selector)
+
+    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
+        with self.pools.operation(pool_ref):
+            return await self.repair.release_holding(pool_ref, pool, holding)
+
+    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
+        with self.pools.operation(pool_ref):
+            return await self.repair.restore(pool_ref, pool, claim, allocation)
+
+    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
+        with self.pools.operation(pool_ref):
+            return await self.repair.outside_pool(pool_ref, pool, addresses)
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
@@ -120,14 +155,20 @@ class InClusterBackend:
     async def allocate(
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
-        return await self.allocator.allocate(self.parse(pool_ref, pool), claim, existing)
+        with self.pools.operation(pool_ref):
+            return await self.allocator.allocate(self.parse(pool_ref, pool), claim, existing)
 
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
-        await self.ledger.release_claim(pool_ref, ReleaseTerms.of(pool_ref, pool), claim.uid)
+        with self.pools.operation(pool_ref):
+            await self.ledger.release_claim(pool_ref, ReleaseTerms.of(pool_ref, pool), claim.uid)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+        with self.pools.operation(pool_ref):
+            return await self._report(pool_ref, pool, addresses)
+
+    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
             parsed = self.ledger.noted(self._parse_as(AddressPool, pool_ref, pool))
         except PoolNotReadyError as error:

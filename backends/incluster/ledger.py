@@ -180,7 +180,7 @@ class ReservationClient:
         self.kube = kube
         self._domains: dict[PoolRef, str] = {}
         # Told of each reservation this client creates for a pool of a uniqueness domain (`Ledger._share`).
-        self.on_domain_create: Callable[[PoolRef, Reservation], None] = lambda ref, reservation: None
+        self.on_domain_create: Callable[[PoolRef, str, Reservation], None] = lambda ref, domain, reservation: None
 
     def note_domain(self, ref: PoolRef, domain: str | None) -> None:
         """Record the uniqueness domain the pool names now (None: none)."""
@@ -218,7 +218,7 @@ class ReservationClient:
                 return None
             raise
         if domain:
-            self.on_domain_create(ref, created)
+            self.on_domain_create(ref, domain, created)
         return created
 
     async def get(self, ref: PoolRef, address: str) -> Reservation | None:
@@ -532,9 +532,8 @@ class Ledger:
         self._reclaiming: set[PoolRef] = set()  # pools whose expired releases are being deleted now
         self.reservations.on_domain_create = self._share
 
-    def _share(self, ref: PoolRef, reservation: Reservation) -> None:
-        """Hold a reservation made for a domain pool in the indexes of the domain's other pools."""
-        domain = self.reservations.domain_of(ref)
+    def _share(self, ref: PoolRef, domain: str, reservation: Reservation) -> None:
+        """Hold a reservation made for a pool of `domain` in the indexes of the domain's other pools."""
         for other, index in list(self._indexes.items()):
             if other != ref and self.reservations.domain_of(other) == domain:
                 index.hold(reservation)
@@ -552,7 +551,7 @@ class Ledger:
 
     def forget(self, ref: PoolRef) -> None:
         """The pool is gone (its watch showed it deleted): drop its index, its noted domain, and its build lock
-        unless a build holds it now."""
+        unless a build holds it now (the backend forgets the pool again when that build's operation ends)."""
         self._indexes.pop(ref, None)
         self.reservations.forget(ref)
         lock = self._building.get(ref)

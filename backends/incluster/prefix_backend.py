@@ -41,9 +41,8 @@ class InClusterPrefixBackend(InClusterBackend):
     pool_type: type[ParsedPool] = PrefixPool
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """A prefix pool's report depends on no other pool; a deleted one is forgotten (`forget_pool`)."""
-        if new is None and old is not None:
-            self.forget_pool(kind.ref(old["metadata"].get("namespace"), old["metadata"]["name"]))
+        """A prefix pool's report depends on no other pool; a deleted one is forgotten (`observe_live`)."""
+        self.observe_live(kind, old, new)
         return ()
 
     async def review_pool_change(
@@ -52,7 +51,7 @@ class InClusterPrefixBackend(InClusterBackend):
         """The admission webhook's checks for prefix pools (see `prefix_spec`)."""
         return prefix_pool_change_problems(old, new, in_use)
 
-    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
+    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
             allocatable = self.parse(pool_ref, pool).allocatable
         except PoolNotReadyError as error:
