@@ -102,11 +102,13 @@ class Ledger:
         """The pool is gone: what was remembered of its addresses goes."""
         self._indexes.pop(ref, None)
 
-    def forget_claim(self, ref: PoolRef, uid: str) -> None:
-        """The claim `uid` is gone: what was remembered of its address and of a lost POST of it goes."""
+    def forget_address(self, ref: PoolRef, uid: str, address_id: int) -> None:
+        """NetBox address `address_id` of the claim `uid` is gone: if it is the one remembered for the claim, that and
+        a lost POST of it go; a claim remembered holding another address keeps both."""
         index = self._indexes.get(ref)
-        if index is not None:
-            index.by_claim.pop(uid, None)
+        held = index.by_claim.get(uid) if index is not None else None
+        if index is not None and held is not None and held[0] == address_id:
+            del index.by_claim[uid]
             index.uncertain.pop(uid, None)
 
     def trusted(self, ref: PoolRef, claim: ClaimContext, existing: Allocation) -> bool:
@@ -165,11 +167,12 @@ class Ledger:
 
     async def delete(self, client: NetboxClient, ref: PoolRef, address_id: int, uid: str = "") -> bool:
         """Delete NetBox IP address `address_id` (the caller checked our marks): the claim `uid` is no longer known
-        to hold an address, and room was made in the pool (its sources are tried in order again). False when it
-        was already gone."""
+        to hold it (if it is the one remembered for it), and room was made in the pool (its sources are tried in
+        order again). False when it was already gone."""
         deleted: bool = await client.call(f"delete address #{address_id}", calls.delete_address(address_id))
         index = self.index(ref)
-        index.by_claim.pop(uid, None)
+        if index.by_claim.get(uid, (None, ""))[0] == address_id:
+            del index.by_claim[uid]
         index.exhausted.clear()
         return deleted
 

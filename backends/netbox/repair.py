@@ -128,8 +128,9 @@ class NetboxRepair:
             if not unchanged:
                 log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
                 return False
+            # The claim may be live and hold another address (a suspect leak): only what was kept of this one goes.
+            self.ledger.forget_address(parsed.ref, holding.claim_uid, address_id)
             deleted = await self.ledger.delete(client, parsed.ref, address_id, holding.claim_uid)
-            self.ledger.forget_claim(parsed.ref, holding.claim_uid)  # its claim is gone: so is any lost POST of it
             if deleted:
                 log.info("leaked address released", pool=str(parsed.ref), address=holding.address, id=address_id)
             return deleted

@@ -8,8 +8,8 @@ Contract:
 - `resolve_pool` turns the sources, the tenant and the tags into ids in a few GETs, and checks what NetBox cannot:
   one IP family per pool, gateways and prefix lengths of the source's family, and that a gateway NetBox could hand
   out is recorded in NetBox (else GatewayNotRecorded), so that available-ips never offers it.
-- `Resolver` caches the ownership marks per client for `ownership_seconds`, and the resolved pool per generation
-  and client (the periodic report resolves afresh).
+- `Resolver` caches the ownership marks per client for `ownership_seconds`, and the resolved pool per pool UID,
+  generation and client (the periodic report resolves afresh).
 - Everything raises PoolUnusableError (pool-level, with a reason) or NetboxError (from the client).
 """
 
@@ -382,7 +382,7 @@ class Resolver:
         self.connections = connections
         self.ownership_seconds = ownership_seconds
         self.known: dict[PoolRef, Pool] = {}  # the last good spec `parse` saw of each pool
-        self._resolved: dict[PoolRef, tuple[int, NetboxClient, Resolved]] = {}
+        self._resolved: dict[PoolRef, tuple[tuple[str, int], NetboxClient, Resolved]] = {}  # by (uid, generation)
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         # One lock per NetBox URL, and how many hold or wait for it: the entry goes with the last of them.
         self._ownership_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
@@ -446,15 +446,16 @@ class Resolver:
     async def resolve(
         self, client: NetboxClient, pool: Pool, *, fresh: bool = False, pacer: Pacer | None = None
     ) -> Resolved:
-        """The pool's NetBox ids, cached per generation and client; `fresh` asks NetBox again. When NetBox is
-        asked, `pacer` (if any) is waited for once first (for the few GETs)."""
+        """The pool's NetBox ids, cached per pool object (UID), generation and client; `fresh` asks NetBox again.
+        When NetBox is asked, `pacer` (if any) is waited for once first (for the few GETs)."""
+        version = (pool.uid, pool.generation)
         cached = self._resolved.get(pool.ref)
-        if not fresh and cached is not None and cached[0] == pool.generation and cached[1] is client:
+        if not fresh and cached is not None and cached[0] == version and cached[1] is client:
             return cached[2]
         if pacer is not None:
             await pacer.wait()
         resolved = await resolve_pool(client, pool, await self.ownership(client))
-        self._resolved[pool.ref] = (pool.generation, client, resolved)
+        self._resolved[pool.ref] = (version, client, resolved)
         return resolved
 
     def forget(self, pool_ref: PoolRef) -> None:

@@ -139,6 +139,7 @@ class Pool:
     """A parsed pool: what the backend needs, in a hashable shape."""
 
     ref: PoolRef
+    uid: str  # the pool object's UID: a pool re-created under the same name is another pool
     generation: int
     secret_namespace: str
     secret_name: str
@@ -167,6 +168,7 @@ def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     _check_fields(spec.address_fields)
     return Pool(
         ref=ref,
+        uid=str(pool["metadata"].get("uid") or ""),
         generation=int(pool["metadata"].get("generation") or 0),
         secret_namespace=namespace,
         secret_name=secret.name,
