@@ -265,13 +265,19 @@ class Controller:
 
     def _reconciled(self, key: QueueKey) -> None:
         """A reconcile of `key` finished: what is kept for its objects while writes to them may be in flight goes
-        (`Caches.reconciled`), and, once its object is gone from the cache, what the Event correlator keeps for it."""
+        (`Caches.reconciled`), and, once its object is gone from the cache, what the Event correlator and the
+        context (`ReconcileContext.forget`) keep for it."""
         self.caches.reconciled(key)
+        namespace: str | None
         if isinstance(key, ClaimKey):
-            if self.caches.claims.get(key.namespace, key.name) is None:
-                self.context.recorder.forget(CLAIMS.kind, key.namespace, key.name)
-        elif self.caches.pool(key.ref) is None:
-            self.context.recorder.forget(key.ref.kind, key.ref.namespace, key.ref.name)
+            kind, namespace, name = CLAIMS.kind, key.namespace, key.name
+            gone = self.caches.claims.get(namespace, name) is None
+        else:
+            kind, namespace, name = key.ref.kind, key.ref.namespace, key.ref.name
+            gone = self.caches.pool(key.ref) is None
+        if gone:
+            self.context.recorder.forget(kind, namespace, name)
+            self.context.forget(kind, namespace, name)
 
     def _succeeded(self, key: QueueKey) -> None:
         """A reconcile of `key` succeeded: its backoff and its failure streak end."""

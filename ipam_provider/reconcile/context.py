@@ -68,6 +68,10 @@ class ReconcileContext:
             if not self._allocating[ref]:
                 del self._allocating[ref]
 
+    def forget(self, kind: str, namespace: str | None, name: str) -> None:
+        """The object is gone: the status refusal noted for it (see `write_status`) goes."""
+        self._refused.pop((kind, namespace, name))
+
     def allocations_under_way(self, ref: PoolRef) -> int:
         """How many claims of the pool this process is allocating now: their IPAddresses are not written yet, so a
         pool being deleted must not be let go before they are."""

@@ -16,13 +16,17 @@ from typing import Any
 
 import pytest
 
+from backends.incluster.backend import InClusterBackend
 from backends.incluster.domains import Coverage
 from backends.incluster.ledger import Ledger, ReservationClient
 from ipam_provider.api.capi import REASON_POOL_NOT_READY
 from ipam_provider.controller import Controller
+from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair import RepairSettings
+from ipam_provider.repair.pool import PoolRepairs
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events.correlator import EventCorrelator
+from ipam_provider.runtime.events.recorder import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
@@ -89,6 +93,7 @@ class Churn:
     namespace: str
     controller: Controller
     claims_per_pool: int = 2
+    same_names: bool = False  # each cycle's pools (and claims) are named as the cycle before's
     cycle: int = 0
     pools: list[tuple[PoolSpec, str]] = field(default_factory=list)
 
@@ -98,25 +103,27 @@ class Churn:
     async def create_pools(self) -> None:
         self.cycle += 1
         self.pools = []
+        suffix = "" if self.same_names else str(self.cycle)
         for spec in POOL_SPECS:
-            name = (
-                f"{spec.stem}{self.cycle}" if spec.resource.namespaced else f"{self.namespace}-{spec.stem}{self.cycle}"
-            )
+            name = f"{spec.stem}{suffix}" if spec.resource.namespaced else f"{self.namespace}-{spec.stem}{suffix}"
             await self.kube.create(spec.resource, spec.manifest(name), self.scope(spec))
             self.pools.append((spec, name))
 
     async def churn_claims(self, tag: str) -> None:
         """Claims in every pool, one of a missing pool and one of a kind nobody serves; fulfilled, then deleted."""
-        names = []
+        names, by_pool = [], {}
         for spec, pool in self.pools:
             for index in range(self.claims_per_pool):
                 name = f"c{tag}-{spec.stem}-{index}"
                 await self.kube.create(CLAIMS, claim(name, pool, kind=spec.resource.kind), self.namespace)
                 names.append(name)
+                by_pool[name] = pool
         await self.kube.create(CLAIMS, claim(f"c{tag}-missing", f"missing{tag}"), self.namespace)
         await self.kube.create(CLAIMS, claim(f"c{tag}-alien", "x", kind="NoSuchPool"), self.namespace)
-        for name in names:
-            await wait_address(self.kube, self.namespace, name)
+        addresses = {
+            (by_pool[name], (await wait_address(self.kube, self.namespace, name))["spec"]["address"]) for name in names
+        }
+        assert len(addresses) == len(names), f"an address handed out twice in one pool: {sorted(addresses)}"
         await wait_claim_reason(self.kube, self.namespace, f"c{tag}-missing", REASON_POOL_NOT_READY)
         for name in [*names, f"c{tag}-missing", f"c{tag}-alien"]:
             await self.kube.delete(CLAIMS, name, self.namespace)
@@ -151,7 +158,7 @@ class Churn:
 
     async def pool_cycle(self) -> None:
         await self.create_pools()
-        await self.churn_claims(str(self.cycle))
+        await self.churn_claims("" if self.same_names else str(self.cycle))
         await self.delete_pools()
         await self.settle()
 
@@ -189,9 +196,10 @@ async def churning(
     controller_factory: ControllerFactory,
     claims_per_pool: int = 2,
     repair: RepairSettings = REPAIR,
+    same_names: bool = False,
 ) -> AsyncIterator[Churn]:
     async with controller_factory(namespaces=[namespace], repair=repair) as controller:
-        churn = Churn(kube, namespace, controller, claims_per_pool)
+        churn = Churn(kube, namespace, controller, claims_per_pool, same_names)
         try:
             yield churn
         finally:
@@ -205,6 +213,18 @@ async def test_pool_churn_leaves_nothing_behind(
         await churn.pool_cycle()  # warm-up: lazily made state (metric children, module caches) exists from here
         before = footprint(churn.controller)
         for _ in range(2):
+            await churn.pool_cycle()
+        assert_nothing_grew(before, footprint(churn.controller))
+
+
+async def test_pool_churn_under_the_same_names_leaves_nothing_behind(
+    kube: KubeClient, namespace: str, controller_factory: ControllerFactory
+) -> None:
+    # Pools and claims re-created under the names just deleted: forgetting races the uid and tombstone checks.
+    async with churning(kube, namespace, controller_factory, same_names=True) as churn:
+        await churn.pool_cycle()
+        before = footprint(churn.controller)
+        for _ in range(3):
             await churn.pool_cycle()
         assert_nothing_grew(before, footprint(churn.controller))
 
@@ -232,6 +252,10 @@ CLEANUPS = [
     pytest.param(Ledger, "forget", "ledger._indexes", id="ledger-indexes"),
     pytest.param(ReservationClient, "forget", "ledger.reservations._domains", id="ledger-domains"),
     pytest.param(Coverage, "remove", "survey._coverage[*]._segments", id="overlap-index"),
+    pytest.param(InClusterBackend, "forget_pool", "._parsed", id="backend-parses"),
+    pytest.param(InClusterBackend, "forget_pool", "all_inside", id="backend-all-inside"),
+    pytest.param(PoolRepairs, "_forget", "repair", id="repair-per-pool"),
+    pytest.param(EventRecorder, "forget", "correlator._series._entries", id="controller-recorder-forget"),
 ]
 
 
@@ -251,3 +275,32 @@ async def test_without_one_cleanup_its_state_grows(
         await churn.pool_cycle()
         grown = footprint_growth(before, footprint(churn.controller))
     assert any(path in grown_path for grown_path in grown), f"{path} did not grow; what grew: {grown}"
+
+
+@pytest.mark.parametrize("forgets", [True, False], ids=["forgotten", "without-context-forget"])
+async def test_a_status_refusal_is_forgotten_with_its_pool(
+    kube: KubeClient,
+    namespace: str,
+    controller_factory: ControllerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    forgets: bool,
+) -> None:
+    # The API server refusing every pool status (422) notes a refusal per pool (`ReconcileContext._refused`).
+    patch_cached = ReconcileContext.patch_cached
+
+    async def refusing(
+        self: ReconcileContext, store: Store, resource: Resource, obj: Object, patch: Object, **kw: Any
+    ) -> Object:
+        if kw.get("subresource") == "status" and resource.kind != CLAIMS.kind:
+            raise ApiError(422, "Invalid", "status refused by the test")
+        return await patch_cached(self, store, resource, obj, patch, **kw)
+
+    monkeypatch.setattr(ReconcileContext, "patch_cached", refusing)
+    if not forgets:
+        monkeypatch.setattr(ReconcileContext, "forget", lambda *_, **__: None)
+    async with churning(kube, namespace, controller_factory, claims_per_pool=1) as churn:
+        before = footprint(churn.controller)
+        await churn.pool_cycle()
+        grown = footprint_growth(before, footprint(churn.controller))
+    refused = [path for path in grown if "_refused" in path]
+    assert bool(refused) is not forgets, f"what grew: {grown}"
