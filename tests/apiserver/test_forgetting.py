@@ -48,13 +48,6 @@ pytestmark = pytest.mark.apiserver
 Object = dict[str, Any]
 QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
 
-# Paths bounded by design, not per object, that may grow between the footprints, and why.
-ALLOWED: dict[str, str] = {
-    # One series per (status code, host, method) of API requests: a code first met late (a 404, a 409) adds one.
-    "prometheus.rest_client_requests": "per status code and method, not per object",
-    "ipam_provider.runtime.telemetry.clients._COUNTERS": "the same series, looked up once each",
-    "ipam_provider.runtime.telemetry.clients._DURATIONS": "per host and method, not per object",
-}
 REPAIR = RepairSettings(interval=1.0, grace_period=2.0)  # its passes run during the churn, at a test's pace
 
 
@@ -183,7 +176,7 @@ async def _true(value: bool) -> bool:
 
 
 def assert_nothing_grew(before: dict[str, int], after: dict[str, int]) -> None:
-    grown = {path: counts for path, counts in footprint_growth(before, after).items() if path not in ALLOWED}
+    grown = footprint_growth(before, after)
     assert not grown, "state kept for objects that are gone (path: before, after):\n" + "\n".join(
         f"  {path}: {counts[0]} -> {counts[1]}" for path, counts in grown.items()
     )

@@ -48,12 +48,6 @@ PREFIX = "10.43.0.0/26"
 ABSENT_PREFIX = "10.43.9.0/28"  # not in NetBox
 QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
 REPAIR = RepairSettings(interval=0.5, grace_period=30.0)
-# Paths bounded by design that may grow between the footprints: path -> why.
-ALLOWED = {
-    "ipam_provider.runtime.telemetry.clients._COUNTERS": "one per (HTTP status, host, method) seen, such as a 409",
-    "prometheus.rest_client_requests": "the series of those counters",
-    "prometheus.ipam_provider_events": "one series per Event type and outcome, such as the first combined one",
-}
 
 
 @dataclass
@@ -142,10 +136,6 @@ class Churn:
             await asyncio.sleep(0.1)
 
 
-def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, tuple[int, int]]:
-    return {path: counts for path, counts in footprint_growth(before, after).items() if path not in ALLOWED}
-
-
 Start = Callable[..., Any]
 
 
@@ -165,7 +155,7 @@ async def churn_growth(kube: KubeClient, namespace: str, start: Start, cycles: i
         before = footprint(controller)
         for _ in range(cycles):
             await churn.pool_cycle()
-        return grown(before, footprint(controller))
+        return footprint_growth(before, footprint(controller))
 
 
 async def test_pool_churn_leaves_nothing_behind(
@@ -190,7 +180,7 @@ async def test_claim_churn_in_pools_that_stay_leaves_nothing_behind(
         for cycle in range(3):
             await churn.churn_claims(str(cycle))
             await churn.settle()
-        assert grown(before, footprint(controller)) == {}
+        assert footprint_growth(before, footprint(controller)) == {}
         await churn.delete_pools()
 
 
