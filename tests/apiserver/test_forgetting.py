@@ -7,9 +7,7 @@ the same churn leaves the path it cleans grown."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +30,7 @@ from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
-from tests.support.footprint import footprint, footprint_growth
+from tests.support.footprint import footprint, footprint_growth, settled
 from tests.support.objects import (
     GLOBAL_POOLS,
     GLOBAL_PREFIX_POOLS,
@@ -46,7 +44,6 @@ from tests.support.objects import (
 pytestmark = pytest.mark.apiserver
 
 Object = dict[str, Any]
-QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
 
 REPAIR = RepairSettings(interval=1.0, grace_period=2.0)  # its passes run during the churn, at a test's pace
 
@@ -165,14 +162,7 @@ class Churn:
         """Wait until a repair pass (if it runs) has run from start to end after the churn, and then until nothing
         is queued, processed or waiting to be written for QUIET seconds."""
         await self.repair_pass()
-        queue, recorder = self.controller.queue, self.controller.context.recorder
-        quiet_since = time.monotonic()
-        deadline = quiet_since + 30
-        while time.monotonic() - quiet_since < QUIET:
-            if len(queue) or queue.processing or recorder.correlator.pending:
-                quiet_since = time.monotonic()
-            assert time.monotonic() < deadline, "the controller did not settle within 30 s"
-            await asyncio.sleep(0.1)
+        await settled(self.controller)
 
 
 async def _true(value: bool) -> bool:

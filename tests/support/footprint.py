@@ -28,6 +28,7 @@ import collections
 import contextlib
 import functools
 import sys
+import time
 import types
 import weakref
 from collections.abc import Iterable, Iterator
@@ -216,3 +217,19 @@ def _elements(value: object, path: str) -> Iterator[tuple[object, str]]:
 def _named(path: str, **children: object) -> Iterator[tuple[object, str]]:
     for name, child in children.items():
         yield child, f"{path}.{name}"
+
+
+QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
+
+
+async def settled(controller: Any, timeout: float = 30) -> None:
+    """Wait until the controller has nothing queued, processed or waiting to be written for QUIET seconds, so that
+    a footprint taken then holds no work in flight; fail after `timeout` seconds."""
+    queue, recorder = controller.queue, controller.context.recorder
+    quiet_since = time.monotonic()
+    deadline = quiet_since + timeout
+    while time.monotonic() - quiet_since < QUIET:
+        if len(queue) or queue.processing or recorder.correlator.pending:
+            quiet_since = time.monotonic()
+        assert time.monotonic() < deadline, f"the controller did not settle within {timeout:g} s"
+        await asyncio.sleep(0.1)

@@ -8,8 +8,6 @@ no-op, the same churn leaves its path grown."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,11 +24,10 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
 from tests.backends.infoblox.conftest import KIND, POOLS, Grid, wait_pool_reason
 from tests.support.cluster import wait_for
-from tests.support.footprint import footprint, footprint_growth
+from tests.support.footprint import footprint, footprint_growth, settled
 from tests.support.objects import claim, wait_address, wait_claim_reason
 
 Object = dict[str, Any]
-QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
 REPAIR = RepairSettings(interval=0.5, grace_period=30.0)
 
 
@@ -97,14 +94,7 @@ class Churn:
 
     async def settle(self) -> None:
         """Wait until nothing is queued, processed or waiting to be written for QUIET seconds."""
-        queue, recorder = self.controller.queue, self.controller.context.recorder
-        quiet_since = time.monotonic()
-        deadline = quiet_since + 30
-        while time.monotonic() - quiet_since < QUIET:
-            if len(queue) or queue.processing or recorder.correlator.pending:
-                quiet_since = time.monotonic()
-            assert time.monotonic() < deadline, "the controller did not settle within 30 s"
-            await asyncio.sleep(0.1)
+        await settled(self.controller)
 
 
 Start = Callable[..., Any]

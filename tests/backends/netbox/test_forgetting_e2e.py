@@ -8,8 +8,6 @@ made a no-op, the same churn leaves its path grown."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,7 +35,7 @@ from tests.backends.netbox.conftest import (
     wait_pool_reason,
 )
 from tests.support.cluster import wait_for
-from tests.support.footprint import footprint, footprint_growth
+from tests.support.footprint import footprint, footprint_growth, settled
 from tests.support.objects import claim, wait_address, wait_claim_reason
 
 if TYPE_CHECKING:
@@ -46,7 +44,6 @@ if TYPE_CHECKING:
 Object = dict[str, Any]
 PREFIX = "10.43.0.0/26"
 ABSENT_PREFIX = "10.43.9.0/28"  # not in NetBox
-QUIET = 1.5  # seconds without queued or in-flight work (above the pool-status delay and the Event interval)
 REPAIR = RepairSettings(interval=0.5, grace_period=30.0)
 
 
@@ -126,14 +123,7 @@ class Churn:
 
     async def settle(self) -> None:
         """Wait until nothing is queued, processed or waiting to be written for QUIET seconds."""
-        queue, recorder = self.controller.queue, self.controller.context.recorder
-        quiet_since = time.monotonic()
-        deadline = quiet_since + 30
-        while time.monotonic() - quiet_since < QUIET:
-            if len(queue) or queue.processing or recorder.correlator.pending:
-                quiet_since = time.monotonic()
-            assert time.monotonic() < deadline, "the controller did not settle within 30 s"
-            await asyncio.sleep(0.1)
+        await settled(self.controller)
 
 
 Start = Callable[..., Any]
