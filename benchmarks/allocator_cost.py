@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.incluster import policy
 from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, int_to_address
-from backends.incluster.ledger import PoolIndex, Reservation
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.reservations import Reservation
 
 POOLS = {4: (["10.0.0.0/8"], 8), 6: (["fd00:1234:5678:9abc::/64"], 64)}
 SIZES = (100, 1_000_000)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from benchmarks._support import GoPeerUnavailable, build_go_peer
 from benchmarks.fulfilment import current_version, has_address, wait_fulfilled, wait_until
 from benchmarks.heap import Site, snapshot_path, top_sites

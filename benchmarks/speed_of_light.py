@@ -32,7 +32,7 @@ import structlog
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.domains import overlap_condition
-from backends.incluster.ledger import Reservation
+from backends.incluster.reservations import Reservation
 from backends.incluster.spec import consistency_condition
 from ipam_provider.api.capi import (
     FINALIZER_PROTECT_POOL,

@@ -27,8 +27,11 @@ from collections.abc import Sequence
 
 import structlog
 
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import address_value, int_to_address
-from backends.incluster.ledger import Ledger, PoolIndex, Reservation, ReservationClient, age_seconds, pool_hash
+from backends.incluster.ledger import Ledger
+from backends.incluster.naming import pool_hash
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds
 from backends.incluster.spec import ParsedPool, PreAllocations
 from ipam_provider.api.capi import names_pool
 from ipam_provider.backend.contract import (

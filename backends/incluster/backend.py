@@ -21,7 +21,8 @@ from backends.incluster.domains import (
     unheld_pinned,
 )
 from backends.incluster.intervals import address_value
-from backends.incluster.ledger import LABEL_POOL, Ledger
+from backends.incluster.ledger import Ledger
+from backends.incluster.naming import LABEL_POOL
 from backends.incluster.repair import Repair
 from backends.incluster.spec import (
     AddressPool,

@@ -25,18 +25,9 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import structlog
 
-from backends.incluster.ledger import (
-    LABEL_POOL,
-    RESERVATIONS,
-    Ledger,
-    Reservation,
-    ReservationClient,
-    age_seconds,
-    epoch,
-    pool_hash,
-    pool_of,
-    unless_changed,
-)
+from backends.incluster.ledger import Ledger
+from backends.incluster.naming import LABEL_POOL, RESERVATIONS, pool_hash
+from backends.incluster.reservations import Reservation, ReservationClient, age_seconds, epoch, pool_of, unless_changed
 from backends.incluster.spec import ParsedPool, ReleaseTerms
 from ipam_provider.backend.contract import (
     Allocation,

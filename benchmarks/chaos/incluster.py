@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backends.incluster.ledger import RESERVATIONS, Reservation
+from backends.incluster.naming import RESERVATIONS
+from backends.incluster.reservations import Reservation
 from benchmarks.chaos.backends import TruthRecord
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import IPAM_GROUP

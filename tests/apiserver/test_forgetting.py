@@ -16,7 +16,8 @@ import pytest
 
 from backends.incluster.backend import InClusterBackend
 from backends.incluster.domains import Coverage
-from backends.incluster.ledger import Ledger, ReservationClient
+from backends.incluster.ledger import Ledger
+from backends.incluster.reservations import ReservationClient
 from ipam_provider.api.capi import REASON_POOL_NOT_READY
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import ReconcileContext

@@ -19,7 +19,7 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client, config
 
-from backends.incluster.ledger import LABEL_CLAIM_UID, RESERVATIONS
+from backends.incluster.naming import LABEL_CLAIM_UID, RESERVATIONS
 from ipam_provider.cli import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from ipam_provider.backend.contract import Backend, BackendContext
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL

@@ -9,7 +9,7 @@ import ipaddress
 import pytest
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import RESERVATIONS, reservation_name
+from backends.incluster.naming import RESERVATIONS, reservation_name
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolExhaustedError
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import address_to_int, int_to_address
-from backends.incluster.ledger import PoolIndex, Reservation
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, static_band_size
+from backends.incluster.reservations import Reservation
 
 FAMILY = 4
 BASE = 0x0A000000  # 10.0.0.0

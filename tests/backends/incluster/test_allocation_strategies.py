@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.incluster.allocatable import AllocatableSet, build_allocatable_set
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
-from backends.incluster.ledger import PoolIndex
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Region, Zone
 from backends.incluster.spec import InClusterPoolSpec, allocation_policy
 

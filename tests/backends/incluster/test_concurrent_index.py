@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, int_to_address
-from backends.incluster.ledger import PoolIndex, Reservation
+from backends.incluster.reservations import Reservation
 
 FAMILY = 4
 BASE = 0x0A000000  # 10.0.0.0

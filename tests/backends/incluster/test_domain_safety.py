@@ -15,8 +15,10 @@ import yaml
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.domains import ADDRESSES_OVERLAP, DOMAIN_PATTERN, NO_OVERLAP
-from backends.incluster.ledger import RESERVATIONS, PoolIndex, Reservation, ReservationClient, pool_hash
+from backends.incluster.index import PoolIndex
+from backends.incluster.naming import RESERVATIONS, pool_hash
 from backends.incluster.repair import sweep_orphans
+from backends.incluster.reservations import Reservation, ReservationClient
 from backends.incluster.spec import parse_pool
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import RESERVATIONS, pool_hash
+from backends.incluster.naming import RESERVATIONS, pool_hash
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object

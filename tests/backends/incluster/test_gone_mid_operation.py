@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource

@@ -20,9 +20,11 @@ from backends.incluster.domains import (
     held_elsewhere,
     overlap_condition,
 )
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, address_to_int
-from backends.incluster.ledger import PoolIndex, Reservation, pool_hash
+from backends.incluster.naming import pool_hash
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
+from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import BackendContext, PoolKind, PoolRef
 from ipam_provider.common import Object
 

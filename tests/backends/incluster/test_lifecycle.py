@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
 from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller

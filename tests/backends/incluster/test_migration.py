@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME
 from ipam_provider.runtime.kube.client import JSON_PATCH, KubeClient
 from ipam_provider.runtime.kube.errors import ApiError

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
@@ -124,14 +124,14 @@ async def test_a_stale_index_never_hands_out_an_address_held_by_another_process(
 
 
 def _reservation_name(namespace: str, address: str, pool_name: str = "net") -> str:
-    from backends.incluster.ledger import reservation_name
+    from backends.incluster.naming import reservation_name
     from ipam_provider.backend.contract import PoolRef
 
     return reservation_name(PoolRef("ipam.cluster.x-k8s.io", "InClusterIPPool", namespace, "net"), address)
 
 
 def _labels(namespace: str, uid: str) -> dict[str, str]:
-    from backends.incluster.ledger import LABEL_CLAIM_UID, LABEL_POOL, pool_hash
+    from backends.incluster.naming import LABEL_CLAIM_UID, LABEL_POOL, pool_hash
     from ipam_provider.backend.contract import PoolRef
 
     ref = PoolRef("ipam.cluster.x-k8s.io", "InClusterIPPool", namespace, "net")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backends.incluster.ledger import LABEL_DOMAIN, RESERVATIONS, domain_hash
+from backends.incluster.naming import LABEL_DOMAIN, RESERVATIONS, domain_hash
 from ipam_provider.api.capi import ANNOTATION_SKIP_DELETE_VALIDATION
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError

@@ -13,7 +13,7 @@ import pytest
 
 from backends.incluster.allocator import collisions
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import Reservation, ReservationClient
+from backends.incluster.reservations import Reservation, ReservationClient
 from backends.incluster.spec import PreAllocations, parse_pool
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,

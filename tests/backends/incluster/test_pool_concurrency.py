@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.incluster.test_no_duplicates import assert_unique_and_complete, create_claims

@@ -7,8 +7,9 @@ import dataclasses
 import ipaddress
 
 from backends.incluster.allocatable import AllocatableSet
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet
-from backends.incluster.ledger import PoolIndex, Reservation
+from backends.incluster.reservations import Reservation
 
 BASE = int(ipaddress.ip_address("10.0.0.0"))
 

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from backends.incluster.ledger import PoolIndex
+from backends.incluster.index import PoolIndex
 from backends.incluster.prefix_spec import build_prefix_set, child_of
 from backends.validation import PoolSpecError
 

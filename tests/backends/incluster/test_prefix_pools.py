@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.incluster.ledger import RESERVATIONS
+from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller

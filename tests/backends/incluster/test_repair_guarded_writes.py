@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import Reservation, ReservationClient
 from backends.incluster.repair import sweep_orphans
+from backends.incluster.reservations import Reservation, ReservationClient
 from backends.incluster.spec import ReleaseTerms
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome

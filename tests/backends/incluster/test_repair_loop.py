@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
-from backends.incluster.ledger import (
-    LABEL_POOL,
-    RESERVATIONS,
-    Reservation,
-    ReservationClient,
-    pool_hash,
-    reservation_name,
-)
+from backends.incluster.naming import LABEL_POOL, RESERVATIONS, pool_hash, reservation_name
+from backends.incluster.reservations import Reservation, ReservationClient
 from ipam_provider.api.capi import ANNOTATION_PAUSED
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.repair import RepairSettings

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import address_to_int
-from backends.incluster.ledger import PoolIndex, Reservation
+from backends.incluster.reservations import Reservation
 from backends.incluster.spec import (
     InClusterPoolSpec,
     PreAllocations,
