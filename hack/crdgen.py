@@ -1,4 +1,5 @@
-"""Building blocks of the CRD generators (hack/gen_*crds.py): schema helpers, the CRD envelope and the writer.
+"""Building blocks of the CRD generators (hack/gen_*crds.py): the schema of a spec model, the CRD envelope, the
+writer. A spec model is the one source of its schema: its fields, and their OpenAPI metadata (backends/validation.py).
 
 The generators are run as scripts (`python hack/gen_crds.py`), so this module is imported by its bare name.
 Every CRD of the project is in Cluster API's IPAM group, in the `cluster-api` category, with one served and stored
@@ -7,13 +8,18 @@ version, and carries the labels clusterctl relies on (see LABELS and MOVE_LABELS
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import annotated_types
 import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from ipam_provider.runtime.kube.resources import LABEL_LENGTH, LABEL_PATTERN, SUBDOMAIN_LENGTH, SUBDOMAIN_PATTERN
+from backends.validation import OpenAPI
 
 GROUP = "ipam.cluster.x-k8s.io"
 OUT = Path(__file__).resolve().parents[1] / "crds"
@@ -46,41 +52,84 @@ READY = '.status.conditions[?(@.type=="Ready")]'
 Schema = dict[str, Any]
 
 
-def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
-    return {"type": "string", "description": description, "maxLength": max_length, **extra}
+SCALARS = {str: "string", int: "integer", bool: "boolean"}
+LENGTHS = {"string": "Length", "array": "Items", "object": "Properties"}
 
 
-def object_name(description: str) -> Schema:
-    """A field naming an object: a DNS subdomain, as the controller checks every name before it puts it into a
-    request path (ipam_provider/runtime/kube/resources.py), so that a bad name is refused at admission."""
-    return string(description, SUBDOMAIN_LENGTH, pattern=SUBDOMAIN_PATTERN)
+def model_schema(model: type[BaseModel]) -> Schema:
+    """The OpenAPI schema of a pydantic model, as kubebuilder derives one from Go types: a property per field (by
+    alias), typed by its annotation and given the keywords of its OpenAPI metadata and pydantic bounds; required
+    are the fields pydantic requires and those marked `required`."""
+    schema: Schema = {"type": "object", "properties": {}}
+    required = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        schema["properties"][key] = field_schema(field)
+        marks = [mark for mark in field.metadata if isinstance(mark, OpenAPI)]
+        if field.is_required() or any(mark.required for mark in marks):
+            required.append(key)
+    if required:
+        schema["required"] = required
+    return merged(schema, getattr(model, "openapi", {}))
 
 
-def namespace_name(description: str) -> Schema:
-    """A field naming a namespace: a DNS label (see `object_name`)."""
-    return string(description, LABEL_LENGTH, pattern=LABEL_PATTERN)
-
-
-def integer(description: str, minimum: int, maximum: int | None = None) -> Schema:
-    schema: Schema = {"type": "integer", "format": "int64", "description": description, "minimum": minimum}
-    if maximum is not None:
-        schema["maximum"] = maximum
+def field_schema(field: FieldInfo) -> Schema:
+    schema = type_schema(field.annotation)
+    for mark in field.metadata:
+        if isinstance(mark, OpenAPI):
+            schema = merged(schema, mark)
+            if mark.defaulted:
+                default = field.get_default(call_default_factory=True)
+                schema["default"] = default.value if isinstance(default, Enum) else default
+        elif isinstance(mark, annotated_types.Ge | annotated_types.Le):
+            schema["minimum" if isinstance(mark, annotated_types.Ge) else "maximum"] = vars_of(mark)
+        elif isinstance(mark, annotated_types.MinLen | annotated_types.MaxLen):
+            prefix = "min" if isinstance(mark, annotated_types.MinLen) else "max"
+            schema[prefix + LENGTHS[schema["type"]]] = vars_of(mark)
     return schema
 
 
-def rules(*entries: tuple[str, str] | tuple[str, str, str]) -> list[Schema]:
-    """CEL rules as `x-kubernetes-validations` entries, from (rule, message) or (rule, message, fieldPath) tuples.
-    A `fieldPath` (relative to the object the rule is on, e.g. `.addresses`) is the field the API server's refusal
-    names instead of that object."""
-    return [rule(*entry) for entry in entries]
+def vars_of(mark: Any) -> Any:
+    """The one value of a pydantic bound (annotated_types.Ge and its kin)."""
+    (value,) = (getattr(mark, slot) for slot in mark.__slots__)
+    return value
 
 
-def rule(text: str, message: str, field_path: str | None = None) -> Schema:
-    """One CEL rule (see `rules`)."""
-    entry: Schema = {"rule": text, "message": message}
-    if field_path is not None:
-        entry["fieldPath"] = field_path
-    return entry
+def type_schema(annotation: Any) -> Schema:
+    """The OpenAPI schema of a field's type (None of an optional type dropped; Any: no type)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return merged(type_schema(args[0]), *(mark for mark in args[1:] if isinstance(mark, OpenAPI)))
+    if origin in (Union, types.UnionType):
+        (inner,) = (arg for arg in args if arg is not type(None))
+        return type_schema(inner)
+    if origin is list:
+        return {"type": "array", "items": type_schema(args[0])}
+    if origin is dict:
+        values = type_schema(args[1])
+        return {"type": "object", **({"additionalProperties": values} if values else {})}
+    if origin is Literal:
+        return {"type": "string", "enum": list(args)}
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return {"type": "string", "enum": [member.value for member in annotation]}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return model_schema(annotation)
+    return {"type": SCALARS[annotation]} if annotation in SCALARS else {}
+
+
+def merged(schema: Schema, *overlays: Mapping[str, Any]) -> Schema:
+    """`schema` with each overlay's keywords, nested objects merged key by key."""
+    result = dict(schema)
+    for overlay in overlays:
+        for key, value in overlay.items():
+            if isinstance(value, Mapping):  # as a plain dict, merged into the schema's own when it has one
+                value = merged(result.get(key) if isinstance(result.get(key), Mapping) else {}, value)
+            result[key] = value
+    return result
+
+
+def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
+    return {"type": "string", "description": description, "maxLength": max_length, **extra}
 
 
 def conditions(description: str) -> Schema:
@@ -105,7 +154,7 @@ def conditions(description: str) -> Schema:
                     "format": "date-time",
                     "description": "lastTransitionTime is when the status last changed.",
                 },
-                "observedGeneration": integer("observedGeneration is the generation the condition is about.", 0),
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
             },
         },
     }

@@ -2,7 +2,8 @@
 
 InClusterIPPool and GlobalInClusterIPPool share one schema, wire-compatible with the Go in-cluster provider's
 v1alpha2 API: same group, version, kinds, fields, printer columns and category. Validation that the Go provider
-does in a webhook is done here with OpenAPI and CEL, with the same messages.
+does in a webhook is done with OpenAPI and CEL, with the same messages; the spec schema comes from the model in
+backends/incluster/spec.py.
 """
 
 from __future__ import annotations
@@ -10,168 +11,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from crdgen import column, conditions, crd, write
+from crdgen import column, conditions, crd, model_schema, write
 
-from backends.incluster.policy import AllocationStrategy
-
-ENTRY = (
-    "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
-    "or a CIDR (10.0.0.0/24)."
-)
-# No blanks around an entry or its range's ends: the Go provider's parsers (netip, netipx) refuse them.
-ENTRY_RULE = (
-    "isIP(self) || isCIDR(self) || (self.split('-').size() == 2 && "
-    "isIP(self.split('-')[0]) && isIP(self.split('-')[1]))"
-)
-ENTRY_ITEMS = {
-    "type": "string",
-    "maxLength": 100,
-    "x-kubernetes-validations": [
-        {"rule": ENTRY_RULE, "message": "provided address is not a valid IP, range, nor CIDR"}
-    ],
-}
-# A DNS label: the domain is also the value of a label on the domain's reservations.
-DOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# The pool's reservations are named by its domain (backends/incluster/domains.py): a change would strand them.
-DOMAIN_IMMUTABLE = (
-    "has(self.uniquenessDomain) == has(oldSelf.uniquenessDomain) && "
-    "(!has(self.uniquenessDomain) || self.uniquenessDomain == oldSelf.uniquenessDomain)"
-)
+from backends.incluster.spec import InClusterPoolSpec
 
 
-def pool_schema(scope_note: str) -> dict[str, Any]:
-    family_v6 = "self.addresses[0].contains(':')"
-    spec = {
-        "description": f"spec is the desired state of the pool. {scope_note}",
-        "type": "object",
-        "required": ["addresses", "prefix"],
-        "properties": {
-            "addresses": {
-                "description": f"addresses is the list of addresses the pool hands out. {ENTRY}",
-                "type": "array",
-                "maxItems": 1024,
-                "items": ENTRY_ITEMS,
-            },
-            "prefix": {
-                "description": "prefix is the network prefix length of the handed-out addresses.",
-                "type": "integer",
-                "minimum": 0,
-                "maximum": 128,
-            },
-            "gateway": {
-                "description": "gateway is the gateway of the network; it is never handed out.",
-                "type": "string",
-                "maxLength": 39,
-                "x-kubernetes-validations": [
-                    # The Go webhook checks the gateway only when it is not empty: "" means no gateway.
-                    {"rule": "self == '' || isIP(self)", "message": "provided gateway is not a valid IP address"}
-                ],
-            },
-            "allocateReservedIPAddresses": {
-                "description": (
-                    "allocateReservedIPAddresses lets the pool hand out the first address of the subnet "
-                    "and, for IPv4, its broadcast address."
-                ),
-                "type": "boolean",
-            },
-            "excludedAddresses": {
-                "description": f"excludedAddresses are never handed out. {ENTRY}",
-                "type": "array",
-                "maxItems": 1024,
-                "items": ENTRY_ITEMS,
-            },
-            "addressReuseGracePeriodSeconds": {
-                "description": "addressReuseGracePeriodSeconds keeps a released address unused for this long.",
-                "type": "integer",
-                "format": "int64",
-                "minimum": 0,
-            },
-            "preAllocations": {
-                "description": (
-                    "preAllocations maps a claim to the address it gets. The address is never handed to another "
-                    "claim, even before the named claim exists. An InClusterIPPool names claims of its own "
-                    "namespace by name; a GlobalInClusterIPPool names them as namespace/name."
-                ),
-                "type": "object",
-                "maxProperties": 1024,
-                "additionalProperties": {
-                    "type": "string",
-                    "maxLength": 39,
-                    "x-kubernetes-validations": [
-                        {"rule": "isIP(self)", "message": "preAllocations: the address is not a valid IP address"}
-                    ],
-                },
-            },
-            "uniquenessDomain": {
-                "description": (
-                    "uniquenessDomain names a cluster-wide set of in-cluster pools (namespaced and global, of any "
-                    "namespace) that never hand out the same address, even where their addresses overlap: an "
-                    "address held by one pool of the domain is used for every other. Without it, addresses are "
-                    "unique within the pool only, and pools whose addresses overlap report AddressesOverlap. "
-                    "It cannot be set, changed or removed after the pool is created. Not part of the Go "
-                    "provider's API."
-                ),
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 63,
-                "pattern": DOMAIN_PATTERN,
-            },
-            "allocationStrategy": {
-                "description": (
-                    "allocationStrategy is how a claim without a requested address gets one: LowestFree takes the "
-                    "lowest free address; Random a free address chosen uniformly; LeastRecentlyReleased an address "
-                    "never used before if there is one (the lowest), else the address released longest ago. "
-                    "Every strategy respects addressReuseGracePeriodSeconds and reserveStaticBand."
-                ),
-                "type": "string",
-                "enum": [strategy.value for strategy in AllocationStrategy],
-                "default": AllocationStrategy.LOWEST_FREE.value,
-            },
-            "reserveStaticBand": {
-                "description": (
-                    "reserveStaticBand keeps the pool's lowest addresses (min(max(16, size/16), 256) of the "
-                    "allocatable ones; none in a pool of fewer than 16) for requested and pre-allocated addresses: "
-                    "claims without a requested address get an address of the band only when no other is free."
-                ),
-                "type": "boolean",
-                "default": False,
-            },
-        },
-        "x-kubernetes-validations": [
-            {"rule": "self.addresses.size() > 0", "message": "addresses is required", "fieldPath": ".addresses"},
-            {
-                "rule": "self.addresses.all(a, a.contains(':')) || self.addresses.all(a, !a.contains(':'))",
-                "message": "provided addresses are of mixed IP families",
-                "fieldPath": ".addresses",
-            },
-            {
-                "rule": (
-                    "!has(self.gateway) || self.gateway == '' || self.addresses.size() == 0 || "
-                    f"self.gateway.contains(':') == {family_v6}"
-                ),
-                "message": "provided gateway and addresses are of mixed IP families",
-                "fieldPath": ".gateway",
-            },
-            {
-                "rule": (
-                    "!has(self.excludedAddresses) || self.addresses.size() == 0 || "
-                    f"self.excludedAddresses.all(e, e.contains(':') == {family_v6})"
-                ),
-                "message": "addresses and excluded addresses are of mixed IP families",
-                "fieldPath": ".excludedAddresses",
-            },
-            {
-                "rule": f"self.addresses.size() == 0 || {family_v6} || self.prefix <= 32",
-                "message": "provided prefix is not valid",
-                "fieldPath": ".prefix",
-            },
-            {
-                "rule": DOMAIN_IMMUTABLE,
-                "message": "uniquenessDomain cannot change: create a new pool instead",
-                "fieldPath": ".uniquenessDomain",
-            },
-        ],
-    }
+def pool_schema() -> dict[str, Any]:
+    spec = model_schema(InClusterPoolSpec)
     count = {"type": "integer", "format": "int64"}
     status = {
         "description": "status is the observed state of the pool.",
@@ -211,7 +57,7 @@ def pool_schema(scope_note: str) -> dict[str, Any]:
 
 
 def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, Any]:
-    schema = pool_schema("Wire-compatible with the Go in-cluster provider's v1alpha2 API.")
+    schema = pool_schema()
     schema["description"] = description
     columns = [
         column("Addresses", "string", ".spec.addresses", "List of addresses, to allocate from"),

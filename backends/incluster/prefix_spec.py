@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 from pydantic import Field
 
@@ -30,6 +31,7 @@ from backends.incluster.allocatable import (
 )
 from backends.incluster.intervals import IntervalSet, address_to_int
 from backends.incluster.spec import (
+    ENTRY_RULE,
     NO_ALLOCATABLE,
     SPEC_ERRORS,
     Advisory,
@@ -40,7 +42,7 @@ from backends.incluster.spec import (
     read_pool,
     stranded_refusal,
 )
-from backends.validation import PoolSpecError
+from backends.validation import OpenAPI, PoolSpecError, rules
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import AddressInUse, PoolRef
 from ipam_provider.common import Object
@@ -161,11 +163,100 @@ def child_of(address: str, prefix: int, allocatable: AllocatableSet) -> int | No
     return child if child in allocatable.addresses else None
 
 
+ALLOCATION = f"(has(self.allocationPrefixLength) ? self.allocationPrefixLength : {DEFAULT_ALLOCATION_PREFIX_LENGTH})"
+# An entry written with dots and no colon is meant as IPv4; anything else (IPv4-mapped IPv6 included) as IPv6.
+LOOKS_V4 = "(self.contains('.') && !self.contains(':'))"
+V6_POOL = "self.prefixes[0].contains(':')"
+NOT_EMPTY = "self.prefixes.size() == 0"
+GATEWAY_OF_FAMILY = f"!has(self.gateway) || self.gateway == '' || !isIP(self.gateway) || {NOT_EMPTY} || "
+GATEWAY_OF_FAMILY += f"self.gateway.contains(':') == {V6_POOL}"
+EXCLUDED_OF_FAMILY = f"!has(self.excludedPrefixes) || {NOT_EMPTY} || "
+PREFIX = OpenAPI(
+    maxLength=100,
+    validations=rules(
+        (f"{LOOKS_V4} || isCIDR(self)", INVALID_CIDR.format(family=6)),
+        (f"!{LOOKS_V4} || isCIDR(self)", INVALID_CIDR.format(family=4)),
+        ("!isCIDR(self) || cidr(self) == cidr(self).masked()", NOT_ALIGNED),
+    ),
+)
+
+
 class PrefixPoolSpec(Model):
-    prefixes: list[str] = Field(default_factory=list)
-    allocation_prefix_length: int = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
-    gateway: Gateway = None
-    excluded_prefixes: list[str] = Field(default_factory=list, alias="excludedPrefixes")
+    """The CRD checks what the Go provider's webhook checks, with its messages (and IPv4 prefix pools too, with
+    messages of the same shape); what CEL cannot check (allocations a change would strand) the backend reports. The
+    Go message for a too long entry ends with the length, which a messageExpression could not carry (the API
+    server's cost estimate refuses string(int)), so the CRD's message stops before it."""
+
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "spec is the desired state of the prefix pool. Wire-compatible with the Go in-cluster provider's v1alpha2 "
+        "API, IPv4 prefixes added.",
+        validations=rules(
+            ("self.prefixes.size() > 0", PREFIXES_REQUIRED, ".prefixes"),
+            (
+                "self.prefixes.all(p, p.contains(':')) || self.prefixes.all(p, !p.contains(':'))",
+                MIXED_FAMILIES,
+                ".prefixes",
+            ),
+            (
+                f"self.prefixes.all(p, !isCIDR(p) || cidr(p).prefixLength() <= {ALLOCATION})",
+                LONGER_THAN_ALLOCATION.partition(" (")[0],
+                ".prefixes",
+            ),
+            (f"{NOT_EMPTY} || {V6_POOL} || {ALLOCATION} <= 32", ALLOCATION_LENGTH_V4, ".allocationPrefixLength"),
+            (f"{GATEWAY_OF_FAMILY} || !{V6_POOL}", GATEWAY_FAMILY.format(family=6), ".gateway"),
+            (f"{GATEWAY_OF_FAMILY} || {V6_POOL}", GATEWAY_FAMILY.format(family=4), ".gateway"),
+            (
+                f"{EXCLUDED_OF_FAMILY}!{V6_POOL} || self.excludedPrefixes.all(e, e.contains(':'))",
+                EXCLUDED_FAMILY.format(family=6),
+                ".excludedPrefixes",
+            ),
+            (
+                f"{EXCLUDED_OF_FAMILY}{V6_POOL} || self.excludedPrefixes.all(e, !e.contains(':'))",
+                EXCLUDED_FAMILY.format(family=4),
+                ".excludedPrefixes",
+            ),
+        ),
+    )
+
+    prefixes: Annotated[
+        list[str],
+        OpenAPI(
+            "prefixes are the CIDRs the pool carves its child prefixes from, all of one IP family; each must be a "
+            "network address (fd00::/48, 10.0.0.0/16).",
+            required=True,
+            maxItems=1024,
+            items=PREFIX,
+        ),
+    ] = Field(default_factory=list)
+    allocation_prefix_length: Annotated[
+        int,
+        OpenAPI(
+            "allocationPrefixLength is the length of each handed-out child prefix (64: every claim gets a /64). At "
+            "least the length of every entry of prefixes; at most 128, or 32 for IPv4. It cannot change once the "
+            "pool exists.",
+            defaulted=True,
+            minimum=1,
+            maximum=128,
+            validations=rules(("self == oldSelf", "spec.allocationPrefixLength is immutable")),
+        ),
+    ] = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
+    gateway: Annotated[
+        Gateway,
+        OpenAPI(
+            "gateway is copied into every IPAddress of the pool. It does not keep any child prefix from being "
+            "handed out."
+        ),
+    ] = None
+    excluded_prefixes: Annotated[
+        list[str],
+        OpenAPI(
+            "excludedPrefixes are never handed out: a child prefix that overlaps any of them is skipped. Each entry "
+            "is a single IP, a range of two IPs (A-B), or a CIDR.",
+            maxItems=1024,
+            # The Go prefix pool webhook says "entry" where its address pool webhook says "address".
+            items=OpenAPI(maxLength=100, validations=rules((ENTRY_RULE, INVALID_EXCLUDED))),
+        ),
+    ] = Field(default_factory=list, alias="excludedPrefixes")
 
 
 def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
@@ -38,7 +38,7 @@ from backends.incluster.allocatable import (
 from backends.incluster.domains import domain_problem
 from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.validation import PoolSpecError, spec_error
+from backends.validation import OpenAPI, PoolSpecError, rules, spec_error
 from ipam_provider.api.capi import Model, addresses_listing
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
@@ -63,25 +63,151 @@ EXCLUSION_OUTSIDE = "ExclusionOutsideAddresses"
 LISTED_ENTRIES = 5  # entries named per kind of advisory; the rest are counted
 
 
+ENTRY = (
+    "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
+    "or a CIDR (10.0.0.0/24)."
+)
+# No blanks around an entry or its range's ends: the Go provider's parsers (netip, netipx) refuse them.
+ENTRY_RULE = (
+    "isIP(self) || isCIDR(self) || (self.split('-').size() == 2 && "
+    "isIP(self.split('-')[0]) && isIP(self.split('-')[1]))"
+)
+ENTRIES = OpenAPI(
+    maxItems=1024,
+    items=OpenAPI(
+        maxLength=100,
+        validations=rules((ENTRY_RULE, "provided address is not a valid IP, range, nor CIDR")),
+    ),
+)
+V6_POOL = "self.addresses[0].contains(':')"
+# The pool's reservations are named by its domain (backends/incluster/domains.py): a change would strand them.
+DOMAIN_IMMUTABLE = (
+    "has(self.uniquenessDomain) == has(oldSelf.uniquenessDomain) && "
+    "(!has(self.uniquenessDomain) || self.uniquenessDomain == oldSelf.uniquenessDomain)"
+)
+
+
 def _blank_is_none(gateway: str | None) -> str | None:
     """`gateway: ""` means no gateway, as in the Go provider (its webhook checks only a non-empty one)."""
     return gateway if gateway is None or gateway.strip() else None
 
 
-Gateway = Annotated[str | None, AfterValidator(_blank_is_none)]
+Gateway = Annotated[
+    str | None,
+    AfterValidator(_blank_is_none),
+    OpenAPI(
+        maxLength=39,
+        validations=rules(("self == '' || isIP(self)", "provided gateway is not a valid IP address")),
+    ),
+]
 
 
 class InClusterPoolSpec(Model):
-    addresses: list[str] = Field(default_factory=list)
-    prefix: int = 0
-    gateway: Gateway = None
-    excluded_addresses: list[str] = Field(default_factory=list, alias="excludedAddresses")
-    allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
-    reuse_grace_seconds: int | None = Field(default=None, alias="addressReuseGracePeriodSeconds")
-    pre_allocations: dict[str, Any] = Field(default_factory=dict, alias="preAllocations")
-    uniqueness_domain: str | None = Field(default=None, alias="uniquenessDomain")  # see `domains`
-    allocation_strategy: AllocationStrategy = Field(default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy")
-    reserve_static_band: bool = Field(default=False, alias="reserveStaticBand")
+    """The CRD checks what the Go provider's webhook checks, with its messages."""
+
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "spec is the desired state of the pool. Wire-compatible with the Go in-cluster provider's v1alpha2 API.",
+        validations=rules(
+            ("self.addresses.size() > 0", "addresses is required", ".addresses"),
+            (
+                "self.addresses.all(a, a.contains(':')) || self.addresses.all(a, !a.contains(':'))",
+                "provided addresses are of mixed IP families",
+                ".addresses",
+            ),
+            (
+                "!has(self.gateway) || self.gateway == '' || self.addresses.size() == 0 || "
+                f"self.gateway.contains(':') == {V6_POOL}",
+                "provided gateway and addresses are of mixed IP families",
+                ".gateway",
+            ),
+            (
+                "!has(self.excludedAddresses) || self.addresses.size() == 0 || "
+                f"self.excludedAddresses.all(e, e.contains(':') == {V6_POOL})",
+                "addresses and excluded addresses are of mixed IP families",
+                ".excludedAddresses",
+            ),
+            (
+                f"self.addresses.size() == 0 || {V6_POOL} || self.prefix <= 32",
+                "provided prefix is not valid",
+                ".prefix",
+            ),
+            (DOMAIN_IMMUTABLE, "uniquenessDomain cannot change: create a new pool instead", ".uniquenessDomain"),
+        ),
+    )
+
+    addresses: Annotated[
+        list[str], ENTRIES, OpenAPI(f"addresses is the list of addresses the pool hands out. {ENTRY}", required=True)
+    ] = Field(default_factory=list)
+    prefix: Annotated[
+        int,
+        OpenAPI(
+            "prefix is the network prefix length of the handed-out addresses.", required=True, minimum=0, maximum=128
+        ),
+    ] = 0
+    gateway: Annotated[Gateway, OpenAPI("gateway is the gateway of the network; it is never handed out.")] = None
+    excluded_addresses: Annotated[list[str], ENTRIES, OpenAPI(f"excludedAddresses are never handed out. {ENTRY}")] = (
+        Field(default_factory=list, alias="excludedAddresses")
+    )
+    allocate_reserved: Annotated[
+        bool,
+        OpenAPI(
+            "allocateReservedIPAddresses lets the pool hand out the first address of the subnet and, for IPv4, its "
+            "broadcast address."
+        ),
+    ] = Field(default=False, alias="allocateReservedIPAddresses")
+    reuse_grace_seconds: Annotated[
+        int | None,
+        OpenAPI(
+            "addressReuseGracePeriodSeconds keeps a released address unused for this long.", format="int64", minimum=0
+        ),
+    ] = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    pre_allocations: Annotated[
+        dict[str, Any],
+        OpenAPI(
+            "preAllocations maps a claim to the address it gets. The address is never handed to another claim, even "
+            "before the named claim exists. An InClusterIPPool names claims of its own namespace by name; a "
+            "GlobalInClusterIPPool names them as namespace/name.",
+            maxProperties=1024,
+            additionalProperties=OpenAPI(
+                type="string",
+                maxLength=39,
+                validations=rules(("isIP(self)", "preAllocations: the address is not a valid IP address")),
+            ),
+        ),
+    ] = Field(default_factory=dict, alias="preAllocations")
+    uniqueness_domain: Annotated[
+        str | None,
+        OpenAPI(
+            "uniquenessDomain names a cluster-wide set of in-cluster pools (namespaced and global, of any namespace) "
+            "that never hand out the same address, even where their addresses overlap: an address held by one pool "
+            "of the domain is used for every other. Without it, addresses are unique within the pool only, and pools "
+            "whose addresses overlap report AddressesOverlap. It cannot be set, changed or removed after the pool is "
+            "created. Not part of the Go provider's API.",
+            minLength=1,
+            maxLength=63,
+            # A DNS label: the domain is also the value of a label on the domain's reservations.
+            pattern="^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        ),
+    ] = Field(default=None, alias="uniquenessDomain")  # see `domains`
+    allocation_strategy: Annotated[
+        AllocationStrategy,
+        OpenAPI(
+            "allocationStrategy is how a claim without a requested address gets one: LowestFree takes the lowest "
+            "free address; Random a free address chosen uniformly; LeastRecentlyReleased an address never used "
+            "before if there is one (the lowest), else the address released longest ago. Every strategy respects "
+            "addressReuseGracePeriodSeconds and reserveStaticBand.",
+            defaulted=True,
+        ),
+    ] = Field(default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy")
+    reserve_static_band: Annotated[
+        bool,
+        OpenAPI(
+            "reserveStaticBand keeps the pool's lowest addresses (min(max(16, size/16), 256) of the allocatable ones; "
+            "none in a pool of fewer than 16) for requested and pre-allocated addresses: claims without a requested "
+            "address get an address of the band only when no other is free.",
+            defaulted=True,
+        ),
+    ] = Field(default=False, alias="reserveStaticBand")
 
     @field_validator("uniqueness_domain")
     @classmethod

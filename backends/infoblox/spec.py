@@ -1,18 +1,20 @@
 """The Infoblox API kinds (InfobloxInstance, InfobloxIPPool, v1alpha1), the ownership extensible attributes and the
-IPAddress annotation keys. The models mirror `crds/ipam.cluster.x-k8s.io_infoblox*.yaml`; `parse_pool` repeats the
-admission checks that matter for allocation, so an object stored unvalidated fails with a message, not a crash."""
+IPAddress annotation keys. The CRDs (`crds/ipam.cluster.x-k8s.io_infoblox*.yaml`) are generated from the models and
+their OpenAPI metadata (hack/crdgen.py); `parse_pool` repeats the admission checks that matter for allocation, so an
+object stored unvalidated fails with a message, not a crash."""
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError
 
-from backends.validation import PoolSpecError, spec_error
+from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource, subdomain_problem
 
@@ -41,40 +43,188 @@ ANNOTATION_HOSTNAME = ANNOTATION_PREFIX + "hostname"
 HOST_RECORD = "hostRecord"
 
 
+CAPI_EAS = f"!self.exists(k, k in {list(OWNERSHIP_EAS)!r})"
+IPV4 = OpenAPI(maxLength=15, validations=rules(("isIP(self) && ip(self).family() == 4", "must be an IPv4 address")))
+LABEL_VALUE = OpenAPI("a label value.", type="string", maxLength=63)
+# A metav1.LabelSelector.
+LABEL_SELECTOR = OpenAPI(
+    properties={
+        "matchLabels": OpenAPI(
+            "matchLabels: every one of these labels, with these values.",
+            type="object",
+            maxProperties=64,
+            additionalProperties=LABEL_VALUE,
+        ),
+        "matchExpressions": OpenAPI(
+            "matchExpressions: every one of these requirements.",
+            type="array",
+            maxItems=64,
+            items=dict(
+                description="a label requirement: key, an operator and (for In and NotIn) values.",
+                type="object",
+                required=["key", "operator"],
+                properties={
+                    "key": OpenAPI("key is the label key.", type="string", maxLength=317),
+                    "operator": OpenAPI(
+                        "operator relates the key to the values.",
+                        type="string",
+                        enum=["In", "NotIn", "Exists", "DoesNotExist"],
+                    ),
+                    "values": OpenAPI(
+                        "values of In and NotIn; empty for Exists and DoesNotExist.",
+                        type="array",
+                        maxItems=64,
+                        items=LABEL_VALUE,
+                        list_type="atomic",
+                    ),
+                },
+            ),
+            list_type="atomic",
+        ),
+    },
+)
+LABEL_SELECTOR["x-kubernetes-map-type"] = "atomic"
+
+
 class SecretRef(Model):
-    name: str
-    namespace: str
+    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the Secret.")]
+    namespace: Annotated[
+        str,
+        NAMESPACE_NAME,
+        OpenAPI(f'namespace of the Secret; it must carry the label {SECRET_REFS_LABEL}: "true" (docs/security.md).'),
+    ]
 
 
 class SecretKeyRef(SecretRef):
-    key: str = "ca.crt"
+    key: Annotated[str, OpenAPI("key of the Secret's data holding the PEM bundle.", maxLength=253, defaulted=True)] = (
+        "ca.crt"
+    )
 
 
 class LocalRef(Model):
-    name: str
+    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the InfobloxInstance.")]
 
 
 class AllowedNamespaces(Model):
     """The namespaces whose pools may use an instance: those in `names`, and those whose labels match `selector`
     (a metav1.LabelSelector; `{}` matches every namespace). None of them: no namespace."""
 
-    names: list[str] = Field(default_factory=list, alias="list")
-    selector: dict[str, Any] | None = None
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "allowedNamespaces says whose InfobloxIPPools may use this instance (and so its credentials): a pool's "
+        "namespace must be in list or have labels that selector matches. Absent (or empty): no namespace may; "
+        "`selector: {}`: every namespace. A pool of another namespace is Ready=False InstanceNotAllowed."
+    )
+
+    names: Annotated[
+        list[str],
+        OpenAPI(
+            "list names the namespaces allowed.",
+            maxItems=256,
+            items=OpenAPI("a namespace's name.", **NAMESPACE_NAME),
+            list_type="set",
+        ),
+    ] = Field(default_factory=list, alias="list")
+    selector: Annotated[
+        dict[str, Any] | None,
+        LABEL_SELECTOR,
+        OpenAPI("selector allows the namespaces whose labels it matches ({} matches every namespace)."),
+    ] = None
 
 
 class InstanceSpec(Model):
-    host: str
-    port: int = 443
-    wapi_version: str = Field(default="2.12", alias="wapiVersion")
-    credentials_secret_ref: SecretRef = Field(alias="credentialsSecretRef")
-    ca_bundle: str | None = Field(default=None, alias="caBundle")
-    ca_bundle_secret_ref: SecretKeyRef | None = Field(default=None, alias="caBundleSecretRef")
-    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
-    default_network_view: str = Field(default="default", alias="defaultNetworkView")
-    default_dns_view: str = Field(default="default", alias="defaultDNSView")
-    manage_ea_definitions: bool = Field(default=True, alias="manageExtensibleAttributeDefinitions")
-    request_timeout_seconds: int = Field(default=10, alias="requestTimeoutSeconds", ge=1, le=300)
-    max_concurrent_requests: int = Field(default=8, alias="maxConcurrentRequests", ge=1, le=64)
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "InfobloxInstanceSpec says how to reach one Infoblox NIOS grid (its Grid Master) over WAPI.",
+        validations=rules(
+            ("!(has(self.caBundle) && has(self.caBundleSecretRef))", "set caBundle or caBundleSecretRef, not both"),
+            (
+                "!(has(self.insecureSkipVerify) && self.insecureSkipVerify && "
+                "(has(self.caBundle) || has(self.caBundleSecretRef)))",
+                "insecureSkipVerify with a CA bundle is contradictory; remove one",
+            ),
+        ),
+    )
+
+    host: Annotated[
+        str,
+        OpenAPI(
+            "host is the Grid Master's DNS name or IP address, without scheme, port or path.",
+            minLength=1,
+            maxLength=253,
+            validations=rules(
+                ("!self.contains('/') && !self.contains('@')", "host is a name or an address, nothing more"),
+                ("isIP(self) || !self.contains(':')", "put the port in spec.port"),
+            ),
+        ),
+    ]
+    port: Annotated[int, OpenAPI("port of the WAPI HTTPS endpoint.", minimum=1, maximum=65535, defaulted=True)] = 443
+    wapi_version: Annotated[
+        str,
+        OpenAPI(
+            "wapiVersion is the WAPI version to speak, e.g. 2.12 (2.x; fixed addresses, host records, "
+            "func:nextavailableip and extensible-attribute search need no newer one).",
+            maxLength=16,
+            pattern=r"^2\.[0-9]+(\.[0-9]+)?$",
+            defaulted=True,
+        ),
+    ] = Field(default="2.12", alias="wapiVersion")
+    credentials_secret_ref: Annotated[
+        SecretRef,
+        OpenAPI(
+            "credentialsSecretRef names the Secret holding `username` and `password` (type "
+            "kubernetes.io/basic-auth works), or `clientCert` and `clientKey` (PEM; `tls.crt`/`tls.key` of a "
+            "kubernetes.io/tls Secret work too). The instance is cluster-scoped, so the Secret's namespace is "
+            "explicit; keep it in the provider's namespace, labelled to lend Secrets to cluster-scoped objects. "
+            "Whoever may create InfobloxInstances can make the provider send the credentials of any Secret of "
+            "such a namespace to any host: grant that to cluster administrators only."
+        ),
+    ] = Field(alias="credentialsSecretRef")
+    ca_bundle: Annotated[
+        str | None,
+        OpenAPI(
+            "caBundle is the PEM bundle of the CA(s) that signed the grid's certificate. Without it (and without "
+            "caBundleSecretRef) the publicly trusted CAs are used. TLS verification is always on unless "
+            "insecureSkipVerify is set.",
+            maxLength=65536,
+            validations=rules(("self.contains('-----BEGIN CERTIFICATE-----')", "caBundle must hold PEM certificates")),
+        ),
+    ] = Field(default=None, alias="caBundle")
+    ca_bundle_secret_ref: Annotated[
+        SecretKeyRef | None,
+        OpenAPI("caBundleSecretRef names a Secret key holding the CA bundle (PEM), instead of caBundle."),
+    ] = Field(default=None, alias="caBundleSecretRef")
+    insecure_skip_verify: Annotated[
+        bool,
+        OpenAPI(
+            "insecureSkipVerify turns TLS verification off. For tests only: anyone on the path can then read the "
+            "credentials. The instance and its pools then show TLSVerified=False (InsecureSkipVerify) with a "
+            "Warning Event.",
+            defaulted=True,
+        ),
+    ] = Field(default=False, alias="insecureSkipVerify")
+    default_network_view: Annotated[
+        str, OpenAPI("defaultNetworkView is the network view of pools that name none.", maxLength=64, defaulted=True)
+    ] = Field(default="default", alias="defaultNetworkView")
+    default_dns_view: Annotated[
+        str,
+        OpenAPI(
+            "defaultDNSView is the DNS view of host records of pools that name none.", maxLength=64, defaulted=True
+        ),
+    ] = Field(default="default", alias="defaultDNSView")
+    manage_ea_definitions: Annotated[
+        bool,
+        OpenAPI(
+            "manageExtensibleAttributeDefinitions lets the provider create the STRING extensible attribute "
+            f"definitions it marks its objects with ({', '.join(OWNERSHIP_EAS)}) when they are missing; that needs "
+            "the permission to create extensible attribute definitions. When false, an administrator creates them.",
+            defaulted=True,
+        ),
+    ] = Field(default=True, alias="manageExtensibleAttributeDefinitions")
+    request_timeout_seconds: Annotated[
+        int, OpenAPI("requestTimeoutSeconds bounds each WAPI request.", defaulted=True)
+    ] = Field(default=10, alias="requestTimeoutSeconds", ge=1, le=300)
+    max_concurrent_requests: Annotated[
+        int, OpenAPI("maxConcurrentRequests bounds the WAPI requests in flight to this grid.", defaulted=True)
+    ] = Field(default=8, alias="maxConcurrentRequests", ge=1, le=64)
     allowed_namespaces: AllowedNamespaces | None = Field(default=None, alias="allowedNamespaces")
 
     @property
@@ -85,32 +235,138 @@ class InstanceSpec(Model):
 
 
 class SubnetSpec(Model):
-    cidr: str
-    gateway: str | None = None
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "a network of the grid to allocate from.",
+        validations=rules(
+            (
+                "!isCIDR(self.cidr) || cidr(self.cidr).masked() == cidr(self.cidr)",
+                "cidr must name the network address (10.0.0.0/24, not 10.0.0.5/24)",
+                ".cidr",
+            ),
+            (
+                "!has(self.gateway) || !isCIDR(self.cidr) || !isIP(self.gateway) || "
+                "cidr(self.cidr).containsIP(self.gateway)",
+                "gateway must lie inside cidr",
+                ".gateway",
+            ),
+        ),
+    )
+
+    cidr: Annotated[
+        str,
+        OpenAPI(
+            "cidr is the network as the grid knows it, e.g. 10.0.0.0/24 or fd00::/64.",
+            maxLength=43,
+            validations=rules(("isCIDR(self)", "cidr must be a CIDR")),
+        ),
+    ]
+    gateway: Annotated[
+        str | None,
+        OpenAPI(
+            "gateway is handed to claimants; it is never allocated (if nothing on the grid holds it, the provider "
+            "reserves it with a fixed address).",
+            maxLength=39,
+            validations=rules(("isIP(self)", "gateway must be an IP address")),
+        ),
+    ] = None
 
 
 class RangeSpec(Model):
-    start: str
-    end: str
-    prefix: int
-    gateway: str | None = None
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "an IPv4 DHCP range of the grid to allocate from (func:nextavailableip:<start>-<end>); start must not come "
+        "after end."
+    )
+
+    start: Annotated[str, IPV4, OpenAPI("start is the range's first address.")]
+    end: Annotated[str, IPV4, OpenAPI("end is the range's last address.")]
+    prefix: Annotated[int, OpenAPI("prefix is the length of the network the range lies in.", minimum=0, maximum=32)]
+    gateway: Annotated[str | None, IPV4, OpenAPI("gateway is handed to claimants.")] = None
 
 
 class HostRecordSpec(Model):
-    dns_zone: str = Field(alias="dnsZone")
-    dns_view: str | None = Field(default=None, alias="dnsView")
-    hostname_source: Literal["claimName", "machineName"] = Field(default="machineName", alias="hostnameSource")
-    configure_for_dns: bool = Field(default=True, alias="configureForDNS")
+    openapi: ClassVar[OpenAPI] = OpenAPI("hostRecord configures host records (mode hostRecord).")
+
+    dns_zone: Annotated[
+        str, OpenAPI("dnsZone is appended to the host name, e.g. nodes.example.com.", minLength=1, maxLength=253)
+    ] = Field(alias="dnsZone")
+    dns_view: Annotated[
+        str | None, OpenAPI("dnsView holds the records; default: the instance's defaultDNSView.", maxLength=64)
+    ] = Field(default=None, alias="dnsView")
+    hostname_source: Annotated[
+        Literal["claimName", "machineName"],
+        OpenAPI(
+            "hostnameSource names the host: machineName (the cluster.x-k8s.io Machine found by following the "
+            "claim's ownerReferences) or claimName (the claim's own name).",
+            defaulted=True,
+        ),
+    ] = Field(default="machineName", alias="hostnameSource")
+    configure_for_dns: Annotated[
+        bool,
+        OpenAPI("configureForDNS publishes the record in DNS (the zone must exist on the grid).", defaulted=True),
+    ] = Field(default=True, alias="configureForDNS")
 
 
 class PoolSpec(Model):
-    instance_ref: LocalRef = Field(alias="instanceRef")
-    network_view: str | None = Field(default=None, alias="networkView")
-    subnets: list[SubnetSpec] = Field(default_factory=list)
-    ranges: list[RangeSpec] = Field(default_factory=list)
-    mode: Literal["fixedAddress", "hostRecord"] = "fixedAddress"
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "InfobloxIPPoolSpec says where on which grid addresses come from and what is written there.",
+        validations=rules(
+            (
+                "(has(self.subnets) && self.subnets.size() > 0) || (has(self.ranges) && self.ranges.size() > 0)",
+                "set at least one subnet or range",
+                ".subnets",
+            ),
+            (
+                "!has(self.subnets) || self.subnets.all(s, s.cidr.contains(':')) || "
+                "self.subnets.all(s, !s.cidr.contains(':'))",
+                "subnets are of mixed IP families; use one pool per family",
+                ".subnets",
+            ),
+            (
+                "!has(self.ranges) || !has(self.subnets) || self.subnets.all(s, !s.cidr.contains(':'))",
+                "ranges are IPv4: they cannot join IPv6 subnets",
+                ".ranges",
+            ),
+            (
+                "self.mode != 'hostRecord' || has(self.hostRecord)",
+                "mode hostRecord needs hostRecord.dnsZone",
+                ".hostRecord",
+            ),
+        ),
+    )
+
+    instance_ref: Annotated[
+        LocalRef, OpenAPI("instanceRef names the InfobloxInstance (cluster-scoped) of the grid.")
+    ] = Field(alias="instanceRef")
+    network_view: Annotated[
+        str | None,
+        OpenAPI("networkView holds the subnets; default: the instance's defaultNetworkView.", maxLength=64),
+    ] = Field(default=None, alias="networkView")
+    subnets: Annotated[
+        list[SubnetSpec],
+        OpenAPI("subnets are asked in order: when one has no free address the next is tried.", maxItems=32),
+    ] = Field(default_factory=list)
+    ranges: Annotated[
+        list[RangeSpec], OpenAPI("ranges (IPv4 DHCP ranges) are asked after the subnets, in order.", maxItems=32)
+    ] = Field(default_factory=list)
+    mode: Annotated[
+        Literal["fixedAddress", "hostRecord"],
+        OpenAPI(
+            "mode is what holds an address on the grid: a fixedAddress (IPv4 MAC 00:00:00:00:00:00 or an IPv6 DUID "
+            "derived from the claim's uid) or a hostRecord (a DNS host record).",
+            defaulted=True,
+        ),
+    ] = "fixedAddress"
     host_record: HostRecordSpec | None = Field(default=None, alias="hostRecord")
-    extensible_attributes: dict[str, str] = Field(default_factory=dict, alias="extensibleAttributes")
+    extensible_attributes: Annotated[
+        dict[str, str],
+        OpenAPI(
+            "extensibleAttributes are written on every object, next to the provider's own ownership attributes "
+            "(CAPI-*); each must be defined on the grid.",
+            maxProperties=32,
+            additionalProperties=OpenAPI(maxLength=256),
+            validations=rules((CAPI_EAS, "the CAPI-* ownership attributes are the provider's own")),
+        ),
+    ] = Field(default_factory=dict, alias="extensibleAttributes")
 
 
 @dataclass(frozen=True)

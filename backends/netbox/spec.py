@@ -1,10 +1,10 @@
 """The NetboxIPPool / GlobalNetboxIPPool API (v1alpha1): pool kinds, the parsed spec, and the dnsName template.
 
-The CRDs (hack/gen_netbox_crds.py) validate the same rules with OpenAPI and CEL; `parse_pool` checks them again so
-that a pool the API server accepted under an older CRD still gets a clear message instead of a crash, and checks
-what a structural schema cannot express (the nesting depth, entries and string lengths of `customFields`, bounded
-by CUSTOM_FIELDS_DEPTH, CUSTOM_FIELDS_VALUES and CUSTOM_FIELDS_TEXT; iteratively, so no shape can exhaust the stack).
-The admission webhook refuses what `parse_pool` refuses.
+The CRDs are generated from the models (their OpenAPI metadata: hack/crdgen.py) and validate the same rules with
+OpenAPI and CEL; `parse_pool` checks them again so that a pool the API server accepted under an older CRD still gets a
+clear message instead of a crash, and checks what a structural schema cannot express (the nesting depth, entries and
+string lengths of `customFields`, bounded by CUSTOM_FIELDS_DEPTH, CUSTOM_FIELDS_VALUES and CUSTOM_FIELDS_TEXT;
+iteratively, so no shape can exhaust the stack). The admission webhook refuses what `parse_pool` refuses.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError
 
-from backends.validation import PoolSpecError, spec_error
+from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
 from ipam_provider.api.capi import Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
-from ipam_provider.backend.tenancy import name_problem
+from ipam_provider.backend.tenancy import SECRET_REFS_LABEL, name_problem
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
@@ -62,55 +62,229 @@ CUSTOM_FIELDS_VALUES = 1024  # objects, lists, keys and scalars in all custom fi
 CUSTOM_FIELDS_TEXT = 4096  # characters of one string (a key or a value) in a custom field's value
 
 
+TEMPLATE = OpenAPI(
+    validations=rules(
+        (
+            f"self.matches('^([^{{}}]|[{{]({'|'.join(PLACEHOLDERS)})[}}])*$')",
+            "the only placeholders are {claim}, {namespace}, {cluster} and {machine}",
+        )
+    )
+)
+IP = OpenAPI(maxLength=39, validations=rules(("isIP(self)", "must be an IP address")))
+SLUG = OpenAPI(pattern="^[-a-zA-Z0-9_]+$")
+ONE_VRF = ("!(has(self.vrf) && has(self.vrfID))", "set at most one of vrf and vrfID")
+BY_ID_NO_VRF = (
+    "!has(self.id) || (!has(self.vrf) && !has(self.vrfID))",
+    "a source given by id takes its VRF from NetBox",
+)
+IPV4_LENGTH = (
+    "!has(self.prefixLength) || self.prefixLength <= 32 || !("
+    "(has(self.prefix) && has(self.prefix.cidr) && isCIDR(self.prefix.cidr) && "
+    "cidr(self.prefix.cidr).ip().family() == 4) || "
+    "(has(self.ipRange) && has(self.ipRange.start) && isIP(self.ipRange.start) && "
+    "ip(self.ipRange.start).family() == 4))"
+)
+
+
+def _id(what: str) -> OpenAPI:
+    return OpenAPI(f"id is the NetBox id of the {what}.", format="int64", minimum=1)
+
+
+def _prefix_length(description: str) -> OpenAPI:
+    return OpenAPI(description, format="int64", minimum=0, maximum=128)
+
+
 class SecretRef(Model):
-    name: str
-    namespace: str | None = None
+    """The generated CRD of the namespaced kind leaves `namespace` out (hack/gen_netbox_crds.py)."""
+
+    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the Secret.")]
+    namespace: Annotated[
+        str | None,
+        NAMESPACE_NAME,
+        OpenAPI(
+            "namespace of the Secret. The controller reads it only if the Namespace carries the label "
+            f'{SECRET_REFS_LABEL}: "true".',
+            required=True,
+        ),
+    ] = None
 
 
 class ConnectionSpec(Model):
-    secret_ref: SecretRef = Field(alias="secretRef")
-    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
+    secret_ref: Annotated[
+        SecretRef,
+        OpenAPI(
+            "secretRef names the Secret with the keys url (NetBox's base URL, e.g. https://netbox.example.com), "
+            "token (a v2 token nbt_<key>.<secret>, sent as Bearer, or a v1 token, sent as Token) and optionally "
+            "caBundle (PEM certificates to trust for NetBox's TLS certificate). A NetboxIPPool reads it from its own "
+            "namespace; a GlobalNetboxIPPool names its namespace."
+        ),
+    ] = Field(alias="secretRef")
+    insecure_skip_verify: Annotated[
+        bool, OpenAPI("insecureSkipVerify turns off TLS certificate verification; never in production.")
+    ] = Field(default=False, alias="insecureSkipVerify")
 
 
 class _NamedSource(Model):
     """A NetBox object named by `id`, or by value (in the subclass's fields) in a VRF given by name or id."""
 
     id: int | None = None
-    vrf: str | None = Field(default=None, max_length=NAME_LENGTH)
-    vrf_id: int | None = Field(default=None, alias="vrfID")
+    vrf: Annotated[
+        str | None, OpenAPI("vrf is the name of the source's NetBox VRF; omitted means the global table.")
+    ] = Field(default=None, max_length=NAME_LENGTH)
+    vrf_id: Annotated[
+        int | None, OpenAPI("vrfID is the NetBox id of the source's VRF (instead of vrf).", format="int64", minimum=1)
+    ] = Field(default=None, alias="vrfID")
 
 
 class PrefixSource(_NamedSource):
-    cidr: str | None = None
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "prefix is a NetBox prefix: by id, or by cidr (and VRF).",
+        validations=rules(("has(self.id) != has(self.cidr)", "set exactly one of id and cidr"), ONE_VRF, BY_ID_NO_VRF),
+    )
+
+    id: Annotated[int | None, _id("prefix")] = None
+    cidr: Annotated[
+        str | None,
+        OpenAPI(
+            "cidr is the prefix, e.g. 10.0.0.0/24 or 2001:db8::/64.",
+            maxLength=43,
+            validations=rules(
+                (
+                    "isCIDR(self) && cidr(self) == cidr(self).masked()",
+                    "must be a network in CIDR form, without host bits (e.g. 10.0.0.0/24)",
+                )
+            ),
+        ),
+    ] = None
 
 
 class RangeSource(_NamedSource):
-    start: str | None = None
-    end: str | None = None
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "ipRange is a NetBox IP range: by id, or by start and end (and VRF).",
+        validations=rules(
+            ("has(self.start) == has(self.end)", "set both start and end"),
+            ("has(self.id) != has(self.start)", "set either id, or start and end"),
+            (
+                "!has(self.start) || !has(self.end) || ip(self.start).family() == ip(self.end).family()",
+                "start and end must be of one IP family",
+            ),
+            ONE_VRF,
+            BY_ID_NO_VRF,
+        ),
+    )
+
+    id: Annotated[int | None, _id("IP range")] = None
+    start: Annotated[str | None, IP, OpenAPI("start is the first address of the range, without mask.")] = None
+    end: Annotated[str | None, IP, OpenAPI("end is the last address of the range, without mask.")] = None
 
 
 class SourceSpec(Model):
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "A source of addresses: exactly one of prefix and ipRange.",
+        validations=rules(
+            ("has(self.prefix) != has(self.ipRange)", "set exactly one of prefix and ipRange"),
+            (IPV4_LENGTH, "prefixLength must be at most 32 for an IPv4 source"),
+        ),
+    )
+
     prefix: PrefixSource | None = None
     ip_range: RangeSource | None = Field(default=None, alias="ipRange")
-    gateway: str | None = None
-    prefix_length: int | None = Field(default=None, alias="prefixLength")
+    gateway: Annotated[
+        str | None,
+        IP,
+        OpenAPI(
+            "gateway of the addresses from this source; overrides spec.gateway. A gateway inside the source must be "
+            "recorded in NetBox as an IP address (else the pool is not Ready: GatewayNotRecorded); it is never given "
+            "to a claim."
+        ),
+    ] = None
+    prefix_length: Annotated[
+        int | None,
+        _prefix_length(
+            "prefixLength of the addresses from this source; by default the source's own mask in NetBox. At most 32 "
+            "for IPv4."
+        ),
+    ] = Field(default=None, alias="prefixLength")
 
 
 class AddressFields(Model):
-    status: str = "active"
-    role: str | None = None
-    tenant: str | None = Field(default=None, max_length=NAME_LENGTH)
-    dns_name: str | None = Field(default=None, alias="dnsName", max_length=DNS_NAME_LENGTH)
-    description: str | None = Field(default=None, max_length=DESCRIPTION_LENGTH)
-    tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    custom_fields: dict[str, Any] = Field(default_factory=dict, alias="customFields", max_length=CUSTOM_FIELDS)
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "addressFields are written on every NetBox IP address the pool creates, next to the provider's ownership "
+        f"marks (the tag {OWNER_TAG} and the custom field {CLAIM_UID_FIELD}). NetBox sets the VRF from the source. "
+        "Templates may use {claim}, {namespace}, {cluster} and {machine} (the claim's Machine, else its controlling "
+        "owner, else the claim)."
+    )
+
+    status: Annotated[str, OpenAPI("status of the addresses in NetBox.", enum=list(STATUSES), defaulted=True)] = (
+        "active"
+    )
+    role: Annotated[str | None, OpenAPI("role of the addresses in NetBox; none by default.", enum=list(ROLES))] = None
+    tenant: Annotated[str | None, SLUG, OpenAPI("tenant is the slug of the NetBox tenant of the addresses.")] = Field(
+        default=None, max_length=NAME_LENGTH
+    )
+    dns_name: Annotated[
+        str | None,
+        TEMPLATE,
+        OpenAPI("dnsName is a template for the addresses' DNS name, e.g. {machine}.{cluster}.example.com."),
+    ] = Field(default=None, alias="dnsName", max_length=DNS_NAME_LENGTH)
+    description: Annotated[
+        str | None,
+        TEMPLATE,
+        OpenAPI(
+            "description is a template for the addresses' description (default: Cluster API claim {namespace}/{claim})."
+        ),
+    ] = Field(default=None, max_length=DESCRIPTION_LENGTH)
+    tags: Annotated[
+        list[str],
+        OpenAPI(
+            "tags are slugs of existing NetBox tags to put on the addresses.",
+            items=OpenAPI("a tag slug.", maxLength=NAME_LENGTH, **SLUG),
+            validations=rules((f"!self.exists(t, t == '{OWNER_TAG}')", f"{OWNER_TAG} is the provider's own tag")),
+            list_type="set",
+        ),
+    ] = Field(default_factory=list, max_length=MAX_TAGS)
+    custom_fields: Annotated[
+        dict[str, Any],
+        OpenAPI(
+            "customFields are NetBox custom field values for the addresses, by field name (any JSON value; not "
+            f"{CLAIM_UID_FIELD}, the provider's own), at most {CUSTOM_FIELDS}. The admission webhook refuses names "
+            f"longer than {CUSTOM_FIELD_NAME_LENGTH} characters, values nested deeper than {CUSTOM_FIELDS_DEPTH} "
+            f"levels of objects and lists, more than {CUSTOM_FIELDS_VALUES} values in all, and strings longer than "
+            f"{CUSTOM_FIELDS_TEXT} characters.",
+            additionalProperties={"x-kubernetes-preserve-unknown-fields": True},
+        ),
+    ] = Field(default_factory=dict, alias="customFields", max_length=CUSTOM_FIELDS)
 
 
 class PoolSpec(Model):
-    connection: ConnectionSpec
-    sources: list[SourceSpec] = Field(max_length=MAX_SOURCES)
-    gateway: str | None = None
-    prefix_length: int | None = Field(default=None, alias="prefixLength")
+    openapi: ClassVar[OpenAPI] = OpenAPI(
+        "spec says where in NetBox the pool's addresses come from and what they carry."
+    )
+
+    connection: Annotated[ConnectionSpec, OpenAPI("connection says how to reach NetBox.")]
+    sources: Annotated[
+        list[SourceSpec],
+        OpenAPI(
+            "sources are NetBox prefixes and IP ranges, in order: an address comes from the first one with room. All "
+            "must be of one IP family.",
+            minItems=1,
+        ),
+    ] = Field(max_length=MAX_SOURCES)
+    gateway: Annotated[
+        str | None,
+        IP,
+        OpenAPI(
+            "gateway of the pool's addresses, unless a source sets its own. A gateway inside a source must be "
+            "recorded in NetBox as an IP address; it is never given to a claim."
+        ),
+    ] = None
+    prefix_length: Annotated[
+        int | None,
+        _prefix_length(
+            "prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask. At "
+            "most 32 for IPv4 sources (checked against NetBox)."
+        ),
+    ] = Field(default=None, alias="prefixLength")
     address_fields: AddressFields = Field(default_factory=AddressFields, alias="addressFields")
 
 
