@@ -13,6 +13,10 @@ when the pool keeps them; else deleted.
   until adopted); an address reserved meanwhile is learned.
 - Expired release records are deleted as it is used (not under LeastRecentlyReleased); a reservation made for a
   domain pool is held at once in the indexes of the domain's pools. A prefix pool's integers are child numbers.
+- Pins (`pin`, at each report): each address pre-allocated to one well-formed key that no IPAddress names nor known
+  reservation holds gets a reservation for the named claim with uid "", so a process with a stale spec cannot hand
+  it out; an own uid-"" live reservation no longer pinned to its claim and named by no IPAddress is deleted.
+  Nothing is done for a caller that read an older spec than the index's.
 """
 
 from __future__ import annotations
@@ -30,15 +34,24 @@ from backends.incluster.intervals import address_value, int_to_address
 from backends.incluster.naming import pool_hash
 from backends.incluster.policy import AllocationPolicy
 from backends.incluster.reservations import Reservation, ReservationClient, unless_changed
-from backends.incluster.spec import ParsedPool, ReleaseTerms
+from backends.incluster.spec import ParsedPool, PreAllocations, ReleaseTerms
 from ipam_provider.api.capi import names_pool
-from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
-from ipam_provider.common import Object
+from ipam_provider.backend.contract import (
+    Allocation,
+    AllocationFailedError,
+    ClaimContext,
+    PoolExhaustedError,
+    PoolRef,
+    requested_address_outside,
+)
+from ipam_provider.common import Object, cap_int64, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, now_rfc3339
 
 log = structlog.get_logger(__name__)
 RESYNC_SECONDS = 600.0
+PENDING_WAIT = 10.0  # how long to wait for another allocation's create of the same address to answer
+PENDING_POLL = 0.05
 Parsed = TypeVar("Parsed", bound=ParsedPool)
 
 
@@ -337,3 +350,139 @@ class Ledger:
         """Release the claim's reservations of the pool."""
         for reservation in await self.reservations.list_claim(ref, claim_uid):
             await self.release(ref, terms, reservation)
+
+    def held(self, index: PoolIndex, claim_uid: str) -> Reservation | None:
+        """The pool's own reservation that `index` knows the claim to hold."""
+        return index.by_claim.get(claim_uid)
+
+    async def reserve_any(self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext) -> Reservation:
+        """The claim's reservation of the next candidate under the policy; a candidate another holds is learned and
+        the next one taken. An index that looks exhausted is rebuilt once, then PoolExhaustedError."""
+        refreshed = False
+        while True:
+            index = self.current(pool.ref, index)  # never one built from an older spec
+            candidate = index.take_candidate(claim.uid)
+            if candidate is None:
+                if refreshed:
+                    raise PoolExhaustedError(pool.exhausted(cap_int64(index.allocator.total)))
+                index, refreshed = await self.refresh(pool.ref, index), True
+                held = index.by_claim.get(claim.uid)
+                if held is not None:
+                    return held
+                continue
+            address = index.address_of(candidate)
+            learned = await self.reserve(pool.ref, index, Allocation(address, pool.prefix, pool.gateway), claim)
+            if learned is not None and learned.claim_uid == claim.uid:
+                return learned
+            if learned is not None:
+                log.info("address already reserved elsewhere", pool=str(pool.ref), address=address)
+
+    async def reserve_requested(
+        self, pool: ParsedPool, index: PoolIndex, claim: ClaimContext, address: str
+    ) -> Reservation | None:
+        """After one attempt to reserve `address` (canonical) for the claim by value: its reservation, the claim's
+        or another's, or None (look again). AllocationFailedError when the pool's spec no longer hands it out, or
+        (retried soon) when another allocation of this process is still reserving it after PENDING_WAIT."""
+        index = self.current(pool.ref, index)
+        value = index.value_of(address)
+        if index.take_specific(value, claim.uid):
+            held = await self.reserve(pool.ref, index, Allocation(address, pool.prefix, pool.gateway), claim)
+            if held is not None and held.claim_uid != claim.uid:
+                log.info("requested address already reserved", pool=str(pool.ref), address=address, holder=held.claim)
+            return held
+        if value not in index.allocatable.addresses:  # the pool's spec changed meanwhile
+            raise AllocationFailedError(requested_address_outside(address, pool.ref))
+        if value not in index.pending:
+            return await self.read(pool.ref, index, address)
+        deadline = time.monotonic() + PENDING_WAIT
+        while value in self.current(pool.ref, index).pending:
+            if time.monotonic() > deadline:
+                raise AllocationFailedError(
+                    f"requested address {address} of {pool.ref} is being reserved for another claim; retrying",
+                    retry_after=1.0,
+                )
+            await asyncio.sleep(PENDING_POLL)
+        return None
+
+    async def hold_existing(
+        self, ref: PoolRef, index: PoolIndex, claim: ClaimContext, held: Allocation
+    ) -> Reservation | None:
+        """Make the claim hold exactly `held`'s address, its IPAddress's: the reservation holding the address then.
+        When it is the claim's own, the claim's other reservations of the pool (lost to concurrent allocations) are
+        deleted; nothing is asked of the API server when `index` knows the claim to hold the address alone. None
+        when none holds it. ValueError when the address is not of the pool's family."""
+        value = index.value_of(held.address)
+        holder = index.by_address.get(value)
+        mine = holder is not None and holder.pool_label == pool_hash(ref) and holder.claim_uid == claim.uid
+        if mine and claim.uid not in index.doubly_held:
+            return holder  # the steady state
+        if not mine:
+            holder = await self._adopt(ref, index, claim, held)
+            if holder is None or holder.claim_uid != claim.uid or holder.pool_label != pool_hash(ref):
+                return holder
+        for other in await self.reservations.list_claim(ref, claim.uid):
+            if other.address != held.address:
+                await self.delete(ref, index, other)
+        self.current(ref, index).held_alone(claim.uid, value)
+        return holder
+
+    async def _adopt(self, ref: PoolRef, index: PoolIndex, claim: ClaimContext, held: Allocation) -> Reservation | None:
+        """Make the reservation of `held` for the claim, or take over the pool's own one of the claim's
+        namespace/name or a release record of it; learned by `index`. The reservation holding the address now, None
+        when none does. AllocationFailedError (retried soon) when the own one changed while the claim took it."""
+        reservation = await self.reservations.create(ref, held, claim)
+        reservation = reservation or await self.reservations.get(ref, held.address)
+        takes_over = (
+            reservation is not None and reservation.pool_label == pool_hash(ref) and reservation.claim_uid != claim.uid
+        )
+        if reservation is None or not takes_over or not (reservation.released_at or reservation.claim == str(claim)):
+            self.learn(ref, reservation, index=index)
+            return reservation
+        taken = await self.give(ref, index, reservation, claim, held)
+        if taken is None:
+            raise AllocationFailedError(
+                f"the reservation of {held.address} changed while IPAddress {claim} took it; retrying",
+                retry_after=1.0,
+            )
+        return taken
+
+    async def pin(self, pool: ParsedPool, addresses: Sequence[Allocation]) -> None:
+        """Create the missing pin reservations of the pool and delete those of removed pins (see the module), for a
+        reconcile that read `pool`, with the IPAddresses naming it. A pool without pins whose index (for that
+        object) is not built has no pin reservations this process knows of: nothing to do."""
+        index = self._indexes.get(pool.ref)
+        if pool.pre.pinned:
+            index = await self.index(pool)
+        elif index is None or index.pool_uid != pool.uid:
+            return
+        if index.generation > pool.generation:
+            return  # this reconcile read an older spec than the index's: the newer one decides
+        backed = {normalized_address(allocation.address) for allocation in addresses}
+        for value in sorted(pool.pre.pinned):
+            named = pool.pre.named_claim(value)
+            text = int_to_address(value, pool.pre.family)
+            if named is None or text in backed:
+                continue
+            index = self.current(pool.ref, index)
+            if not index.take_specific(value, ""):
+                continue  # held (by the pin, its claim or another one: `collisions` tells) or being reserved now
+            claim = ClaimContext(*named, uid="")
+            learned = await self.reserve(pool.ref, index, Allocation(text, pool.prefix, pool.gateway), claim)
+            if learned is not None and learned.claim == str(claim) and not (learned.claim_uid or learned.released_at):
+                log.info("pre-allocated address pinned", pool=str(pool.ref), address=text, claim=str(claim))
+        await self._unpin_removed(pool.ref, pool.pre, index, backed)
+
+    async def _unpin_removed(self, ref: PoolRef, pre: PreAllocations, index: PoolIndex, backed: set[str]) -> None:
+        current = self.current(ref, index)
+        for reservation in list(current.by_address.values()):
+            if reservation.claim_uid or reservation.released_at or normalized_address(reservation.address) in backed:
+                continue
+            value = address_value(reservation.address, pre.family)
+            if not current.owns(reservation) or value is None:
+                continue  # another pool's of the uniqueness domain: its pins are its own
+            if pre.held_by_named(value, reservation.claim):
+                continue
+            if await self.reservations.still_named(reservation, ref):
+                continue
+            await self.delete(ref, index, reservation)
+            log.info("pin removed", pool=str(ref), address=reservation.address, claim=reservation.claim)

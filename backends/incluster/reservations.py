@@ -87,20 +87,6 @@ class Reservation:
         released = epoch(self.released_at or "")
         return float("-inf") if released is None else released
 
-    def holder(self, seen_from: str) -> str:
-        """Who holds it, for a message on a claim of namespace `seen_from`: its claim and, when known, its pool; a
-        claim or pool of another namespace (a Global pool's, a shared uniqueness domain's) is not named."""
-        if self.claim.partition("/")[0] != seen_from or (
-            self.pool is not None
-            and self.pool.namespace
-            not in (
-                None,
-                seen_from,
-            )
-        ):
-            return "a claim of another namespace"
-        return f"claim {self.claim} of {self.pool}" if self.pool is not None else f"claim {self.claim}"
-
 
 def pool_of(obj: Object) -> PoolRef | None:
     """The pool a reservation object names in its spec; None when it names none."""

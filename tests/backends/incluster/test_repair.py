@@ -12,6 +12,7 @@ from backends.incluster import repair as incluster_repair
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.naming import RESERVATIONS, reservation_name
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
+from backends.incluster.allocator import holder_seen_from
 from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import (
@@ -396,12 +397,18 @@ def test_a_restore_taken_in_a_shared_domain_names_no_other_namespace() -> None:
 
 
 def test_a_holder_is_named_on_a_claim_only_within_its_namespace() -> None:
-    """`Reservation.holder` feeds a claim's AllocationFailed: another namespace's claim or pool is not named."""
+    """`holder_seen_from` feeds a claim's AllocationFailed: another namespace's claim or pool is not named."""
 
     def held(pool: PoolRef, claim: str) -> Reservation:
         return Reservation("d.10-0-0-5", "10.0.0.5", 24, None, "uid-1", claim, None, "1", "u", pool=pool)
 
-    assert held(IN_CLUSTER_POOL.ref("victim", "secret"), "victim/db").holder("team-a") == "a claim of another namespace"
-    assert held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "victim/db").holder("team-a") == "a claim of another namespace"
-    own = held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "team-a/m1").holder("team-a")
+    assert (
+        holder_seen_from(held(IN_CLUSTER_POOL.ref("victim", "secret"), "victim/db"), "team-a")
+        == "a claim of another namespace"
+    )
+    assert (
+        holder_seen_from(held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "victim/db"), "team-a")
+        == "a claim of another namespace"
+    )
+    own = holder_seen_from(held(GLOBAL_IN_CLUSTER_POOL.ref(None, "g"), "team-a/m1"), "team-a")
     assert own == "claim team-a/m1 of GlobalInClusterIPPool/g"
