@@ -10,9 +10,10 @@ authentication and authorisation; `--insecure-diagnostics` makes that plain HTTP
 serves plain HTTP on its address and wins over both (`0` turns the metrics off).
 
 `--tls-min-version` and `--tls-cipher-suites` apply to the HTTPS endpoints: the metrics and the admission webhook
-(`--webhook-port`, default 9443, 0 turns it off; certificate in `--webhook-cert-dir`). In Go's forms: a Cluster API
-manager reads them with Kubernetes component-base: versions as `VersionTLS12`, cipher suites as the IANA names Go's
-crypto/tls gives them (`TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`). Here each suite name maps to its OpenSSL name for
+(`--webhook-port`, default 9443, 0 turns it off; certificate in `--webhook-cert-dir`, its files named by
+`--webhook-cert-name` and `--webhook-key-name`). In Go's forms: a Cluster API manager reads them with Kubernetes
+component-base: versions as `VersionTLS12`, cipher suites as the IANA names Go's crypto/tls gives them
+(`TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`). Here each suite name maps to its OpenSSL name for
 `SSLContext.set_ciphers`. The TLS 1.3 suites are accepted, but, as in Go, they cannot be chosen: all three are always
 on when TLS 1.3 is negotiated. TLS 1.0 and 1.1 are known names that are refused: OpenSSL 3 negotiates them only at
 security level 0, and Python deprecates them.
@@ -26,7 +27,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipam_provider.runtime.serving.certificates import CertificateFiles, TlsOptions
+from ipam_provider.runtime.serving.certificates import CERT_NAME, KEY_NAME, CertificateFiles, TlsOptions
 from ipam_provider.runtime.serving.guard import CONNECTIONS, DEFAULT_LIMITS, HEADER_SECONDS, IDLE_SECONDS, Limits
 
 CLAIM_KIND = "ipaddressclaim"
@@ -151,8 +152,6 @@ def take_kind_concurrency(argv: Sequence[str]) -> tuple[list[str], dict[str, int
 
 DEFAULT_PROBES_ADDRESS = ":8081"
 DEFAULT_DIAGNOSTICS_ADDRESS = ":8443"  # Cluster API's util/flags default
-DEFAULT_CERT_NAME = "tls.crt"
-DEFAULT_CERT_KEY = "tls.key"
 DEFAULT_WEBHOOK_PORT = 9443  # controller-runtime's
 DEFAULT_WEBHOOK_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # controller-runtime's
 
@@ -204,9 +203,13 @@ def add_webhook_flags(run: argparse.ArgumentParser) -> None:
         "--webhook-cert-dir",
         default=DEFAULT_WEBHOOK_CERT_DIR,
         metavar="DIRECTORY",
-        help="the directory holding the webhook's tls.crt and tls.key (default: %(default)s), re-read when they "
+        help="the directory holding the webhook's certificate and key (default: %(default)s), re-read when they "
         "change; while both are absent a self-signed certificate is served, which the API server does not trust",
     )
+    webhook.add_argument(
+        "--webhook-cert-name", metavar="FILE", help=f"the certificate's file name in it (default: {CERT_NAME})"
+    )
+    webhook.add_argument("--webhook-key-name", metavar="FILE", help=f"the key's file name in it (default: {KEY_NAME})")
     limits = run.add_argument_group("HTTP servers' limits (the webhook, the metrics and the probes)")
     limits.add_argument(
         "--http-read-header-timeout",
@@ -247,7 +250,12 @@ def _port(text: str) -> int:
 
 def webhook_serving(args: argparse.Namespace) -> WebhookServing:
     limits = Limits(args.http_read_header_timeout, args.http_idle_timeout, args.http_max_connections)
-    return WebhookServing(args.webhook_host, args.webhook_port, CertificateFiles(args.webhook_cert_dir), limits)
+    cert = CertificateFiles(
+        args.webhook_cert_dir or DEFAULT_WEBHOOK_CERT_DIR,  # "": controller-runtime's default, as in Go
+        args.webhook_cert_name or CERT_NAME,
+        args.webhook_key_name or KEY_NAME,
+    )
+    return WebhookServing(args.webhook_host, args.webhook_port, cert, limits)
 
 
 def add_serving_flags(run: argparse.ArgumentParser) -> None:
@@ -301,11 +309,9 @@ def _add_certificate_flags(serving: argparse._ArgumentGroup) -> None:
         "start is served",
     )
     serving.add_argument(
-        "--metrics-cert-name", metavar="FILE", help=f"the certificate's file name (default: {DEFAULT_CERT_NAME})"
+        "--metrics-cert-name", metavar="FILE", help=f"the certificate's file name (default: {CERT_NAME})"
     )
-    serving.add_argument(
-        "--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {DEFAULT_CERT_KEY})"
-    )
+    serving.add_argument("--metrics-cert-key", metavar="FILE", help=f"the key's file name (default: {KEY_NAME})")
 
 
 def _add_tls_flags(serving: argparse._ArgumentGroup) -> None:
@@ -337,7 +343,7 @@ def metrics_serving(args: argparse.Namespace, ignored: list[str], webhook: bool 
         ignored += unused_suites
         unused_suites, tls_flags = [], []
     cert = CertificateFiles(
-        args.metrics_cert_path, args.metrics_cert_name or DEFAULT_CERT_NAME, args.metrics_cert_key or DEFAULT_CERT_KEY
+        args.metrics_cert_path, args.metrics_cert_name or CERT_NAME, args.metrics_cert_key or KEY_NAME
     )
     if args.metrics_bind_address is not None:
         diagnostics = [f"--diagnostics-address={args.diagnostics_address}"] if args.diagnostics_address else []

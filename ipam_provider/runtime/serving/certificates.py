@@ -1,11 +1,13 @@
-"""The metrics endpoint's serving certificate: files that are re-read when they change, or a self-signed one.
+"""The HTTPS endpoints' serving certificates: files that are re-read when they change, or a self-signed one.
 
-kubebuilder's layout: a directory (`--metrics-cert-path`) holding a certificate (`tls.crt`) and its key
-(`tls.key`), as a cert-manager Secret mounted there provides them. `ServingCertificate.load` builds the server's
-`ssl.SSLContext`: from the files when both exist, else from a self-signed certificate generated in memory (the
-development certificate). `refresh()` compares the files' stat fingerprints (cheap) and loads them into the same
-context when they changed, so cert-manager's rotations take effect for new connections without a restart. The
-context negotiates as its `TlsOptions` say (the `--tls-*` flags, `ipam_provider/runtime/flagforms.py`).
+kubebuilder's and controller-runtime's layout: a directory (`--metrics-cert-path`, `--webhook-cert-dir`) holding a
+certificate and its key, by default `tls.crt` and `tls.key` (other names: `--metrics-cert-name`/`--metrics-cert-key`,
+`--webhook-cert-name`/`--webhook-key-name`), as a cert-manager Secret mounted there provides them.
+`ServingCertificate.load` builds the server's `ssl.SSLContext`: from the files when both exist, else from a
+self-signed certificate generated in memory (the development certificate). `refresh()` compares the files' stat
+fingerprints (cheap) and loads them into the same context when they changed, so cert-manager's rotations take
+effect for new connections without a restart. The context negotiates as its `TlsOptions` say (the `--tls-*`
+flags, `ipam_provider/runtime/flagforms.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import structlog
 log = structlog.get_logger(__name__)
 
 SELF_SIGNED_DAYS = 365
+CERT_NAME = "tls.crt"  # controller-runtime's default file names in a certificate directory
+KEY_NAME = "tls.key"
 Fingerprint = tuple[tuple[int, int, int], tuple[int, int, int]] | None
 
 
@@ -53,8 +57,8 @@ class CertificateFiles:
     """Where the serving certificate is: `directory` (None: none given) with `cert_name` and `key_name` in it."""
 
     directory: str | None
-    cert_name: str = "tls.crt"
-    key_name: str = "tls.key"
+    cert_name: str = CERT_NAME
+    key_name: str = KEY_NAME
 
     @property
     def cert(self) -> Path | None:
