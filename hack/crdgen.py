@@ -132,6 +132,22 @@ def string(description: str, max_length: int = 253, **extra: Any) -> Schema:
     return {"type": "string", "description": description, "maxLength": max_length, **extra}
 
 
+def document(description: str, spec: Schema, status: Schema) -> Schema:
+    """The openAPIV3Schema of a kind: `spec` (required) and `status` beside the envelope's fields."""
+    return {
+        "description": description,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
 def conditions(description: str) -> Schema:
     """A list of metav1.Conditions keyed by type, as `status.conditions`."""
     return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from crdgen import column, conditions, crd, model_schema, write
+from crdgen import column, conditions, crd, document, model_schema, write
 
 from backends.incluster.spec import InClusterPoolSpec
 
@@ -42,18 +42,7 @@ def pool_schema() -> dict[str, Any]:
             "conditions": conditions("conditions of the pool; Ready tells whether claims can be served."),
         },
     }
-    return {
-        "type": "object",
-        "description": "",
-        "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
-            "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
-        },
-        "required": ["spec"],
-    }
+    return document("", spec, status)
 
 
 def pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from crdgen import GROUP, Schema, age_column, conditions, crd, model_schema, ready_columns, string, write
+from crdgen import GROUP, Schema, age_column, conditions, crd, document, model_schema, ready_columns, string, write
 
 from backends.infoblox.spec import VERSION, InstanceSpec, PoolSpec
 
@@ -53,21 +53,6 @@ def pool_schema() -> Schema:
     return document(
         "InfobloxIPPool hands out addresses of Infoblox networks to IPAddressClaims.", model_schema(PoolSpec), status
     )
-
-
-def document(description: str, spec: Schema, status: Schema) -> Schema:
-    return {
-        "description": description,
-        "type": "object",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
-            "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
-        },
-    }
 
 
 def main() -> int:

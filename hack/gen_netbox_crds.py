@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from crdgen import Schema, age_column, column, conditions, crd, model_schema, ready_columns, string, write
+from crdgen import Schema, age_column, column, conditions, crd, document, model_schema, ready_columns, string, write
 
 from backends.netbox.spec import VERSION, PoolSpec
 
@@ -55,18 +55,7 @@ def pool_schema(kind: str, namespaced: bool, description: str) -> Schema:
             ),
         },
     }
-    return {
-        "description": description,
-        "type": "object",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
-            "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
-        },
-    }
+    return document(description, spec, status)
 
 
 def pool_crd(kind: str, plural: str, namespaced: bool, description: str) -> Schema:

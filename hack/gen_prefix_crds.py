@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from crdgen import column, conditions, crd, model_schema, write
+from crdgen import column, conditions, crd, document, model_schema, write
 
 from backends.incluster.prefix_spec import PrefixPoolSpec
 
@@ -43,18 +43,7 @@ def status_schema() -> dict[str, Any]:
 
 
 def prefix_pool_crd(kind: str, plural: str, scope: str, description: str) -> dict[str, Any]:
-    schema = {
-        "description": description,
-        "type": "object",
-        "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
-            "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object"},
-            "spec": model_schema(PrefixPoolSpec),
-            "status": status_schema(),
-        },
-        "required": ["spec"],
-    }
+    schema = document(description, model_schema(PrefixPoolSpec), status_schema())
     columns = [
         column("Prefixes", "string", ".spec.prefixes", "The prefixes child prefixes are taken from"),
         column("Total", "integer", ".status.ipAddresses.total", "Child prefixes the pool can hand out"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from backends.incluster import repair as incluster_repair
+from backends.incluster.allocator import holder_seen_from
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.naming import RESERVATIONS, reservation_name
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
-from backends.incluster.allocator import holder_seen_from
 from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import (
