@@ -1,10 +1,10 @@
-"""The backend contract, importable under its historical path for plugins; it lives in `ipam_provider.backend`."""
+"""The backend contract, importable under its historical path for plugins; it lives in `ipam_provider.backend`
+(`protocol`: `Backend`, `Capabilities`; `contract`: the types and errors)."""
 
 from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
     AllocationFailedError,
-    Backend,
     BackendContext,
     BackendError,
     ClaimContext,
@@ -15,6 +15,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
     ReleaseImpossibleError,
 )
+from ipam_provider.backend.protocol import Backend, Capabilities
 from ipam_provider.common import Object
 
 JSON = Object
@@ -28,6 +29,7 @@ __all__ = [
     "Backend",
     "BackendContext",
     "BackendError",
+    "Capabilities",
     "ClaimContext",
     "Object",
     "PoolExhaustedError",

@@ -30,7 +30,7 @@ from ipam_provider.api.capi import (
     addresses_listing,
     names_pool,
 )
-from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef, admission_reviewer_of
+from ipam_provider.backend.contract import AddressInUse, AdmissionReviewer, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object, listed
 from ipam_provider.reconcile.context import pool_resource
@@ -187,7 +187,7 @@ class PoolAdmission:
 
     def _reviewer(self, kind: PoolKind) -> AdmissionReviewer | None:
         found = self.registry.lookup(kind.group, kind.kind)
-        return admission_reviewer_of(found[0]) if found is not None else None
+        return self.registry.capabilities(found[0]).review_pool_change if found is not None else None
 
     async def addresses_in_use(self, ref: PoolRef) -> list[AddressInUse]:
         """The live IPAddresses naming the pool: from the cache if it can answer, else listed (in the pool's

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from ipam_provider.api.capi import LABEL_WATCH_FILTER
-from ipam_provider.backend.contract import PoolKind, PoolRef, pool_observer_of, preparer_of, serves_claims_concurrently
+from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.reconcile.claims import ClaimReconciler
@@ -79,14 +79,15 @@ class Controller:
         concurrently."""
         if isinstance(shard, PoolRef):
             found = self.registry.lookup(shard.group, shard.kind)
-            if found is not None and not serves_claims_concurrently(found[0]):
+            if found is not None and not self.registry.capabilities(found[0]).concurrent_claims:
                 return 1
         return None
 
     def _observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
-        """Hand a pool's change to its backend's observer (`pool_observer_of`); the other pools it may concern."""
+        """Hand a pool's change to its backend's observer (`Capabilities.observe_pool`); the other pools it may
+        concern."""
         found = self.registry.lookup(kind.group, kind.kind)
-        observe = pool_observer_of(found[0]) if found is not None else None
+        observe = self.registry.capabilities(found[0]).observe_pool if found is not None else None
         return observe(kind, old, new) if observe is not None else ()
 
     def _informers(self) -> list[Informer]:
@@ -162,11 +163,12 @@ class Controller:
 
     async def _prepare_pools(self) -> None:
         """Once the pool caches have synced (the others may still be syncing), let each backend that can prepare
-        every pool it serves (`preparer_of`), one pool at a time. A failure is logged; nothing waits for this."""
+        every pool it serves (`Capabilities.prepare`), one pool at a time. A failure is logged; nothing waits for
+        this."""
         await asyncio.gather(*(informer.wait_synced() for informer in self.pool_informers))
         for kind in self.registry.kinds:
             found = self.registry.lookup(kind.group, kind.kind)
-            prepare = preparer_of(found[0]) if found is not None else None
+            prepare = self.registry.capabilities(found[0]).prepare if found is not None else None
             if prepare is None:
                 continue
             for pool in self.caches.pools[(kind.group, kind.kind)].items():

@@ -45,6 +45,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.backend.live_pools import LivePools
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.kube.resources import IPAM_GROUP
@@ -59,6 +60,7 @@ GLOBAL_IN_CLUSTER_POOL = PoolKind(
 class InClusterBackend:
     """Serves InClusterIPPool and GlobalInClusterIPPool; offers the repair capability (see `repair`)."""
 
+    name = ""  # the metrics' `backend` label comes from the module (`incluster`)
     concurrent_claims = True
     kinds: Sequence[PoolKind] = (IN_CLUSTER_POOL, GLOBAL_IN_CLUSTER_POOL)
     pool_type: type[ParsedPool] = AddressPool
@@ -68,14 +70,25 @@ class InClusterBackend:
         self.ledger = Ledger(kube, context.cached_addresses, lambda d: domain_pools(kube, self.kinds, cached_pools, d))
         self.allocator = Allocator(self.ledger)
         self.repair = Repair(self.ledger, self.pool_type.parse, self.kinds, cached_pools)
-        # The repair capability (see `ipam_provider.backend.repair`) is the Repair's, each call a pool operation.
-        self.sweep_orphaned = self.repair.sweep_orphaned
         self.cached_addresses = context.cached_addresses
         self.survey = PoolSurvey(self.kinds, cached_pools, survey_parse)
         # Each pool's last valid parse, by the type it was parsed as, with the spec it was read from.
         self._parsed: dict[PoolRef, tuple[type[ParsedPool], Object, ParsedPool]] = {}
         # Every operation of a pool runs in `pools.operation`: what one keeps for a pool gone meanwhile goes.
         self.pools = LivePools(self.forget_pool)
+
+    def capabilities(self) -> Capabilities:
+        """Every optional capability: the repair one is the Repair's, each call of a pool a pool operation."""
+        return Capabilities(
+            name=self.name,
+            prepare=self.prepare,
+            review_pool_change=self.review_pool_change,
+            observe_pool=self.observe_pool,
+            concurrent_claims=self.concurrent_claims,
+            repair=self,
+            list_pools_holdings=self.list_pools_holdings,
+            sweep_orphaned=self.repair.sweep_orphaned,
+        )
 
     def parse(self, ref: PoolRef, pool: Object) -> ParsedPool:
         """The pool as one call reads it (its uniqueness domain noted); PoolNotReadyError when it is invalid."""

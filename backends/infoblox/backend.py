@@ -39,6 +39,7 @@ from ipam_provider.backend.contract import (
     ReportCondition,
 )
 from ipam_provider.backend.live_pools import LivePools
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 from ipam_provider.runtime.events.recorder import EventRecorder
@@ -62,6 +63,13 @@ class InfobloxBackend:
         self.checks = PoolChecks(self.grid, self.settings)
         self.repair = GridRepair(self.ledger, self.allocator, self.settings)
         self.pools = LivePools(self._forget)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            observe_pool=self.observe_pool,
+            report_interval=self.report_interval,
+            repair=self,
+        )
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's spec, index and check results are forgotten, also when an operation of it ends later

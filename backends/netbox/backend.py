@@ -54,6 +54,7 @@ from ipam_provider.backend.contract import (
     ReportCondition,
 )
 from ipam_provider.backend.live_pools import LivePools
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
@@ -95,6 +96,14 @@ class NetboxBackend:
         self._kube = context.kube
         self.owner_bounds = OwnerBounds()
         self.pools = LivePools(self._forget)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            review_pool_change=self.review_pool_change,
+            observe_pool=self.observe_pool,
+            report_interval=self.report_interval,
+            repair=self,
+        )
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's state and connection are forgotten (`_forget`), also when an operation of it ends later

@@ -2,8 +2,8 @@
 
 A backend serves one or more pool kinds. It is called with plain data: the pool's identity (`PoolRef`), the pool
 object as the API server returned it, and a `ClaimContext`; never for a paused claim, cluster or pool, and never
-twice at once for one claim. Calls for one pool are serialised unless the backend declares `concurrent_claims =
-True` (`serves_claims_concurrently`): then the backend itself keeps them from handing out one address twice. Every
+twice at once for one claim. Calls for one pool are serialised unless the backend's `capabilities()` declare
+`concurrent_claims=True`: then the backend itself keeps them from handing out one address twice. Every
 method must be idempotent and safe to repeat after a crash at any point.
 """
 
@@ -13,7 +13,7 @@ import functools
 import ipaddress
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from ipam_provider.common import Object, cap_int64
 
@@ -255,11 +255,8 @@ class BackendContext:
     cluster_identity: str = ""
 
 
-def preparer_of(backend: object) -> Callable[[PoolRef, Object], Awaitable[None]] | None:
-    """The backend's optional `async prepare(pool_ref, pool)`, or None: called once per pool known at start, while
-    the claim and IPAddress caches still sync, to warm what a first allocation needs. A failure is only logged."""
-    prepare = getattr(backend, "prepare", None)
-    return prepare if callable(prepare) else None
+Preparer = Callable[[PoolRef, Object], Awaitable[None]]
+"""`Capabilities.prepare`: `async prepare(pool_ref, pool)`."""
 
 
 @dataclass(frozen=True)
@@ -278,75 +275,8 @@ class AddressInUse:
 
 
 AdmissionReviewer = Callable[[PoolRef, Object | None, Object | None, Sequence[AddressInUse]], Awaitable[list[str]]]
-
-
-def admission_reviewer_of(backend: object) -> AdmissionReviewer | None:
-    """The backend's optional `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`, or None.
-
-    The admission webhook calls it for a pool being created (`old` None), updated (not when `spec` is unchanged),
-    or deleted (`new` None; once the core's delete check passed), with the live IPAddresses naming the pool. It
-    answers the reasons to refuse, each a sentence a person can act on (empty: allowed); it must be quick, must not
-    write, and must not raise for a spec it cannot parse (that is a reason to refuse)."""
-    review = getattr(backend, "review_pool_change", None)
-    return review if callable(review) else None
-
-
-def report_interval_of(backend: object) -> float | None:
-    """The backend's optional attribute `report_interval` (seconds): how often each live pool is reported again,
-    for reports that follow an external system no watch shows; None: on changes and every `--sync-period`."""
-    interval = getattr(backend, "report_interval", None)
-    return float(interval) if isinstance(interval, int | float) and interval > 0 else None
-
-
-def serves_claims_concurrently(backend: object) -> bool:
-    """Whether the backend's optional attribute `concurrent_claims` is True: it accepts concurrent calls for several
-    claims of one pool (else it gets them one at a time)."""
-    return getattr(backend, "concurrent_claims", False) is True
+"""`Capabilities.review_pool_change`: `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`."""
 
 
 PoolObserver = Callable[[PoolKind, Object | None, Object | None], Collection[PoolRef]]
-
-
-def pool_observer_of(backend: object) -> PoolObserver | None:
-    """The backend's optional `observe_pool(kind, old, new) -> Collection[PoolRef]`, or None, for reports that
-    depend on other pools (overlaps). Called in the watch's event handler for every change of the backend's pools
-    (`old` None: added; `new` None: deleted), the initial list included, before any reconcile that follows; it
-    answers the other pools whose report the change may alter (reported again). It must be quick and must not
-    block."""
-    observe = getattr(backend, "observe_pool", None)
-    return observe if callable(observe) else None
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """A pool backend. One instance serves every pool of its kinds."""
-
-    @property
-    def kinds(self) -> Sequence[PoolKind]:
-        """The pool kinds this backend serves."""
-        ...
-
-    async def allocate(
-        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
-    ) -> Allocation:
-        """The address the pool holds for `claim.uid`, allocating one if it holds none; with `existing` (an
-        IPAddress names the claim) exactly that address, or AllocationFailedError if another claim holds it.
-        Raises PoolNotReadyError, PoolExhaustedError or AllocationFailedError. Never hands out an address another
-        claim holds, even when several controller processes call at once."""
-        ...
-
-    async def release(
-        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
-    ) -> None:
-        """Release whatever the pool holds for `claim.uid` (what is gone already succeeds). `pool` is None when the
-        pool is gone, `allocation` when no IPAddress recorded one. Never releases what this controller did not
-        allocate for this claim."""
-        ...
-
-    async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
-        """Validate the pool `pool_ref` and count its usage. `addresses` are the IPAddresses that name the pool."""
-        ...
-
-    async def close(self) -> None:
-        """Release connections and threads."""
-        ...
+"""`Capabilities.observe_pool`: `observe_pool(kind, old, new) -> Collection[PoolRef]`."""

@@ -1,6 +1,7 @@
 """Backends register per (apiGroup, kind) through the entry-point group `ipam_provider.backends`, each naming a
 factory `create_backend(context: BackendContext) -> Backend`; an installed package adds a pool kind by declaring
-one. Each backend's name (its metrics' `backend` label) is its entry-point name, else `backend_name`.
+one. Each backend's name (its metrics' `backend` label) is its entry-point name, else `backend_name`. A backend's
+`capabilities()` are asked once, here, when it is registered; the core reads them from `capabilities(backend)`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from importlib.metadata import entry_points
 
 import structlog
 
-from ipam_provider.backend.contract import Backend, BackendContext, PoolKind
+from ipam_provider.backend.contract import BackendContext, PoolKind
+from ipam_provider.backend.protocol import Backend, Capabilities
 
 ENTRY_POINT_GROUP = "ipam_provider.backends"
 BackendFactory = Callable[[BackendContext], Backend]
 log = structlog.get_logger(__name__)
+NO_CAPABILITIES = Capabilities()
 
 
 class RegistryError(RuntimeError):
@@ -28,6 +31,7 @@ class BackendRegistry:
         self._by_kind: dict[tuple[str, str], tuple[Backend, PoolKind]] = {}
         self._names: dict[tuple[str, str], str] = {}
         self._backends: list[Backend] = []
+        self._capabilities: dict[int, Capabilities] = {}  # by id() of a registered backend
         for backend in backends:
             self.register(backend)
 
@@ -35,7 +39,8 @@ class BackendRegistry:
         """Serve the backend's pool kinds; `name` (default: `backend_name`) labels its metrics."""
         if not isinstance(backend, Backend):
             raise RegistryError(f"{backend!r} does not implement the Backend protocol")
-        name = name or backend_name(backend)
+        capabilities = backend.capabilities().resolved()
+        name = name or backend_name(backend, capabilities)
         for kind in backend.kinds:
             key = (kind.group, kind.kind)
             if key in self._by_kind:
@@ -43,6 +48,11 @@ class BackendRegistry:
             self._by_kind[key] = (backend, kind)
             self._names[key] = name
         self._backends.append(backend)
+        self._capabilities[id(backend)] = capabilities
+
+    def capabilities(self, backend: Backend) -> Capabilities:
+        """The capabilities `backend` declared when it was registered (none for a backend not registered here)."""
+        return self._capabilities.get(id(backend), NO_CAPABILITIES)
 
     def lookup(self, group: str, kind: str) -> tuple[Backend, PoolKind] | None:
         return self._by_kind.get((group, kind))
@@ -87,10 +97,10 @@ def load_registry(context: BackendContext, enabled: Iterable[str] | None = None)
     return registry
 
 
-def backend_name(backend: Backend) -> str:
-    """The name of a backend registered without one: its `name` attribute if that is a non-empty string, else the
+def backend_name(backend: Backend, capabilities: Capabilities | None = None) -> str:
+    """The name of a backend registered without one: its `Capabilities.name` if that is a non-empty string, else the
     last component of its class's module path other than a final `backend` (`backends.netbox.backend` → `netbox`)."""
-    name = getattr(backend, "name", None)
+    name = (capabilities or backend.capabilities()).name
     if isinstance(name, str) and name:
         return name
     parts = type(backend).__module__.split(".")

@@ -3,8 +3,9 @@
 The loop compares a backend's *holdings* (what it holds under this controller's ownership mark) with the live
 IPAddresses and claims: a holding nothing live accounts for is a suspected leak, released (`release_holding`) after
 a grace period; a live IPAddress whose address the backend no longer holds is restored (`restore`); one outside its
-pool is reported (`outside_pool`). A backend offers the capability by having all three methods and `list_holdings`
-(`repairer_of`), and may offer `sweep_orphaned` and `list_pools_holdings`.
+pool is reported (`outside_pool`). A backend offers the capability by naming a `Repairable` as its
+`Capabilities.repair`, and may offer `Capabilities.sweep_orphaned` (an `OrphanSweeper`) and
+`Capabilities.list_pools_holdings` (a `PoolsLister`).
 
 Every method reads the backend's own record, never a cache; calls `pacer.wait()` before each listing request; never
 touches an object without this controller's ownership mark; and raises `BackendError` when the external system
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.common import Object
@@ -71,7 +72,6 @@ class Pacer(Protocol):
     async def wait(self) -> None: ...
 
 
-@runtime_checkable
 class Repairable(Protocol):
     """The repair capability (see the module's contract)."""
 
@@ -95,28 +95,15 @@ class Repairable(Protocol):
         ...
 
 
-def repairer_of(backend: object) -> Repairable | None:
-    """The backend as a `Repairable`, or None when it does not offer the repair capability."""
-    return backend if isinstance(backend, Repairable) else None
-
-
 PoolsLister = Callable[[Sequence[tuple[PoolRef, Object]], Pacer], Awaitable[Mapping[PoolRef, Sequence[Holding]]]]
 
-
-def pools_lister_of(backend: object) -> PoolsLister | None:
-    """The backend's optional `async list_pools_holdings(pools, pacer)`, or None: `list_holdings` of each of `pools`
-    ((reference, object) pairs) from one paged listing, so that a pass costs requests by holdings, not by pools. A
-    pool missing from the answer holds nothing."""
-    lister = getattr(backend, "list_pools_holdings", None)
-    return lister if callable(lister) else None
+"""`async list_pools_holdings(pools, pacer)`: `list_holdings` of each of `pools` ((reference, object) pairs) from one
+paged listing, so that a pass costs requests by holdings, not by pools. A pool missing from the answer holds
+nothing."""
 
 
 OrphanSweeper = Callable[[float], Awaitable[int]]
 
-
-def orphan_sweeper_of(backend: object) -> OrphanSweeper | None:
-    """The backend's optional `async sweep_orphaned(grace_seconds) -> int`, or None: releases the holdings of gone
-    pools, older than `grace_seconds`, that no live IPAddress names, and answers how many. Called once per pass
-    when releasing is on (a costly sweep may run less often, answering 0)."""
-    sweep = getattr(backend, "sweep_orphaned", None)
-    return sweep if callable(sweep) else None
+"""`async sweep_orphaned(grace_seconds) -> int`: releases the holdings of gone pools, older than `grace_seconds`, that
+no live IPAddress names, and answers how many. Called once per pass when releasing is on (a costly sweep may run
+less often, answering 0)."""

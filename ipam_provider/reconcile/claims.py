@@ -42,7 +42,7 @@ from ipam_provider.backend.contract import (
     PoolExhaustedError,
     ReleaseImpossibleError,
 )
-from ipam_provider.backend.repair import RestoreOutcome, orphan_sweeper_of, repairer_of
+from ipam_provider.backend.repair import RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.addresses import adoption_patch, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
@@ -339,7 +339,7 @@ class ClaimReconciler:
 
     async def _restore_for_holder(self, work: ClaimWork, pool: Object, holder: Object) -> str:
         """Restore the holder's address for its claim when possible; the outcome, or "not tried"."""
-        repairer = repairer_of(work.backend)
+        repairer = self.ctx.registry.capabilities(work.backend).repair
         claim_name = ((holder.get("spec") or {}).get("claimRef") or {}).get("name") or ""
         claim_raw = self.ctx.caches.claims.get(holder["metadata"].get("namespace"), claim_name)
         if repairer is None or claim_raw is None:
@@ -448,9 +448,10 @@ def ignored_message(requested: str, current: str, valid: bool) -> str:
 def _left_to(ctx: ReconcileContext, work: ClaimWork) -> str:
     """Who releases what the backend could not, for the Warning Event."""
     manual = "release the address in the backend by hand"
-    if repairer_of(work.backend) is None:
+    capabilities = ctx.registry.capabilities(work.backend)
+    if capabilities.repair is None:
         return f"this backend has no repair loop to release it: {manual}"
-    if work.pool is None and orphan_sweeper_of(work.backend) is None:
+    if work.pool is None and capabilities.sweep_orphaned is None:
         return f"the pool is gone and the repair loop does not look for this backend's holdings of gone pools: {manual}"
     if ctx.repair_releases:
         return "the repair loop releases the address once the pool's backend can be reached again"

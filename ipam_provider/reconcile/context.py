@@ -14,13 +14,12 @@ import structlog
 
 from ipam_provider.api.capi import READY, IPAddressClaim
 from ipam_provider.backend.contract import (
-    Backend,
     ClaimContext,
     PoolKind,
     PoolRef,
     ReportCondition,
-    serves_claims_concurrently,
 )
+from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PENDING, PoolLabels
@@ -78,9 +77,9 @@ class ReconcileContext:
         return self._allocating[ref]
 
     @contextlib.asynccontextmanager
-    async def backend_turn(self, backend: object, ref: PoolRef) -> AsyncIterator[None]:
+    async def backend_turn(self, backend: Backend, ref: PoolRef) -> AsyncIterator[None]:
         """Around every call of `backend` for `ref`: the pool's turn, unless the backend serves claims concurrently."""
-        if serves_claims_concurrently(backend):
+        if self.registry.capabilities(backend).concurrent_claims:
             yield
             return
         lock = self._pool_locks.get(ref)

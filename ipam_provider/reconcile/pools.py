@@ -30,7 +30,7 @@ from ipam_provider.api.capi import (
     names_pool,
     set_condition,
 )
-from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition, report_interval_of
+from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
@@ -91,7 +91,7 @@ class PoolReconciler:
             for other in report.related:
                 self.ctx.pool_changed(other)
         self._record(ref, report)
-        again = report_interval_of(backend) or self.sync_period
+        again = self.ctx.registry.capabilities(backend).report_interval or self.sync_period
         if report.report_again is not None:
             again = min(again, max(report.report_again, 1.0))
         return again * (1 + random.random() / 10)

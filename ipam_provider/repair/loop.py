@@ -28,7 +28,8 @@ import structlog
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
 from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
-from ipam_provider.backend.repair import Holding, Pacer, Repairable, orphan_sweeper_of, pools_lister_of, repairer_of
+from ipam_provider.backend.protocol import Capabilities
+from ipam_provider.backend.repair import Holding, Pacer, Repairable
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
@@ -52,6 +53,7 @@ class BackendPass:
 
     name: str
     repairer: Repairable
+    capabilities: Capabilities
     targets: list[PoolTarget]
 
 
@@ -178,7 +180,8 @@ class RepairLoop:
         registry = self.ctx.registry
         passes = []
         for backend in registry.backends:
-            repairer = repairer_of(backend)
+            capabilities = registry.capabilities(backend)
+            repairer = capabilities.repair
             if repairer is None or not backend.kinds:
                 continue
             name = registry.name_of(backend.kinds[0].group, backend.kinds[0].kind)
@@ -189,8 +192,8 @@ class RepairLoop:
                     if ANNOTATION_PAUSED in annotations or ANNOTATION_DELETE_FOR_MOVE in annotations:
                         continue
                     ref = kind.ref(raw["metadata"].get("namespace"), raw["metadata"]["name"])
-                    targets.append(PoolTarget(ref, raw, repairer, PoolLabels.of(name, ref)))
-            passes.append(BackendPass(name, repairer, targets))
+                    targets.append(PoolTarget(ref, raw, backend, repairer, PoolLabels.of(name, ref)))
+            passes.append(BackendPass(name, repairer, capabilities, targets))
         return passes
 
     async def _backend_pass(self, one: BackendPass, result: str, listed: Listed, live: LiveState | None) -> str:
@@ -209,7 +212,7 @@ class RepairLoop:
             except Exception:
                 result = PASS_ERROR
                 log.exception("pool repair failed; trying again on the next pass", pool=str(target.ref))
-        sweep = orphan_sweeper_of(one.repairer)
+        sweep = one.capabilities.sweep_orphaned
         if sweep is not None and not self.settings.report_only:
             try:
                 swept = await sweep(self.settings.grace_period)
@@ -222,9 +225,10 @@ class RepairLoop:
         return result
 
     async def _list(self, one: BackendPass) -> tuple[str, Listed]:
-        """Every pool's holdings, in one listing when the backend offers it (`pools_lister_of`), else pool by pool
-        (a pool the cache no longer shows is left out); the result label so far and what was listed."""
-        lister = pools_lister_of(one.repairer)
+        """Every pool's holdings, in one listing when the backend offers it (`Capabilities.list_pools_holdings`),
+        else pool by pool (a pool the cache no longer shows is left out); the result label so far and what was
+        listed."""
+        lister = one.capabilities.list_pools_holdings
         targets = [target for target in one.targets if self.pools.live(target)]
         if lister is not None and targets:
             try:

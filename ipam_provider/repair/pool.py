@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim, cluster_paused
 from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
+from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
 from ipam_provider.common import Object, listed, normalized_address
 from ipam_provider.pool_metrics import PoolLabels
@@ -150,7 +151,8 @@ class PoolTarget:
 
     ref: PoolRef
     raw: Object
-    repairer: Repairable
+    backend: Backend
+    repairer: Repairable  # the backend's `Capabilities.repair`
     labels: PoolLabels
 
 
@@ -307,7 +309,7 @@ class PoolRepairs:
             return
         await self.pacer.wait()
         self._still_live(target)
-        async with self.ctx.backend_turn(target.repairer, target.ref):
+        async with self.ctx.backend_turn(target.backend, target.ref):
             self._still_live(target)
             released = await target.repairer.release_holding(target.ref, target.raw, holding)
         self.book.forget(target.ref, holding)
@@ -377,7 +379,7 @@ class PoolRepairs:
         await self.pacer.wait()
         self._still_live(target)
         try:
-            async with self.ctx.backend_turn(target.repairer, target.ref):
+            async with self.ctx.backend_turn(target.backend, target.ref):
                 self._still_live(target)
                 answer = await target.repairer.restore(target.ref, target.raw, claim_context(claim), allocation)
         except BackendError as error:

@@ -25,6 +25,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
     PoolReport,
 )
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
@@ -95,6 +96,9 @@ class RecordingStaticBackend:
 
     async def close(self) -> None:
         return None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name=self.name, repair=self)
 
     async def list_holdings(self, pool_ref: PoolRef, pool: Mapping[str, Any], pacer: Pacer) -> Sequence[Holding]:
         await pacer.wait()

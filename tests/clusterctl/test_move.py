@@ -35,7 +35,8 @@ import pytest_asyncio
 
 from backends.incluster.naming import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
-from ipam_provider.backend.contract import Backend, BackendContext
+from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient

@@ -4,14 +4,17 @@ It serves two pool kinds of a test group, one namespaced and one cluster-scoped.
 10.0.0.11, ... (prefix 24, gateway 10.0.0.1) and holds each for its claim's uid, as the contract asks: the same
 claim gets the same address again, and `existing` is recorded as held. `release` forgets what the claim holds.
 `report` answers `report_with`. `fail(method, error)` makes a method raise `error` until `fail(method, None)`.
+`capabilities()` declares `name`, `concurrent_claims` and `report_interval`; subclasses add theirs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ipam_provider.backend.contract import AddressCounts, Allocation, ClaimContext, PoolKind, PoolRef, PoolReport
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.common import Object
 
 GROUP = "ipam.test.example"
@@ -35,6 +38,7 @@ class BackendCall:
 
 @dataclass
 class FakeBackend:
+    name: ClassVar[str] = ""
     journal: list[str] = field(default_factory=list)
     calls: list[BackendCall] = field(default_factory=list)
     held: dict[str, Allocation] = field(default_factory=dict)  # by claim uid
@@ -44,12 +48,19 @@ class FakeBackend:
         )
     )
     failures: dict[str, BaseException] = field(default_factory=dict)
+    concurrent_claims: bool = False
+    report_interval: float | None = None
     closed: bool = False
     _next: int = 10
 
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return [FAKE_POOL, GLOBAL_FAKE_POOL]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            name=self.name, concurrent_claims=self.concurrent_claims, report_interval=self.report_interval
+        )
 
     def fail(self, method: str, error: BaseException | None) -> None:
         """Make `method` ("allocate", "release", "report") raise `error` from now on; None heals it."""

@@ -10,10 +10,12 @@ outside Kubernetes holds it; OUTSIDE when `outside` names it). `outside_pool` an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
 from tests.ipam_provider.fake_backend import BackendCall, FakeBackend
@@ -37,6 +39,9 @@ class RepairableFakeBackend(FakeBackend):
     page_size: int = 2
     sweeps: list[float] = field(default_factory=list)
     _handles: int = 0
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), repair=self, sweep_orphaned=self.sweep_orphaned)
 
     def hold(
         self, pool: PoolRef, address: str, claim: str, claim_uid: str, *, releasable: bool = True, why_kept: str = ""

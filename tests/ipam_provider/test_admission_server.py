@@ -8,6 +8,7 @@ Reviews here need no API client: the pool's IPAddresses come from a stand-in for
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +24,7 @@ import structlog
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from ipam_provider.admission import PoolAdmission, webhook_path
 from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolKind, PoolRef
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
@@ -41,6 +43,9 @@ class ReviewingBackend(FakeBackend):
     reasons: list[str] = field(default_factory=list)
     error: Exception | None = None
     hold: asyncio.Event | None = None
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), review_pool_change=self.review_pool_change)
 
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]

@@ -106,5 +106,6 @@ async def test_an_installed_package_adds_a_pool_kind(
 def test_the_historical_contract_path_still_serves_plugins() -> None:
     from backends import protocol
     from ipam_provider.backend import contract
+    from ipam_provider.backend import protocol as core
 
-    assert protocol.Backend is contract.Backend and protocol.PoolReport is contract.PoolReport
+    assert protocol.Backend is core.Backend and protocol.PoolReport is contract.PoolReport

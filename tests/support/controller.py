@@ -20,7 +20,8 @@ import pytest_asyncio
 
 from backends.incluster import create_backend
 from backends.incluster.prefix_backend import create_backend as create_prefix_backend
-from ipam_provider.backend.contract import Backend, BackendContext
+from ipam_provider.backend.contract import BackendContext
+from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient

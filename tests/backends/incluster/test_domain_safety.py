@@ -193,7 +193,7 @@ async def test_the_orphan_sweep_trusts_the_pool_caches_for_pools_that_exist_and_
         assert await backend.ledger.reservations.create(
             ref, Allocation(address, 24, None), ClaimContext("ns", f"c-{address}", f"U-{address}")
         )
-    assert await backend.sweep_orphaned(0.0) == 1
+    assert await backend.repair.sweep_orphaned(0.0) == 1
     assert sorted(r.address for r in stored_reservations(kube)) == ["10.0.0.1", "10.0.0.2"]
 
 

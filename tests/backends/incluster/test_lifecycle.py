@@ -9,6 +9,7 @@ from typing import Any
 from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
 from ipam_provider.backend.contract import PoolKind
+from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
@@ -239,6 +240,9 @@ async def test_a_registered_pool_kind_without_its_crd_does_not_stop_the_controll
 
         async def close(self) -> None:
             return None
+
+        def capabilities(self) -> Capabilities:
+            return Capabilities()
 
     await kube.create(POOLS, pool("net", ["10.27.0.0/29"], 29), namespace)
     await kube.create(CLAIMS, claim("served", "net"), namespace)

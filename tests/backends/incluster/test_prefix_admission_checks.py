@@ -7,7 +7,7 @@ from typing import Any, cast
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
 from backends.incluster.prefix_spec import prefix_pool_change_problems
 from ipam_provider.admission import PoolAdmission
-from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolRef, admission_reviewer_of
+from ipam_provider.backend.contract import AddressInUse, BackendContext, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
@@ -109,7 +109,7 @@ async def test_the_backend_reviews_with_each_ipaddress_prefix_length() -> None:
     try:
         in_use = await admission.addresses_in_use(ref)
         assert [(str(address), address.prefix) for address in in_use] == [("ns/child", 64), ("ns/host", 128)]
-        review = admission_reviewer_of(backend)
+        review = backend.capabilities().review_pool_change
         assert review is not None
         # The /128 was never a child the pool hands out: only the /64 is stranded.
         (problem,) = await review(ref, pool(["fd00::/62"]), pool(["fd00:0:0:2::/63"]), in_use)

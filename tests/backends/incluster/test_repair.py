@@ -19,9 +19,6 @@ from ipam_provider.backend.repair import (
     Holding,
     Repairable,
     RestoreOutcome,
-    orphan_sweeper_of,
-    pools_lister_of,
-    repairer_of,
 )
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
@@ -41,7 +38,7 @@ class CountingPacer:
 
 
 def repairer(backend: InClusterBackend) -> Repairable:
-    found = repairer_of(backend)
+    found = backend.capabilities().repair
     assert found is not None, "the in-cluster backends offer the repair capability"
     return found
 
@@ -243,7 +240,7 @@ async def test_reservations_of_deleted_pools_are_swept_unless_an_ipaddress_names
     kube: KubeClient, namespace: str, backend: InClusterBackend
 ) -> None:
     backend.repair.orphan_sweep_every = 0.0  # every call sweeps
-    sweep = orphan_sweeper_of(backend)
+    sweep = backend.capabilities().sweep_orphaned
     assert sweep is not None
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-away")
     named = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "moved-with-address")
@@ -332,7 +329,7 @@ async def test_every_pools_holdings_come_from_one_paged_listing(
             await allocate(backend, ref, obj, ClaimContext(namespace, f"c{index}-{claim}", f"uid-{index}-{claim}"))
         pools.append((ref, obj))
     pacer = CountingPacer()
-    lister = pools_lister_of(backend)
+    lister = backend.capabilities().list_pools_holdings
     assert lister is not None
     found = await lister(pools, pacer)
     for ref, obj in pools:
@@ -362,7 +359,7 @@ async def test_the_sweep_of_deleted_pools_runs_at_most_once_per_ten_minutes(
 ) -> None:
     now = [1000.0]
     backend.repair.orphan_sweep_clock = lambda: now[0]
-    sweep = orphan_sweeper_of(backend)
+    sweep = backend.capabilities().sweep_orphaned
     assert sweep is not None
     await sweep(0.0)  # the first call sweeps
     gone = PoolRef(IPAM_GROUP, "InClusterIPPool", namespace, "gone-later")

@@ -18,7 +18,7 @@ import pytest_asyncio
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_REF
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, ClaimContext, PoolRef
-from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
+from ipam_provider.backend.repair import Holding, RestoreOutcome
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.backends.infoblox.conftest import FAST, Grid
 
@@ -60,7 +60,7 @@ async def holdings(backend: InfobloxBackend, ref: PoolRef, pool: Object) -> dict
 async def test_a_leak_is_listed_with_its_claim_then_released(
     backend: InfobloxBackend, namespace: str, grid: Grid
 ) -> None:
-    assert repairer_of(backend) is backend
+    assert backend.capabilities().repair is backend
     ref, pool = await pool_of(grid)
     kept, leaked = claim_of(namespace, "kept"), claim_of(namespace, "leaked")
     kept_at = await backend.allocate(ref, pool, kept)

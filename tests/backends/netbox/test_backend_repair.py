@@ -11,7 +11,7 @@ import pytest
 from backends.netbox import NetboxBackend
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef, ReleaseImpossibleError
-from ipam_provider.backend.repair import Holding, RestoreOutcome, repairer_of
+from ipam_provider.backend.repair import Holding, RestoreOutcome
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.backends.netbox.conftest import (
@@ -46,7 +46,7 @@ def at(netbox: NetBoxServer, address: str) -> list[Any]:
 
 
 async def test_the_backend_offers_the_repair_capability(backend: NetboxBackend) -> None:
-    assert repairer_of(backend) is backend
+    assert backend.capabilities().repair is backend
 
 
 async def test_a_force_deleted_claims_address_is_listed_then_released(

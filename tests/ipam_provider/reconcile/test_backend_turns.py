@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ipam_provider.backend.contract import Allocation, ClaimContext, PoolKind, PoolRef, serves_claims_concurrently
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
@@ -69,21 +69,21 @@ async def reconcile_all(backend: OverlapBackend, pools: Sequence[str], per_pool:
 
 async def test_a_backend_without_the_capability_gets_one_call_per_pool_at_a_time() -> None:
     backend = OverlapBackend()
-    assert not serves_claims_concurrently(backend)
+    assert not BackendRegistry([backend]).capabilities(backend).concurrent_claims
     assert await reconcile_all(backend, ["a", "b"], 3) == {"a": 1, "b": 1}
     assert backend.most_overall == 2, "the two pools are served at once"
 
 
 async def test_a_concurrent_backend_gets_the_claims_of_one_pool_at_once() -> None:
     backend = ConcurrentOverlapBackend()
-    assert serves_claims_concurrently(backend)
+    assert BackendRegistry([backend]).capabilities(backend).concurrent_claims
     assert await reconcile_all(backend, ["a", "b"], 3) == {"a": 3, "b": 3}
 
 
 async def test_only_a_true_attribute_declares_the_capability() -> None:
     backend = FakeBackend()
-    backend.concurrent_claims = "yes"  # type: ignore[attr-defined]
-    assert not serves_claims_concurrently(backend)
+    backend.concurrent_claims = "yes"  # type: ignore[assignment]
+    assert not BackendRegistry([backend]).capabilities(backend).concurrent_claims
 
 
 async def test_the_queue_runs_one_key_at_a_time_for_a_pool_whose_backend_is_not_concurrent() -> None:

@@ -16,7 +16,7 @@ from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, 
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
 from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
-from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP
+from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP, FakeBackend
 from tests.ipam_provider.world import (
     NS,
     PAUSED,
@@ -25,6 +25,7 @@ from tests.ipam_provider.world import (
     World,
     address,
     claim,
+    make_world,
     pool,
     ready_of,
     ready_state,
@@ -299,9 +300,7 @@ async def test_a_report_writes_its_other_conditions_with_a_warning_event_as_one_
     assert condition_of(stored_pool(world), "Overlap") is not None, "a condition the report leaves out stays"
 
 
-async def test_a_backend_that_follows_an_external_system_is_reported_at_its_own_interval(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_backend_that_follows_an_external_system_is_reported_at_its_own_interval() -> None:
+    world = make_world(FakeBackend(report_interval=60.0))
     world.add(POOLS, pool())
-    monkeypatch.setattr(world.backend, "report_interval", 60.0, raising=False)
     assert resynced(await world.pools.reconcile(FAKE_POOL.ref(NS, "net")), 60.0)

@@ -13,6 +13,7 @@ from backends.protocol import (
     AddressCounts,
     Allocation,
     BackendContext,
+    Capabilities,
     ClaimContext,
     PoolExhaustedError,
     PoolKind,
@@ -30,6 +31,9 @@ class StaticPoolBackend:
     @property
     def kinds(self) -> Sequence[PoolKind]:
         return (STATIC_POOL,)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities()  # no optional capability
 
     async def allocate(
         self, pool_ref: PoolRef, pool: Mapping[str, Any], claim: ClaimContext, existing: Allocation | None = None
