@@ -110,9 +110,6 @@ class Allocator:
             raise AllocationFailedError(_adopted_held_message(pool, claim, existing.address, holder))
         return existing
 
-    async def pin(self, pool: ParsedPool, addresses: Sequence[Allocation]) -> None:
-        """`Ledger.pin`."""
-        await self.ledger.pin(pool, addresses)
 
 
 def holder_seen_from(reservation: Reservation, seen_from: str) -> str:

@@ -192,7 +192,7 @@ class InClusterBackend:
         allocatable, spec = parsed.allocatable, parsed.fields
         family = allocatable.family
         out_of_range = sum(1 for a in addresses if address_value(a.address, family) not in allocatable.addresses)
-        await self.allocator.pin(parsed, addresses)
+        await self.ledger.pin(parsed, addresses)
         collided, waiting = await collisions(
             parsed.pre, addresses, self.cached_addresses(pool_ref), self.ledger.reservations
         )
