@@ -111,7 +111,6 @@ class Allocator:
         return existing
 
 
-
 def holder_seen_from(reservation: Reservation, seen_from: str) -> str:
     """Who holds the reservation, for a message on a claim of namespace `seen_from`: its claim and, when known, its
     pool; a claim or pool of another namespace (a Global pool's, a shared uniqueness domain's) is not named."""
