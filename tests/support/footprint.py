@@ -93,6 +93,8 @@ BOUNDED_BY_DESIGN: dict[str, str] = {
     "ipam_provider.runtime.telemetry.clients._DURATIONS": "per host and method, not per object",
     "prometheus.ipam_provider_events": "per Event type and outcome, such as the first combined one",
     "prometheus.ipam_provider_repair_passes": "per backend and result (ok, backend_error, error)",
+    # NetBoxClient makes a thread's session on the thread's first call; the executor starts threads lazily.
+    "Controller.registry._backends[*].resolver._ownership<key>._sessions": "one per client thread, at most workers",
 }
 """Paths whose count may grow between two footprints without any per-object state: their keys come from fixed sets."""
 
