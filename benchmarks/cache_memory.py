@@ -46,13 +46,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.incluster.backend import IN_CLUSTER_POOL
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
+from ipam_provider.api.capi import (
+    ADDRESSES,
+    CLAIMS,
+    FINALIZER_PROTECT_ADDRESS,
+    FINALIZER_RELEASE_ADDRESS,
+    LABEL_CLUSTER_NAME,
+)
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient, apply_patch
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from ipam_provider.watch import Caches
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane

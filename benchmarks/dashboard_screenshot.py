@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from benchmarks._support import log_tail, start_process, stop_process
+from ipam_provider.api.capi import CLAIMS, IPAM_GROUP
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, SECRETS, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 from tools.controller_command import controller_command
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane

@@ -22,9 +22,10 @@ from benchmarks.report import SteadyResult
 from benchmarks.speed_of_light import LimitWriter
 from benchmarks.targets import LIST_PAGE, NAMESPACE, POOLS, WARMUP, Session, check_addresses, claim_body
 from benchmarks.throughput import warm_up
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.resources import Resource
 
 STEADY_POOL = "pool-0"
 Object = dict[str, Any]

@@ -40,8 +40,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._support import log_tail, proc_figures, start_process, stop_process
 from benchmarks.fulfilment import wait_fulfilled
+from ipam_provider.api.capi import CLAIMS, IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, IPAM_GROUP, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, Resource
 from tools.controller_command import controller_command
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane

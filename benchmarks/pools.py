@@ -59,8 +59,8 @@ from benchmarks.report import PoolsResult
 from benchmarks.speed_of_light import LimitWriter, Written
 from benchmarks.targets import IN_FLIGHT, NAMESPACE, POOLS, Session, Target, check_addresses, claim_body
 from benchmarks.throughput import warm_up
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 Object = dict[str, Any]
 Job = Callable[[], Awaitable[None]]

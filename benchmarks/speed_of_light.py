@@ -35,6 +35,8 @@ from backends.incluster.domains import overlap_condition
 from backends.incluster.reservations import Reservation
 from backends.incluster.spec import consistency_condition
 from ipam_provider.api.capi import (
+    ADDRESSES,
+    CLAIMS,
     FINALIZER_PROTECT_POOL,
     FINALIZER_RELEASE_ADDRESS,
     READY,
@@ -56,7 +58,6 @@ from ipam_provider.reconcile.addresses import desired_address
 from ipam_provider.reconcile.context import ClaimWork, pool_resource
 from ipam_provider.runtime.events import NORMAL, EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 Object = dict[str, Any]
 log = structlog.get_logger(__name__)

@@ -16,8 +16,9 @@ from typing import Any
 
 from benchmarks._support import GoPeer, log_tail, start_process, stop_process
 from benchmarks.report import RunResult
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, Resource
 from tools.controller_command import controller_command
 from tools.controlplane.assets import capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import ControlPlaneState, LocalControlPlane

@@ -19,8 +19,8 @@ from benchmarks.fulfilment import wait_fulfilled
 from benchmarks.report import ThroughputResult
 from benchmarks.speed_of_light import write_all
 from benchmarks.targets import IN_FLIGHT, NAMESPACE, POOLS, WARMUP, Session, check_addresses, claim_body, pool_layout
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 
 def claim_plan(claims: int, pools: int) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ import aiohttp
 import structlog
 
 from ipam_provider.api.capi import (
+    ADDRESSES,
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_SKIP_DELETE_VALIDATION,
     POOL_IN_USE,
@@ -36,7 +37,6 @@ from ipam_provider.common import Object, listed
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES
 from ipam_provider.runtime.serving.webhook import ALLOWED, ReviewRequest, Route, Verdict
 
 log = structlog.get_logger(__name__)

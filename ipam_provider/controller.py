@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from ipam_provider.api.capi import LABEL_WATCH_FILTER
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
@@ -31,7 +31,6 @@ from ipam_provider.runtime.cache.informer import EventHandler, Informer
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import Tenants, WorkQueue
 from ipam_provider.watch import POOL, Caches, ClaimKey, EventHandlers, QueueKey, tenant_of

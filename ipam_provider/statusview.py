@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ipam_provider.api.capi import names_pool
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, names_pool
 from ipam_provider.backend.contract import STATUS_COUNTS_FIELD, BackendContext, PoolKind
 from ipam_provider.backend.registry import load_registry
 from ipam_provider.common import Object
@@ -25,7 +25,6 @@ from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.flagforms import split_list
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 CLAIM_COLUMNS: tuple[str, ...] = ("NAMESPACE", "CLAIM", "POOL", "ADDRESS", "READY")
 POOL_COLUMNS: tuple[str, ...] = ("KIND", "NAMESPACE", "NAME", "READY", "REASON", "TOTAL", "USED", "FREE", "WAITING")

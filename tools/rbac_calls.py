@@ -63,7 +63,7 @@ NOT_THE_CONTROLLER = {
 # admission plugin, that needs `update` on each owner's `finalizers` subresource. Their owners, by hand:
 BLOCKING_OWNERS = {
     # An IPAddress's owners: its claim (the controller reference) and the claim's pool, of any kind ("pools").
-    "ipam_provider.reconcile.addresses.owner_references": ("ipam_provider.runtime.kube.resources.CLAIMS", "pools"),
+    "ipam_provider.reconcile.addresses.owner_references": ("ipam_provider.api.capi.CLAIMS", "pools"),
 }
 
 

@@ -33,6 +33,7 @@ from backends.incluster.spec import (
     pool_change_problems,
     survey_parse,
 )
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
@@ -48,7 +49,6 @@ from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "inclusterippools", namespaced=True)
 Parsed = TypeVar("Parsed", bound=ParsedPool)

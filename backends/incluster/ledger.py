@@ -35,7 +35,7 @@ from backends.incluster.naming import pool_hash
 from backends.incluster.policy import AllocationPolicy
 from backends.incluster.reservations import Reservation, ReservationClient, unless_changed
 from backends.incluster.spec import ParsedPool, PreAllocations, ReleaseTerms
-from ipam_provider.api.capi import names_pool
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, names_pool
 from ipam_provider.backend.contract import (
     Allocation,
     AllocationFailedError,
@@ -46,7 +46,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.common import Object, cap_int64, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, now_rfc3339
+from ipam_provider.runtime.kube.resources import now_rfc3339
 
 log = structlog.get_logger(__name__)
 RESYNC_SECONDS = 600.0

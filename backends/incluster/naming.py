@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import PoolRef
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource
+from ipam_provider.runtime.kube.resources import Resource
 
 RESERVATIONS = Resource(IPAM_GROUP, "v1alpha2", "inclusteripreservations", "InClusterIPReservation", False)
 LABEL_POOL = "ipam.cluster.x-k8s.io/pool-hash"

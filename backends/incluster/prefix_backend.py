@@ -12,6 +12,7 @@ from backends.incluster.allocatable import ADDRESS_BITS
 from backends.incluster.backend import InClusterBackend
 from backends.incluster.prefix_spec import PrefixPool, child_of, prefix_pool_advisories, prefix_pool_change_problems
 from backends.incluster.spec import ParsedPool, consistency_condition
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import (
     AddressCounts,
     AddressInUse,
@@ -23,7 +24,6 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.common import Object, cap_int64
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 IN_CLUSTER_PREFIX_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "InClusterPrefixPool", "inclusterprefixpools", namespaced=True

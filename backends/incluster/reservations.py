@@ -21,12 +21,11 @@ from backends.incluster.naming import (
     pool_hash,
     reservation_name,
 )
-from ipam_provider.api.capi import names_pool
+from ipam_provider.api.capi import ADDRESSES, names_pool
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES
 
 
 def epoch(timestamp: str) -> float | None:

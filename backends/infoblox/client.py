@@ -34,8 +34,8 @@ from infoblox_client import exceptions as ib_ex
 from requests.adapters import BaseAdapter
 
 from backends.backoff import backoff_delay
+from ipam_provider.backend.metrics import observe_request
 from ipam_provider.common import Object
-from ipam_provider.runtime.telemetry.backends import observe_request
 from ipam_provider.runtime.user_agent import user_agent
 
 log = structlog.get_logger(__name__)

@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipam_provider.api.capi import CLUSTER_GROUP
 from ipam_provider.backend.contract import ClaimContext
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLUSTER_GROUP, Resource, subdomain_problem
+from ipam_provider.runtime.kube.resources import Resource, subdomain_problem
 
 MAX_LABEL = 63  # RFC 1035: octets in one label
 MAX_NAME = 253  # RFC 1035: 255 octets on the wire, which is 253 characters written out

@@ -12,11 +12,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, ValidationError
 
 from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
-from ipam_provider.api.capi import Model
+from ipam_provider.api.capi import IPAM_GROUP, Model
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.common import Object
-from ipam_provider.runtime.kube.resources import IPAM_GROUP, Resource, subdomain_problem
+from ipam_provider.runtime.kube.resources import Resource, subdomain_problem
 
 VERSION = "v1alpha1"
 INFOBLOX_POOL = PoolKind(IPAM_GROUP, VERSION, "InfobloxIPPool", "infobloxippools", namespaced=True)

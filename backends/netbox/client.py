@@ -41,7 +41,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from backends.backoff import backoff_delay
-from ipam_provider.runtime.telemetry.backends import observe_request
+from ipam_provider.backend.metrics import observe_request
 from ipam_provider.runtime.user_agent import user_agent
 
 log = structlog.get_logger(__name__)

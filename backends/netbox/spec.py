@@ -18,11 +18,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, ValidationError
 
 from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
-from ipam_provider.api.capi import Model
+from ipam_provider.api.capi import IPAM_GROUP, Model
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL, name_problem
 from ipam_provider.common import Object
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 VERSION = "v1alpha1"
 NETBOX_POOL = PoolKind(IPAM_GROUP, VERSION, "NetboxIPPool", "netboxippools", namespaced=True)

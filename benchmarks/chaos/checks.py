@@ -17,8 +17,8 @@ from typing import Any
 
 from benchmarks.chaos.backends import ChaosBackend, TruthRecord
 from benchmarks.chaos.workload import PoolTarget
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 EXAMPLES = 5  # per check, in the findings' details
 

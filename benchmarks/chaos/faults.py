@@ -33,9 +33,10 @@ from benchmarks.chaos.backends import ChaosBackend
 from benchmarks.chaos.controllers import Replicas
 from benchmarks.chaos.link import Link
 from benchmarks.chaos.workload import Workload, retried
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tools.controlplane.cluster import LocalControlPlane
 
 log = structlog.get_logger(__name__)

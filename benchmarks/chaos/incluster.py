@@ -16,8 +16,8 @@ from typing import Any
 from backends.incluster.naming import RESERVATIONS
 from backends.incluster.reservations import Reservation
 from benchmarks.chaos.backends import TruthRecord
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 
 POOL_VERSION = f"{IPAM_GROUP}/v1alpha2"
 POOL_PREFIX = 21  # 2,046 addresses a pool: room for every claim of a full run, released or not

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 import aiohttp
 import structlog
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

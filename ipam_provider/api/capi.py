@@ -1,6 +1,7 @@
-"""Cluster API shapes: IPAddressClaim and IPAddress (ipam v1beta2), Cluster (v1beta2), with the object metadata and
-conditions (metav1) they carry; only what we use. Also how they name pools: the pool an IPAddressClaim or IPAddress
-references, and whether an IPAddress names a given pool; every place that needs either asks here."""
+"""Cluster API resources and shapes: IPAddressClaim and IPAddress (ipam v1beta2), Cluster and Machine (v1beta2) with
+their API groups, and the object metadata and conditions (metav1) they carry; only what we use. Also how they name
+pools: the pool an IPAddressClaim or IPAddress references, and whether an IPAddress names a given pool; every place
+that needs either asks here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ipam_provider.backend.contract import Allocation, PoolKind, PoolRef
 from ipam_provider.runtime.kube.bounds import CONDITION_MESSAGE_LENGTH, cut_message
-from ipam_provider.runtime.kube.resources import now_rfc3339
+from ipam_provider.runtime.kube.resources import Resource, now_rfc3339
+
+IPAM_GROUP = "ipam.cluster.x-k8s.io"
+CLUSTER_GROUP = "cluster.x-k8s.io"
+
+CLAIMS = Resource(IPAM_GROUP, "v1beta2", "ipaddressclaims", "IPAddressClaim", namespaced=True)
+ADDRESSES = Resource(IPAM_GROUP, "v1beta2", "ipaddresses", "IPAddress", namespaced=True)
+CLUSTERS = Resource(CLUSTER_GROUP, "v1beta2", "clusters", "Cluster", namespaced=True)
+MACHINES = Resource(CLUSTER_GROUP, "v1beta2", "machines", "Machine", namespaced=True)
 
 FINALIZER_RELEASE_ADDRESS = "ipam.cluster.x-k8s.io/ReleaseAddress"
 FINALIZER_PROTECT_ADDRESS = "ipam.cluster.x-k8s.io/ProtectAddress"

@@ -1,1 +1,2 @@
-"""The backend contract (`contract`, `repair`) and the registry that finds backends by entry point (`registry`)."""
+"""The backend contract (`contract`, `repair`), the registry that finds backends by entry point (`registry`), and
+the `ipam_provider_backend_*` series with which a backend counts its requests to an external system (`metrics`)."""

@@ -3,11 +3,10 @@ an existing one is the claim's."""
 
 from __future__ import annotations
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, names_pool
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, FINALIZER_PROTECT_ADDRESS, LABEL_CLUSTER_NAME, names_pool
 from ipam_provider.backend.contract import Allocation
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ClaimWork
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 
 
 def owner_references(work: ClaimWork, pool: Object) -> list[Object]:

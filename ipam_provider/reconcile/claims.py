@@ -20,8 +20,10 @@ from pydantic import ValidationError
 
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import (
+    ADDRESSES,
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
+    CLAIMS,
     FINALIZER_PROTECT_ADDRESS,
     FINALIZER_RELEASE_ADDRESS,
     READY,
@@ -49,7 +51,6 @@ from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_c
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch import POOL_ADDRESS
 
 log = structlog.get_logger(__name__)

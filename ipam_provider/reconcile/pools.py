@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from ipam_provider import pool_metrics
 from ipam_provider.api.capi import (
+    ADDRESSES,
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
     ANNOTATION_SKIP_DELETE_VALIDATION,
@@ -35,7 +36,7 @@ from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import WARNING
-from ipam_provider.runtime.kube.resources import ADDRESSES, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from ipam_provider.watch import POOL
 
 log = structlog.get_logger(__name__)

@@ -17,12 +17,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER, KindLookup, referenced_pool
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS, LABEL_WATCH_FILTER, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding, Pacer
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 
 PAGE_SIZE = 500
 ClaimName = tuple[str, str]  # namespace, name

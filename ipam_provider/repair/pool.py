@@ -25,7 +25,14 @@ import structlog
 from pydantic import ValidationError
 
 from ipam_provider import pool_metrics
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, IPAddress, IPAddressClaim, cluster_paused
+from ipam_provider.api.capi import (
+    ADDRESSES,
+    CLAIMS,
+    FINALIZER_PROTECT_ADDRESS,
+    IPAddress,
+    IPAddressClaim,
+    cluster_paused,
+)
 from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.repair import Holding, Pacer, Repairable, RestoreOutcome
@@ -48,7 +55,6 @@ from ipam_provider.repair.compare import (
 from ipam_provider.repair.pacer import CountingPacer, Turns
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch import ClaimKey, QueueKey
 
 log = structlog.get_logger(__name__)

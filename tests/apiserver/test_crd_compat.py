@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, CRDS, Resource
+from ipam_provider.runtime.kube.resources import CRDS, Resource
 from tests.support.objects import POOLS, claim, pool, wait_address
 from tools.controlplane.assets import our_crd_paths
 from tools.controlplane.crds import install_crds, load_documents

@@ -8,11 +8,12 @@ import uuid
 
 import structlog
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.common import Object
 from ipam_provider.runtime.events import NORMAL, WARNING, EventRecorder
 from ipam_provider.runtime.events.correlator import COMBINED_PREFIX
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.objects import POOLS, pool
 
 COMPONENT = "events-test"

@@ -18,10 +18,11 @@ from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_
 from backends.infoblox.spec import INFOBLOX_POOL
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
 from ipam_provider.admission import webhook_path
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.flags import RunOptions, build_parser, parse_args
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from ipam_provider.runtime.serving.certificates import CertificateFiles
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for

@@ -18,7 +18,7 @@ from backends.incluster.backend import InClusterBackend
 from backends.incluster.domains import Coverage
 from backends.incluster.ledger import Ledger
 from backends.incluster.reservations import ReservationClient
-from ipam_provider.api.capi import REASON_POOL_NOT_READY
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, REASON_POOL_NOT_READY
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair import RepairSettings
@@ -28,7 +28,7 @@ from ipam_provider.runtime.events.correlator import EventCorrelator
 from ipam_provider.runtime.events.recorder import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.footprint import footprint, footprint_growth, settled

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.support.cluster import wait_for
 
 

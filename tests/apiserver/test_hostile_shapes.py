@@ -9,10 +9,11 @@ from typing import Any
 
 import orjson
 
+from ipam_provider.api.capi import CLAIMS, CLUSTERS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.runtime.kube.bounds import CONDITION_MESSAGE_LENGTH
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, pool, ready_condition, wait_address, wait_claim_reason

@@ -20,10 +20,11 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from backends.incluster.naming import LABEL_CLAIM_UID, RESERVATIONS
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.cli import IDENTITY_NAMESPACE, ClusterIdentityError, cluster_identity
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, LEASES, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import EVENTS, LEASES, NAMESPACES, Resource
 from ipam_provider.runtime.leader import LeaderElector
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tests.ipam_provider.test_admission import WEBHOOK_CONFIGURATIONS

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS
 from ipam_provider.backend.contract import (
     AddressCounts,
     Allocation,
@@ -30,7 +30,7 @@ from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
+from ipam_provider.runtime.kube.resources import EVENTS, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, wait_address

@@ -26,10 +26,11 @@ from backends.incluster.backend import IN_CLUSTER_POOL
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from backends.netbox.spec import NETBOX_POOL
 from ipam_provider.admission import webhook_path
+from ipam_provider.api.capi import CLAIMS, IPAM_GROUP
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, IPAM_GROUP, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES, SECRETS
 from tests.support.audit import AuditedRequest
 from tests.support.cluster import wait_for
 from tests.support.deployment import Deployment, deployed

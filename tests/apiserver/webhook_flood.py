@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.support.objects import claim
 
 PATH = "/validate-ipam-cluster-x-k8s-io-v1alpha2-inclusterippool"

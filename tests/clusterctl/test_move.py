@@ -35,12 +35,13 @@ import pytest_asyncio
 
 from backends.incluster.naming import RESERVATIONS
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 from tests.backends.infoblox.conftest import b64
 from tests.backends.infoblox.conftest import fast_backend as infoblox_backend
 from tests.backends.netbox.conftest import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix

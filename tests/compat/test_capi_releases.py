@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, MACHINES, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import CRDS, NAMESPACES, Resource
 from tests.support.contract import contract_flow
 from tests.support.controller import run_controller
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths_of, our_crd_paths

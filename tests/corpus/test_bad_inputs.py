@@ -26,13 +26,14 @@ from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
 from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.client import ClientSettings
 from backends.netbox.spec import GLOBAL_NETBOX_POOL, NETBOX_POOL
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES, SECRETS
 from tests.ipam_provider.test_admission import labelled, webhook
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, pool, wait_address
 

@@ -36,8 +36,9 @@ import aiohttp
 import pytest
 import yaml
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, LEASES
+from ipam_provider.runtime.kube.resources import LEASES
 from tests.apiserver.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
 from tests.apiserver.test_rbac import remove_bindings, remove_webhook_configuration, status_of
 from tests.support.cluster import wait_for

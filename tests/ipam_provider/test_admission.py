@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from ipam_provider.admission import PoolAdmission
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
 from ipam_provider.runtime.serving.webhook import WebhookServer
 from tests.support.cluster import wait_for

@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import JSON_PATCH, KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, Resource
 from tests.ipam_provider.test_admission import SKIP_DELETE_VALIDATION, labelled, webhook
 from tests.support.cluster import wait_for
 from tests.support.objects import GLOBAL_POOLS, GLOBAL_PREFIX_POOLS, POOLS, PREFIX_POOLS, claim, wait_address

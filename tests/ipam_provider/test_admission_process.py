@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.ipam_provider.test_admission import (
     CONFIG_MAPS,
     DENIED,

@@ -19,13 +19,13 @@ from backends.incluster import create_backend
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
 from backends.incluster.prefix_backend import create_backend as create_prefix_backend
 from ipam_provider.admission import PoolAdmission
+from ipam_provider.api.capi import ADDRESSES
 from ipam_provider.backend.contract import BackendContext, PoolKind
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import CacheView, Controller, ControllerSettings
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES
 from ipam_provider.runtime.serving.webhook import Verdict, parse_review
 from tests.support.cluster import wait_for
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool

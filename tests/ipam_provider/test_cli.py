@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.flags import build_parser
 from ipam_provider.runtime.flagforms import host_port, split_list
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address

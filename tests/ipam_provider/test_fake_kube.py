@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.ipam_provider.fake_kube import FakeKube, merge_patch
 from tests.ipam_provider.world import address, claim
 

@@ -13,8 +13,9 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, LEASES
+from ipam_provider.runtime.kube.resources import LEASES
 from ipam_provider.version import __version__
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command

@@ -13,8 +13,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.controller import controller_command
 from tests.support.objects import claim, wait_address
 from tools.controlplane.crds import install_crds

@@ -8,12 +8,11 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
+from ipam_provider.api.capi import CLAIMS, FINALIZER_PROTECT_POOL
 from ipam_provider.backend.contract import AddressCounts, PoolExhaustedError, PoolReport
 from ipam_provider.backend.registry import BackendRegistry, backend_name
 from ipam_provider.pool_metrics import FirstSeen
 from ipam_provider.reconcile.context import pool_resource
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
 from tests.ipam_provider.world import NS, POOLS, World, claim, pool, ready_state, resynced
 

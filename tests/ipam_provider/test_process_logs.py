@@ -21,11 +21,12 @@ from typing import Any
 import pytest_asyncio
 
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, IPAM_GROUP
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP, NAMESPACES, SECRETS, Resource
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 from ipam_provider.runtime.user_agent import user_agent
 from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for

@@ -93,8 +93,8 @@ import functools
 
 import kubernetes_asyncio
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, NAMESPACES, SECRETS, Resource
-
+from ipam_provider.api.capi import CLAIMS
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 
 async def probe(kube: KubeClient, plural: str) -> None:
     await kube.delete(SECRETS, "s", "ns")

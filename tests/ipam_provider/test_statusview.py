@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from backends.incluster.backend import IN_CLUSTER_POOL
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from ipam_provider.statusview import pool_rows
 from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, READY
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS, CLUSTERS, READY
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.reconcile.claims import ClaimReconciler
@@ -18,7 +18,7 @@ from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.runtime.cache.store import Store, object_key
 from ipam_provider.runtime.events import EventRecorder
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS, Resource
+from ipam_provider.runtime.kube.resources import EVENTS, Resource
 from ipam_provider.watch import Caches
 from tests.ipam_provider.fake_backend import FAKE_POOL, FakeBackend
 from tests.ipam_provider.fake_kube import FakeKube

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.ipam_provider.test_admission_process import controller_process, tail, wait_ready
 from tests.ipam_provider.test_cli import free_port
 from tests.providers.conftest import Harness as Built

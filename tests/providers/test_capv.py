@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, MACHINES, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.backends.netbox.conftest import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
 from tests.providers.conftest import Harness
 from tests.support.cluster import wait_for

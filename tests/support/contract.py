@@ -18,10 +18,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
+from ipam_provider.api.capi import (
+    ADDRESSES,
+    CLAIMS,
+    CLUSTERS,
+    FINALIZER_PROTECT_ADDRESS,
+    FINALIZER_RELEASE_ADDRESS,
+    LABEL_CLUSTER_NAME,
+)
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 from tests.support.objects import POOLS, claim, cluster, pool, ready_condition, wait_address
 

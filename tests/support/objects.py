@@ -6,9 +6,9 @@ from typing import Any
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
 from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
 from tests.support.cluster import wait_for
 
 POOLS = pool_resource(IN_CLUSTER_POOL)

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, SECRETS
+from ipam_provider.runtime.kube.resources import SECRETS
 from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.prometheus.support import documented_metrics, series_names
 from tests.support.cluster import wait_for

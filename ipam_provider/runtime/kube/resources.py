@@ -1,4 +1,5 @@
-"""The API resources the controller reads and writes, the JSON object as it sends them, and its timestamp form."""
+"""A REST resource and the core Kubernetes ones the controller reads and writes (the Cluster API ones:
+`ipam_provider/api/capi.py`), the JSON object as it sends them, and its timestamp form."""
 
 from __future__ import annotations
 
@@ -97,13 +98,6 @@ class Resource:
         return "/" + "/".join(segments)
 
 
-IPAM_GROUP = "ipam.cluster.x-k8s.io"
-CLUSTER_GROUP = "cluster.x-k8s.io"
-
-CLAIMS = Resource(IPAM_GROUP, "v1beta2", "ipaddressclaims", "IPAddressClaim", namespaced=True)
-ADDRESSES = Resource(IPAM_GROUP, "v1beta2", "ipaddresses", "IPAddress", namespaced=True)
-CLUSTERS = Resource(CLUSTER_GROUP, "v1beta2", "clusters", "Cluster", namespaced=True)
-MACHINES = Resource(CLUSTER_GROUP, "v1beta2", "machines", "Machine", namespaced=True)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)

@@ -10,11 +10,11 @@ import pytest
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.naming import RESERVATIONS, reservation_name
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolExhaustedError
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.backends.incluster.test_existing_from_cache import allocate
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory

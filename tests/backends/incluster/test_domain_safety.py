@@ -20,6 +20,7 @@ from backends.incluster.naming import RESERVATIONS, pool_hash
 from backends.incluster.repair import sweep_orphans
 from backends.incluster.reservations import Reservation, ReservationClient
 from backends.incluster.spec import parse_pool
+from ipam_provider.api.capi import ADDRESSES, IPAM_GROUP
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -32,7 +33,6 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
-from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP
 from tests.ipam_provider.fake_kube import FakeKube
 
 A = IN_CLUSTER_POOL.ref("ns", "a")

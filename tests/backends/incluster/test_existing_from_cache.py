@@ -11,13 +11,13 @@ from typing import cast
 
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.naming import RESERVATIONS, pool_hash
+from ipam_provider.api.capi import ADDRESSES
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES
 from tests.backends.incluster.test_migration import go_provider_address
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory

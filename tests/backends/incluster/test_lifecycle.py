@@ -7,12 +7,18 @@ import asyncio
 from typing import Any
 
 from backends.incluster.naming import RESERVATIONS
-from ipam_provider.api.capi import ANNOTATION_PAUSED, FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS
+from ipam_provider.api.capi import (
+    ADDRESSES,
+    ANNOTATION_PAUSED,
+    CLAIMS,
+    CLUSTERS,
+    FINALIZER_PROTECT_ADDRESS,
+    FINALIZER_RELEASE_ADDRESS,
+)
 from ipam_provider.backend.contract import PoolKind
 from ipam_provider.backend.protocol import Capabilities
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import (

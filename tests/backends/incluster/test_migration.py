@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from backends.incluster.naming import RESERVATIONS
-from ipam_provider.api.capi import ANNOTATION_PAUSED
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.incluster.test_no_duplicates import assert_unique_and_complete
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, claim, global_pool, wait_address

@@ -32,10 +32,10 @@ import pytest
 import yaml
 
 from backends.incluster.naming import RESERVATIONS
-from ipam_provider.api.capi import LABEL_CLUSTER_NAME
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP, LABEL_CLUSTER_NAME
 from ipam_provider.runtime.kube.client import JSON_PATCH, KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, CRDS, IPAM_GROUP, NAMESPACES, Resource
+from ipam_provider.runtime.kube.resources import CRDS, NAMESPACES, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.objects import (

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from backends.incluster.naming import RESERVATIONS
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory, controller_command
 from tests.support.objects import POOLS, claim, pool, wait_address

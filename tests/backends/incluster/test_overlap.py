@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from backends.incluster.naming import LABEL_DOMAIN, RESERVATIONS, domain_hash
-from ipam_provider.api.capi import ANNOTATION_SKIP_DELETE_VALIDATION
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_SKIP_DELETE_VALIDATION, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, Resource
+from ipam_provider.runtime.kube.resources import EVENTS, Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, ready_condition, wait_claim_reason

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from backends.incluster.naming import RESERVATIONS
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.incluster.test_no_duplicates import assert_unique_and_complete, create_claims
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from ipam_provider.api.capi import ANNOTATION_SKIP_DELETE_VALIDATION, FINALIZER_PROTECT_POOL
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_SKIP_DELETE_VALIDATION, CLAIMS, FINALIZER_PROTECT_POOL
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.support.cluster import wait_for
 from tests.support.objects import (
     GLOBAL_POOLS,

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.objects import (
     GLOBAL_POOLS,

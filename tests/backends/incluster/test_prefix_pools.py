@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from backends.incluster.naming import RESERVATIONS
-from ipam_provider.api.capi import FINALIZER_PROTECT_POOL
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, FINALIZER_PROTECT_POOL
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import (

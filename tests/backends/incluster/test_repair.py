@@ -14,6 +14,7 @@ from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, 
 from backends.incluster.naming import RESERVATIONS, reservation_name
 from backends.incluster.prefix_backend import IN_CLUSTER_PREFIX_POOL, InClusterPrefixBackend
 from backends.incluster.reservations import Reservation
+from ipam_provider.api.capi import ADDRESSES, IPAM_GROUP
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import (
     Holding,
@@ -22,7 +23,6 @@ from ipam_provider.backend.repair import (
 )
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, IPAM_GROUP
 from tests.backends.incluster.test_existing_from_cache import allocate
 from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, global_pool, pool
 

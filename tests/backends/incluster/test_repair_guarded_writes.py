@@ -11,10 +11,10 @@ from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL, 
 from backends.incluster.repair import sweep_orphans
 from backends.incluster.reservations import Reservation, ReservationClient
 from backends.incluster.spec import ReleaseTerms
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import IPAM_GROUP
 from tests.backends.incluster.test_existing_from_cache import allocate
 from tests.backends.incluster.test_repair import repairer, stored
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool

@@ -13,11 +13,11 @@ import pytest
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from backends.incluster.naming import LABEL_POOL, RESERVATIONS, pool_hash, reservation_name
 from backends.incluster.reservations import Reservation, ReservationClient
-from ipam_provider.api.capi import ANNOTATION_PAUSED
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS, IPAM_GROUP
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolRef
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, IPAM_GROUP
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, pool, wait_address

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.claims import REASON_REQUESTED_ADDRESS_IGNORED, ignored_message
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 from tests.support.objects import (
     GLOBAL_POOLS,

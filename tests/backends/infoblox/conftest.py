@@ -17,12 +17,13 @@ from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.client import RetryPolicy
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition

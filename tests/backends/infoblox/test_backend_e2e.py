@@ -13,8 +13,9 @@ from typing import Any
 import yaml
 
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_INSTANCE, ANNOTATION_REF
+from ipam_provider.api.capi import CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS, MACHINES, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.backends.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import cluster, wait_address, wait_claim_reason

@@ -10,8 +10,8 @@ from urllib.parse import parse_qs
 import pytest
 
 from backends.infoblox.spec import ANNOTATION_HOSTNAME
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.backends.infoblox.conftest import POOLS, Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason

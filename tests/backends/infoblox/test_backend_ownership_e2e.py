@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from backends.infoblox.spec import ANNOTATION_REF, INFOBLOX_POOL
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, IPAM_GROUP
 from tests.backends.infoblox.conftest import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.objects import wait_address, wait_claim_reason

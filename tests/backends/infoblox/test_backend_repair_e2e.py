@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.infoblox.conftest import POOLS, Grid, events_text
 from tests.support.cluster import wait_for
 from tests.support.objects import wait_address

@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 
 from backends.infoblox.spec import INSTANCES
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, SECRETS
+from ipam_provider.runtime.kube.resources import SECRETS
 from tests.backends.infoblox.conftest import POOLS, lend_secrets, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address
 from tools.wapi_simulator import WapiSimulator

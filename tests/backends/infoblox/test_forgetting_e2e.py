@@ -16,12 +16,12 @@ import pytest
 
 from backends.infoblox.checks import PoolChecks
 from backends.infoblox.ledger import Ledger
-from ipam_provider.api.capi import REASON_POOL_NOT_READY
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, REASON_POOL_NOT_READY
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.backends.infoblox.conftest import KIND, POOLS, Grid, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.footprint import footprint, footprint_growth, settled

@@ -12,8 +12,9 @@ import pytest
 import structlog
 
 from backends.infoblox.spec import INSTANCES
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.backends.infoblox.conftest import POOLS, Grid, b64, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address, wait_claim_reason
 

@@ -15,11 +15,12 @@ import pytest_asyncio
 
 from backends.infoblox.backend import InfobloxBackend
 from backends.infoblox.spec import INFOBLOX_POOL, INSTANCES
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, NAMESPACES
+from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES
 from tests.backends.infoblox.conftest import (
     FAST,
     KIND,

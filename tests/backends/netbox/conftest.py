@@ -18,12 +18,13 @@ import requests
 from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.client import ClientSettings, NetboxClient
 from backends.netbox.spec import CLAIM_UID_FIELD, GLOBAL_NETBOX_POOL, NETBOX_POOL, OWNER_TAG
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.objects import claim, ready_condition
 

@@ -13,8 +13,8 @@ import ipaddress
 from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
+from ipam_provider.api.capi import CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS, MACHINES
 from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,

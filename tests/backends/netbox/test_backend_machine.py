@@ -11,8 +11,8 @@ import pytest
 
 from backends.netbox import NetboxBackend
 from backends.netbox.spec import render
+from ipam_provider.api.capi import MACHINES
 from ipam_provider.backend.contract import AllocationFailedError, BackendContext, ClaimContext, PoolRef
-from ipam_provider.runtime.kube.resources import MACHINES
 from tests.backends.netbox.conftest import fast_settings, pool_of, prefix
 from tests.ipam_provider.fake_kube import FakeKube
 

@@ -10,8 +10,9 @@ import collections
 from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
 from tests.backends.netbox.conftest import (
     NB_POOLS,
     claim_uid_of,

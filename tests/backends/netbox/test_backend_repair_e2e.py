@@ -12,10 +12,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.backends.netbox.conftest import NB_POOLS, create_secret, marked, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
 from tests.support.objects import wait_address

@@ -15,6 +15,7 @@ import pytest
 from backends.netbox import NetboxBackend
 from backends.netbox.allocator import Allocator
 from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     Allocation,
@@ -24,7 +25,6 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.netbox.conftest import (
     NB_POOLS,
     client_of,

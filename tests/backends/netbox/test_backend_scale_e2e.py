@@ -9,8 +9,8 @@ import collections
 import time
 from typing import TYPE_CHECKING, Any
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.backends.netbox.conftest import (
     NB_POOLS,
     claim_uid_of,

@@ -17,10 +17,11 @@ from backends.netbox import NetboxBackend
 from backends.netbox.client import NetboxClient
 from backends.netbox.reasons import PoolUnusableError
 from backends.netbox.spec import NETBOX_POOL, Pool
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef, ReportCondition
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
 from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,

@@ -17,12 +17,12 @@ import pytest
 from backends.netbox import reasons
 from backends.netbox.ledger import Ledger
 from backends.netbox.resolver import Resolver
-from ipam_provider.api.capi import REASON_POOL_NOT_READY
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, REASON_POOL_NOT_READY
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.backends.netbox.conftest import (
     GLOBAL_NB_POOLS,
     NB_POOLS,

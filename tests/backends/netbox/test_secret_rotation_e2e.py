@@ -13,8 +13,9 @@ import requests
 import structlog
 
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, CLUSTER_IDENTITY_FIELD, OWNER_TAG
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS, SECRETS
+from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
 from tests.backends.netbox.conftest import (
     NB_POOLS,
     READ_TYPES,

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.ipam_provider.fake_backend import FakeBackend
 from tests.ipam_provider.world import NS, POOLS, claim, make_world, pool
 

@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 
 from ipam_provider.api.capi import (
+    ADDRESSES,
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_PAUSED,
+    CLAIMS,
+    CLUSTERS,
     FINALIZER_PROTECT_ADDRESS,
     FINALIZER_PROTECT_POOL,
     FINALIZER_RELEASE_ADDRESS,
@@ -28,7 +31,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.ipam_provider.fake_backend import GLOBAL_FAKE_POOL, GROUP, HANDLE
 from tests.ipam_provider.fake_repair import RepairableFakeBackend
 from tests.ipam_provider.world import (

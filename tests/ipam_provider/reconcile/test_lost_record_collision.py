@@ -4,8 +4,8 @@ the new claim gets another address on its next attempt."""
 
 from __future__ import annotations
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.reconcile.context import pool_resource
-from ipam_provider.runtime.kube.resources import CLAIMS
 from tests.ipam_provider.fake_backend import GLOBAL_FAKE_POOL
 from tests.ipam_provider.repair.test_repair_restore import forget_in_backend, fulfilled
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world

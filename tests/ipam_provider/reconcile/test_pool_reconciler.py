@@ -8,14 +8,16 @@ from typing import Any
 import pytest
 
 from ipam_provider.api.capi import (
+    ADDRESSES,
     ANNOTATION_DELETE_FOR_MOVE,
     ANNOTATION_SKIP_DELETE_VALIDATION,
+    CLAIMS,
     FINALIZER_PROTECT_POOL,
 )
 from ipam_provider.backend.contract import AddressCounts, Allocation, PoolKind, PoolRef, PoolReport, ReportCondition
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.reconcile.pools import RETRY_ALLOCATING
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, GROUP, FakeBackend
 from tests.ipam_provider.world import (
     NS,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION, AllocationFailedError, ClaimContext
 from ipam_provider.reconcile.claims import REASON_REQUESTED_ADDRESS_IGNORED
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.ipam_provider.reconcile.test_claim_reconciler import ALLOCATED, fulfilled
 from tests.ipam_provider.world import NS, POOLS, Object, World, claim, make_world, pool, ready_of, ready_state
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import structlog
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION, PoolReport
 from ipam_provider.reconcile.context import REASON_STATUS_REFUSED
 from ipam_provider.runtime.kube.bounds import CONDITION_MESSAGE_LENGTH, EVENT_MESSAGE_LENGTH
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import CLAIMS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.ipam_provider.fake_backend import FAKE_POOL
 from tests.ipam_provider.world import NS, POOLS, Object, World, claim, make_world, pool, ready_of
 

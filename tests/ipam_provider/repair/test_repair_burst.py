@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.pool import ADDRESSES_RECORDED
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, pool

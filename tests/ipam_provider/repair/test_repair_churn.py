@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.backend.repair import Holding, Pacer
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world
 from tests.ipam_provider.world import NS, POOLS, address, claim, pool
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.compare import Scope
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from ipam_provider.watch import ClaimKey
 from tests.ipam_provider.fake_backend import FAKE_POOL
 from tests.ipam_provider.repair.test_repair_restore import forget_in_backend, fulfilled, recorded_condition

@@ -8,13 +8,13 @@ import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
+from ipam_provider.api.capi import ADDRESSES, CLAIMS, FINALIZER_PROTECT_ADDRESS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolNotReadyError, PoolRef
 from ipam_provider.backend.repair import Holding
 from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.compare import Scope
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from ipam_provider.watch import ClaimKey
 from tests.ipam_provider.repair_world import BACKEND, make_repair_world, passes, sample
 from tests.ipam_provider.world import NS, address, claim

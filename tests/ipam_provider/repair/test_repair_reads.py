@@ -3,8 +3,8 @@ to act on or report. A lagging cache delays a finding by a pass; it never makes 
 
 from __future__ import annotations
 
+from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.repair import RepairSettings
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world
 from tests.ipam_provider.world import NS, address, claim
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_WATCH_FILTER
+from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS, CLUSTERS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolRef
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.repair.compare import Scope
 from ipam_provider.repair.pool import RECORDED_MESSAGE
-from ipam_provider.runtime.kube.resources import ADDRESSES, CLAIMS, CLUSTERS, EVENTS
+from ipam_provider.runtime.kube.resources import EVENTS
 from ipam_provider.watch import ClaimKey
 from tests.ipam_provider.fake_backend import GLOBAL_FAKE_POOL
 from tests.ipam_provider.repair_world import RepairWorld, make_repair_world, sample

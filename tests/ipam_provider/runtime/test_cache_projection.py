@@ -9,7 +9,13 @@ import json
 from typing import Any
 
 from backends.incluster.backend import IN_CLUSTER_POOL
-from ipam_provider.api.capi import FINALIZER_PROTECT_ADDRESS, FINALIZER_RELEASE_ADDRESS, LABEL_CLUSTER_NAME
+from ipam_provider.api.capi import (
+    CLAIMS,
+    CLUSTERS,
+    FINALIZER_PROTECT_ADDRESS,
+    FINALIZER_RELEASE_ADDRESS,
+    LABEL_CLUSTER_NAME,
+)
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.runtime.cache.projection import (
@@ -22,7 +28,6 @@ from ipam_provider.runtime.cache.projection import (
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, CLUSTERS
 from ipam_provider.watch import Caches
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory

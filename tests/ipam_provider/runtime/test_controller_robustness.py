@@ -7,13 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.cache.informer import Informer, in_initial_list
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 from ipam_provider.watch import ClaimKey, QueueKey
 
 

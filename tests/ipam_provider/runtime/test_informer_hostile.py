@@ -14,12 +14,12 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.cache.projection import project_claim
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.bounds import DEEP_MARKER
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS
 
 Object = dict[str, Any]
 CLAIMS_PATH = "/apis/ipam.cluster.x-k8s.io/v1beta2/ipaddressclaims"

@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, NAMESPACES, SECRETS, InvalidName
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, InvalidName
 
 ROOT = Path(__file__).resolve().parents[3]
 THE_ONE_PLACE = ROOT / "ipam_provider" / "runtime" / "kube" / "resources.py"

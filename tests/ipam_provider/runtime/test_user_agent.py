@@ -8,9 +8,10 @@ from pathlib import Path
 
 from backends.infoblox.client import RetryPolicy, WapiClient, WapiError
 from backends.netbox.client import Endpoint, HTTPError, NetboxClient
+from ipam_provider.api.capi import CLAIMS
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import CLAIMS, Resource
+from ipam_provider.runtime.kube.resources import Resource
 from ipam_provider.runtime.user_agent import FIELD_MANAGER, user_agent
 from ipam_provider.version import __version__
 from tests.support.objects import POOLS, claim, pool, wait_address
