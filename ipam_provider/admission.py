@@ -1,17 +1,11 @@
 """Admission of pool changes (docs/admission.md): `PoolAdmission.decide` answers a review for any served pool kind,
-reading no more than the answer needs. An UPDATE that leaves `spec` as it is is allowed at once. A DELETE is refused
-while live IPAddresses name the pool, but allowed under clusterctl's `delete-for-move` and under
-`skip-validate-delete-webhook` (with a warning when it is in use). What passes goes to the kind's backend's
-`review_pool_change`. Refusals are 422 (CREATE, UPDATE) or 403 (DELETE); a check that cannot be made raises (500).
+reading no more than the answer needs; what the core allows goes to the kind's backend's `review_pool_change`. A
+check that cannot be made raises (500).
 
-The webhook's caller is not authenticated (anyone who reaches the port may post a review), so the core's answers
-name no object: a DELETE refusal counts the IPAddresses and says how to list them. And an answer rests on the pool's
-IPAddresses only when the review is about the pool as stored (`_reviews_stored`: same uid, and for an UPDATE the same
-resourceVersion; for a CREATE no such pool): else an UPDATE or CREATE is reviewed on its spec alone and a DELETE is
-allowed, since the API server deletes no pool on that answer. A DELETE without `oldObject` is a bad request.
-Every replica, leader or standby, answers from its IPAddress and pool caches. Until they have synced (a replica
-starting), the IPAddresses of a namespaced pool are listed in its namespace, and a review that would need a
-cluster-wide LIST (a cluster-scoped pool) is refused with code 503, to be retried.
+The webhook's caller is not authenticated, so the core's answers name no object, and an answer rests on the pool's
+IPAddresses only when the review is about the pool as stored (`_reviews_stored`). Every replica, leader or standby,
+answers from its caches; before they have synced, a review that would need a cluster-wide LIST (a cluster-scoped
+pool) is refused with code 503, to be retried.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The `Backend` protocol every pool backend implements (its types and errors are in `contract`, the repair
-capability's in `repair`), and the optional `Capabilities` it declares by `Backend.capabilities()`, resolved once
-when it is registered (`BackendRegistry.register`); the core calls them through the resolved `Capabilities` only.
-
-Each field is typed, so the type checker sees every signature a backend hands over; a minimal backend answers
-`Capabilities()` (no optional capability).
-"""
+capability's in `repair`), and the typed `Capabilities` it declares by `Backend.capabilities()`, resolved once when
+it is registered (`BackendRegistry.register`): the core calls an optional capability through them only."""
 
 from __future__ import annotations
 
@@ -82,8 +78,7 @@ class Backend(Protocol):
         ...
 
     def capabilities(self) -> Capabilities:
-        """The optional capabilities this backend offers (`Capabilities()`: none), asked once when it is
-        registered."""
+        """The optional capabilities this backend offers (`Capabilities()`: none)."""
         ...
 
     async def allocate(

@@ -1,11 +1,6 @@
-"""The repair capability: what a backend offers the core's repair loop (`ipam_provider/repair`, docs/repair.md).
-
-The loop compares a backend's *holdings* (what it holds under this controller's ownership mark) with the live
-IPAddresses and claims: a holding nothing live accounts for is a suspected leak, released (`release_holding`) after
-a grace period; a live IPAddress whose address the backend no longer holds is restored (`restore`); one outside its
-pool is reported (`outside_pool`). A backend offers the capability by naming a `Repairable` as its
-`Capabilities.repair`, and may offer `Capabilities.sweep_orphaned` (an `OrphanSweeper`) and
-`Capabilities.list_pools_holdings` (a `PoolsLister`).
+"""The repair capability: what a backend offers the core's repair loop (`ipam_provider/repair`, docs/repair.md), by
+naming a `Repairable` as its `Capabilities.repair`; optionally also `Capabilities.sweep_orphaned` (an
+`OrphanSweeper`) and `Capabilities.list_pools_holdings` (a `PoolsLister`).
 
 Every method reads the backend's own record, never a cache; calls `pacer.wait()` before each listing request; never
 touches an object without this controller's ownership mark; and raises `BackendError` when the external system
@@ -96,14 +91,12 @@ class Repairable(Protocol):
 
 
 PoolsLister = Callable[[Sequence[tuple[PoolRef, Object]], Pacer], Awaitable[Mapping[PoolRef, Sequence[Holding]]]]
-
 """`async list_pools_holdings(pools, pacer)`: `list_holdings` of each of `pools` ((reference, object) pairs) from one
 paged listing, so that a pass costs requests by holdings, not by pools. A pool missing from the answer holds
 nothing."""
 
 
 OrphanSweeper = Callable[[float], Awaitable[int]]
-
 """`async sweep_orphaned(grace_seconds) -> int`: releases the holdings of gone pools, older than `grace_seconds`, that
 no live IPAddress names, and answers how many. Called once per pass when releasing is on (a costly sweep may run
 less often, answering 0)."""

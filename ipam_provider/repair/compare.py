@@ -1,14 +1,6 @@
 """The live IPAddresses and claims of a repair pass, and their comparison with one pool's holdings (no I/O; the
-rules are docs/repair.md's table).
-
-The live state comes from the watch caches (`cached_live`: for a pass to look with, never to act on), or is read
-fresh (`read_live`: page by page, one `pacer.wait()` before each page, in every watched namespace). Claims are read
-without the watch filter, so that a claim this controller does not serve still counts as existing.
-
-A holding is accounted for by a live IPAddress of the pool naming its address and claim (by name, or by uid among
-its owner references), and by its recorded claim's IPAddress naming its address in any pool (overlapping pools list
-each other's holdings; an older uid waits for its re-key). An address named by two live claims or more is shared: a
-duplicate, never restored.
+rules are docs/repair.md's table). The watch caches' live state (`cached_live`) is for a pass to look with, never
+to act on. Claims are read without the watch filter, so that a claim this controller does not serve still counts.
 """
 
 from __future__ import annotations
@@ -63,7 +55,7 @@ class LiveState:
 
 
 def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: KindLookup) -> LiveState:
-    """The live state of `claims` and `addresses` (as the watch caches show them, or as `read_live` read them)."""
+    """The live state of `claims` and `addresses`."""
     live = LiveState()
     for address in addresses:
         ref = referenced_pool(address, kind_of)
@@ -76,7 +68,7 @@ def cached_live(claims: Iterable[Object], addresses: Iterable[Object], kind_of: 
 
 
 async def read_live(kube: KubeClient, scope: Scope, kind_of: KindLookup, pacer: Pacer) -> LiveState:
-    """The live IPAddresses, then claims, of the watched namespaces, read fresh."""
+    """The live IPAddresses, then claims, of the watched namespaces, read fresh: one `pacer.wait()` a page."""
     addresses = await _list(kube, ADDRESSES, scope, pacer)
     return cached_live(await _list(kube, CLAIMS, scope, pacer), addresses, kind_of)
 
@@ -228,17 +220,13 @@ def leak_suspected(holding: Holding, text: str, live: LiveState, scope: Scope) -
     if not namespace or not scope.watches(namespace):
         return False
     name = holding.claim.partition("/")[2]
-    if any(address_text(address) == text for address in live.claim_addresses((namespace, name))):
+    own = live.claim_addresses((namespace, name))
+    if any(address_text(address) == text for address in own):
         return False  # its claim's IPAddress (of any pool) names the address: a re-key may be pending
     claim = live.claims.get((namespace, name))
     if claim is None or claim["metadata"].get("uid") != holding.claim_uid:
         return True  # the claim is gone (or another claim has its name now)
-    if not scope.serves(claim):
-        return False
-    own = live.claim_addresses((namespace, name))
-    if not own:
-        return False  # an allocation under way: its IPAddress is not written yet
-    return not any(address_text(address) == text for address in own)
+    return scope.serves(claim) and bool(own)  # no IPAddress yet: an allocation under way
 
 
 def restorable_claim(address: Object, live: LiveState, scope: Scope) -> Object | None:

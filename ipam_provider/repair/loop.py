@@ -1,19 +1,10 @@
 """The repair loop (docs/repair.md, "What a pass does"): in the leader, a first pass soon after the caches synced,
 then one every `settings.interval` seconds until cancelled.
 
-A pass lists the holdings of every served pool (paused and moving pools left alone; one listing per backend when it
-offers one), compares them with the watch caches, and ends there when they give nothing to act on or report; else it
-reads the live IPAddresses and claims fresh, once for all backends, and repairs each pool on that read (`pool.py`).
-Every listing request waits for the shared pacer. A BackendError skips the pool until the next pass; any other
-exception is logged and skips it too; neither stops the loop. Each backend's pass is counted by result and timed.
-When releasing is on, the backend's `sweep_orphaned(grace)` runs once per pass.
-
-A pass yields to new work. Its loops over pools give the event loop's other tasks a turn every few milliseconds
-(`Turns`), and it hands the pools whose `AddressesRecorded` condition changed (after a burst: every new pool) to the
-pool reconciler `HAND_OVER_AT_ONCE` at a time, the next ones only once the cache shows the last ones written (or
-after `HAND_OVER_WAIT`; once a slice is not seen in that time, as when its writes are refused, the rest go without
-waiting): a pool or claim that comes meanwhile waits behind those few at most, and a queue busy with other work holds
-the hand-over back, not that work. The pass ends when every change is handed over.
+Every listing request waits for the shared pacer. A failure skips the pool (or the backend) until the next pass and
+never stops the loop. A pass hands the pools whose `AddressesRecorded` condition changed to the pool reconciler
+`HAND_OVER_AT_ONCE` at a time, each slice once the cache shows the one before written (`HAND_OVER_WAIT` at most;
+once a slice is not seen in time, the rest go without waiting), so that new work waits behind a few pools at most.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from ipam_provider import pool_metrics
 from ipam_provider.api.capi import ANNOTATION_DELETE_FOR_MOVE, ANNOTATION_PAUSED
 from ipam_provider.backend.contract import BackendError, PoolRef, ReportCondition
 from ipam_provider.backend.protocol import Capabilities
-from ipam_provider.backend.repair import Holding, Pacer, Repairable
+from ipam_provider.backend.repair import Holding, Pacer
 from ipam_provider.pool_metrics import PASS_BACKEND_ERROR, PASS_ERROR, PASS_OK, PoolLabels
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair.compare import LiveState, Scope, cached_live, read_live
@@ -52,7 +43,6 @@ class BackendPass:
     """One backend's share of a pass: its name (the metrics' `backend` label) and its pools."""
 
     name: str
-    repairer: Repairable
     capabilities: Capabilities
     targets: list[PoolTarget]
 
@@ -99,7 +89,8 @@ class RepairLoop:
 
     async def run_pass(self) -> None:
         """One pass: every backend's holdings, then the live state for all of them (the caches', or one fresh read),
-        then each backend's pools, then the changed conditions handed over. Never raises but for cancellation."""
+        then each backend's pools and sweep, then the changed conditions handed over. Never raises but for
+        cancellation."""
         self.passes += 1
         self.pools.pacer = self.pacer
         backends = self._backend_passes()
@@ -128,8 +119,6 @@ class RepairLoop:
         await self._hand_over()
 
     async def _hand_over(self) -> None:
-        """Hand the pools whose condition the pass changed to the pool reconciler, `HAND_OVER_AT_ONCE` at a time, each
-        slice once the cache shows the one before written (see the module's contract)."""
         changed = list(self.pools.changed.items())
         handed: Sequence[tuple[PoolRef, ReportCondition]] = ()
         waiting = True  # until a slice is not seen written in time: then the rest go without waiting
@@ -142,8 +131,7 @@ class RepairLoop:
                 self.ctx.pool_changed(ref)
 
     async def _written(self, handed: Sequence[tuple[PoolRef, ReportCondition]]) -> bool:
-        """Wait until the cache shows every `handed` condition on its pool (or the pool gone), `HAND_OVER_WAIT` at
-        most; whether it did."""
+        """Whether the cache showed every `handed` condition on its pool (or the pool gone) within `HAND_OVER_WAIT`."""
         for _ in range(round(HAND_OVER_WAIT / HAND_OVER_POLL)):
             if all(self._shows(ref, condition) for ref, condition in handed):
                 return True
@@ -151,7 +139,7 @@ class RepairLoop:
         return False
 
     def _shows(self, ref: PoolRef, condition: ReportCondition) -> bool:
-        """Whether the cached pool carries `condition`, or is gone or being deleted (nothing to wait for then)."""
+        """Whether the cached pool carries `condition`, or is gone or being deleted."""
         raw = self.ctx.caches.pool(ref)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return True
@@ -176,7 +164,7 @@ class RepairLoop:
             return None
 
     def _backend_passes(self) -> list[BackendPass]:
-        """The backends that offer the repair capability, each with the pools it serves now."""
+        """The backends that offer the repair capability, each with its pools that are neither paused nor moving."""
         registry = self.ctx.registry
         passes = []
         for backend in registry.backends:
@@ -193,12 +181,11 @@ class RepairLoop:
                         continue
                     ref = kind.ref(raw["metadata"].get("namespace"), raw["metadata"]["name"])
                     targets.append(PoolTarget(ref, raw, backend, repairer, PoolLabels.of(name, ref)))
-            passes.append(BackendPass(name, repairer, capabilities, targets))
+            passes.append(BackendPass(name, capabilities, targets))
         return passes
 
     async def _backend_pass(self, one: BackendPass, result: str, listed: Listed, live: LiveState | None) -> str:
-        """Each listed pool compared with `live` (none read: the pools are skipped), then the backend's sweep of
-        deleted pools; answers the pass's result label."""
+        """Each listed pool repaired on `live` (None: skipped), then the backend's sweep; the pass's result label."""
         if listed and live is None:
             result, listed = PASS_ERROR, []
         for target, holdings in listed:
@@ -225,9 +212,8 @@ class RepairLoop:
         return result
 
     async def _list(self, one: BackendPass) -> tuple[str, Listed]:
-        """Every pool's holdings, in one listing when the backend offers it (`Capabilities.list_pools_holdings`),
-        else pool by pool (a pool the cache no longer shows is left out); the result label so far and what was
-        listed."""
+        """The result label so far, and every live pool's holdings: in one listing when the backend offers
+        `list_pools_holdings`, else pool by pool."""
         lister = one.capabilities.list_pools_holdings
         targets = [target for target in one.targets if self.pools.live(target)]
         if lister is not None and targets:
@@ -241,9 +227,9 @@ class RepairLoop:
         listed: Listed = []
         for target in one.targets:
             if not self.pools.live(target):
-                continue  # gone meanwhile: no backend call for it (see `pool.py`)
+                continue
             try:
-                listed.append((target, list(await one.repairer.list_holdings(target.ref, target.raw, self.pacer))))
+                listed.append((target, list(await target.repairer.list_holdings(target.ref, target.raw, self.pacer))))
             except BackendError as error:
                 result = PASS_BACKEND_ERROR if result == PASS_OK else result
                 _skipped(target, "listing", error)

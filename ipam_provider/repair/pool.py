@@ -1,17 +1,13 @@
-"""One pool's share of a repair pass (docs/repair.md, "What a pass does"): suspected leaks entered in the book,
-reported when the next pass finds them again and released once releasable, unrecorded IPAddresses restored,
-duplicates and addresses outside the pool reported (each Event once per change), and the `AddressesRecorded`
-condition set for the pool reconciler (not with a watch filter: sharded controllers each see only their own
-claims); the pools whose condition changed wait in `changed` for the loop to hand them over. Long loops over
-pools give the event loop's other tasks their turn (`turns`).
+"""One pool's share of a repair pass (docs/repair.md, "What a pass does"). Each Event is recorded once per change;
+the `AddressesRecorded` condition is not set under a watch filter (each shard sees only its own claims).
 
 Nothing is released or restored while its claim is queued or being reconciled, nor unless fresh GETs still show
 what the pass saw; every request of a release or a restore waits for the pacer. A holding that is not `releasable`
 is reported, never released. A deleting IPAddress with our finalizer whose claim is gone loses the finalizer.
 
-A pool the cache no longer shows as the pass listed it (deleted meanwhile, or replaced by another of its name) gets
-no more backend call from the pass: the cache is looked at right before each one (`PoolGone`), so that nothing the
-backend forgot of the pool is brought back; what the pass kept of the pool goes too.
+A pool the cache no longer shows as the pass listed it (deleted, or replaced by another of its name) gets no more
+backend call from the pass (`PoolGone`, checked right before each one), so that nothing the backend forgot of the
+pool is brought back; what the pass kept of the pool goes too.
 """
 
 from __future__ import annotations
@@ -192,8 +188,7 @@ class PoolRepairs:
         return not self.settings.report_only
 
     def forget_others(self, pools: set[PoolRef]) -> None:
-        """Forget the suspects, findings and repair series of every pool not in `pools` (gone, paused, or not
-        served)."""
+        """Forget what is kept of every pool not in `pools` (gone, paused, or not served)."""
         for ref in (self.book.pools() | set(self.findings) | set(self.labels)) - pools:
             self._forget(ref)
 
@@ -213,7 +208,6 @@ class PoolRepairs:
         return cached is not None and cached["metadata"].get("uid") == target.raw["metadata"].get("uid")
 
     def _still_live(self, target: PoolTarget) -> None:
-        """Raise PoolGone unless the cache still shows the pool: called right before each backend call for it."""
         if not self.live(target):
             raise PoolGone(str(target.ref))
 
@@ -239,8 +233,7 @@ class PoolRepairs:
         return await asyncio.to_thread(compare_pool, ref, holdings, live, self.scope)
 
     async def repair(self, target: PoolTarget, holdings: list[Holding], live: LiveState) -> None:
-        """The pool's share of the pass. BackendError propagates: the findings stay as they were. A pool that goes
-        meanwhile (see the module's contract) is forgotten, with no more backend call."""
+        """The pool's share of the pass. BackendError propagates: the findings stay as they were."""
         try:
             await self._repair(target, holdings, live)
         except PoolGone:
