@@ -255,8 +255,7 @@ class BackendContext:
     cluster_identity: str = ""
 
 
-Preparer = Callable[[PoolRef, Object], Awaitable[None]]
-"""`Capabilities.prepare`: `async prepare(pool_ref, pool)`."""
+Preparer = Callable[[PoolRef, Object], Awaitable[None]]  # `Capabilities.prepare`
 
 
 @dataclass(frozen=True)
@@ -275,8 +274,4 @@ class AddressInUse:
 
 
 AdmissionReviewer = Callable[[PoolRef, Object | None, Object | None, Sequence[AddressInUse]], Awaitable[list[str]]]
-"""`Capabilities.review_pool_change`: `async review_pool_change(pool_ref, old, new, in_use) -> list[str]`."""
-
-
 PoolObserver = Callable[[PoolKind, Object | None, Object | None], Collection[PoolRef]]
-"""`Capabilities.observe_pool`: `observe_pool(kind, old, new) -> Collection[PoolRef]`."""

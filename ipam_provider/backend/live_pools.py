@@ -1,10 +1,6 @@
-"""Which pools of a backend exist, as the watch tells it, so that the backend keeps per-pool state for those only.
+"""Which pools of a backend exist, as the watch tells it, so that the backend keeps per-pool state (a parsed spec,
+an index, resolved ids) for those only, even from an operation that ends, or starts, after its pool's deletion.
 
-A backend's operations make per-pool state (a parsed spec, an index, check results, resolved ids). One may end after
-its pool's deletion was observed (it ran meanwhile), or start after it (the repair loop works through the pools its
-pass took earlier); then what it made is for a pool that is gone, and no later deletion would drop it.
-
-Contract:
 - `observe(ref, exists)` is called from the backend's `observe_pool`: a pool that exists is live; a deleted one is
   not, and its state is forgotten at once (the `forget` callback).
 - Every operation of a pool runs inside `operation(ref)`; when it ends, a pool that is not live has its state
