@@ -194,8 +194,7 @@ def referenced_pool(obj: Mapping[str, Any], kind_of: KindLookup) -> PoolRef | No
 
 def addresses_listing(ref: PoolRef) -> str:
     """The kubectl command that lists the IPAddresses of the pool's namespace (every namespace: a cluster-scoped
-    pool) with the pool each names: what an admission refusal gives instead of naming them (its requester is not
-    known)."""
+    pool) with the pool each names, which an admission refusal gives instead of naming them."""
     scope = f"-n {ref.namespace}" if ref.namespace else "-A"
     columns = "NAMESPACE:.metadata.namespace,NAME:.metadata.name,KIND:.spec.poolRef.kind,POOL:.spec.poolRef.name"
     return f"`kubectl get ipaddresses.ipam.cluster.x-k8s.io {scope} -o custom-columns={columns}`"
