@@ -71,8 +71,6 @@ class Allocator:
         self.unknown_retry_seconds = unknown_retry_seconds
         self.uncertain_seconds = uncertain_seconds
 
-    # --- dynamic --------------------------------------------------------------------------------------------------
-
     async def allocate(self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext) -> Allocation:
         index = self.ledger.index(pool.ref)
         if claim.uid in index.uncertain or not resolved.ownership.uid_unique:
@@ -200,8 +198,6 @@ class Allocator:
             "that NetBox never offers it",
         )
 
-    # --- adopted --------------------------------------------------------------------------------------------------
-
     async def hold_existing(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, existing: Allocation
     ) -> Allocation:
@@ -252,8 +248,6 @@ class Allocator:
         log.info("existing address recorded in NetBox", claim=str(claim), pool=str(pool.ref), address=address)
         return created
 
-    # --- release --------------------------------------------------------------------------------------------------
-
     async def release(
         self, client: NetboxClient, ref: PoolRef, claim: ClaimContext, allocation: Allocation | None, *, sweep: bool
     ) -> None:
@@ -279,8 +273,6 @@ class Allocator:
         for obj in await self.ledger.claim_addresses(client, claim.uid):
             await self.ledger.delete(client, ref, int(obj["id"]), claim.uid)
             bound.info("address released", address=str(obj["address"]))
-
-    # --- requested ------------------------------------------------------------------------------------------------
 
     async def allocate_requested(
         self, client: NetboxClient, pool: Pool, resolved: Resolved, claim: ClaimContext, address: str

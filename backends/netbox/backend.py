@@ -1,19 +1,12 @@
 """The NetBox backend: NetboxIPPool (namespaced) and GlobalNetboxIPPool (cluster-scoped), v1alpha1.
 
-How the pieces fit: `spec` parses a pool; `connections` turns its Secret into a cached `NetboxClient`; `resolver`
-checks the ownership marks and turns the pool's sources, tenant and tags into NetBox ids (cached per pool
-generation and client, refreshed by every report); `ledger` reads and writes our NetBox IP addresses; `allocator`
-allocates and releases; `repair` offers the repair capability. Request costs are in docs/netbox.md.
+`spec` parses a pool; `connections` turns its Secret into a cached `NetboxClient`; `resolver` turns the pool's
+names into NetBox ids; `ledger` reads and writes our NetBox IP addresses; `allocator` allocates and releases;
+`repair` offers the repair capability. Request costs are in docs/netbox.md.
 
-Failures become a `PoolUnusableError` (pool-level: Ready=False on the pool, PoolNotReady on its claims, or
-AllocationFailed for a NetBox error) or AllocationFailedError; messages never contain the token. Nothing but a
-BackendError leaves allocate and release. A pool-level failure of an allocation that the periodic report's GETs
-cannot see (a token that may read but not add IP addresses: 401/403 on the POST) is remembered per pool and client:
-the pool's report shows it until an allocation of that pool succeeds or the Secret's token changes.
-
-A pool's report carries the condition TLSVerified: False (a Warning Event) when its connection skips certificate
-verification (InsecureSkipVerify) or its Secret's url is http:// (PlainHTTP). The admission webhook refuses a created
-or changed pool whose spec `parse_pool` refuses; a deleted pool's connection is closed once no pool uses it.
+Nothing but a BackendError leaves allocate and release; messages never contain the token. A pool-level failure of
+an allocation that the report's GETs cannot see (a token that may read but not add IP addresses: 401/403 on the
+POST) is remembered per pool and client: the report shows it until an allocation succeeds or the token changes.
 """
 
 from __future__ import annotations
@@ -116,8 +109,6 @@ class NetboxBackend:
         return ()
 
     def _forget(self, ref: PoolRef) -> None:
-        """What is kept of a gone pool: its last failure, spec, resolved ids and connection (`Resolver.forget`), its
-        ledger index and the repair pass's note."""
         self._failures.pop(ref, None)
         self.resolver.forget(ref)
         self.ledger.forget(ref)
@@ -139,44 +130,39 @@ class NetboxBackend:
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         with self.pools.operation(pool_ref):
-            return await self._allocate(pool_ref, pool, claim, existing)
-
-    async def _allocate(
-        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
-    ) -> Allocation:
-        try:
-            parsed = self.resolver.parse(pool_ref, pool)
-        except PoolUnusableError as problem:
-            raise PoolNotReadyError(problem.message) from problem
-        if existing is not None and self.ledger.trusted(parsed.ref, claim, existing):
-            return existing  # the steady state of a fulfilled claim: no request at all
-        claim = await self._machine_read(parsed, claim)
-        asked = claim.requested_address if existing is None else None  # AllocationFailedError if not an IP
-        bound = log.bind(claim=str(claim), pool=str(parsed.ref))
-        client: NetboxClient | None = None
-        try:
-            async with self.resolver.session(parsed, f"allocating for claim {claim} from") as client:
-                resolved = await self.resolver.resolve(client, parsed)
-                if existing is not None:
-                    allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
-                elif asked is not None:
-                    allocation = await self.allocator.allocate_requested(client, parsed, resolved, claim, asked)
-                else:
-                    allocation = await self.allocator.allocate(client, parsed, resolved, claim)
-        except BackendError as error:  # from the allocator
-            shown_to_claims(error, client)
-            raise
-        except PoolUnusableError as problem:
-            if problem.reason == reasons.AUTH_FAILED and client is not None:
-                self._failures[parsed.ref] = (client, problem)
-            bound.info("allocation failed", reason=problem.reason, message=problem.message)
-            message = for_claims(problem.message, client)
-            if problem.reason != reasons.NETBOX_ERROR:  # the pool cannot serve anyone: PoolNotReady
-                raise PoolNotReadyError(message, retry_after=problem.retry_after) from problem
-            raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
-        self._failures.pop(parsed.ref, None)
-        bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
-        return allocation
+            try:
+                parsed = self.resolver.parse(pool_ref, pool)
+            except PoolUnusableError as problem:
+                raise PoolNotReadyError(problem.message) from problem
+            if existing is not None and self.ledger.trusted(parsed.ref, claim, existing):
+                return existing  # the steady state of a fulfilled claim: no request at all
+            claim = await self._machine_read(parsed, claim)
+            asked = claim.requested_address if existing is None else None  # AllocationFailedError if not an IP
+            bound = log.bind(claim=str(claim), pool=str(parsed.ref))
+            client: NetboxClient | None = None
+            try:
+                async with self.resolver.session(parsed, f"allocating for claim {claim} from") as client:
+                    resolved = await self.resolver.resolve(client, parsed)
+                    if existing is not None:
+                        allocation = await self.allocator.hold_existing(client, parsed, resolved, claim, existing)
+                    elif asked is not None:
+                        allocation = await self.allocator.allocate_requested(client, parsed, resolved, claim, asked)
+                    else:
+                        allocation = await self.allocator.allocate(client, parsed, resolved, claim)
+            except BackendError as error:  # from the allocator
+                shown_to_claims(error, client)
+                raise
+            except PoolUnusableError as problem:
+                if problem.reason == reasons.AUTH_FAILED and client is not None:
+                    self._failures[parsed.ref] = (client, problem)
+                bound.info("allocation failed", reason=problem.reason, message=problem.message)
+                message = for_claims(problem.message, client)
+                if problem.reason != reasons.NETBOX_ERROR:  # the pool cannot serve anyone: PoolNotReady
+                    raise PoolNotReadyError(message, retry_after=problem.retry_after) from problem
+                raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
+            self._failures.pop(parsed.ref, None)
+            bound.info("netbox address held", address=f"{allocation.address}/{allocation.prefix}")
+            return allocation
 
     async def _machine_read(self, pool: Pool, claim: ClaimContext) -> ClaimContext:
         """`claim` as the pool's templates see it. When one names {machine} and the claim has owners, the Machine is
@@ -201,67 +187,60 @@ class NetboxBackend:
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         with self.pools.operation(pool_ref):
-            await self._release(pool_ref, pool, claim, allocation)
-
-    async def _release(
-        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
-    ) -> None:
-        if pool is not None:
-            with contextlib.suppress(PoolUnusableError):  # invalid now: the last good spec serves
-                self.resolver.parse(pool_ref, pool)
-        parsed = self.resolver.known.get(pool_ref)  # None: the pool is gone and was never seen valid
-        if parsed is None:
-            raise ReleaseImpossibleError(  # nothing is touched: the address, if any, is left to the repair loop
-                f"{pool_ref} is gone and its NetBox connection is unknown to this controller; the NetBox IP address "
-                f"whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, stays in NetBox, where the repair "
-                "loop finds it through any pool whose sources cover it (if none does, delete it by hand)"
-            )
-        client: NetboxClient | None = None
-        try:
-            async with self.resolver.session(parsed, f"releasing claim {claim} from") as client:
-                sweep = not (await self.resolver.ownership(client, any_age=True)).uid_unique
-                await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
-        except BackendError as error:  # from the allocator
-            shown_to_claims(error, client)
-            raise
-        except PoolUnusableError as problem:
-            message = for_claims(problem.message, client)
-            raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
+            if pool is not None:
+                with contextlib.suppress(PoolUnusableError):  # invalid now: the last good spec serves
+                    self.resolver.parse(pool_ref, pool)
+            parsed = self.resolver.known.get(pool_ref)  # None: the pool is gone and was never seen valid
+            if parsed is None:
+                raise ReleaseImpossibleError(  # nothing is touched: the address, if any, is left to the repair loop
+                    f"{pool_ref} is gone and its NetBox connection is unknown to this controller; the NetBox IP "
+                    f"address whose custom field {CLAIM_UID_FIELD} is {claim.uid}, if it exists, stays in NetBox, "
+                    "where the repair loop finds it through any pool whose sources cover it (if none does, delete it "
+                    "by hand)"
+                )
+            client: NetboxClient | None = None
+            try:
+                async with self.resolver.session(parsed, f"releasing claim {claim} from") as client:
+                    sweep = not (await self.resolver.ownership(client, any_age=True)).uid_unique
+                    await self.allocator.release(client, parsed.ref, claim, allocation, sweep=sweep)
+            except BackendError as error:  # from the allocator
+                shown_to_claims(error, client)
+                raise
+            except PoolUnusableError as problem:
+                message = for_claims(problem.message, client)
+                raise AllocationFailedError(message, retry_after=problem.retry_after) from problem
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         with self.pools.operation(pool_ref):
-            return await self._report(pool_ref, pool, addresses)
-
-    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
-        conditions: tuple[ReportCondition, ...] = ()
-        try:
-            parsed = self.resolver.parse(pool_ref, pool)
-            conditions = tls_conditions(parsed, None)
-            async with self.resolver.session(parsed, "checking") as client:
-                conditions = tls_conditions(parsed, client.endpoint.url)
-                resolved = await self.resolver.resolve(client, parsed, fresh=True)
-                used = await usage(client, resolved.sources)
-        except PoolUnusableError as problem:
-            log.info("pool not ready", pool=str(pool_ref), reason=problem.reason, message=problem.message)
-            return PoolReport(False, problem.reason, problem.message, conditions=conditions)
-        total = sum(s.total for s in resolved.sources)
-        counts = AddressCounts(total=total, used=sum(used), free=total - sum(used))
-        message = (
-            f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free in {len(used)} NetBox source(s) "
-            f"at {client.endpoint.display_url}"
-        )
-        if not resolved.ownership.uid_unique:
-            message += (
-                f"; the NetBox custom field {CLAIM_UID_FIELD} is not Unique, so every allocation costs an extra "
-                "lookup: tick Unique on it in NetBox"
+            conditions: tuple[ReportCondition, ...] = ()
+            try:
+                parsed = self.resolver.parse(pool_ref, pool)
+                conditions = tls_conditions(parsed, None)
+                async with self.resolver.session(parsed, "checking") as client:
+                    conditions = tls_conditions(parsed, client.endpoint.url)
+                    resolved = await self.resolver.resolve(client, parsed, fresh=True)
+                    used = await usage(client, resolved.sources)
+            except PoolUnusableError as problem:
+                log.info("pool not ready", pool=str(pool_ref), reason=problem.reason, message=problem.message)
+                return PoolReport(False, problem.reason, problem.message, conditions=conditions)
+            total = sum(s.total for s in resolved.sources)
+            counts = AddressCounts(total=total, used=sum(used), free=total - sum(used))
+            message = (
+                f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free in {len(used)} NetBox source(s) "
+                f"at {client.endpoint.display_url}"
             )
-        status = {"sources": [s.status(n) for s, n in zip(resolved.sources, used, strict=True)]}
-        failed = self._failures.get(parsed.ref)
-        if failed is not None and failed[0] is client:
-            message = f"the last allocation failed: {failed[1].message}"
-            return PoolReport(False, failed[1].reason, message, status, counts, conditions)
-        self._failures.pop(parsed.ref, None)  # the token changed since
-        return PoolReport(True, reasons.READY, message, status, counts, conditions)
+            if not resolved.ownership.uid_unique:
+                message += (
+                    f"; the NetBox custom field {CLAIM_UID_FIELD} is not Unique, so every allocation costs an extra "
+                    "lookup: tick Unique on it in NetBox"
+                )
+            status = {"sources": [s.status(n) for s, n in zip(resolved.sources, used, strict=True)]}
+            failed = self._failures.get(parsed.ref)
+            if failed is not None and failed[0] is client:
+                message = f"the last allocation failed: {failed[1].message}"
+                return PoolReport(False, failed[1].reason, message, status, counts, conditions)
+            self._failures.pop(parsed.ref, None)  # the token changed since
+            return PoolReport(True, reasons.READY, message, status, counts, conditions)
 
     # The repair capability (ipam_provider.backend.repair.Repairable) is the NetboxRepair's.
 

@@ -3,10 +3,7 @@
 Contract:
 - Every call runs `fn(api)` in this client's own thread pool with a pynetbox API object that belongs to the worker
   thread (a `requests.Session` is not documented as thread-safe, so no session is ever shared between threads).
-  Each thread keeps its session, so connections are reused. At most `workers` requests are in flight per NetBox
-  URL: all clients of one URL share an asyncio semaphore of that size.
-- Every HTTP request carries the controller's User-Agent and a (connect, read) timeout, set on the session's
-  adapter; pynetbox passes none itself.
+  At most `workers` requests are in flight per NetBox URL: all clients of one URL share an asyncio semaphore.
 - Idempotent calls (reads, DELETE, PATCH) are retried with exponential backoff on connection errors, timeouts and
   5xx answers. A non-idempotent call (the allocating POST) is tried exactly once: when it fails without an answer
   or with a 5xx, `OutcomeUnknownError` is raised and the caller resolves it by looking the claim up.
@@ -17,8 +14,7 @@ Contract:
 - A call on a closed client raises `ClientClosedError` (a NetboxError), never a bare RuntimeError.
 - Every failure is a `NetboxError` whose message is safe to show: it names the URL (without any userinfo) and
   NetBox's own `detail`, never the token. pynetbox's exception strings are never passed on.
-- Every HTTP request (each attempt) is counted in `ipam_provider_backend_requests_total{backend="netbox"}` and
-  timed, under an operation such as `GET ipam/prefixes` or `POST ipam/prefixes/available-ips` (no ids, no query).
+- Every HTTP request (each attempt) is counted and timed (`observe_request`, backend "netbox", `request_operation`).
 """
 
 from __future__ import annotations
@@ -126,8 +122,8 @@ class HTTPError(NetboxError):
 
 
 class _Adapter(HTTPAdapter):
-    """Gives every request a timeout (pynetbox passes none) and the endpoint's TLS verification (which
-    REQUESTS_CA_BUNDLE in the environment would otherwise override), and never retries by itself."""
+    """Gives every request a (connect, read) timeout (pynetbox passes none) and the endpoint's TLS verification
+    (which REQUESTS_CA_BUNDLE in the environment would otherwise override), and never retries by itself."""
 
     def __init__(self, timeout: tuple[float, float], verify: bool | str) -> None:
         super().__init__(pool_connections=1, pool_maxsize=1, max_retries=0)
@@ -160,7 +156,6 @@ class NetboxClient:
     def __init__(
         self, endpoint: Endpoint, settings: ClientSettings | None = None, limit: asyncio.Semaphore | None = None
     ) -> None:
-        """`limit` bounds the calls in flight; pass the same semaphore to every client of one NetBox URL."""
         self.endpoint = endpoint
         self.settings = settings or ClientSettings()
         self._limit = limit or asyncio.Semaphore(self.settings.workers)
@@ -224,7 +219,6 @@ class NetboxClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(self, loop: asyncio.AbstractEventLoop, fn: Callable[[Api], T]) -> T:
-        """One try: a slot of the semaphore, held until the worker thread ends (even if the caller gives up)."""
         await self._limit.acquire()
         try:
             future = loop.run_in_executor(self._executor, lambda: fn(self._api()))
@@ -278,8 +272,7 @@ class NetboxClient:
         return NetboxError(f"{what}: unexpected failure talking to {where}: {type(error).__name__}")
 
     async def close(self) -> None:
-        """Close every thread's session and stop the threads (waits for calls in flight). Later calls raise
-        ClientClosedError."""
+        """Close every thread's session and stop the threads (waits for calls in flight)."""
         self.closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
         with self._lock:

@@ -1,16 +1,5 @@
 """What a pool's spec names in NetBox: the ownership marks, the sources, the tenant and tags; and their usage.
-
-Contract:
-- `ensure_ownership` makes sure the owner tag and the three custom fields (claim UID, claim namespace/name, the
-  management cluster's identity) exist, creating them when missing; one that cannot be created, or has the wrong
-  shape (not Text on IP addresses; for the UID field, a filter logic that makes NetBox ignore the lookup by UID),
-  is a PoolUnusableError saying how to fix it by hand. A UID field without Unique costs a lookup per allocation.
-- `resolve_pool` turns the sources, the tenant and the tags into ids in a few GETs, and checks what NetBox cannot:
-  one IP family per pool, gateways and prefix lengths of the source's family, and that a gateway NetBox could hand
-  out is recorded in NetBox (else GatewayNotRecorded), so that available-ips never offers it.
-- `Resolver` caches the ownership marks per client for `ownership_seconds`, and the resolved pool per pool UID,
-  generation and client (the periodic report resolves afresh).
-- Everything raises PoolUnusableError (pool-level, with a reason) or NetboxError (from the client).
+Everything raises PoolUnusableError (pool-level, with a reason) or NetboxError (from the client).
 """
 
 from __future__ import annotations
@@ -119,8 +108,10 @@ class Resolved:
 
 
 async def ensure_ownership(client: NetboxClient) -> Ownership:
-    """The owner tag's id and whether the claim-UID field is unique; creates what is missing (the tag and the three
-    custom fields)."""
+    """The owner tag's id and whether the claim-UID field is unique; creates what is missing (the tag and the custom
+    fields claim UID, claim namespace/name and management cluster identity). One that cannot be created, or has the
+    wrong shape (not Text on IP addresses; a UID filter logic that makes NetBox ignore the lookup by UID), is a
+    PoolUnusableError saying how to fix it by hand."""
     tag = await _ensure(
         client,
         "the owner tag",
@@ -205,7 +196,8 @@ async def _ensure(
 
 
 async def resolve_pool(client: NetboxClient, pool: Pool, ownership: Ownership) -> Resolved:
-    """Ids and extents of every source, and the tenant's and tags' ids; PoolUnusableError for anything missing."""
+    """Ids and extents of every source, and the tenant's and tags' ids, checked for what NetBox does not check;
+    PoolUnusableError for anything missing."""
     sources = [await _resolve_source(client, pool, index, ref) for index, ref in enumerate(pool.sources)]
     _check_sources(pool, sources)
     await _check_gateways(client, pool, sources)
