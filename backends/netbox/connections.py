@@ -1,12 +1,10 @@
 """From a pool's connection Secret to a `NetboxClient`, cached, and forgotten when no pool uses it.
 
 Contract:
-- The Secret (keys `url`, `token`, optional `caBundle`) is read by name only (RBAC grants `get`, never `list`),
-  through `tenancy.read_secret`: a NetboxIPPool reads its own namespace only, a GlobalNetboxIPPool a namespace that
-  lends its Secrets (refused: SecretNotAllowed, before anything of the Secret is read). What was read is trusted for
-  `secret_seconds`, and so is each pool's right to it (checked per pool: a pool never gets what another pool was
-  allowed to read); `invalidate` forgets the Secret at once (after an authentication failure, so that a rotated
-  token is picked up on the next call).
+- The Secret (keys `url`, `token`, optional `caBundle`) is read by name only, through `tenancy.read_secret`
+  (refused: SecretNotAllowed). What was read is trusted for `secret_seconds`, and so is each pool's right to it
+  (checked per pool: a pool never gets what another pool was allowed to read); `invalidate` forgets the Secret at
+  once (after an authentication failure, so that a rotated token is picked up on the next call).
 - What one Secret makes the controller hold is bounded: `url` and `token` of at most URL_LENGTH and TOKEN_LENGTH
   characters, `caBundle` of at most CA_BUNDLE_BYTES, parsed as PEM certificates (written out re-encoded, so the CA
   file holds certificates only); anything else is InvalidSecret.
@@ -18,8 +16,7 @@ Contract:
   Secret, or when its pool is gone (`forget`). No new operation gets a retired client, and it is closed, its CA
   file removed, once the last operation that borrowed it ends, so a pool still working with the old token is never
   cut off mid-operation. `client(pool)` returns the current client without a loan (for inspection; such a client
-  may be closed under its holder).
-- A CA bundle is written to a private temporary file (requests verifies against a path), one per client.
+  may be closed under its holder). A client's CA bundle is a private temporary file (requests verifies a path).
 """
 
 from __future__ import annotations

@@ -61,11 +61,9 @@ class NetboxRepair:
         self.ledger = ledger
         self.allocator = allocator
         self.page_size = page_size
-        # The pools whose sources a restore resolved afresh since their last listing (one listing per pass).
-        self._resolved_this_pass: set[PoolRef] = set()
+        self._resolved_this_pass: set[PoolRef] = set()  # the pools a restore resolved afresh since their listing
 
     def forget(self, pool_ref: PoolRef) -> None:
-        """The pool is gone."""
         self._resolved_this_pass.discard(pool_ref)
 
     @contextlib.asynccontextmanager

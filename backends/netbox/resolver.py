@@ -376,7 +376,6 @@ class Resolver:
         self.known: dict[PoolRef, Pool] = {}  # the last good spec `parse` saw of each pool
         self._resolved: dict[PoolRef, tuple[tuple[str, int], NetboxClient, Resolved]] = {}  # by (uid, generation)
         self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
-        # One lock per NetBox URL, and how many hold or wait for it: the entry goes with the last of them.
         self._ownership_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
