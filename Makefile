@@ -84,9 +84,6 @@ release-manifests: venv binaries
 
 generate: venv
 	$(BIN)/python hack/gen_crds.py
-	$(BIN)/python hack/gen_netbox_crds.py
-	$(BIN)/python hack/gen_infoblox_crds.py
-	$(BIN)/python hack/gen_prefix_crds.py
 	$(BIN)/python -m tools.prometheus_rules
 
 # The fast lane: every test that needs no control plane, NetBox or Go toolchain, on every core (see docs/testing.md).

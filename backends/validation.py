@@ -33,7 +33,7 @@ class OpenAPI(dict[str, Any]):
     `openapi` class variable): its `description`, CEL rules (`validations`, as `x-kubernetes-validations`;
     `list_type` likewise), bounds, patterns. Never checked by the model: parsing stays as lenient as
     the model's types. `required` marks a field the CRD requires though the model defaults it; `defaulted` gives the
-    CRD the model's default. hack/crdgen.py reads them."""
+    CRD the model's default. hack/gen_crds.py reads them."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The Infoblox API kinds (InfobloxInstance, InfobloxIPPool, v1alpha1), the ownership extensible attributes and the
 IPAddress annotation keys. The CRDs (`crds/ipam.cluster.x-k8s.io_infoblox*.yaml`) are generated from the models and
-their OpenAPI metadata (hack/crdgen.py); `parse_pool` repeats the admission checks that matter for allocation, so an
+their OpenAPI metadata (hack/gen_crds.py); `parse_pool` repeats the admission checks that matter for allocation, so an
 object stored unvalidated fails with a message, not a crash."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The NetboxIPPool / GlobalNetboxIPPool API (v1alpha1): pool kinds, the parsed spec, and the dnsName template.
 
-The CRDs are generated from the models (their OpenAPI metadata: hack/crdgen.py) and validate the same rules with
+The CRDs are generated from the models (their OpenAPI metadata: hack/gen_crds.py) and validate the same rules with
 OpenAPI and CEL; `parse_pool` checks them again so that a pool the API server accepted under an older CRD still gets a
 clear message instead of a crash, and checks what a structural schema cannot express (the nesting depth, entries and
 string lengths of `customFields`, bounded by CUSTOM_FIELDS_DEPTH, CUSTOM_FIELDS_VALUES and CUSTOM_FIELDS_TEXT;
@@ -94,7 +94,7 @@ def _prefix_length(description: str) -> OpenAPI:
 
 
 class SecretRef(Model):
-    """The generated CRD of the namespaced kind leaves `namespace` out (hack/gen_netbox_crds.py)."""
+    """The generated CRD of the namespaced kind leaves `namespace` out (hack/gen_crds.py)."""
 
     name: Annotated[str, OBJECT_NAME, OpenAPI("name of the Secret.")]
     namespace: Annotated[
