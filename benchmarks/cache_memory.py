@@ -1,5 +1,5 @@
 """What the controller's caches hold with many objects: whole objects as the API server sends them, against the
-projection the stores keep (`ipam_provider/runtime/cache/projection.py`).
+projection the stores keep (`ipam_provider/cache.py`).
 
 On a fresh local control plane (`tools.controlplane`, our CRDs and Cluster API's): namespace `bench`, one
 InClusterIPPool, N IPAddressClaims and N IPAddresses shaped as in a real installation:
@@ -11,7 +11,7 @@ InClusterIPPool, N IPAddressClaims and N IPAddresses shaped as in a real install
 - each IPAddress is created as the controller creates it (owner references to its claim and the pool, the
   ProtectAddress finalizer, the cluster-name label).
 
-Then, for each mode, a separate Python process builds the controller's caches (`Caches.indexed`, or the same
+Then, for each mode, a separate Python process builds the controller's caches (`Caches.serve`, or the same
 stores keeping whole objects for `full`), fills them, and reports the bytes the two stores hold (tracemalloc: what
 is allocated with the stores alive less what is left once they are dropped); another process does the same
 without tracemalloc and reports its RSS once filled, and its peak RSS. Nothing else runs: no controller, no
@@ -53,13 +53,13 @@ from ipam_provider.api.capi import (
     FINALIZER_RELEASE_ADDRESS,
     LABEL_CLUSTER_NAME,
 )
+from ipam_provider.cache import Caches
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.cache.informer import Informer
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient, apply_patch
 from ipam_provider.runtime.kube.resources import NAMESPACES
-from ipam_provider.watch import Caches
 from tools.controlplane.assets import binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane
 from tools.controlplane.crds import install_crds
@@ -208,9 +208,10 @@ async def sync(kubeconfig: Path, caches: Caches, feed: str) -> None:
 
 def build_caches(mode: str) -> Caches:
     if mode == "projected":
-        return Caches.indexed([IN_CLUSTER_POOL], lambda group, kind: IN_CLUSTER_POOL)
-    caches = Caches(claims=Store(keep_whole), addresses=Store(keep_whole), clusters=Store(keep_whole))
-    caches.add_indexes(lambda group, kind: IN_CLUSTER_POOL)
+        caches = Caches()
+    else:
+        caches = Caches(claims=Store(keep_whole), addresses=Store(keep_whole), clusters=Store(keep_whole))
+    caches.serve([IN_CLUSTER_POOL], lambda group, kind: IN_CLUSTER_POOL)
     return caches
 
 

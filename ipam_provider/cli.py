@@ -17,7 +17,8 @@ from aiohttp import web
 from ipam_provider.admission import PoolAdmission
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.registry import load_registry
-from ipam_provider.controller import CacheView, Controller
+from ipam_provider.cache import Caches
+from ipam_provider.controller import Controller
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
@@ -248,14 +249,17 @@ async def _run_controller(options: RunOptions, endpoints: Endpoints, kube: KubeC
 async def _serve(
     options: RunOptions, endpoints: Endpoints, kube: KubeClient, identity: str, stopping: asyncio.Event
 ) -> int:
-    """Build the backends and the controller for the management cluster `identity`, and run it until stopped."""
-    view = CacheView()
-    ctx = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=identity)
+    """Build the caches, the backends reading them and the controller for the cluster `identity`; run it."""
+    caches = Caches()
+    ctx = BackendContext(
+        kube=kube, cached_addresses=caches.cached_addresses, cached_pools=caches.cached_pools, cluster_identity=identity
+    )
     registry = load_registry(ctx, options.backends)
-    controller = view.controller = Controller(kube, registry, options.controller)
+    controller = Controller(kube, registry, options.controller, caches)
     controller.start_caches()  # every replica: what admission reads, so that a standby answers from its caches
-    endpoints.admission_synced = view.synced
-    endpoints.use_admission(PoolAdmission(kube, registry, view.addresses, view.pools, view.synced))
+    endpoints.admission_synced = caches.admission_synced
+    admission = PoolAdmission(kube, registry, caches.cached_addresses, caches.cached_pools, caches.admission_synced)
+    endpoints.use_admission(admission)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, controller.stop)

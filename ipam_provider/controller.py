@@ -21,6 +21,7 @@ import structlog
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, LABEL_WATCH_FILTER
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.cache import Caches
 from ipam_provider.common import Object
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
@@ -28,12 +29,13 @@ from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.compare import Scope
 from ipam_provider.runtime.cache.informer import EventHandler, Informer
+from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import Tenants, WorkQueue
-from ipam_provider.watch import POOL, Caches, ClaimKey, EventHandlers, QueueKey, tenant_of
+from ipam_provider.watch import ClaimKey, EventHandlers, QueueKey, tenant_of
 
 log = structlog.get_logger(__name__)
 
@@ -49,11 +51,16 @@ class ControllerSettings:
 
 
 class Controller:
-    def __init__(self, kube: KubeClient, registry: BackendRegistry, settings: ControllerSettings) -> None:
+    """Serves `registry`'s pool kinds from `caches` (the backends' own, when they were made with its views)."""
+
+    def __init__(
+        self, kube: KubeClient, registry: BackendRegistry, settings: ControllerSettings, caches: Caches | None = None
+    ) -> None:
         self.kube = kube
         self.registry = registry
         self.settings = settings
-        self.caches = Caches.indexed(registry.kinds, registry.kind_of)
+        self.caches = caches or Caches()
+        self.caches.serve(registry.kinds, registry.kind_of, settings.namespaces)
         # Namespaces are served in turn; one holding a quarter of the workers gets another only while more than a
         # quarter stay idle, so that its stalling backends never take the workers other namespaces' claims need.
         share = Tenants(tenant_of, limit=max(1, settings.workers // 4), workers=settings.workers)
@@ -94,12 +101,12 @@ class Controller:
         selector = f"{LABEL_WATCH_FILTER}={watch_filter}" if watch_filter else None
         caches, handlers, gated = self.caches, self.handlers, self._gated
         informer = functools.partial(Informer, self.kube, namespaces=self.settings.namespaces or None)
-        self.address_informer = informer(ADDRESSES, caches.addresses, gated(handlers.on_address))
         self.pool_informers = [
             informer(pool_resource(kind), caches.pools[(kind.group, kind.kind)], gated(handlers.on_pool(kind)))
             for kind in self.registry.kinds
         ]
-        self.admission_informers = [self.address_informer, *self.pool_informers]
+        addresses = informer(ADDRESSES, caches.addresses, gated(handlers.on_address))
+        self.admission_informers = [addresses, *self.pool_informers]
         self.leader_informers = [
             informer(CLAIMS, caches.claims, handlers.on_claim, label_selector=selector),
             informer(CLUSTERS, caches.clusters, handlers.on_cluster),
@@ -208,28 +215,6 @@ class Controller:
     def synced(self) -> bool:
         return all(informer.synced for informer in self.informers)
 
-    @property
-    def admission_synced(self) -> bool:
-        """Whether the caches admission reads (IPAddresses, pools) have synced: in a standby too."""
-        return all(informer.synced for informer in self.admission_informers)
-
-    def cached_addresses(self, ref: PoolRef) -> list[Object] | None:
-        """The cached IPAddresses naming the pool; None unless the IPAddress cache has synced and watches every
-        namespace the pool's IPAddresses may be in (see `BackendContext.cached_addresses`)."""
-        namespaces = self.settings.namespaces
-        if not self.address_informer.synced or (
-            namespaces and (ref.namespace is None or ref.namespace not in namespaces)
-        ):
-            return None
-        return self.caches.addresses.by_index(POOL, ref)
-
-    def cached_pools(self, kind: PoolKind) -> list[Object] | None:
-        """The cached pools of `kind`; None until the pool caches have synced (see `BackendContext.cached_pools`)."""
-        store = self.caches.pools.get((kind.group, kind.kind))
-        if store is None or not all(informer.synced for informer in self.pool_informers):
-            return None
-        return store.items()
-
     async def _worker(self) -> None:
         """Take keys until the queue shuts down. A failing reconcile (any exception, or a CancelledError that is
         not this task's own cancellation) is logged and retried with backoff; the worker never dies of it."""
@@ -265,18 +250,21 @@ class Controller:
             await asyncio.sleep(0)
 
     def _reconciled(self, key: QueueKey) -> None:
-        """A reconcile of `key` finished: what is kept for its objects while writes to them may be in flight goes
-        (`Caches.reconciled`), and, once its object is gone from the cache, what the Event correlator and the
-        context (`ReconcileContext.forget`) keep for it."""
-        self.caches.reconciled(key)
+        """A reconcile of `key` finished, and with it every write to the objects it keeps (a claim and its
+        IPAddress, or a pool): their tombstones the watch has shown go (`Store.forget_tombstone`), and, once its
+        object is gone from the cache, what the Event correlator and the context (`ReconcileContext.forget`) keep
+        for it."""
         namespace: str | None
+        store: Store | None
         if isinstance(key, ClaimKey):
-            kind, namespace, name = CLAIMS.kind, key.namespace, key.name
-            gone = self.caches.claims.get(namespace, name) is None
+            kind, namespace, name, store = CLAIMS.kind, key.namespace, key.name, self.caches.claims
+            self.caches.addresses.forget_tombstone((namespace, name))
         else:
             kind, namespace, name = key.ref.kind, key.ref.namespace, key.ref.name
-            gone = self.caches.pool(key.ref) is None
-        if gone:
+            store = self.caches.pools.get((key.ref.group, key.ref.kind))
+        if store is not None:
+            store.forget_tombstone((namespace, name))
+        if store is None or store.get(namespace, name) is None:
             self.context.recorder.forget(kind, namespace, name)
             self.context.forget(kind, namespace, name)
 
@@ -308,24 +296,6 @@ class Controller:
         if isinstance(key, ClaimKey):
             return await self.claims.reconcile(key.namespace, key.name)
         return await self.pools.reconcile(key.ref)
-
-
-class CacheView:
-    """`BackendContext.cached_addresses` and `cached_pools`, bound to the controller once it exists (its backends
-    are made before it)."""
-
-    def __init__(self) -> None:
-        self.controller: Controller | None = None
-
-    def addresses(self, ref: PoolRef) -> list[Object] | None:
-        return self.controller.cached_addresses(ref) if self.controller is not None else None
-
-    def pools(self, kind: PoolKind) -> list[Object] | None:
-        return self.controller.cached_pools(kind) if self.controller is not None else None
-
-    def synced(self) -> bool:
-        """Whether the caches admission reads have synced (`Controller.admission_synced`)."""
-        return self.controller is not None and self.controller.admission_synced
 
 
 CLAIM_CONTROLLER = "ipaddressclaim"

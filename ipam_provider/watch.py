@@ -1,6 +1,5 @@
-"""Step 1 of a claim's path: the informers' stores with their indexes (`POOL`: claims and IPAddresses by referenced
-pool; `CLUSTER`: claims by Cluster; `POOL_ADDRESS`: IPAddresses by pool and canonical address), the work queue's
-keys, and which keys a watch event enqueues (controller-runtime's predicates and map functions).
+"""Step 1 of a claim's path: the work queue's keys, and which keys a watch event enqueues (controller-runtime's
+predicates and map functions). The caches and their indexes: `cache.py`.
 
 Claim and IPAddress events enqueue the claim (an IPAddress's also its pool, a little later); deletions also the
 claims waiting on the pool. A Cluster event enqueues its claims when its pause state may have changed. A pool event
@@ -11,77 +10,15 @@ are sharded by pool and grouped by namespace (`tenant_of`); a fulfilled claim of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ipam_provider.api.capi import ANNOTATION_PAUSED, LABEL_CLUSTER_NAME, KindLookup, referenced_pool
+from ipam_provider.api.capi import ANNOTATION_PAUSED, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolObserver, PoolRef, reported_free
-from ipam_provider.common import Object, normalized_address
-from ipam_provider.runtime.cache.informer import in_initial_list
-from ipam_provider.runtime.cache.projection import project_address, project_claim, project_cluster, project_pool
-from ipam_provider.runtime.cache.store import Store
+from ipam_provider.cache import CLUSTER, POOL, Caches
+from ipam_provider.common import Object
+from ipam_provider.runtime.cache.informer import EventHandler, in_initial_list
 from ipam_provider.runtime.workqueue import Priority, WorkQueue
 
-POOL = "pool"
-POOL_ADDRESS = "pool-address"  # IPAddresses by (pool, canonical address)
-CLUSTER = "cluster"
-
-
-@dataclass
-class Caches:
-    """The stores of claims, IPAddresses, Clusters, and pools per (group, kind)."""
-
-    claims: Store = field(default_factory=lambda: Store(project_claim))
-    addresses: Store = field(default_factory=lambda: Store(project_address))
-    clusters: Store = field(default_factory=lambda: Store(project_cluster))
-    pools: dict[tuple[str, str], Store] = field(default_factory=dict)
-
-    @classmethod
-    def indexed(cls, kinds: Sequence[PoolKind], kind_of: KindLookup) -> Caches:
-        """Empty stores for `kinds`, with the claim and IPAddress indexes."""
-        caches = cls(pools={(kind.group, kind.kind): Store(project_pool) for kind in kinds})
-        caches.add_indexes(kind_of)
-        return caches
-
-    def add_indexes(self, kind_of: KindLookup) -> None:
-        def by_pool(obj: Object) -> Iterable[Hashable]:
-            ref = referenced_pool(obj, kind_of)
-            return [ref] if ref is not None else []
-
-        self.claims.add_index(POOL, by_pool)
-        self.claims.add_index(CLUSTER, _claim_cluster)
-        self.addresses.add_index(POOL, by_pool)
-
-        def by_pool_address(obj: Object) -> Iterable[Hashable]:
-            ref = referenced_pool(obj, kind_of)
-            address = (obj.get("spec") or {}).get("address")
-            return [(ref, normalized_address(str(address)))] if ref is not None and address else []
-
-        self.addresses.add_index(POOL_ADDRESS, by_pool_address)
-
-    def pool(self, ref: PoolRef) -> Object | None:
-        store = self.pools.get((ref.group, ref.kind))
-        return store.get(ref.namespace, ref.name) if store is not None else None
-
-    def reconciled(self, key: QueueKey) -> None:
-        """A reconcile of `key` finished, and with it every write to the objects it keeps (a claim and its
-        IPAddress, or a pool): their tombstones the watch has shown go (`Store.forget_tombstone`)."""
-        if isinstance(key, ClaimKey):
-            self.claims.forget_tombstone((key.namespace, key.name))
-            self.addresses.forget_tombstone((key.namespace, key.name))
-            return
-        store = self.pools.get((key.ref.group, key.ref.kind))
-        if store is not None:
-            store.forget_tombstone((key.ref.namespace, key.ref.name))
-
-
-def _claim_cluster(claim: Object) -> Iterable[Hashable]:
-    meta = claim["metadata"]
-    name = claim["spec"].get("clusterName") or (meta.get("labels") or {}).get(LABEL_CLUSTER_NAME)
-    return [(meta["namespace"], name)] if name else []
-
-
-EventHandler = Callable[[str, Object | None, Object | None], None]
 POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts after this many seconds
 
 

@@ -45,13 +45,13 @@ from ipam_provider.backend.contract import (
     ReleaseImpossibleError,
 )
 from ipam_provider.backend.repair import RestoreOutcome
+from ipam_provider.cache import POOL_ADDRESS, patch_cached
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.addresses import adoption_patch, belongs_to, desired_address
 from ipam_provider.reconcile.context import ClaimWork, ReconcileContext, claim_context
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.watch import POOL_ADDRESS
 
 log = structlog.get_logger(__name__)
 
@@ -183,7 +183,7 @@ class ClaimReconciler:
         remaining = [f for f in work.claim.metadata.finalizers if f != FINALIZER_RELEASE_ADDRESS]
         patch = {"metadata": {"finalizers": remaining}}
         try:
-            await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, work.raw, patch)
+            await patch_cached(self.ctx.kube, self.ctx.caches.claims, CLAIMS, work.raw, patch)
         except ApiError as error:
             if not error.not_found:
                 raise
@@ -203,7 +203,7 @@ class ClaimReconciler:
         if FINALIZER_RELEASE_ADDRESS in finalizers:
             return False
         patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_RELEASE_ADDRESS]}}
-        work.refresh(await self.ctx.patch_cached(self.ctx.caches.claims, CLAIMS, work.raw, patch))
+        work.refresh(await patch_cached(self.ctx.kube, self.ctx.caches.claims, CLAIMS, work.raw, patch))
         return True
 
     async def _fresh_state(self, work: ClaimWork) -> str:
@@ -386,7 +386,7 @@ class ClaimReconciler:
     async def _adopt(self, work: ClaimWork, pool: Object, address_raw: Object, allocation: Allocation) -> None:
         patch = adoption_patch(address_raw, work, pool)
         if patch is not None:
-            await self.ctx.patch_cached(self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
+            await patch_cached(self.ctx.kube, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
             work.log.info("existing IPAddress adopted", address=allocation.address)
             self.ctx.pool_changed(work.pool_ref)
 
@@ -411,7 +411,7 @@ class ClaimReconciler:
         finalizers = [f for f in address_raw["metadata"].get("finalizers") or [] if f != FINALIZER_PROTECT_ADDRESS]
         if finalizers != (address_raw["metadata"].get("finalizers") or []):
             patch = {"metadata": {"finalizers": finalizers}}
-            await self.ctx.patch_cached(self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
+            await patch_cached(self.ctx.kube, self.ctx.caches.addresses, ADDRESSES, address_raw, patch)
 
     async def _set_ready(
         self, work: ClaimWork, ready: bool, reason: str, message: str, address_name: str | None = None

@@ -1,5 +1,4 @@
-"""What reconcilers share (the API client, caches, backends and event recorder), the per-claim work object,
-and the guarded patch that keeps the caches read-your-writes."""
+"""What reconcilers share (the API client, caches, backends and event recorder), and the per-claim work object."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.cache import POOL, Caches, patch_cached
 from ipam_provider.common import Object
 from ipam_provider.pool_metrics import PENDING, PoolLabels
 from ipam_provider.runtime.cache.informer import name_of
@@ -31,7 +31,6 @@ from ipam_provider.runtime.kube.bounds import EVENT_MESSAGE_LENGTH, cut_message
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import Resource
-from ipam_provider.watch import POOL, Caches
 
 log = structlog.get_logger(__name__)
 REASON_STATUS_REFUSED = "StatusRefused"
@@ -103,30 +102,6 @@ class ReconcileContext:
             waiting[reason] = waiting.get(reason, 0) + 1
         return waiting
 
-    async def patch_cached(
-        self, store: Store, resource: Resource, obj: Object, patch: Object, *, subresource: str | None = None
-    ) -> Object:
-        """Merge-patch `obj` guarded by its resourceVersion and cache the answer (read-your-writes); on a conflict,
-        the object is read again into the cache before the error propagates, so that the retry works from it."""
-        meta = obj["metadata"]
-        name, namespace = meta["name"], meta.get("namespace")
-        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        try:
-            updated = await self.kube.patch(resource, name, body, namespace, subresource=subresource)
-        except ApiError as error:
-            if error.conflict or error.not_found:
-                fresh = await self.kube.get(resource, name, namespace)
-                if fresh is not None:
-                    store.upsert(resource.typed(fresh))
-            raise
-        resource.typed(updated)
-        finalized = updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers")
-        if finalized:  # the API server deletes it now: it must not linger in the cache
-            store.remove((updated["metadata"].get("namespace"), updated["metadata"]["name"]), updated)
-        else:
-            store.upsert(updated)
-        return updated
-
     async def write_status(self, store: Store, resource: Resource, obj: Object, status: Object) -> Object | None:
         """`patch_cached` of the object's status subresource; None when the API server refuses the status as
         invalid (422): a Warning Event `StatusRefused` on the object says why (logged once per object and refusal),
@@ -134,7 +109,7 @@ class ReconcileContext:
         meta = obj["metadata"]
         key = (resource.kind, meta.get("namespace"), meta["name"])
         try:
-            updated = await self.patch_cached(store, resource, obj, {"status": status}, subresource="status")
+            updated = await patch_cached(self.kube, store, resource, obj, {"status": status}, subresource="status")
         except ApiError as error:
             if error.status != 422:
                 raise

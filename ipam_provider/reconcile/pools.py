@@ -32,12 +32,12 @@ from ipam_provider.api.capi import (
     set_condition,
 )
 from ipam_provider.backend.contract import Allocation, PoolRef, PoolReport, ReportCondition
+from ipam_provider.cache import POOL, patch_cached
 from ipam_provider.common import Object
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.events import WARNING
 from ipam_provider.runtime.kube.resources import Resource
-from ipam_provider.watch import POOL
 
 log = structlog.get_logger(__name__)
 RETRY_DELETING = 15.0
@@ -82,7 +82,7 @@ class PoolReconciler:
             return None
         if FINALIZER_PROTECT_POOL not in finalizers:
             patch = {"metadata": {"finalizers": [*finalizers, FINALIZER_PROTECT_POOL]}}
-            raw = await self.ctx.patch_cached(store, resource, raw, patch)
+            raw = await patch_cached(self.ctx.kube, store, resource, raw, patch)
         async with self.ctx.backend_turn(backend, ref):
             report = await backend.report(ref, raw, self.addresses_of(ref))
         found_by_repair = self.ctx.repair_conditions.get(ref)
@@ -123,7 +123,7 @@ class PoolReconciler:
                 self._record(ref, report)
                 return RETRY_DELETING
         remaining = [f for f in finalizers if f != FINALIZER_PROTECT_POOL]
-        await self.ctx.patch_cached(store, resource, raw, {"metadata": {"finalizers": remaining}})
+        await patch_cached(self.ctx.kube, store, resource, raw, {"metadata": {"finalizers": remaining}})
         log.info("pool released", pool=str(ref))
         return None
 

@@ -123,9 +123,9 @@ async def webhook(
             admission = PoolAdmission(
                 controller.kube,
                 controller.registry,
-                controller.cached_addresses,
-                controller.cached_pools,
-                lambda: controller.admission_synced,
+                controller.caches.cached_addresses,
+                controller.caches.cached_pools,
+                controller.caches.admission_synced,
             )  # as cli.py wires it
             server.use(admission.routes())
             body = configuration(f"ipam-test-{namespace}", f"https://127.0.0.1:{server.port}", ca, namespace)

@@ -22,8 +22,9 @@ from ipam_provider.admission import PoolAdmission
 from ipam_provider.api.capi import ADDRESSES
 from ipam_provider.backend.contract import BackendContext, PoolKind
 from ipam_provider.backend.registry import BackendRegistry
+from ipam_provider.cache import Caches
 from ipam_provider.common import Object
-from ipam_provider.controller import CacheView, Controller, ControllerSettings
+from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.serving.webhook import Verdict, parse_review
@@ -49,16 +50,15 @@ async def standby(kubeconfig: Path) -> AsyncIterator[tuple[Controller, PoolAdmis
     kube = await CountingKube.from_kubeconfig(str(kubeconfig))
     assert isinstance(kube, CountingKube)
     kube.sent = []
-    view = CacheView()
-    context = BackendContext(kube=kube, cached_addresses=view.addresses, cached_pools=view.pools)
+    caches = Caches()
+    context = BackendContext(kube=kube, cached_addresses=caches.cached_addresses, cached_pools=caches.cached_pools)
     registry = BackendRegistry(factory(context) for factory in (create_backend, create_prefix_backend))
-    controller = view.controller = Controller(
-        kube, registry, ControllerSettings(repair=RepairSettings(interval=0))
-    )  # no pass queues pools
+    settings = ControllerSettings(repair=RepairSettings(interval=0))  # no pass queues pools
+    controller = Controller(kube, registry, settings, caches)
     controller.start_caches()
-    admission = PoolAdmission(kube, registry, view.addresses, view.pools, view.synced)
+    admission = PoolAdmission(kube, registry, caches.cached_addresses, caches.cached_pools, caches.admission_synced)
     try:
-        await wait_for(lambda: _true(controller.admission_synced), message="the standby's caches to sync")
+        await wait_for(lambda: _true(caches.admission_synced()), message="the standby's caches to sync")
         yield controller, admission, kube
     finally:
         await controller.close_caches()

@@ -23,7 +23,8 @@ from backends.incluster.prefix_backend import create_backend as create_prefix_ba
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.controller import CacheView, Controller, ControllerSettings
+from ipam_provider.cache import Caches
+from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from tools.controller_command import controller_command as controller_command  # re-exported for the tests
 
@@ -41,14 +42,16 @@ async def run_controller(
     **settings: Any,
 ) -> AsyncIterator[Controller]:
     kube = await KubeClient.from_kubeconfig(str(kubeconfig))
-    view = CacheView()
+    caches = Caches()
     context = BackendContext(
-        kube=kube, cached_addresses=view.addresses, cached_pools=view.pools, cluster_identity=cluster_identity
+        kube=kube,
+        cached_addresses=caches.cached_addresses,
+        cached_pools=caches.cached_pools,
+        cluster_identity=cluster_identity,
     )
     factories = ([create_backend, create_prefix_backend] if include_in_cluster else []) + list(extra_backends)
     registry = BackendRegistry(factory(context) for factory in factories)
-    controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings))
-    view.controller = controller
+    controller = Controller(kube, registry, ControllerSettings(namespaces=list(namespaces), **settings), caches)
     ready = asyncio.Event()
     task = asyncio.create_task(controller.run(ready))
     waiter = asyncio.create_task(ready.wait())

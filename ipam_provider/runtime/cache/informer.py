@@ -1,12 +1,12 @@
 """List-then-watch one resource into a Store, and report every change.
 
-For each watched namespace (or the whole cluster) the informer lists, then watches from the list's
+For each watched namespace (or all of them) the informer lists, then watches from the list's
 resourceVersion with bookmarks. When the server ends a watch it resumes from the last seen version; on 410 Gone
 it lists again and reports the difference; on any other error it backs off (capped exponential) and lists again.
 A handler that raises is logged and skipped: it never interrupts the watch; so is an object that cannot be keyed,
 projected or stored (the others are served), and any other failure of a list or watch is retried. A resource the
-API server does not serve (its CRD is not installed) counts as synced and empty, so that one missing pool kind does
-not stop the controller; it is looked for again every NOT_SERVED_RETRY seconds.
+API server does not serve (its CRD is not installed) counts as synced and empty, so that one missing kind does not
+stop the controller; it is looked for again every NOT_SERVED_RETRY seconds.
 
 While the handler is called for the objects of a scope's first list, `in_initial_list()` is True (as
 controller-runtime's `IsInInitialList`), so that handlers can give work for objects that were merely found a
@@ -95,6 +95,7 @@ class Informer:
             try:
                 version = await self._relist(namespace, initial=not synced.is_set())
                 synced.set()
+                self.store.synced = self.synced
                 failures = 0
                 warned_not_served = False
                 while True:
@@ -108,6 +109,7 @@ class Informer:
                         bound.warning(f"{self.resource.kind} is not served (CRD not installed?); ignored until it is")
                         warned_not_served = True
                     synced.set()
+                    self.store.synced = self.synced
                     await asyncio.sleep(NOT_SERVED_RETRY)
                     continue
                 failures += 1

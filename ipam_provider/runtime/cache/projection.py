@@ -1,15 +1,10 @@
-"""What the caches keep of each object (`Store.upsert` projects every object before keeping it):
+"""What a `Store` keeps of an object (`Store.upsert` projects every object before keeping it).
 
-- claims and IPAddresses (`project_claim`, `project_address`): apiVersion, kind, the metadata in `KEPT_METADATA`,
-  spec and status whole;
-- Clusters (`project_cluster`): apiVersion, kind, the metadata in `KEPT_METADATA` and `spec.paused`;
-- pools (`project_pool`) and anything else (`strip_bookkeeping`, a `Store`'s default): the whole object less
-  `metadata.managedFields`, `selfLink` and the last-applied annotation, which the controller never reads.
-
-Every projection but `strip_bookkeeping` interns its keys and short strings (`shared`), so that the names every
-object repeats exist once (docs/performance.md), and keeps containers nested at most MAX_DEPTH levels deep (deeper
-ones become DEEP_MARKER: `runtime/kube/bounds.py`), so that no walk of a cached object can exhaust the stack. A
-projection builds a new object; the one given is left as it is.
+`strip_bookkeeping`, a store's default, keeps the whole object less `metadata.managedFields`, `selfLink` and the
+last-applied annotation. `projected` keeps apiVersion, kind, the metadata in `KEPT_METADATA` and the fields named.
+Both build a new object and leave the one given as it is. `shared` interns keys and short strings, so that the names
+every object repeats exist once (docs/performance.md), and keeps containers nested at most MAX_DEPTH levels deep
+(deeper ones become DEEP_MARKER: `runtime/kube/bounds.py`), so that no walk of a cached object exhausts the stack.
 """
 
 from __future__ import annotations
@@ -101,40 +96,15 @@ def _annotations(meta: Object, kept: Object) -> None:
         kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
 
 
-def kept_metadata(meta: Object) -> Object:
-    """The metadata fields in KEPT_METADATA, without the last-applied annotation, their strings shared."""
-    kept = {key: meta[key] for key in KEPT_METADATA if key in meta}
-    _annotations(meta, kept)
-    return {key: shared(value, 3) for key, value in kept.items()}  # metadata is level 2
-
-
-def _projected(obj: Object, *whole: str) -> Object:
-    """apiVersion, kind, the kept metadata and the fields `whole` (as they are) of `obj`, strings shared."""
-    projected: Object = {key: shared(obj[key], 2) for key in ("apiVersion", "kind") if key in obj}
-    projected["metadata"] = kept_metadata(obj.get("metadata") or {})
-    return projected | {key: shared(obj[key], 2) for key in whole if key in obj}
-
-
-def project_claim(obj: Object) -> Object:
-    """An IPAddressClaim or IPAddress as the caches keep it: KEPT_METADATA, spec and status, strings shared."""
-    return _projected(obj, "spec", "status")
-
-
-project_address = project_claim
-
-
-def project_cluster(obj: Object) -> Object:
-    """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`."""
-    projected = _projected(obj)
-    spec = obj.get("spec") or {}
-    projected["spec"] = {"paused": spec["paused"]} if "paused" in spec else {}  # a bool: nothing to share
-    return projected
-
-
-def project_pool(obj: Object) -> Object:
-    """A pool as the caches keep it: the whole object less the bookkeeping, strings shared."""
-    projected: Object = shared(strip_bookkeeping(obj))
-    return projected
+def projected(obj: Object, *whole: str) -> Object:
+    """apiVersion, kind, the metadata in KEPT_METADATA (without the last-applied annotation) and the fields `whole`
+    of `obj`, strings shared."""
+    meta = obj.get("metadata") or {}
+    kept_meta = {key: meta[key] for key in KEPT_METADATA if key in meta}
+    _annotations(meta, kept_meta)
+    kept: Object = {key: shared(obj[key], 2) for key in ("apiVersion", "kind") if key in obj}
+    kept["metadata"] = {key: shared(value, 3) for key, value in kept_meta.items()}  # metadata is level 2
+    return kept | {key: shared(obj[key], 2) for key in whole if key in obj}
 
 
 def strip_bookkeeping(obj: Object) -> Object:

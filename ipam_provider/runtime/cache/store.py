@@ -7,7 +7,7 @@ is needed only while such a write may be in flight and until the watch has shown
 called once the object's reconcile has finished, drops one the watch has shown (`remove(..., watched=True)`).
 
 Whatever enters the store, from the informer or from a write's answer, is first reduced by the store's projection
-(`ipam_provider/runtime/cache/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
+(`runtime/cache/projection.py`): the API server's bookkeeping (managedFields, ...) is never kept.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def resource_version(obj: Object) -> int | None:
 
 class Store:
     """Objects by (namespace, name), plus named indexes from a computed value to keys. Each object is stored as
-    `projection` makes it (by default: without managedFields and the last-applied annotation)."""
+    `projection` makes it (by default: without managedFields and the last-applied annotation). `synced`: whether
+    the informer feeding the store has listed each of its scopes once."""
 
     def __init__(self, projection: Projection = strip_bookkeeping) -> None:
         self._project = projection
@@ -44,6 +45,7 @@ class Store:
         self._indexes: dict[str, dict[Hashable, set[Key]]] = {}
         self._tombstones: dict[Key, int] = {}
         self._watched: set[Key] = set()  # tombstones whose deletion the watch has shown
+        self.synced = False
 
     def add_index(self, name: str, func: IndexFunc) -> None:
         self._index_funcs[name] = func
