@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from backends.incluster.intervals import IntervalSet, int_to_address
+from backends.incluster.intervals import IntervalSet, int_to_address, parse_ip
 from backends.validation import PoolSpecError
 
 ADDRESSES_REQUIRED = "addresses is required"
@@ -60,16 +60,6 @@ class AllocatableSet:
     host_bits: int = 0
 
 
-def _parse_ip(text: str) -> tuple[int, int]:
-    """The (family, integer) of a plain IP address without blanks; ValueError else (a scoped IPv6 one too)."""
-    if text != text.strip():  # ip_address itself tolerates a trailing newline
-        raise ValueError("blanks around the address")
-    address = ipaddress.ip_address(text)
-    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
-        raise ValueError("scoped IPv6 addresses are not supported")
-    return address.version, int(address)
-
-
 def parse_address_entry(text: str) -> AddressEntry:
     """Parse one entry (IP, range or CIDR), written as the Go provider's parsers take it: no blanks in it. Raises
     PoolSpecError(INVALID_ADDRESS) when it is none of these."""
@@ -80,18 +70,18 @@ def parse_address_entry(text: str) -> AddressEntry:
             address_part, _, length_part = text.partition("/")
             if not (length_part.isascii() and length_part.isdigit()):
                 raise ValueError("prefix length must be a decimal number")
-            _parse_ip(address_part)  # refuses a scoped address, which ip_network would tolerate
+            parse_ip(address_part)  # refuses a scoped address, which ip_network would tolerate
             network = ipaddress.ip_network(f"{address_part}/{int(length_part)}", strict=False)
             return AddressEntry(text, network.version, int(network.network_address), int(network[-1]))
         if "-" in text:
             low_text, high_text = text.split("-")  # more than one `-` raises ValueError
-            (low_family, first), (high_family, last) = _parse_ip(low_text), _parse_ip(high_text)
+            (low_family, first), (high_family, last) = parse_ip(low_text), parse_ip(high_text)
             if low_family != high_family:
                 raise ValueError("range ends are of different IP families")
             if first > last:
                 raise ValueError("range start is after its end")
             return AddressEntry(text, low_family, first, last)
-        family, value = _parse_ip(text)
+        family, value = parse_ip(text)
         return AddressEntry(text, family, value, value)
     except ValueError:
         raise PoolSpecError(f"{INVALID_ADDRESS}: {shown(text)}") from None
@@ -148,7 +138,7 @@ def _check_spec(
     gateway_value: int | None = None
     if gateway:
         try:
-            gateway_family, gateway_value = _parse_ip(gateway)
+            gateway_family, gateway_value = parse_ip(gateway)
         except ValueError:
             errors.append(f"{INVALID_GATEWAY}: {shown(gateway)} (spec.gateway)")
         else:
@@ -203,7 +193,7 @@ def pre_allocation_problems(pre_allocations: Mapping[str, str], allocatable: All
     claims_of: dict[int, list[str]] = {}
     for claim_name, text in sorted(pre_allocations.items()):
         try:
-            family, value = _parse_ip(str(text))
+            family, value = parse_ip(str(text))
         except ValueError:
             problems.append(f"spec.preAllocations[{claim_name}]: {text!r} is not an IP address")
             continue

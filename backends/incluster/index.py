@@ -13,13 +13,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from sortedcontainers import SortedList
 
 from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.intervals import PoolAllocator, address_to_int, address_value, int_to_address
-from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Chooser, grace_over
+from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Chooser, Releases, grace_over
 from backends.incluster.reservations import Reservation
 
 
@@ -42,8 +39,7 @@ class PoolIndex:
     # The pool label of its own reservations (only they name its claims, only its records are candidates); None: all.
     own_label: str | None = None
     pool_uid: str = ""  # the uid of the pool object the index was built for (a re-created pool is another pool)
-    _released_at: dict[int, float] = field(default_factory=dict)  # the own release records' releasedAt (epoch)
-    _release_order: Any = field(default_factory=SortedList)  # (releasedAt, value) of `_released_at`, oldest first
+    _releases: Releases = field(default_factory=Releases)  # the own release records' releasedAt
 
     @classmethod
     def build(
@@ -92,7 +88,7 @@ class PoolIndex:
         """Choose by `policy` from now on, over the same holdings: O(r) for r runs of used addresses and records."""
         self.policy = policy
         self.chooser = Chooser(policy, self.allocator, self.chooser.rng)
-        for value, released_at in self._released_at.items():
+        for value, released_at in self._releases.at.items():
             if value not in self.pending:
                 self.chooser.record(value, released_at)
 
@@ -112,7 +108,7 @@ class PoolIndex:
         if value not in self.allocatable.addresses or value in self.pending:
             return False
         if value in self.by_address:
-            released_at = self._released_at.get(value)
+            released_at = self._releases.at.get(value)
             if released_at is None or not grace_over(released_at, self.clock(), self.reuse_grace_seconds):
                 return False
         elif self.allocator.is_used(value):
@@ -131,8 +127,8 @@ class PoolIndex:
         self.pending.pop(value, None)
         if value not in self.by_address:
             self._free(value)
-        elif value in self._released_at:
-            self.chooser.record(value, self._released_at[value])
+        elif value in self._releases.at:
+            self.chooser.record(value, self._releases.at[value])
 
     def hold(self, reservation: Reservation) -> None:
         value = _index_value(self.allocatable, reservation.address)
@@ -142,16 +138,16 @@ class PoolIndex:
     def _hold(self, value: int, reservation: Reservation, marked: bool = False) -> None:
         """Record `reservation` as the holder of `value`; `marked`: the allocator and chooser count it already."""
         self.by_address[value] = reservation
-        self._forget_release(value)
+        self._releases.discard(value)
         self.chooser.unrecord(value)
         if reservation.released_at is None:
             self.released.pop(value, None)
         else:
             self.released[value] = reservation
             if self.owns(reservation):  # another pool's record of the domain is held, never taken over from here
-                self._note_release(value, reservation.released_epoch)
+                self._releases.add(value, reservation.released_epoch)
                 if value not in self.pending:
-                    self.chooser.record(value, self._released_at[value])
+                    self.chooser.record(value, self._releases.at[value])
         if reservation.claim_uid and self.owns(reservation):
             known = self.by_claim.get(reservation.claim_uid)
             if known is not None and known.name != reservation.name:
@@ -159,14 +155,6 @@ class PoolIndex:
             self.by_claim[reservation.claim_uid] = reservation
         if not marked:
             self._use(value)
-
-    def _note_release(self, value: int, released_at: float) -> None:
-        self._released_at[value] = released_at
-        self._release_order.add((released_at, value))
-
-    def _forget_release(self, value: int) -> None:
-        if (released_at := self._released_at.pop(value, None)) is not None:
-            self._release_order.discard((released_at, value))
 
     def drop(self, reservation: Reservation) -> None:
         value = _index_value(self.allocatable, reservation.address)
@@ -176,7 +164,7 @@ class PoolIndex:
         if known.name == reservation.name and known.uid == reservation.uid:
             self.by_address.pop(value, None)
             self.released.pop(value, None)
-            self._forget_release(value)
+            self._releases.discard(value)
             self.chooser.unrecord(value)
             if value not in self.pending:
                 self._free(value)
@@ -204,7 +192,7 @@ class PoolIndex:
         records released within the grace period of n."""
         if self.reuse_grace_seconds <= 0:
             return frozenset(), None
-        now, grace, order = self.clock(), self.reuse_grace_seconds, self._release_order
+        now, grace, order = self.clock(), self.reuse_grace_seconds, self._releases.order
         left = {
             value: released_at + grace - now
             for released_at, value in order.islice(order.bisect_right((now - grace, math.inf)))
@@ -222,8 +210,8 @@ class PoolIndex:
         for value, record in self.released.items():
             if value in self.pending:
                 continue
-            if value in self._released_at:
-                if not keep_own and grace_over(self._released_at[value], now, grace_seconds):
+            if value in self._releases.at:
+                if not keep_own and grace_over(self._releases.at[value], now, grace_seconds):
                     expired.append(record)
             elif record.grace_seconds is not None and grace_over(record.released_epoch, now, record.grace_seconds):
                 expired.append(record)

@@ -27,16 +27,24 @@ def int_to_address(value: int, family: int) -> str:
     raise ValueError(f"unknown IP family {family!r}")
 
 
+def parse_ip(text: str) -> tuple[int, int]:
+    """The (family, integer) of a plain IP address without blanks; ValueError else (a scoped IPv6 one too: an
+    integer cannot carry its zone)."""
+    if text != text.strip():  # ip_address itself tolerates a trailing newline
+        raise ValueError("blanks around the address")
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise ValueError("scoped IPv6 addresses are not supported")
+    return address.version, int(address)
+
+
 def address_to_int(address: str, family: int | None = None) -> int:
-    """The integer of the textual IP `address`, of `family` when given. ValueError for text that is not a plain IP
-    address (a scoped IPv6 one such as `fe80::1%eth0` is refused: an integer cannot carry its zone) or of another
-    family."""
-    parsed = ipaddress.ip_address(address.strip())
-    if isinstance(parsed, ipaddress.IPv6Address) and parsed.scope_id is not None:
-        raise ValueError(f"scoped IPv6 address not supported: {address!r}")
-    if family is not None and parsed.version != family:
+    """The integer of the textual IP `address` (blanks around it ignored), of `family` when given. ValueError for
+    text that is not a plain IP address (see `parse_ip`) or of another family."""
+    version, value = parse_ip(address.strip())
+    if family is not None and version != family:
         raise ValueError(f"{address!r} is not an IPv{family} address")
-    return int(parsed)
+    return value
 
 
 def address_value(text: str, family: int) -> int | None:
@@ -119,27 +127,18 @@ class IntervalSet:
         return self._ends[-1] if self._ends else None
 
     def subtract(self, other: IntervalSet) -> IntervalSet:
-        """The integers of this set that are not in `other`."""
-        result: list[Interval] = []
-        removals = list(other)
-        cursor = 0
-        for start, end in self:
-            while cursor < len(removals) and removals[cursor][1] < start:
-                cursor += 1
-            position = start
-            scan = cursor
-            while scan < len(removals) and removals[scan][0] <= end:
-                removal_start, removal_end = removals[scan]
-                if removal_start > position:
-                    result.append((position, removal_start - 1))
-                position = max(position, removal_end + 1)
-                if removal_end > end:
-                    break
-                scan += 1
-            if position <= end:
-                result.append((position, end))
-            cursor = scan
-        return IntervalSet._from_normalized(result)
+        """The integers of this set that are not in `other`: those in the gaps of `other` between its bounds."""
+        position, last = self.first(), self.last()
+        if position is None or last is None:
+            return self
+        gaps: list[Interval] = []
+        for start, end in other:
+            if start > position:
+                gaps.append((position, start - 1))
+            position = max(position, end + 1)
+        if position <= last:
+            gaps.append((position, last))
+        return self.intersection(IntervalSet._from_normalized(gaps))
 
     def intersection(self, other: IntervalSet) -> IntervalSet:
         return IntervalSet._from_normalized(list(_overlaps(self, other)))

@@ -95,7 +95,7 @@ class Ledger:
         """The pool is gone (its watch showed it deleted): drop its index, its noted domain, and its build lock
         unless a build holds it now (the backend forgets the pool again when that build's operation ends)."""
         self._indexes.pop(ref, None)
-        self.reservations.forget(ref)
+        self.reservations.note_domain(ref, None)
         lock = self._building.get(ref)
         if lock is not None and not lock.locked():
             del self._building[ref]

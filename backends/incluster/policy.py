@@ -53,6 +53,24 @@ class AllocationPolicy:
     pinned: frozenset[int] = frozenset()
 
 
+class Releases:
+    """Release times (epoch seconds) by address (`at`), and the addresses in release order (`order`: (releasedAt,
+    address), oldest first)."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}
+        self.order: Any = SortedList()
+
+    def add(self, value: int, released_at: float) -> None:
+        self.discard(value)
+        self.at[value] = released_at
+        self.order.add((released_at, value))
+
+    def discard(self, value: int) -> None:
+        if (released_at := self.at.pop(value, None)) is not None:
+            self.order.discard((released_at, value))
+
+
 RANDOM_DRAWS = 4  # uniform draws over the zone before the exact rank/select
 
 
@@ -91,8 +109,7 @@ class Zone:
         self.points: SortedList | None = None
         if track_points:
             self.points = SortedList(value for start, end in used for value in range(start, end + 1))
-        self.released: Any = SortedList()  # (releasedAt, address) of the zone's release records
-        self.released_at: dict[int, float] = {}
+        self.releases = Releases()  # the zone's release records
 
     @property
     def free(self) -> int:
@@ -108,16 +125,6 @@ class Zone:
         self._first_unfilled = min(self._first_unfilled, interval)
         if self.points is not None:
             self.points.discard(value)
-
-    def add_record(self, value: int, released_at: float) -> None:
-        self.remove_record(value)
-        self.released_at[value] = released_at
-        self.released.add((released_at, value))
-
-    def remove_record(self, value: int) -> None:
-        known = self.released_at.pop(value, None)
-        if known is not None:
-            self.released.discard((known, value))
 
     def lowest_free(self, allocator: PoolAllocator) -> int | None:
         """The zone's lowest address that is not used."""
@@ -154,9 +161,9 @@ class Zone:
 
     def oldest_record(self, now: float, grace_seconds: float) -> int | None:
         """The address of the zone's oldest release record if its grace period is over."""
-        if not self.released:
+        if not self.releases.order:
             return None
-        released_at, value = self.released[0]
+        released_at, value = self.releases.order[0]
         return int(value) if grace_over(released_at, now, grace_seconds) else None
 
 
@@ -212,13 +219,13 @@ class Chooser:
             return
         found = self.zone_of(value)
         if found is not None:
-            found[0].add_record(value, released_at)
+            found[0].releases.add(value, released_at)
 
     def unrecord(self, value: int) -> None:
         """`value` has no reusable release record any more (held again, pending, or gone)."""
         found = self.zone_of(value)
         if found is not None:
-            found[0].remove_record(value)
+            found[0].releases.discard(value)
 
     def choose(self, allocator: PoolAllocator, now: float, grace_seconds: float) -> int | None:
         """The next dynamic address under the policy, or None when nothing is eligible."""

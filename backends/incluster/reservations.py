@@ -132,10 +132,6 @@ class ReservationClient:
     def domain_of(self, ref: PoolRef) -> str | None:
         return self._domains.get(ref)
 
-    def forget(self, ref: PoolRef) -> None:
-        """The pool is gone: its noted domain goes too."""
-        self._domains.pop(ref, None)
-
     def noted_pools(self, domain: str) -> list[PoolRef]:
         """The pools noted as naming `domain` (by `note_domain`)."""
         return [ref for ref, noted in self._domains.items() if noted == domain]
