@@ -150,11 +150,12 @@ def instance_spec(instance: Object) -> InstanceSpec:
         spec = InstanceSpec.model_validate(instance.get("spec") or {})
     except ValidationError as error:
         raise InstanceProblem("InvalidConfiguration", spec_error(error)) from error
-    refs: list[tuple[str, SecretRef]] = [("spec.credentialsSecretRef", spec.credentials_secret_ref)]
-    if spec.ca_bundle_secret_ref is not None:
-        refs.append(("spec.caBundleSecretRef", spec.ca_bundle_secret_ref))
+    refs: list[tuple[str, SecretRef | None]] = [
+        ("spec.credentialsSecretRef", spec.credentials_secret_ref),
+        ("spec.caBundleSecretRef", spec.ca_bundle_secret_ref),
+    ]
     for field_name, ref in refs:
-        if problem := name_problem(field_name, ref.name, ref.namespace):
+        if ref is not None and (problem := name_problem(field_name, ref.name, ref.namespace)):
             raise InstanceProblem("InvalidConfiguration", problem)
     return spec
 
@@ -324,9 +325,7 @@ class Connections:
         if problem := subdomain_problem(name):
             raise InstanceProblem("InvalidConfiguration", f"spec.instanceRef.name: {problem}")
         self._sweep()
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
+        lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             connection = await self._current(name, namespace)
         connection.used_at = time.monotonic()
@@ -407,18 +406,13 @@ class Connections:
     def _sweep(self) -> None:
         """Retire connections no pool asked for within `idle_connection_seconds` (their instance or pools went),
         and forget stale Namespace labels."""
-        now = time.monotonic()
-        for name in [
-            n for n, c in self._connections.items() if now - c.used_at > self._settings.idle_connection_seconds
-        ]:
-            if name not in self._locks:  # else a connect is under way
-                self._retire(name)
+        now, settings = time.monotonic(), self._settings
+        for name, connection in list(self._connections.items()):
+            if now - connection.used_at > settings.idle_connection_seconds and name not in self._locks:
+                self._retire(name)  # (a name in `_locks` has a connect under way)
                 self._status.instances.pop(name, None)
-        stale = [
-            ns for ns, (read_at, _) in self._namespaces.items() if now - read_at > self._settings.instance_cache_seconds
-        ]
-        for namespace in stale:
-            del self._namespaces[namespace]
+        fresh = {ns: read for ns, read in self._namespaces.items() if now - read[0] <= settings.instance_cache_seconds}
+        self._namespaces = fresh
 
     def _retire(self, name: str) -> None:
         connection = self._connections.pop(name, None)
