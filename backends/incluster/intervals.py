@@ -141,7 +141,19 @@ class IntervalSet:
         return self.intersection(IntervalSet._from_normalized(gaps))
 
     def intersection(self, other: IntervalSet) -> IntervalSet:
-        return IntervalSet._from_normalized(list(_overlaps(self, other)))
+        """The integers in both sets: the non-empty pairwise overlaps of their intervals, in ascending order."""
+        overlaps: list[Interval] = []
+        mine, theirs = list(self), list(other)
+        i = j = 0
+        while i < len(mine) and j < len(theirs):
+            start, end = max(mine[i][0], theirs[j][0]), min(mine[i][1], theirs[j][1])
+            if start <= end:
+                overlaps.append((start, end))
+            if mine[i][1] < theirs[j][1]:
+                i += 1
+            else:
+                j += 1
+        return IntervalSet._from_normalized(overlaps)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, IntervalSet):
@@ -165,22 +177,6 @@ def _merge_sorted(intervals: Iterable[Interval]) -> list[Interval]:
         else:
             merged.append((start, end))
     return merged
-
-
-def _overlaps(left: IntervalSet, right: IntervalSet) -> Iterator[Interval]:
-    """The non-empty pairwise overlaps of two normalized sets, in ascending order."""
-    left_intervals, right_intervals = list(left), list(right)
-    i = j = 0
-    while i < len(left_intervals) and j < len(right_intervals):
-        left_start, left_end = left_intervals[i]
-        right_start, right_end = right_intervals[j]
-        start, end = max(left_start, right_start), min(left_end, right_end)
-        if start <= end:
-            yield start, end
-        if left_end < right_end:
-            i += 1
-        else:
-            j += 1
 
 
 class PoolAllocator:
