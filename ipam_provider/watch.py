@@ -62,7 +62,7 @@ class EventHandlers:
         self.caches = caches
         self.queue = queue
         self.kind_of = kind_of
-        self.observe_pool = observe  # a pool's backend's observer (`pool_observer_of`)
+        self.observe_pool = observe  # a pool's backend's observer (`Controller._observe_pool`)
 
     def enqueue_claim(self, namespace: str, name: str) -> None:
         key = ClaimKey(namespace, name)
