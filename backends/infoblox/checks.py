@@ -87,7 +87,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
     settings = pool.spec.host_record
     if pool.spec.mode != HOST_RECORD or settings is None:
         return None
-    view = settings.dns_view or connection.spec.default_dns_view
+    view = connection.dns_view(pool)
     field = "spec.hostRecord.dnsView" if settings.dns_view else "the InfobloxInstance's spec.defaultDNSView"
     view_missing = False, "DNSViewNotFound", f"DNS view {view!r} does not exist on the grid; create it or fix {field}"
     checked_by_instance = view == connection.spec.default_dns_view and view != BUILTIN_DNS_VIEW

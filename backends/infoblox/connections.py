@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -319,9 +319,7 @@ class Connections:
         self._namespaces: dict[str, tuple[float, Mapping[str, str] | None]] = {}  # labels, as read at a time
 
     async def connect(self, name: str, namespace: str) -> Connection:
-        """The connection to InfobloxInstance `name` for a pool of `namespace`. InstanceProblem when the name is
-        malformed, the instance is missing or unusable (written on the instance), or it does not allow `namespace`
-        (InstanceNotAllowed: written on nothing but the asking pool, and nothing of the instance read further)."""
+        """The connection to InfobloxInstance `name` for a pool of `namespace` (see the module's contract)."""
         if problem := subdomain_problem(name):
             raise InstanceProblem("InvalidConfiguration", f"spec.instanceRef.name: {problem}")
         self._sweep()
@@ -365,21 +363,16 @@ class Connections:
         await self._admit(allowed_namespaces(instance), namespace)
         self._status.instances[name] = instance
         try:
-            spec = instance_spec(instance)
-            return await read_material(self._kube, instance, spec)
+            return await read_material(self._kube, instance, instance_spec(instance))
         except InstanceProblem as problem:
-            await self._unusable(name, problem)
-
-    async def _unusable(self, name: str, problem: InstanceProblem) -> NoReturn:
-        self._retire(name)
-        await self._status.publish(name, False, problem.reason, problem.message)
-        self._status.instances.pop(name, None)  # read again by the next connect, which has no connection to reuse
-        raise problem
+            self._retire(name)
+            await self._status.publish(name, False, problem.reason, problem.message)
+            self._status.instances.pop(name, None)  # read again by the next connect, which has no connection to reuse
+            raise
 
     async def _admit(self, allowed: AllowedNamespaces | None, namespace: str) -> None:
-        """InstanceProblem InstanceNotAllowed unless `namespace` is listed in the instance's allowedNamespaces or
-        its labels match the selector there; the message names the namespace and the field, nothing more (callers
-        prefix the instance's name)."""
+        """InstanceProblem InstanceNotAllowed unless the instance's `allowed` namespaces list or select `namespace`;
+        the message names the namespace and the field, nothing more (callers prefix the instance's name)."""
         if allowed is not None and namespace in allowed.names:
             return
         if allowed is not None and allowed.selector is not None:

@@ -159,9 +159,8 @@ def wapi_extattrs(eas: Mapping[str, str]) -> dict[str, dict[str, str]]:
 def fixed_payload(version: int, address: str, view: str, eas: Mapping[str, str], comment: str, identity: str) -> Object:
     """A fixedaddress (MAC of zeros: a reservation no DHCP client matches) or an ipv6fixedaddress (a DUID-UUID
     derived from `identity`, so that no two objects share one)."""
-    fixed = (
-        {"ipv4addr": address, "mac": ZERO_MAC} if version == 4 else {"ipv6addr": address, "duid": duid_for(identity)}
-    )
+    fixed = {"mac": ZERO_MAC} if version == 4 else {"duid": duid_for(identity)}
+    fixed[address_field(version)] = address
     return {"network_view": view, "comment": comment, "extattrs": wapi_extattrs(eas), **fixed}
 
 
