@@ -26,9 +26,6 @@ def project_claim(obj: Object) -> Object:
     return projected(obj, "spec", "status")
 
 
-project_address = project_claim
-
-
 def project_cluster(obj: Object) -> Object:
     """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`."""
     kept = projected(obj)
@@ -48,7 +45,7 @@ class Caches:
     """The stores of claims, IPAddresses, Clusters, and pools per (group, kind)."""
 
     claims: Store = field(default_factory=lambda: Store(project_claim))
-    addresses: Store = field(default_factory=lambda: Store(project_address))
+    addresses: Store = field(default_factory=lambda: Store(project_claim))
     clusters: Store = field(default_factory=lambda: Store(project_cluster))
     pools: dict[tuple[str, str], Store] = field(default_factory=dict)
     namespaces: Sequence[str] = ()
