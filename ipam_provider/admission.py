@@ -64,7 +64,7 @@ class PoolAdmission:
     """Decides reviews of pools of the registry's kinds. `cached_addresses(ref)` answers the IPAddresses naming a
     pool from the controller's cache, or None when the cache cannot answer (then they are listed);
     `cached_pools(kind)` the pools of a kind from the controller's cache, or None before it has synced; `synced()`
-    whether those caches have synced (`Controller.admission_synced`; in a standby too)."""
+    whether those caches have synced (`Caches.admission_synced`; in a standby too)."""
 
     def __init__(
         self,
