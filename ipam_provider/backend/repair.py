@@ -43,6 +43,21 @@ class Holding:
         return self.claim.partition("/")[0] if "/" in self.claim else ""
 
 
+class Made(StrEnum):
+    """Which management cluster made a backend record, by the identity stamped on it (`made_by`)."""
+
+    OURS = "ours"  # stamped with this cluster's identity, or this controller knows none: releasable
+    UNSTAMPED = "unstamped"  # no identity recorded: listed and reported, never released
+    OTHER = "other"  # another management cluster's: never listed
+
+
+def made_by(stamped: str, identity: str) -> Made:
+    """The verdict on a record stamped `stamped` ("": none) for a controller of `identity` ("": unknown)."""
+    if not identity or stamped == identity:
+        return Made.OURS
+    return Made.UNSTAMPED if not stamped else Made.OTHER
+
+
 class RestoreOutcome(StrEnum):
     """What `restore` found and did."""
 
