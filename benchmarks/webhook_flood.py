@@ -3,7 +3,7 @@
 On a fresh local control plane (`tools.controlplane`), namespace `bench`: our controller as a subprocess with
 `--leader-elect` (the production durations: lease 15 s, renewal every 2 s) and its webhook on a loopback port with the
 self-signed certificate (the API server does not call it here: the port is attacked directly), and one
-InClusterIPPool. Two phases of `--seconds` each, one after the other: idle, then with `tests/apiserver/webhook_flood.py`
+InClusterIPPool. Two phases of `--seconds` each, one after the other: idle, then with `tests/support/webhook_flood.py`
 flooding the webhook port (8 MiB bodies with and without Content-Length, gzip bombs, slowloris connections, more
 idle connections than the server keeps). In each phase a claim is created every `--claim-every` seconds, and the
 Lease and the controller's RSS are read every 0.2 s. Figures per phase: claims' create→fulfilled latency (p50, p95,
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._support import log_tail, start_process, stop_process
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import LEASES, NAMESPACES
-from tests.apiserver.webhook_flood import (
+from tests.support.webhook_flood import (
     POSTS,
     Observed,
     claims_at_pace,

@@ -5,13 +5,13 @@ the tests that need neither (the fast lane):
 
 - `apiserver`: the test uses, directly or through other fixtures, `kubeconfig` (tests/support/cluster.py), which
   starts the real kube-apiserver and etcd. Every fixture that talks to the API server depends on it: `kube`,
-  `namespace`, `controller_factory`, `in_process_controller` and the fixtures of tests/backends/netbox/conftest.py and
-  tests/backends/infoblox/conftest.py built on them.
+  `namespace`, `controller_factory`, `in_process_controller` and the fixtures of tests/support/netbox_backend.py and
+  tests/support/infoblox.py built on them.
 - `netbox`: the test uses `netbox_server` (tests/support/netbox.py), which starts the real NetBox; `netbox`
   depends on it.
 
 `item.fixturenames` is the transitive closure of a test's fixtures, so these two roots are enough. A test that
-starts a control plane without these fixtures (tests/unit/test_control_plane_tool.py) carries the mark by hand (an
+starts a control plane without these fixtures (tests/tools/controlplane/test_cluster.py) carries the mark by hand (an
 unmarked test that starts one fails, saying so), and so do the image tests (tests/image/), whose cold build takes
 minutes.
 """
@@ -33,8 +33,13 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.clusterctl",
     "tests.support.controller",
+    "tests.support.infoblox",
     "tests.support.metrics",
     "tests.support.netbox",
+    "tests.support.netbox_backend",
+    "tests.support.prometheus",
+    "tests.support.providers",
+    "tests.support.world",
     "tools.wapi_simulator.fixtures",
 ]
 

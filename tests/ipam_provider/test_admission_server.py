@@ -30,7 +30,7 @@ from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.serving.certificates import CertificateFiles, ServingCertificate
 from ipam_provider.runtime.serving.webhook import ALLOWED, Verdict, WebhookServer, parse_review
-from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
+from tests.support.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
 
 IN_CLUSTER_PATH = webhook_path(IN_CLUSTER_POOL)
 FAKE_PATH = webhook_path(FAKE_POOL)

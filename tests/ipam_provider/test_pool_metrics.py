@@ -13,10 +13,10 @@ from ipam_provider.backend.contract import AddressCounts, PoolExhaustedError, Po
 from ipam_provider.backend.registry import BackendRegistry, backend_name
 from ipam_provider.pool_metrics import FirstSeen
 from ipam_provider.reconcile.context import pool_resource
-from tests.ipam_provider.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
-from tests.ipam_provider.world import NS, POOLS, World, claim, pool, ready_state, resynced
+from tests.support.fake_backend import FAKE_POOL, GLOBAL_FAKE_POOL, FakeBackend
+from tests.support.world import NS, POOLS, World, claim, pool, ready_state, resynced
 
-BACKEND = "fake_backend"  # derived from the fake backend's module: tests/ipam_provider/fake_backend.py
+BACKEND = "fake_backend"  # derived from the fake backend's module: tests/support/fake_backend.py
 POOL_SERIES = (
     "ipam_provider_allocated_ips",
     "ipam_provider_available_ips",

@@ -15,7 +15,7 @@ from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.statusview import pool_rows
-from tests.backends.netbox.conftest import NB_POOLS, nb_claim, netbox_pool, prefix
+from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
 from tests.support.objects import POOLS, claim, pool, wait_address, wait_claim_reason
 

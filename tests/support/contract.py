@@ -1,7 +1,7 @@
 """The CAPI IPAM contract flow, step by step, against a real API server with the in-cluster backend.
 
-One flow, two callers: tests/ipam_provider/reconcile/test_contract.py runs it on the session's control plane (the
-pinned Cluster API release), tests/compat/test_capi_releases.py on a control plane per Cluster API release of the
+One flow, two callers: tests/system/test_contract.py runs it on the session's control plane (the
+pinned Cluster API release), tests/system/test_capi_releases.py on a control plane per Cluster API release of the
 compatibility matrix. The steps:
 
 1. allocate: a claim of a Cluster gets the pool's lowest free address, an IPAddress with the contract's owners,

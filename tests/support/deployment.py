@@ -32,7 +32,7 @@ from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import LEASES, NAMESPACES, Resource
-from tests.apiserver.test_examples import CONFIG, kubectl_against
+from tests.system.test_examples import CONFIG, kubectl_against
 from tests.support.audit import AuditLog
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.metrics import install_cert_manager_crds

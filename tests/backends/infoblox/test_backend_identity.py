@@ -18,7 +18,7 @@ from backends.infoblox.spec import EA_CLUSTER_IDENTITY, OWNERSHIP_EAS
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import Holding, RestoreOutcome
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.backends.infoblox.conftest import FAST, Grid
+from tests.support.infoblox import FAST, Grid
 
 Object = dict[str, Any]
 Backends = Callable[[str], InfobloxBackend]

@@ -27,7 +27,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.backends.infoblox.conftest import FAST, Grid
+from tests.support.infoblox import FAST, Grid
 from tests.support.objects import wait_address, wait_claim_reason
 
 Object = dict[str, Any]

@@ -21,8 +21,8 @@ from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
-from tests.backends.netbox.conftest import fast_settings, global_netbox_pool, new_claim, prefix
-from tests.ipam_provider.fake_kube import FakeKube
+from tests.support.netbox_backend import fast_settings, global_netbox_pool, new_claim, prefix
+from tests.support.fake_kube import FakeKube
 from tests.support.footprint import footprint, footprint_growth
 
 Object = dict[str, Any]

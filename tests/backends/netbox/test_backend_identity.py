@@ -31,7 +31,7 @@ from ipam_provider.backend.repair import Holding
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
-from tests.backends.netbox.conftest import (
+from tests.support.netbox_backend import (
     NB_POOLS,
     create_secret,
     fast_settings,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from backends.netbox import NetboxBackend
 from ipam_provider.backend.contract import Allocation, BackendContext, ClaimContext, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.backends.netbox.conftest import (
+from tests.support.netbox_backend import (
     claim_uid_of,
     create_secret,
     fast_settings,

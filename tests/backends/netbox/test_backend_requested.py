@@ -25,7 +25,7 @@ from ipam_provider.backend.contract import (
     PoolRef,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.backends.netbox.conftest import (
+from tests.support.netbox_backend import (
     NB_POOLS,
     client_of,
     create_secret,

@@ -26,7 +26,7 @@ from ipam_provider.backend.contract import (
     PoolReport,
 )
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.backends.netbox.conftest import (
+from tests.support.netbox_backend import (
     READ_TYPES,
     claim_uid_of,
     create_secret,

@@ -22,7 +22,7 @@ from ipam_provider.backend.contract import PoolNotReadyError, PoolRef, ReportCon
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
-from tests.backends.netbox.conftest import (
+from tests.support.netbox_backend import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
     backend_factory,

@@ -20,7 +20,7 @@ from pathlib import Path
 from ipam_provider.backend.protocol import Backend, Capabilities
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.backend.repair import Repairable
-from tests.ipam_provider.fake_backend import FakeBackend
+from tests.support.fake_backend import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[3]
 BACKEND_SOURCES = [ROOT / "backends", ROOT / "tests" / "plugin_package"]
