@@ -65,11 +65,7 @@ class InfobloxBackend:
         self.pools = LivePools(self._forget)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            observe_pool=self.observe_pool,
-            report_interval=self.report_interval,
-            repair=self,
-        )
+        return Capabilities(observe_pool=self.observe_pool, report_interval=self.report_interval, repair=self)
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's spec, index and check results are forgotten, also when an operation of it ends later

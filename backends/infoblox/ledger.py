@@ -41,13 +41,7 @@ from backends.infoblox.spec import (
     parse_pool,
 )
 from backends.validation import PoolSpecError
-from ipam_provider.backend.contract import (
-    Allocation,
-    ClaimContext,
-    PoolNotReadyError,
-    PoolRef,
-    ReportCondition,
-)
+from ipam_provider.backend.contract import Allocation, ClaimContext, PoolNotReadyError, PoolRef, ReportCondition
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
