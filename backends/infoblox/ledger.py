@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import structlog
@@ -42,6 +41,7 @@ from backends.infoblox.spec import (
 )
 from backends.validation import PoolSpecError
 from ipam_provider.backend.contract import Allocation, ClaimContext, PoolNotReadyError, PoolRef, ReportCondition
+from ipam_provider.backend.repair import Made, made_by
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
@@ -167,12 +167,6 @@ def duid_for(identity: str) -> str:
     return ":".join(f"{octet:02x}" for octet in b"\x00\x04" + value.bytes)
 
 
-class Made(Enum):
-    OURS = "ours"
-    UNSTAMPED = "unstamped"
-    OTHER = "other"
-
-
 WHY_UNSTAMPED = (
     f"it carries no {EA_CLUSTER_IDENTITY} extensible attribute, so it may belong to another management cluster "
     "sharing this grid (objects made before identities were stamped, or while the grid did not define the attribute)"
@@ -192,12 +186,7 @@ class ClusterStamp:
         return {EA_CLUSTER_IDENTITY: self.identity} if self.identity and self.defined(connection) else {}
 
     def judge(self, obj: GridObject) -> Made:
-        """OURS (stamped with our identity, or no identity known), UNSTAMPED (listed by the repair loop, never
-        released) or OTHER (another management cluster's: not listed)."""
-        stamped = obj.extattrs.get(EA_CLUSTER_IDENTITY) or ""
-        if not self.identity or stamped == self.identity:
-            return Made.OURS
-        return Made.UNSTAMPED if not stamped else Made.OTHER
+        return made_by(obj.extattrs.get(EA_CLUSTER_IDENTITY) or "", self.identity)
 
     def condition(self, connection: Connection) -> ReportCondition | None:
         """The pool's ClusterIdentityStamped condition (None when the backend knows no identity)."""

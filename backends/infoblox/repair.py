@@ -28,7 +28,6 @@ from backends.infoblox.ledger import (
     Allocating,
     GridObject,
     Ledger,
-    Made,
     canonical,
     parse_object,
     same,
@@ -37,7 +36,7 @@ from backends.infoblox.ledger import (
 from backends.infoblox.settings import InfobloxSettings
 from backends.infoblox.spec import ANNOTATION_HOSTNAME, EA_CLAIM_NAME, EA_CLAIM_NAMESPACE, EA_POOL
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendError, ClaimContext, PoolRef
-from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.backend.repair import Holding, Made, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object
 
 log = structlog.get_logger(__name__)
