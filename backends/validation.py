@@ -3,11 +3,15 @@ how their spec models carry their CRD schemas (`OpenAPI`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ipam_provider.api.capi import Model
+from ipam_provider.common import Object
 from ipam_provider.runtime.kube.resources import LABEL_LENGTH, LABEL_PATTERN, SUBDOMAIN_LENGTH, SUBDOMAIN_PATTERN
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class PoolSpecError(ValueError):
@@ -26,6 +30,20 @@ def spec_error(error: ValidationError) -> str:
     field names or aliases, as pydantic reports them)."""
     first = error.errors()[0]
     return f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
+def parse_spec(model: type[M], pool: Object) -> M:
+    """The pool's `spec` as `model`; PoolSpecError names the first problem (see `spec_error`)."""
+    try:
+        return model.model_validate(pool.get("spec") or {})
+    except ValidationError as error:
+        raise PoolSpecError(spec_error(error)) from error
+
+
+class Spec(Model):
+    """Base of the spec models: a field's docstring is its description in the CRD."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 class OpenAPI(dict[str, Any]):
@@ -63,3 +81,12 @@ def rules(*entries: tuple[str, str] | tuple[str, str, str]) -> list[dict[str, st
 # path (ipam_provider/runtime/kube/resources.py), so that a bad name is refused at admission; a namespace: a label.
 OBJECT_NAME = OpenAPI(maxLength=SUBDOMAIN_LENGTH, pattern=SUBDOMAIN_PATTERN)
 NAMESPACE_NAME = OpenAPI(maxLength=LABEL_LENGTH, pattern=LABEL_PATTERN)
+ObjectName = Annotated[str, OBJECT_NAME]
+NamespaceName = Annotated[str, NAMESPACE_NAME]
+
+
+class NamedSecret(Spec):
+    """A Secret by name; the kinds add its namespace."""
+
+    name: ObjectName
+    """name of the Secret."""

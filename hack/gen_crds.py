@@ -76,6 +76,8 @@ def model_schema(model: type[BaseModel]) -> Schema:
 
 def field_schema(field: FieldInfo) -> Schema:
     schema = type_schema(field.annotation)
+    if field.description:
+        schema["description"] = " ".join(field.description.split())
     for mark in field.metadata:
         if isinstance(mark, OpenAPI):
             schema = merged(schema, mark)

@@ -9,10 +9,20 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
-from ipam_provider.api.capi import IPAM_GROUP, Model
+from backends.validation import (
+    NAMESPACE_NAME,
+    NamedSecret,
+    NamespaceName,
+    ObjectName,
+    OpenAPI,
+    PoolSpecError,
+    Spec,
+    parse_spec,
+    rules,
+)
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.common import Object
@@ -86,26 +96,24 @@ LABEL_SELECTOR = OpenAPI(
 LABEL_SELECTOR["x-kubernetes-map-type"] = "atomic"
 
 
-class SecretRef(Model):
-    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the Secret.")]
+class SecretRef(NamedSecret):
     namespace: Annotated[
-        str,
-        NAMESPACE_NAME,
+        NamespaceName,
         OpenAPI(f'namespace of the Secret; it must carry the label {SECRET_REFS_LABEL}: "true" (docs/security.md).'),
     ]
 
 
 class SecretKeyRef(SecretRef):
-    key: Annotated[str, OpenAPI("key of the Secret's data holding the PEM bundle.", maxLength=253, defaulted=True)] = (
-        "ca.crt"
-    )
+    key: Annotated[str, OpenAPI(maxLength=253, defaulted=True)] = "ca.crt"
+    """key of the Secret's data holding the PEM bundle."""
 
 
-class LocalRef(Model):
-    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the InfobloxInstance.")]
+class LocalRef(Spec):
+    name: ObjectName
+    """name of the InfobloxInstance."""
 
 
-class AllowedNamespaces(Model):
+class AllowedNamespaces(Spec):
     """The namespaces whose pools may use an instance: those in `names`, and those whose labels match `selector`
     (a metav1.LabelSelector; `{}` matches every namespace). None of them: no namespace."""
 
@@ -116,22 +124,14 @@ class AllowedNamespaces(Model):
     )
 
     names: Annotated[
-        list[str],
-        OpenAPI(
-            "list names the namespaces allowed.",
-            maxItems=256,
-            items=OpenAPI("a namespace's name.", **NAMESPACE_NAME),
-            list_type="set",
-        ),
+        list[str], OpenAPI(maxItems=256, items=OpenAPI("a namespace's name.", **NAMESPACE_NAME), list_type="set")
     ] = Field(default_factory=list, alias="list")
-    selector: Annotated[
-        dict[str, Any] | None,
-        LABEL_SELECTOR,
-        OpenAPI("selector allows the namespaces whose labels it matches ({} matches every namespace)."),
-    ] = None
+    """list names the namespaces allowed."""
+    selector: Annotated[dict[str, Any] | None, LABEL_SELECTOR] = None
+    """selector allows the namespaces whose labels it matches ({} matches every namespace)."""
 
 
-class InstanceSpec(Model):
+class InstanceSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "InfobloxInstanceSpec says how to reach one Infoblox NIOS grid (its Grid Master) over WAPI.",
         validations=rules(
@@ -147,7 +147,6 @@ class InstanceSpec(Model):
     host: Annotated[
         str,
         OpenAPI(
-            "host is the Grid Master's DNS name or IP address, without scheme, port or path.",
             minLength=1,
             maxLength=253,
             validations=rules(
@@ -156,60 +155,43 @@ class InstanceSpec(Model):
             ),
         ),
     ]
-    port: Annotated[int, OpenAPI("port of the WAPI HTTPS endpoint.", minimum=1, maximum=65535, defaulted=True)] = 443
-    wapi_version: Annotated[
-        str,
-        OpenAPI(
-            "wapiVersion is the WAPI version to speak, e.g. 2.12 (2.x; fixed addresses, host records, "
-            "func:nextavailableip and extensible-attribute search need no newer one).",
-            maxLength=16,
-            pattern=r"^2\.[0-9]+(\.[0-9]+)?$",
-            defaulted=True,
-        ),
-    ] = Field(default="2.12", alias="wapiVersion")
-    credentials_secret_ref: Annotated[
-        SecretRef,
-        OpenAPI(
-            "credentialsSecretRef names the Secret holding `username` and `password` (type "
-            "kubernetes.io/basic-auth works), or `clientCert` and `clientKey` (PEM; `tls.crt`/`tls.key` of a "
-            "kubernetes.io/tls Secret work too). The instance is cluster-scoped, so the Secret's namespace is "
-            "explicit; keep it in the provider's namespace, labelled to lend Secrets to cluster-scoped objects. "
-            "Whoever may create InfobloxInstances can make the provider send the credentials of any Secret of "
-            "such a namespace to any host: grant that to cluster administrators only."
-        ),
-    ] = Field(alias="credentialsSecretRef")
+    """host is the Grid Master's DNS name or IP address, without scheme, port or path."""
+    port: Annotated[int, OpenAPI(minimum=1, maximum=65535, defaulted=True)] = 443
+    """port of the WAPI HTTPS endpoint."""
+    wapi_version: Annotated[str, OpenAPI(maxLength=16, pattern=r"^2\.[0-9]+(\.[0-9]+)?$", defaulted=True)] = Field(
+        default="2.12", alias="wapiVersion"
+    )
+    """wapiVersion is the WAPI version to speak, e.g. 2.12 (2.x; fixed addresses, host records, func:nextavailableip
+    and extensible-attribute search need no newer one)."""
+    credentials_secret_ref: SecretRef = Field(alias="credentialsSecretRef")
+    """credentialsSecretRef names the Secret holding `username` and `password` (type kubernetes.io/basic-auth works),
+    or `clientCert` and `clientKey` (PEM; `tls.crt`/`tls.key` of a kubernetes.io/tls Secret work too). The instance is
+    cluster-scoped, so the Secret's namespace is explicit; keep it in the provider's namespace, labelled to lend
+    Secrets to cluster-scoped objects. Whoever may create InfobloxInstances can make the provider send the credentials
+    of any Secret of such a namespace to any host: grant that to cluster administrators only."""
     ca_bundle: Annotated[
         str | None,
         OpenAPI(
-            "caBundle is the PEM bundle of the CA(s) that signed the grid's certificate. Without it (and without "
-            "caBundleSecretRef) the publicly trusted CAs are used. TLS verification is always on unless "
-            "insecureSkipVerify is set.",
             maxLength=65536,
             validations=rules(("self.contains('-----BEGIN CERTIFICATE-----')", "caBundle must hold PEM certificates")),
         ),
     ] = Field(default=None, alias="caBundle")
-    ca_bundle_secret_ref: Annotated[
-        SecretKeyRef | None,
-        OpenAPI("caBundleSecretRef names a Secret key holding the CA bundle (PEM), instead of caBundle."),
-    ] = Field(default=None, alias="caBundleSecretRef")
-    insecure_skip_verify: Annotated[
-        bool,
-        OpenAPI(
-            "insecureSkipVerify turns TLS verification off. For tests only: anyone on the path can then read the "
-            "credentials. The instance and its pools then show TLSVerified=False (InsecureSkipVerify) with a "
-            "Warning Event.",
-            defaulted=True,
-        ),
-    ] = Field(default=False, alias="insecureSkipVerify")
-    default_network_view: Annotated[
-        str, OpenAPI("defaultNetworkView is the network view of pools that name none.", maxLength=64, defaulted=True)
-    ] = Field(default="default", alias="defaultNetworkView")
-    default_dns_view: Annotated[
-        str,
-        OpenAPI(
-            "defaultDNSView is the DNS view of host records of pools that name none.", maxLength=64, defaulted=True
-        ),
-    ] = Field(default="default", alias="defaultDNSView")
+    """caBundle is the PEM bundle of the CA(s) that signed the grid's certificate. Without it (and without
+    caBundleSecretRef) the publicly trusted CAs are used. TLS verification is always on unless insecureSkipVerify is
+    set."""
+    ca_bundle_secret_ref: SecretKeyRef | None = Field(default=None, alias="caBundleSecretRef")
+    """caBundleSecretRef names a Secret key holding the CA bundle (PEM), instead of caBundle."""
+    insecure_skip_verify: Annotated[bool, OpenAPI(defaulted=True)] = Field(default=False, alias="insecureSkipVerify")
+    """insecureSkipVerify turns TLS verification off. For tests only: anyone on the path can then read the
+    credentials. The instance and its pools then show TLSVerified=False (InsecureSkipVerify) with a Warning Event."""
+    default_network_view: Annotated[str, OpenAPI(maxLength=64, defaulted=True)] = Field(
+        default="default", alias="defaultNetworkView"
+    )
+    """defaultNetworkView is the network view of pools that name none."""
+    default_dns_view: Annotated[str, OpenAPI(maxLength=64, defaulted=True)] = Field(
+        default="default", alias="defaultDNSView"
+    )
+    """defaultDNSView is the DNS view of host records of pools that name none."""
     manage_ea_definitions: Annotated[
         bool,
         OpenAPI(
@@ -219,12 +201,14 @@ class InstanceSpec(Model):
             defaulted=True,
         ),
     ] = Field(default=True, alias="manageExtensibleAttributeDefinitions")
-    request_timeout_seconds: Annotated[
-        int, OpenAPI("requestTimeoutSeconds bounds each WAPI request.", defaulted=True)
-    ] = Field(default=10, alias="requestTimeoutSeconds", ge=1, le=300)
-    max_concurrent_requests: Annotated[
-        int, OpenAPI("maxConcurrentRequests bounds the WAPI requests in flight to this grid.", defaulted=True)
-    ] = Field(default=8, alias="maxConcurrentRequests", ge=1, le=64)
+    request_timeout_seconds: Annotated[int, OpenAPI(defaulted=True)] = Field(
+        default=10, alias="requestTimeoutSeconds", ge=1, le=300
+    )
+    """requestTimeoutSeconds bounds each WAPI request."""
+    max_concurrent_requests: Annotated[int, OpenAPI(defaulted=True)] = Field(
+        default=8, alias="maxConcurrentRequests", ge=1, le=64
+    )
+    """maxConcurrentRequests bounds the WAPI requests in flight to this grid."""
     allowed_namespaces: AllowedNamespaces | None = Field(default=None, alias="allowedNamespaces")
 
     @property
@@ -234,7 +218,7 @@ class InstanceSpec(Model):
         return f"{host}:{self.port}"
 
 
-class SubnetSpec(Model):
+class SubnetSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "a network of the grid to allocate from.",
         validations=rules(
@@ -252,61 +236,48 @@ class SubnetSpec(Model):
         ),
     )
 
-    cidr: Annotated[
-        str,
-        OpenAPI(
-            "cidr is the network as the grid knows it, e.g. 10.0.0.0/24 or fd00::/64.",
-            maxLength=43,
-            validations=rules(("isCIDR(self)", "cidr must be a CIDR")),
-        ),
-    ]
+    cidr: Annotated[str, OpenAPI(maxLength=43, validations=rules(("isCIDR(self)", "cidr must be a CIDR")))]
+    """cidr is the network as the grid knows it, e.g. 10.0.0.0/24 or fd00::/64."""
     gateway: Annotated[
-        str | None,
-        OpenAPI(
-            "gateway is handed to claimants; it is never allocated (if nothing on the grid holds it, the provider "
-            "reserves it with a fixed address).",
-            maxLength=39,
-            validations=rules(("isIP(self)", "gateway must be an IP address")),
-        ),
+        str | None, OpenAPI(maxLength=39, validations=rules(("isIP(self)", "gateway must be an IP address")))
     ] = None
+    """gateway is handed to claimants; it is never allocated (if nothing on the grid holds it, the provider reserves
+    it with a fixed address)."""
 
 
-class RangeSpec(Model):
+class RangeSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "an IPv4 DHCP range of the grid to allocate from (func:nextavailableip:<start>-<end>); start must not come "
         "after end."
     )
 
-    start: Annotated[str, IPV4, OpenAPI("start is the range's first address.")]
-    end: Annotated[str, IPV4, OpenAPI("end is the range's last address.")]
-    prefix: Annotated[int, OpenAPI("prefix is the length of the network the range lies in.", minimum=0, maximum=32)]
-    gateway: Annotated[str | None, IPV4, OpenAPI("gateway is handed to claimants.")] = None
+    start: Annotated[str, IPV4]
+    """start is the range's first address."""
+    end: Annotated[str, IPV4]
+    """end is the range's last address."""
+    prefix: Annotated[int, OpenAPI(minimum=0, maximum=32)]
+    """prefix is the length of the network the range lies in."""
+    gateway: Annotated[str | None, IPV4] = None
+    """gateway is handed to claimants."""
 
 
-class HostRecordSpec(Model):
+class HostRecordSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI("hostRecord configures host records (mode hostRecord).")
 
-    dns_zone: Annotated[
-        str, OpenAPI("dnsZone is appended to the host name, e.g. nodes.example.com.", minLength=1, maxLength=253)
-    ] = Field(alias="dnsZone")
-    dns_view: Annotated[
-        str | None, OpenAPI("dnsView holds the records; default: the instance's defaultDNSView.", maxLength=64)
-    ] = Field(default=None, alias="dnsView")
-    hostname_source: Annotated[
-        Literal["claimName", "machineName"],
-        OpenAPI(
-            "hostnameSource names the host: machineName (the cluster.x-k8s.io Machine found by following the "
-            "claim's ownerReferences) or claimName (the claim's own name).",
-            defaulted=True,
-        ),
-    ] = Field(default="machineName", alias="hostnameSource")
-    configure_for_dns: Annotated[
-        bool,
-        OpenAPI("configureForDNS publishes the record in DNS (the zone must exist on the grid).", defaulted=True),
-    ] = Field(default=True, alias="configureForDNS")
+    dns_zone: Annotated[str, OpenAPI(minLength=1, maxLength=253)] = Field(alias="dnsZone")
+    """dnsZone is appended to the host name, e.g. nodes.example.com."""
+    dns_view: Annotated[str | None, OpenAPI(maxLength=64)] = Field(default=None, alias="dnsView")
+    """dnsView holds the records; default: the instance's defaultDNSView."""
+    hostname_source: Annotated[Literal["claimName", "machineName"], OpenAPI(defaulted=True)] = Field(
+        default="machineName", alias="hostnameSource"
+    )
+    """hostnameSource names the host: machineName (the cluster.x-k8s.io Machine found by following the claim's
+    ownerReferences) or claimName (the claim's own name)."""
+    configure_for_dns: Annotated[bool, OpenAPI(defaulted=True)] = Field(default=True, alias="configureForDNS")
+    """configureForDNS publishes the record in DNS (the zone must exist on the grid)."""
 
 
-class PoolSpec(Model):
+class PoolSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "InfobloxIPPoolSpec says where on which grid addresses come from and what is written there.",
         validations=rules(
@@ -334,39 +305,28 @@ class PoolSpec(Model):
         ),
     )
 
-    instance_ref: Annotated[
-        LocalRef, OpenAPI("instanceRef names the InfobloxInstance (cluster-scoped) of the grid.")
-    ] = Field(alias="instanceRef")
-    network_view: Annotated[
-        str | None,
-        OpenAPI("networkView holds the subnets; default: the instance's defaultNetworkView.", maxLength=64),
-    ] = Field(default=None, alias="networkView")
-    subnets: Annotated[
-        list[SubnetSpec],
-        OpenAPI("subnets are asked in order: when one has no free address the next is tried.", maxItems=32),
-    ] = Field(default_factory=list)
-    ranges: Annotated[
-        list[RangeSpec], OpenAPI("ranges (IPv4 DHCP ranges) are asked after the subnets, in order.", maxItems=32)
-    ] = Field(default_factory=list)
-    mode: Annotated[
-        Literal["fixedAddress", "hostRecord"],
-        OpenAPI(
-            "mode is what holds an address on the grid: a fixedAddress (IPv4 MAC 00:00:00:00:00:00 or an IPv6 DUID "
-            "derived from the claim's uid) or a hostRecord (a DNS host record).",
-            defaulted=True,
-        ),
-    ] = "fixedAddress"
+    instance_ref: LocalRef = Field(alias="instanceRef")
+    """instanceRef names the InfobloxInstance (cluster-scoped) of the grid."""
+    network_view: Annotated[str | None, OpenAPI(maxLength=64)] = Field(default=None, alias="networkView")
+    """networkView holds the subnets; default: the instance's defaultNetworkView."""
+    subnets: Annotated[list[SubnetSpec], OpenAPI(maxItems=32)] = Field(default_factory=list)
+    """subnets are asked in order: when one has no free address the next is tried."""
+    ranges: Annotated[list[RangeSpec], OpenAPI(maxItems=32)] = Field(default_factory=list)
+    """ranges (IPv4 DHCP ranges) are asked after the subnets, in order."""
+    mode: Annotated[Literal["fixedAddress", "hostRecord"], OpenAPI(defaulted=True)] = "fixedAddress"
+    """mode is what holds an address on the grid: a fixedAddress (IPv4 MAC 00:00:00:00:00:00 or an IPv6 DUID derived
+    from the claim's uid) or a hostRecord (a DNS host record)."""
     host_record: HostRecordSpec | None = Field(default=None, alias="hostRecord")
     extensible_attributes: Annotated[
         dict[str, str],
         OpenAPI(
-            "extensibleAttributes are written on every object, next to the provider's own ownership attributes "
-            "(CAPI-*); each must be defined on the grid.",
             maxProperties=32,
             additionalProperties=OpenAPI(maxLength=256),
             validations=rules((CAPI_EAS, "the CAPI-* ownership attributes are the provider's own")),
         ),
     ] = Field(default_factory=dict, alias="extensibleAttributes")
+    """extensibleAttributes are written on every object, next to the provider's own ownership attributes (CAPI-*);
+    each must be defined on the grid."""
 
 
 @dataclass(frozen=True)
@@ -446,10 +406,7 @@ class Pool:
 
 def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     """The spec of the pool `ref`, checked; PoolSpecError says what is wrong."""
-    try:
-        spec = PoolSpec.model_validate(pool.get("spec") or {})
-    except ValidationError as error:
-        raise PoolSpecError(spec_error(error)) from error
+    spec = parse_spec(PoolSpec, pool)
     if problem := subdomain_problem(spec.instance_ref.name):
         raise PoolSpecError(f"spec.instanceRef.name: {problem}")
     targets = [_subnet_target(i, s) for i, s in enumerate(spec.subnets)]
