@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from backends.validation import NAMESPACE_NAME, OBJECT_NAME, OpenAPI, PoolSpecError, rules, spec_error
-from ipam_provider.api.capi import IPAM_GROUP, Model
+from backends.validation import NAMESPACE_NAME, NamedSecret, OpenAPI, PoolSpecError, Spec, parse_spec, rules
+from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import ClaimContext, PoolKind, PoolRef
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL, name_problem
 from ipam_provider.common import Object
@@ -85,18 +85,14 @@ IPV4_LENGTH = (
 )
 
 
-def _id(what: str) -> OpenAPI:
-    return OpenAPI(f"id is the NetBox id of the {what}.", format="int64", minimum=1)
+NetboxID = Annotated[int | None, OpenAPI(format="int64", minimum=1)]
+PrefixLength = Annotated[int | None, OpenAPI(format="int64", minimum=0, maximum=128)]
+Address = Annotated[str | None, IP]
 
 
-def _prefix_length(description: str) -> OpenAPI:
-    return OpenAPI(description, format="int64", minimum=0, maximum=128)
-
-
-class SecretRef(Model):
+class SecretRef(NamedSecret):
     """The generated CRD of the namespaced kind leaves `namespace` out (hack/gen_crds.py)."""
 
-    name: Annotated[str, OBJECT_NAME, OpenAPI("name of the Secret.")]
     namespace: Annotated[
         str | None,
         NAMESPACE_NAME,
@@ -108,31 +104,24 @@ class SecretRef(Model):
     ] = None
 
 
-class ConnectionSpec(Model):
-    secret_ref: Annotated[
-        SecretRef,
-        OpenAPI(
-            "secretRef names the Secret with the keys url (NetBox's base URL, e.g. https://netbox.example.com), "
-            "token (a v2 token nbt_<key>.<secret>, sent as Bearer, or a v1 token, sent as Token) and optionally "
-            "caBundle (PEM certificates to trust for NetBox's TLS certificate). A NetboxIPPool reads it from its own "
-            "namespace; a GlobalNetboxIPPool names its namespace."
-        ),
-    ] = Field(alias="secretRef")
-    insecure_skip_verify: Annotated[
-        bool, OpenAPI("insecureSkipVerify turns off TLS certificate verification; never in production.")
-    ] = Field(default=False, alias="insecureSkipVerify")
+class ConnectionSpec(Spec):
+    secret_ref: SecretRef = Field(alias="secretRef")
+    """secretRef names the Secret with the keys url (NetBox's base URL, e.g. https://netbox.example.com), token (a v2
+    token nbt_<key>.<secret>, sent as Bearer, or a v1 token, sent as Token) and optionally caBundle (PEM certificates
+    to trust for NetBox's TLS certificate). A NetboxIPPool reads it from its own namespace; a GlobalNetboxIPPool names
+    its namespace."""
+    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
+    """insecureSkipVerify turns off TLS certificate verification; never in production."""
 
 
-class _NamedSource(Model):
+class _NamedSource(Spec):
     """A NetBox object named by `id`, or by value (in the subclass's fields) in a VRF given by name or id."""
 
     id: int | None = None
-    vrf: Annotated[
-        str | None, OpenAPI("vrf is the name of the source's NetBox VRF; omitted means the global table.")
-    ] = Field(default=None, max_length=NAME_LENGTH)
-    vrf_id: Annotated[
-        int | None, OpenAPI("vrfID is the NetBox id of the source's VRF (instead of vrf).", format="int64", minimum=1)
-    ] = Field(default=None, alias="vrfID")
+    vrf: str | None = Field(default=None, max_length=NAME_LENGTH)
+    """vrf is the name of the source's NetBox VRF; omitted means the global table."""
+    vrf_id: NetboxID = Field(default=None, alias="vrfID")
+    """vrfID is the NetBox id of the source's VRF (instead of vrf)."""
 
 
 class PrefixSource(_NamedSource):
@@ -141,11 +130,11 @@ class PrefixSource(_NamedSource):
         validations=rules(("has(self.id) != has(self.cidr)", "set exactly one of id and cidr"), ONE_VRF, BY_ID_NO_VRF),
     )
 
-    id: Annotated[int | None, _id("prefix")] = None
+    id: NetboxID = None
+    """id is the NetBox id of the prefix."""
     cidr: Annotated[
         str | None,
         OpenAPI(
-            "cidr is the prefix, e.g. 10.0.0.0/24 or 2001:db8::/64.",
             maxLength=43,
             validations=rules(
                 (
@@ -155,6 +144,7 @@ class PrefixSource(_NamedSource):
             ),
         ),
     ] = None
+    """cidr is the prefix, e.g. 10.0.0.0/24 or 2001:db8::/64."""
 
 
 class RangeSource(_NamedSource):
@@ -172,12 +162,15 @@ class RangeSource(_NamedSource):
         ),
     )
 
-    id: Annotated[int | None, _id("IP range")] = None
-    start: Annotated[str | None, IP, OpenAPI("start is the first address of the range, without mask.")] = None
-    end: Annotated[str | None, IP, OpenAPI("end is the last address of the range, without mask.")] = None
+    id: NetboxID = None
+    """id is the NetBox id of the IP range."""
+    start: Address = None
+    """start is the first address of the range, without mask."""
+    end: Address = None
+    """end is the last address of the range, without mask."""
 
 
-class SourceSpec(Model):
+class SourceSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "A source of addresses: exactly one of prefix and ipRange.",
         validations=rules(
@@ -188,25 +181,15 @@ class SourceSpec(Model):
 
     prefix: PrefixSource | None = None
     ip_range: RangeSource | None = Field(default=None, alias="ipRange")
-    gateway: Annotated[
-        str | None,
-        IP,
-        OpenAPI(
-            "gateway of the addresses from this source; overrides spec.gateway. A gateway inside the source must be "
-            "recorded in NetBox as an IP address (else the pool is not Ready: GatewayNotRecorded); it is never given "
-            "to a claim."
-        ),
-    ] = None
-    prefix_length: Annotated[
-        int | None,
-        _prefix_length(
-            "prefixLength of the addresses from this source; by default the source's own mask in NetBox. At most 32 "
-            "for IPv4."
-        ),
-    ] = Field(default=None, alias="prefixLength")
+    gateway: Address = None
+    """gateway of the addresses from this source; overrides spec.gateway. A gateway inside the source must be recorded
+    in NetBox as an IP address (else the pool is not Ready: GatewayNotRecorded); it is never given to a claim."""
+    prefix_length: PrefixLength = Field(default=None, alias="prefixLength")
+    """prefixLength of the addresses from this source; by default the source's own mask in NetBox. At most 32 for
+    IPv4."""
 
 
-class AddressFields(Model):
+class AddressFields(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "addressFields are written on every NetBox IP address the pool creates, next to the provider's ownership "
         f"marks (the tag {OWNER_TAG} and the custom field {CLAIM_UID_FIELD}). NetBox sets the VRF from the source. "
@@ -214,34 +197,25 @@ class AddressFields(Model):
         "owner, else the claim)."
     )
 
-    status: Annotated[str, OpenAPI("status of the addresses in NetBox.", enum=list(STATUSES), defaulted=True)] = (
-        "active"
-    )
-    role: Annotated[str | None, OpenAPI("role of the addresses in NetBox; none by default.", enum=list(ROLES))] = None
-    tenant: Annotated[str | None, SLUG, OpenAPI("tenant is the slug of the NetBox tenant of the addresses.")] = Field(
-        default=None, max_length=NAME_LENGTH
-    )
-    dns_name: Annotated[
-        str | None,
-        TEMPLATE,
-        OpenAPI("dnsName is a template for the addresses' DNS name, e.g. {machine}.{cluster}.example.com."),
-    ] = Field(default=None, alias="dnsName", max_length=DNS_NAME_LENGTH)
-    description: Annotated[
-        str | None,
-        TEMPLATE,
-        OpenAPI(
-            "description is a template for the addresses' description (default: Cluster API claim {namespace}/{claim})."
-        ),
-    ] = Field(default=None, max_length=DESCRIPTION_LENGTH)
+    status: Annotated[str, OpenAPI(enum=list(STATUSES), defaulted=True)] = "active"
+    """status of the addresses in NetBox."""
+    role: Annotated[str | None, OpenAPI(enum=list(ROLES))] = None
+    """role of the addresses in NetBox; none by default."""
+    tenant: Annotated[str | None, SLUG] = Field(default=None, max_length=NAME_LENGTH)
+    """tenant is the slug of the NetBox tenant of the addresses."""
+    dns_name: Annotated[str | None, TEMPLATE] = Field(default=None, alias="dnsName", max_length=DNS_NAME_LENGTH)
+    """dnsName is a template for the addresses' DNS name, e.g. {machine}.{cluster}.example.com."""
+    description: Annotated[str | None, TEMPLATE] = Field(default=None, max_length=DESCRIPTION_LENGTH)
+    """description is a template for the addresses' description (default: Cluster API claim {namespace}/{claim})."""
     tags: Annotated[
         list[str],
         OpenAPI(
-            "tags are slugs of existing NetBox tags to put on the addresses.",
             items=OpenAPI("a tag slug.", maxLength=NAME_LENGTH, **SLUG),
             validations=rules((f"!self.exists(t, t == '{OWNER_TAG}')", f"{OWNER_TAG} is the provider's own tag")),
             list_type="set",
         ),
     ] = Field(default_factory=list, max_length=MAX_TAGS)
+    """tags are slugs of existing NetBox tags to put on the addresses."""
     custom_fields: Annotated[
         dict[str, Any],
         OpenAPI(
@@ -255,35 +229,22 @@ class AddressFields(Model):
     ] = Field(default_factory=dict, alias="customFields", max_length=CUSTOM_FIELDS)
 
 
-class PoolSpec(Model):
+class PoolSpec(Spec):
     openapi: ClassVar[OpenAPI] = OpenAPI(
         "spec says where in NetBox the pool's addresses come from and what they carry."
     )
 
-    connection: Annotated[ConnectionSpec, OpenAPI("connection says how to reach NetBox.")]
-    sources: Annotated[
-        list[SourceSpec],
-        OpenAPI(
-            "sources are NetBox prefixes and IP ranges, in order: an address comes from the first one with room. All "
-            "must be of one IP family.",
-            minItems=1,
-        ),
-    ] = Field(max_length=MAX_SOURCES)
-    gateway: Annotated[
-        str | None,
-        IP,
-        OpenAPI(
-            "gateway of the pool's addresses, unless a source sets its own. A gateway inside a source must be "
-            "recorded in NetBox as an IP address; it is never given to a claim."
-        ),
-    ] = None
-    prefix_length: Annotated[
-        int | None,
-        _prefix_length(
-            "prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask. At "
-            "most 32 for IPv4 sources (checked against NetBox)."
-        ),
-    ] = Field(default=None, alias="prefixLength")
+    connection: ConnectionSpec
+    """connection says how to reach NetBox."""
+    sources: Annotated[list[SourceSpec], OpenAPI(minItems=1)] = Field(max_length=MAX_SOURCES)
+    """sources are NetBox prefixes and IP ranges, in order: an address comes from the first one with room. All must be
+    of one IP family."""
+    gateway: Address = None
+    """gateway of the pool's addresses, unless a source sets its own. A gateway inside a source must be recorded in
+    NetBox as an IP address; it is never given to a claim."""
+    prefix_length: PrefixLength = Field(default=None, alias="prefixLength")
+    """prefixLength of the pool's addresses, unless a source sets its own; by default each source's mask. At most 32
+    for IPv4 sources (checked against NetBox)."""
     address_fields: AddressFields = Field(default_factory=AddressFields, alias="addressFields")
 
 
@@ -323,10 +284,7 @@ class Pool:
 
 def parse_pool(ref: PoolRef, pool: Object) -> Pool:
     """The spec of the pool `ref`, checked; PoolSpecError says what is wrong."""
-    try:
-        spec = PoolSpec.model_validate(pool.get("spec") or {})
-    except ValidationError as error:
-        raise PoolSpecError(spec_error(error)) from error
+    spec = parse_spec(PoolSpec, pool)
     secret = spec.connection.secret_ref
     namespace = ref.namespace or secret.namespace
     if not namespace:
