@@ -42,8 +42,7 @@ from backends.incluster.spec import (
     read_pool,
     stranded_refusal,
 )
-from backends.validation import OpenAPI, PoolSpecError, rules
-from ipam_provider.api.capi import Model
+from backends.validation import OpenAPI, PoolSpecError, Spec, rules
 from ipam_provider.backend.contract import AddressInUse, PoolRef
 from ipam_provider.common import Object
 
@@ -181,7 +180,7 @@ PREFIX = OpenAPI(
 )
 
 
-class PrefixPoolSpec(Model):
+class PrefixPoolSpec(Spec):
     """The CRD checks what the Go provider's webhook checks, with its messages (and IPv4 prefix pools too, with
     messages of the same shape); what CEL cannot check (allocations a change would strand) the backend reports. The
     Go message for a too long entry ends with the length, which a messageExpression could not carry (the API
@@ -218,45 +217,29 @@ class PrefixPoolSpec(Model):
         ),
     )
 
-    prefixes: Annotated[
-        list[str],
-        OpenAPI(
-            "prefixes are the CIDRs the pool carves its child prefixes from, all of one IP family; each must be a "
-            "network address (fd00::/48, 10.0.0.0/16).",
-            required=True,
-            maxItems=1024,
-            items=PREFIX,
-        ),
-    ] = Field(default_factory=list)
+    prefixes: Annotated[list[str], OpenAPI(required=True, maxItems=1024, items=PREFIX)] = Field(default_factory=list)
+    """prefixes are the CIDRs the pool carves its child prefixes from, all of one IP family; each must be a network
+    address (fd00::/48, 10.0.0.0/16)."""
     allocation_prefix_length: Annotated[
         int,
         OpenAPI(
-            "allocationPrefixLength is the length of each handed-out child prefix (64: every claim gets a /64). At "
-            "least the length of every entry of prefixes; at most 128, or 32 for IPv4. It cannot change once the "
-            "pool exists.",
             defaulted=True,
             minimum=1,
             maximum=128,
             validations=rules(("self == oldSelf", "spec.allocationPrefixLength is immutable")),
         ),
     ] = Field(default=DEFAULT_ALLOCATION_PREFIX_LENGTH, alias="allocationPrefixLength")
-    gateway: Annotated[
-        Gateway,
-        OpenAPI(
-            "gateway is copied into every IPAddress of the pool. It does not keep any child prefix from being "
-            "handed out."
-        ),
-    ] = None
+    """allocationPrefixLength is the length of each handed-out child prefix (64: every claim gets a /64). At least the
+    length of every entry of prefixes; at most 128, or 32 for IPv4. It cannot change once the pool exists."""
+    gateway: Gateway = None
+    """gateway is copied into every IPAddress of the pool. It does not keep any child prefix from being handed out."""
+    # The Go prefix pool webhook says "entry" where its address pool webhook says "address".
     excluded_prefixes: Annotated[
         list[str],
-        OpenAPI(
-            "excludedPrefixes are never handed out: a child prefix that overlaps any of them is skipped. Each entry "
-            "is a single IP, a range of two IPs (A-B), or a CIDR.",
-            maxItems=1024,
-            # The Go prefix pool webhook says "entry" where its address pool webhook says "address".
-            items=OpenAPI(maxLength=100, validations=rules((ENTRY_RULE, INVALID_EXCLUDED))),
-        ),
+        OpenAPI(maxItems=1024, items=OpenAPI(maxLength=100, validations=rules((ENTRY_RULE, INVALID_EXCLUDED)))),
     ] = Field(default_factory=list, alias="excludedPrefixes")
+    """excludedPrefixes are never handed out: a child prefix that overlaps any of them is skipped. Each entry is a
+    single IP, a range of two IPs (A-B), or a CIDR."""
 
 
 def parse_prefix_pool(pool: Object) -> tuple[PrefixPoolSpec, AllocatableSet]:

@@ -38,8 +38,8 @@ from backends.incluster.allocatable import (
 from backends.incluster.domains import domain_problem
 from backends.incluster.intervals import IntervalSet, address_to_int, address_value, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy
-from backends.validation import OpenAPI, PoolSpecError, rules, spec_error
-from ipam_provider.api.capi import Model, addresses_listing
+from backends.validation import OpenAPI, PoolSpecError, Spec, rules, spec_error
+from ipam_provider.api.capi import addresses_listing
 from ipam_provider.backend.contract import (
     REQUESTED_ADDRESS_ANNOTATION,
     AddressInUse,
@@ -63,10 +63,6 @@ EXCLUSION_OUTSIDE = "ExclusionOutsideAddresses"
 LISTED_ENTRIES = 5  # entries named per kind of advisory; the rest are counted
 
 
-ENTRY = (
-    "Each entry is a single IP (10.0.0.5), a range of two IPs of the same family (10.0.0.10-10.0.0.20), "
-    "or a CIDR (10.0.0.0/24)."
-)
 # No blanks around an entry or its range's ends: the Go provider's parsers (netip, netipx) refuse them.
 ENTRY_RULE = (
     "isIP(self) || isCIDR(self) || (self.split('-').size() == 2 && "
@@ -102,7 +98,7 @@ Gateway = Annotated[
 ]
 
 
-class InClusterPoolSpec(Model):
+class InClusterPoolSpec(Spec):
     """The CRD checks what the Go provider's webhook checks, with its messages."""
 
     openapi: ClassVar[OpenAPI] = OpenAPI(
@@ -135,38 +131,26 @@ class InClusterPoolSpec(Model):
         ),
     )
 
-    addresses: Annotated[
-        list[str], ENTRIES, OpenAPI(f"addresses is the list of addresses the pool hands out. {ENTRY}", required=True)
-    ] = Field(default_factory=list)
-    prefix: Annotated[
-        int,
-        OpenAPI(
-            "prefix is the network prefix length of the handed-out addresses.", required=True, minimum=0, maximum=128
-        ),
-    ] = 0
-    gateway: Annotated[Gateway, OpenAPI("gateway is the gateway of the network; it is never handed out.")] = None
-    excluded_addresses: Annotated[list[str], ENTRIES, OpenAPI(f"excludedAddresses are never handed out. {ENTRY}")] = (
-        Field(default_factory=list, alias="excludedAddresses")
+    addresses: Annotated[list[str], ENTRIES, OpenAPI(required=True)] = Field(default_factory=list)
+    """addresses is the list of addresses the pool hands out. Each entry is a single IP (10.0.0.5), a range of two IPs
+    of the same family (10.0.0.10-10.0.0.20), or a CIDR (10.0.0.0/24)."""
+    prefix: Annotated[int, OpenAPI(required=True, minimum=0, maximum=128)] = 0
+    """prefix is the network prefix length of the handed-out addresses."""
+    gateway: Gateway = None
+    """gateway is the gateway of the network; it is never handed out."""
+    excluded_addresses: Annotated[list[str], ENTRIES] = Field(default_factory=list, alias="excludedAddresses")
+    """excludedAddresses are never handed out. Each entry is a single IP (10.0.0.5), a range of two IPs of the same
+    family (10.0.0.10-10.0.0.20), or a CIDR (10.0.0.0/24)."""
+    allocate_reserved: bool = Field(default=False, alias="allocateReservedIPAddresses")
+    """allocateReservedIPAddresses lets the pool hand out the first address of the subnet and, for IPv4, its broadcast
+    address."""
+    reuse_grace_seconds: Annotated[int | None, OpenAPI(format="int64", minimum=0)] = Field(
+        default=None, alias="addressReuseGracePeriodSeconds"
     )
-    allocate_reserved: Annotated[
-        bool,
-        OpenAPI(
-            "allocateReservedIPAddresses lets the pool hand out the first address of the subnet and, for IPv4, its "
-            "broadcast address."
-        ),
-    ] = Field(default=False, alias="allocateReservedIPAddresses")
-    reuse_grace_seconds: Annotated[
-        int | None,
-        OpenAPI(
-            "addressReuseGracePeriodSeconds keeps a released address unused for this long.", format="int64", minimum=0
-        ),
-    ] = Field(default=None, alias="addressReuseGracePeriodSeconds")
+    """addressReuseGracePeriodSeconds keeps a released address unused for this long."""
     pre_allocations: Annotated[
         dict[str, Any],
         OpenAPI(
-            "preAllocations maps a claim to the address it gets. The address is never handed to another claim, even "
-            "before the named claim exists. An InClusterIPPool names claims of its own namespace by name; a "
-            "GlobalInClusterIPPool names them as namespace/name.",
             maxProperties=1024,
             additionalProperties=OpenAPI(
                 type="string",
@@ -175,39 +159,29 @@ class InClusterPoolSpec(Model):
             ),
         ),
     ] = Field(default_factory=dict, alias="preAllocations")
+    """preAllocations maps a claim to the address it gets. The address is never handed to another claim, even before
+    the named claim exists. An InClusterIPPool names claims of its own namespace by name; a GlobalInClusterIPPool
+    names them as namespace/name."""
+    # A DNS label: the domain is also the value of a label on the domain's reservations (see `domains`).
     uniqueness_domain: Annotated[
-        str | None,
-        OpenAPI(
-            "uniquenessDomain names a cluster-wide set of in-cluster pools (namespaced and global, of any namespace) "
-            "that never hand out the same address, even where their addresses overlap: an address held by one pool "
-            "of the domain is used for every other. Without it, addresses are unique within the pool only, and pools "
-            "whose addresses overlap report AddressesOverlap. It cannot be set, changed or removed after the pool is "
-            "created. Not part of the Go provider's API.",
-            minLength=1,
-            maxLength=63,
-            # A DNS label: the domain is also the value of a label on the domain's reservations.
-            pattern="^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        ),
-    ] = Field(default=None, alias="uniquenessDomain")  # see `domains`
-    allocation_strategy: Annotated[
-        AllocationStrategy,
-        OpenAPI(
-            "allocationStrategy is how a claim without a requested address gets one: LowestFree takes the lowest "
-            "free address; Random a free address chosen uniformly; LeastRecentlyReleased an address never used "
-            "before if there is one (the lowest), else the address released longest ago. Every strategy respects "
-            "addressReuseGracePeriodSeconds and reserveStaticBand.",
-            defaulted=True,
-        ),
-    ] = Field(default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy")
-    reserve_static_band: Annotated[
-        bool,
-        OpenAPI(
-            "reserveStaticBand keeps the pool's lowest addresses (min(max(16, size/16), 256) of the allocatable ones; "
-            "none in a pool of fewer than 16) for requested and pre-allocated addresses: claims without a requested "
-            "address get an address of the band only when no other is free.",
-            defaulted=True,
-        ),
-    ] = Field(default=False, alias="reserveStaticBand")
+        str | None, OpenAPI(minLength=1, maxLength=63, pattern="^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    ] = Field(default=None, alias="uniquenessDomain")
+    """uniquenessDomain names a cluster-wide set of in-cluster pools (namespaced and global, of any namespace) that
+    never hand out the same address, even where their addresses overlap: an address held by one pool of the domain is
+    used for every other. Without it, addresses are unique within the pool only, and pools whose addresses overlap
+    report AddressesOverlap. It cannot be set, changed or removed after the pool is created. Not part of the Go
+    provider's API."""
+    allocation_strategy: Annotated[AllocationStrategy, OpenAPI(defaulted=True)] = Field(
+        default=AllocationStrategy.LOWEST_FREE, alias="allocationStrategy"
+    )
+    """allocationStrategy is how a claim without a requested address gets one: LowestFree takes the lowest free
+    address; Random a free address chosen uniformly; LeastRecentlyReleased an address never used before if there is
+    one (the lowest), else the address released longest ago. Every strategy respects addressReuseGracePeriodSeconds
+    and reserveStaticBand."""
+    reserve_static_band: Annotated[bool, OpenAPI(defaulted=True)] = Field(default=False, alias="reserveStaticBand")
+    """reserveStaticBand keeps the pool's lowest addresses (min(max(16, size/16), 256) of the allocatable ones; none in
+    a pool of fewer than 16) for requested and pre-allocated addresses: claims without a requested address get an
+    address of the band only when no other is free."""
 
     @field_validator("uniqueness_domain")
     @classmethod
@@ -376,12 +350,12 @@ class PreAllocations:
         return namespace, name
 
 
-Spec = TypeVar("Spec")
+ParsedSpec = TypeVar("ParsedSpec")
 
 
 def read_pool(
-    ref: PoolRef, pool: Object, parse: Callable[[Object], tuple[Spec, AllocatableSet]]
-) -> tuple[Spec, AllocatableSet, int, str]:
+    ref: PoolRef, pool: Object, parse: Callable[[Object], tuple[ParsedSpec, AllocatableSet]]
+) -> tuple[ParsedSpec, AllocatableSet, int, str]:
     """The pool's spec and allocatable set by `parse`, its metadata.generation (0 when unset) and uid (a pool
     re-created under its name is new); PoolNotReadyError when its spec is invalid."""
     try:
