@@ -93,14 +93,14 @@ async def measure(kubeconfig: Path, sizes: list[int], repeats: int) -> list[tupl
             for _ in range(repeats):
                 pacer = CountingPacer()
                 started = time.monotonic()
-                holdings = await backend.list_holdings(ref, pool, pacer)
+                holdings = await backend.repair.list_holdings(ref, pool, pacer)
                 timings.append(time.monotonic() - started)
                 requests = pacer.requests
                 if len(holdings) != size:
                     raise RuntimeError(f"listed {len(holdings)} holdings of {size}")
             paced = CountingPacer(DEFAULT_RATE)
             started = time.monotonic()
-            await backend.list_holdings(ref, pool, paced)
+            await backend.repair.list_holdings(ref, pool, paced)
             rows.append((size, requests, statistics.median(timings), time.monotonic() - started))
     finally:
         await backend.close()

@@ -1,10 +1,8 @@
 """Allocation from an in-cluster pool (address or prefix pool): which address a claim gets, or why it cannot; the
 `ledger` chooses candidates, makes every reservation and keeps the index in step.
 
-- Dynamic: the index chooses a candidate and marks it pending in one step, so concurrent allocations never try one
-  address; the reservation's create-uniqueness stays the arbiter: a lost address is learned and the next candidate
-  taken. An own release record chosen is taken over. A pool that looks exhausted is rebuilt once before
-  PoolExhausted.
+- Dynamic: the next candidate of the index under the policy (`Ledger.reserve_any`); the reservation's
+  create-uniqueness stays the arbiter.
 - Requested (annotation) or pre-allocated: an address the pool does not hand out, pre-allocated to another claim,
   or contradicting the claim's pre-allocation is refused (AllocationFailed, `requested_address_outside`). Else it is
   taken by value (the policy does not apply), an own release record past its grace period taken over; held by

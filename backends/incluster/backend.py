@@ -8,9 +8,8 @@ allocation follow the number of allocations, not the pool's size (see `intervals
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Collection, Mapping, Sequence
-from typing import TypeVar, cast
+from collections.abc import Collection, Sequence
+from typing import cast
 
 from backends.incluster.allocator import Allocator, collisions
 from backends.incluster.domains import (
@@ -22,7 +21,6 @@ from backends.incluster.domains import (
 )
 from backends.incluster.intervals import address_value
 from backends.incluster.ledger import Ledger
-from backends.incluster.naming import LABEL_POOL
 from backends.incluster.repair import Repair
 from backends.incluster.spec import (
     AddressPool,
@@ -47,11 +45,9 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.protocol import Capabilities
-from ipam_provider.backend.repair import Holding, Pacer, Restore
 from ipam_provider.common import Object, cap_int64
 
 IN_CLUSTER_POOL = PoolKind(IPAM_GROUP, "v1alpha2", "InClusterIPPool", "inclusterippools", namespaced=True)
-Parsed = TypeVar("Parsed", bound=ParsedPool)
 GLOBAL_IN_CLUSTER_POOL = PoolKind(
     IPAM_GROUP, "v1alpha2", "GlobalInClusterIPPool", "globalinclusterippools", namespaced=False
 )
@@ -69,44 +65,41 @@ class InClusterBackend:
         kube, cached_pools = context.kube, context.cached_pools
         self.ledger = Ledger(kube, context.cached_addresses, lambda d: domain_pools(kube, self.kinds, cached_pools, d))
         self.allocator = Allocator(self.ledger)
-        self.repair = Repair(self.ledger, self.pool_type.parse, self.kinds, cached_pools)
-        self.cached_addresses = context.cached_addresses
-        self.survey = PoolSurvey(self.kinds, cached_pools, survey_parse)
-        # Each pool's last valid parse, by the type it was parsed as, with the spec it was read from.
-        self._parsed: dict[PoolRef, tuple[type[ParsedPool], Object, ParsedPool]] = {}
         # Every operation of a pool runs in `pools.operation`: what one keeps for a pool gone meanwhile goes.
         self.pools = LivePools(self.forget_pool)
+        self.repair = Repair(self.ledger, self.pool_type.parse, self.kinds, cached_pools, self.pools)
+        self.cached_addresses = context.cached_addresses
+        self.survey = PoolSurvey(self.kinds, cached_pools, survey_parse)
+        # Each pool's last valid parse, with the spec it was read from.
+        self._parsed: dict[PoolRef, tuple[Object, ParsedPool]] = {}
 
     def capabilities(self) -> Capabilities:
-        """Every optional capability: the repair one is the Repair's, each call of a pool a pool operation."""
+        """Every optional capability; the repair one is the Repair's."""
         return Capabilities(
             name=self.name,
             prepare=self.prepare,
             review_pool_change=self.review_pool_change,
             observe_pool=self.observe_pool,
             concurrent_claims=self.concurrent_claims,
-            repair=self,
-            list_pools_holdings=self.list_pools_holdings,
+            repair=self.repair,
+            list_pools_holdings=self.repair.list_pools_holdings,
             sweep_orphaned=self.repair.sweep_orphaned,
         )
 
     def parse(self, ref: PoolRef, pool: Object) -> ParsedPool:
-        """The pool as one call reads it (its uniqueness domain noted); PoolNotReadyError when it is invalid."""
-        return self.ledger.noted(self._parse_as(self.pool_type, ref, pool))
-
-    def _parse_as(self, pool_type: type[Parsed], ref: PoolRef, pool: Object) -> Parsed:
-        """`pool_type.parse(ref, pool)`; the pool's last parse while its uid, generation and spec are the same
-        (a parse depends on nothing else). An invalid pool is parsed, and fails, every time."""
+        """The pool as one call reads it (its uniqueness domain noted); PoolNotReadyError when it is invalid. It is
+        the pool's last parse while its uid, generation and spec are the same (a parse depends on nothing else); an
+        invalid pool is parsed, and fails, every time."""
         meta, spec = pool.get("metadata") or {}, pool.get("spec") or {}
         kept = self._parsed.get(ref)
         if kept is not None:
-            kept_type, kept_spec, last = kept
+            kept_spec, last = kept
             same_pool = last.uid == str(meta.get("uid") or "") and last.generation == int(meta.get("generation") or 0)
-            if kept_type is pool_type and same_pool and (kept_spec is spec or kept_spec == spec):
-                return cast(Parsed, last)
-        parsed = cast(Parsed, pool_type.parse(ref, pool))
-        self._parsed[ref] = (pool_type, spec, parsed)
-        return parsed
+            if same_pool and (kept_spec is spec or kept_spec == spec):
+                return self.ledger.noted(last)
+        parsed = self.pool_type.parse(ref, pool)
+        self._parsed[ref] = (spec, parsed)
+        return self.ledger.noted(parsed)
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """The pools overlapping a changed pool before or after the change (see `domains.PoolSurvey`); a deleted
@@ -136,30 +129,6 @@ class InClusterBackend:
                 return
             await self.ledger.prepare(parsed)
 
-    async def list_holdings(self, pool_ref: PoolRef, pool: Object, pacer: Pacer) -> list[Holding]:
-        with self.pools.operation(pool_ref):
-            return await self.repair.list_holdings(pool_ref, pool, pacer)
-
-    async def list_pools_holdings(
-        self, pools: Sequence[tuple[PoolRef, Object]], pacer: Pacer, selector: str = LABEL_POOL
-    ) -> dict[PoolRef, list[Holding]]:
-        with contextlib.ExitStack() as operations:
-            for ref, _ in pools:
-                operations.enter_context(self.pools.operation(ref))
-            return await self.repair.list_pools_holdings(pools, pacer, selector)
-
-    async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
-        with self.pools.operation(pool_ref):
-            return await self.repair.release_holding(pool_ref, pool, holding)
-
-    async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
-        with self.pools.operation(pool_ref):
-            return await self.repair.restore(pool_ref, pool, claim, allocation)
-
-    async def outside_pool(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[str]) -> Mapping[str, str]:
-        with self.pools.operation(pool_ref):
-            return await self.repair.outside_pool(pool_ref, pool, addresses)
-
     async def review_pool_change(
         self, pool_ref: PoolRef, old: Object | None, new: Object | None, in_use: Sequence[AddressInUse]
     ) -> list[str]:
@@ -184,7 +153,7 @@ class InClusterBackend:
 
     async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         try:
-            parsed = self.ledger.noted(self._parse_as(AddressPool, pool_ref, pool))
+            parsed = cast(AddressPool, self.parse(pool_ref, pool))
         except PoolNotReadyError as error:
             invalid = AddressCounts(total=0, used=len(addresses), free=0, out_of_range=len(addresses))
             conditions = [INVALID_POOL_OVERLAP]

@@ -1,9 +1,6 @@
 """The ledger of the in-cluster pools: their reservations in the API server (`reservations`) and this process's
 index of each pool (`index`), kept in step: a write and the index update it implies are one method of `Ledger`.
 
-`release`: back to its pin (uid "") when the spec pre-allocates the address to its claim; else a release record
-when the pool keeps them; else deleted.
-
 - An index is built from a fresh list of the pool's reservations (a domain pool's: the domain's) on first use (or
   by `prepare`), on each resync, and when the pool looks exhausted; one build per pool at a time; pending
   candidates move to it. It belongs to one pool object (uid), is never replaced by one of an older spec
@@ -95,7 +92,7 @@ class Ledger:
         """The pool is gone (its watch showed it deleted): drop its index, its noted domain, and its build lock
         unless a build holds it now (the backend forgets the pool again when that build's operation ends)."""
         self._indexes.pop(ref, None)
-        self.reservations.note_domain(ref, None)
+        self.reservations.forget(ref)
         lock = self._building.get(ref)
         if lock is not None and not lock.locked():
             del self._building[ref]
@@ -332,9 +329,10 @@ class Ledger:
                 current.hold(reservation)
 
     async def release(self, ref: PoolRef, terms: ReleaseTerms, reservation: Reservation) -> bool:
-        """Release one reservation of the pool by `terms` (see the module). True when this call released it; False
-        when a delete found it gone or changed. A patch of a reservation that changed or went since it was read
-        raises ApiError (conflict, not found)."""
+        """Release one reservation of the pool by `terms`: back to its pin (uid "") when the spec pre-allocates the
+        address to its claim; else a release record when the pool keeps them; else deleted. True when this call
+        released it; False when a delete found it gone or changed. A patch of a reservation that changed or went
+        since it was read raises ApiError (conflict, not found)."""
         if terms.pre is not None and terms.pre.pins(reservation.address, reservation.claim):
             changed: Reservation | None = await self.reservations.reassign(reservation, "")
         elif terms.keep_record:

@@ -37,6 +37,7 @@ from ipam_provider.backend.contract import (
     PoolNotReadyError,
     PoolRef,
 )
+from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
 from ipam_provider.common import Object, normalized_address
 from ipam_provider.reconcile.context import pool_resource
@@ -90,7 +91,8 @@ def holder_text(reservation: Reservation, seen_from: str | None) -> str:
 
 
 class Repair:
-    """The repair capability (see the module) over the ledger; `parse` reads a pool of the backend's `kinds`."""
+    """The repair capability (see the module) over the ledger; `parse` reads a pool of the backend's `kinds`. Each
+    call of a pool runs as an operation of it in `pools`."""
 
     orphan_sweep_every: float = ORPHAN_SWEEP_EVERY
     orphan_sweep_clock: Callable[[], float] = time.monotonic
@@ -101,8 +103,10 @@ class Repair:
         parse: Callable[[PoolRef, Object], ParsedPool],
         kinds: Sequence[PoolKind],
         cached_pools: Callable[[PoolKind], Sequence[Object] | None],
+        pools: LivePools,
     ) -> None:
         self.ledger = ledger
+        self.pools = pools
         self.parse = parse
         self.kinds = kinds
         self.cached_pools = cached_pools  # the controller's pool caches (None: not synced)
@@ -122,7 +126,9 @@ class Repair:
         wanted = {pool_hash(ref): ref for ref, _ in pools}
         found: dict[PoolRef, list[Holding]] = {ref: [] for ref, _ in pools}
         what = f"the reservations of {pools[0][0]}" if len(pools) == 1 else "the reservations"
-        with _api_server_errors(what):
+        with contextlib.ExitStack() as operations, _api_server_errors(what):
+            for pool_ref, _ in pools:
+                operations.enter_context(self.pools.operation(pool_ref))
             async for items, _ in self.ledger.reservations.kube.list_pages(
                 RESERVATIONS, label_selector=selector, limit=PAGE_SIZE, before_page=pacer.wait
             ):
@@ -134,7 +140,7 @@ class Repair:
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
         """Release the listed reservation as a claim's release would; False when it changed or went."""
-        with _api_server_errors(f"the reservations of {pool_ref}"):
+        with self.pools.operation(pool_ref), _api_server_errors(f"the reservations of {pool_ref}"):
             found = await self.ledger.reservations.kube.get(RESERVATIONS, holding.handle)
             reservation = Reservation.parse(found) if found is not None else None
             if reservation is None or not _still_as_listed(pool_ref, reservation, holding):
@@ -146,20 +152,21 @@ class Repair:
 
     async def restore(self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, allocation: Allocation) -> Restore:
         """Make the claim hold the address its IPAddress names (see the module)."""
-        address = normalized_address(allocation.address)
-        why = self.ledger.noted(self.parse(pool_ref, pool)).why_not(address)
-        if why is not None:
-            return Restore(RestoreOutcome.OUTSIDE, f"{address} is not an address {pool_ref} hands out: {why}")
-        held = Allocation(address, allocation.prefix, allocation.gateway)
-        with _api_server_errors(f"the reservations of {pool_ref}"):
-            for _ in range(RESTORE_ATTEMPTS):
-                answer = await self._restore_once(pool_ref, claim, held)
-                if answer is not None:
-                    return answer
-        raise AllocationFailedError(
-            f"the reservation of {address} in {pool_ref} kept changing while IPAddress {claim} was restored; "
-            "retried on the next repair pass"
-        )
+        with self.pools.operation(pool_ref):
+            address = normalized_address(allocation.address)
+            why = self.ledger.noted(self.parse(pool_ref, pool)).why_not(address)
+            if why is not None:
+                return Restore(RestoreOutcome.OUTSIDE, f"{address} is not an address {pool_ref} hands out: {why}")
+            held = Allocation(address, allocation.prefix, allocation.gateway)
+            with _api_server_errors(f"the reservations of {pool_ref}"):
+                for _ in range(RESTORE_ATTEMPTS):
+                    answer = await self._restore_once(pool_ref, claim, held)
+                    if answer is not None:
+                        return answer
+            raise AllocationFailedError(
+                f"the reservation of {address} in {pool_ref} kept changing while IPAddress {claim} was restored; "
+                "retried on the next repair pass"
+            )
 
     async def _restore_once(self, ref: PoolRef, claim: ClaimContext, held: Allocation) -> Restore | None:
         """One look at the address's reservation and one write; None when it changed meanwhile (look again)."""
@@ -204,20 +211,21 @@ class Repair:
         """The addresses the pool would not hand out now, each with why; {} for an invalid pool (its condition says
         why). When the pool's object (its resourceVersion) and `addresses` are as at the last call that found none
         outside, it is {} again without parsing the pool."""
-        meta = pool["metadata"]
-        asked = (str(meta.get("uid")), str(meta.get("resourceVersion") or ""), tuple(addresses))
-        if asked[1] and self.all_inside.get(pool_ref) == asked:
-            return {}
-        try:
-            parsed = self.ledger.noted(self.parse(pool_ref, pool))
-        except PoolNotReadyError:
-            return {}
-        outside = {address: why for address in addresses if (why := parsed.why_not(normalized_address(address)))}
-        if outside:
-            self.all_inside.pop(pool_ref, None)
-        else:
-            self.all_inside[pool_ref] = asked
-        return outside
+        with self.pools.operation(pool_ref):
+            meta = pool["metadata"]
+            asked = (str(meta.get("uid")), str(meta.get("resourceVersion") or ""), tuple(addresses))
+            if asked[1] and self.all_inside.get(pool_ref) == asked:
+                return {}
+            try:
+                parsed = self.ledger.noted(self.parse(pool_ref, pool))
+            except PoolNotReadyError:
+                return {}
+            outside = {address: why for address in addresses if (why := parsed.why_not(normalized_address(address)))}
+            if outside:
+                self.all_inside.pop(pool_ref, None)
+            else:
+                self.all_inside[pool_ref] = asked
+            return outside
 
     async def sweep_orphaned(self, grace_seconds: float) -> int:
         """Delete the reservations of this backend's pools that are gone (see the module); answer how many."""

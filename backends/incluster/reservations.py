@@ -2,7 +2,7 @@
 
 A *release record* (`spec.releasedAt`, claim uid "") holds the address for no claim until its grace period is over
 or, under LeastRecentlyReleased, as its place in the reuse order. Every write but a create is guarded by the
-resourceVersion (a delete by the uid too). The index of a pool is kept in step by the `ledger`, never here.
+resourceVersion (a delete by the uid too).
 """
 
 from __future__ import annotations
@@ -131,6 +131,10 @@ class ReservationClient:
 
     def domain_of(self, ref: PoolRef) -> str | None:
         return self._domains.get(ref)
+
+    def forget(self, ref: PoolRef) -> None:
+        """The pool is gone: its noted domain goes too."""
+        self._domains.pop(ref, None)
 
     def noted_pools(self, domain: str) -> list[PoolRef]:
         """The pools noted as naming `domain` (by `note_domain`)."""

@@ -118,6 +118,6 @@ async def test_operations_of_a_pool_already_deleted_keep_nothing() -> None:
     backend = live_backend(kube, obj)
     backend.observe_pool(IN_CLUSTER_POOL, obj, None)
     await backend.prepare(ref, obj)
-    assert await backend.outside_pool(ref, obj, ["10.1.0.11"]) == {}
+    assert await backend.repair.outside_pool(ref, obj, ["10.1.0.11"]) == {}
     await backend.report(ref, obj, [])
     assert kept_for(backend, ref) == []
