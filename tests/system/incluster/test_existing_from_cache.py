@@ -18,10 +18,10 @@ from ipam_provider.common import Object
 from ipam_provider.controller import Controller, ControllerSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from tests.system.incluster.test_migration import go_provider_address
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool
+from tests.system.incluster.test_migration import go_provider_address
 
 
 def namespaced(address: Object, namespace: str, pool_name: str) -> Object:
@@ -87,20 +87,20 @@ async def test_the_controller_answers_only_for_pools_whose_namespaces_it_watches
     namespaced_ref = IN_CLUSTER_POOL.ref(namespace, "p")
     global_ref = PoolRef(IN_CLUSTER_POOL.group, "GlobalInClusterIPPool", None, f"g-{namespace}")
     async with controller_factory(namespaces=[namespace]) as restricted:
-        cached = restricted.cached_addresses(namespaced_ref)
+        cached = restricted.caches.cached_addresses(namespaced_ref)
         assert cached is not None and [a["spec"]["address"] for a in cached] == ["10.49.1.5"]
-        assert restricted.cached_addresses(global_ref) is None, "its IPAddresses may be in unwatched namespaces"
-        assert restricted.cached_addresses(IN_CLUSTER_POOL.ref("elsewhere", "p")) is None
+        assert restricted.caches.cached_addresses(global_ref) is None, "its IPAddresses may be in unwatched namespaces"
+        assert restricted.caches.cached_addresses(IN_CLUSTER_POOL.ref("elsewhere", "p")) is None
     async with controller_factory() as everywhere:
-        assert everywhere.cached_addresses(global_ref) == []
-        assert everywhere.cached_addresses(namespaced_ref) is not None
+        assert everywhere.caches.cached_addresses(global_ref) == []
+        assert everywhere.caches.cached_addresses(namespaced_ref) is not None
 
 
 def test_an_unsynced_controller_does_not_answer() -> None:
     kube = cast(KubeClient, object())  # never called: nothing runs
     registry = BackendRegistry([InClusterBackend(BackendContext(kube=kube))])
     controller = Controller(kube, registry, ControllerSettings())
-    assert controller.cached_addresses(IN_CLUSTER_POOL.ref("ns", "p")) is None
+    assert controller.caches.cached_addresses(IN_CLUSTER_POOL.ref("ns", "p")) is None
 
 
 async def test_a_prepared_index_is_scanned_before_its_first_allocation(kube: KubeClient, namespace: str) -> None:

@@ -19,7 +19,9 @@ from backends.incluster.domains import Coverage
 from backends.incluster.ledger import Ledger
 from backends.incluster.reservations import ReservationClient
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, REASON_POOL_NOT_READY
+from ipam_provider.cache import patch_cached
 from ipam_provider.controller import Controller
+from ipam_provider.reconcile import context
 from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.pool import PoolRepairs
@@ -278,16 +280,14 @@ async def test_a_status_refusal_is_forgotten_with_its_pool(
     forgets: bool,
 ) -> None:
     # The API server refusing every pool status (422) notes a refusal per pool (`ReconcileContext._refused`).
-    patch_cached = ReconcileContext.patch_cached
-
     async def refusing(
-        self: ReconcileContext, store: Store, resource: Resource, obj: Object, patch: Object, **kw: Any
+        kube: KubeClient, store: Store, resource: Resource, obj: Object, patch: Object, **kw: Any
     ) -> Object:
         if kw.get("subresource") == "status" and resource.kind != CLAIMS.kind:
             raise ApiError(422, "Invalid", "status refused by the test")
-        return await patch_cached(self, store, resource, obj, patch, **kw)
+        return await patch_cached(kube, store, resource, obj, patch, **kw)
 
-    monkeypatch.setattr(ReconcileContext, "patch_cached", refusing)
+    monkeypatch.setattr(context, "patch_cached", refusing)  # what `ReconcileContext.write_status` calls
     if not forgets:
         monkeypatch.setattr(ReconcileContext, "forget", lambda *_, **__: None)
     async with churning(kube, namespace, controller_factory, claims_per_pool=1) as churn:

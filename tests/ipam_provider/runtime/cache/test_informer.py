@@ -15,8 +15,8 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from ipam_provider.api.capi import CLAIMS
+from ipam_provider.cache import project_claim
 from ipam_provider.runtime.cache.informer import Informer
-from ipam_provider.runtime.cache.projection import project_claim
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.bounds import DEEP_MARKER
 from ipam_provider.runtime.kube.client import KubeClient

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipam_provider.runtime.cache.projection import project_claim, project_pool
+from ipam_provider.cache import project_claim, project_pool
 from ipam_provider.runtime.kube.bounds import (
     CONDITION_MESSAGE_LENGTH,
     DEEP_MARKER,

@@ -16,19 +16,10 @@ from ipam_provider.api.capi import (
     FINALIZER_RELEASE_ADDRESS,
     LABEL_CLUSTER_NAME,
 )
-from ipam_provider.backend.registry import BackendRegistry
-from ipam_provider.reconcile.context import ReconcileContext
-from ipam_provider.runtime.cache.projection import (
-    LAST_APPLIED,
-    project_claim,
-    project_cluster,
-    project_pool,
-    strip_bookkeeping,
-)
+from ipam_provider.cache import Caches, patch_cached, project_claim, project_cluster, project_pool
+from ipam_provider.runtime.cache.projection import LAST_APPLIED, strip_bookkeeping
 from ipam_provider.runtime.cache.store import Store
-from ipam_provider.runtime.events import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.watch import Caches
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, cluster, pool, wait_address
@@ -113,7 +104,8 @@ def test_pools_decoded_apart_share_their_strings() -> None:
 
 
 def test_every_store_projects_what_it_is_given() -> None:
-    caches = Caches.indexed([], lambda group, kind: None)
+    caches = Caches()
+    caches.serve([], lambda group, kind: None)
     for store in (caches.claims, caches.addresses, caches.clusters, Store()):
         assert store.upsert(served_claim())
         stored = store.get("ns", "c")
@@ -180,19 +172,19 @@ async def test_the_answer_to_a_guarded_patch_is_cached_projected(kube: KubeClien
     """`patch_cached` (read-your-writes) caches the API server's answer through the projection, and the next
     patch, guarded by the cached resourceVersion, succeeds."""
     created = await kube.create(CLAIMS, claim("mine", "net", annotations={LAST_APPLIED: "{}"}), namespace)
-    caches = Caches.indexed([], lambda group, kind: None)
+    caches = Caches()
+    caches.serve([], lambda group, kind: None)
     caches.claims.upsert(created)
-    context = ReconcileContext(kube, caches, BackendRegistry([]), EventRecorder(kube, "test"))
     cached = caches.claims.get(namespace, "mine")
     assert cached is not None
-    answer = await context.patch_cached(caches.claims, CLAIMS, cached, {"metadata": {"finalizers": ["a/b"]}})
+    answer = await patch_cached(kube, caches.claims, CLAIMS, cached, {"metadata": {"finalizers": ["a/b"]}})
     assert answer["metadata"]["managedFields"], "the caller gets the whole answer"
     cached = caches.claims.get(namespace, "mine")
     assert cached is not None
     assert_projected(cached, "patched claim")
     assert cached["metadata"]["finalizers"] == ["a/b"]
     assert cached["metadata"]["resourceVersion"] == answer["metadata"]["resourceVersion"]
-    await context.patch_cached(caches.claims, CLAIMS, cached, {"metadata": {"labels": {"x": "y"}}})
+    await patch_cached(kube, caches.claims, CLAIMS, cached, {"metadata": {"labels": {"x": "y"}}})
     cached = caches.claims.get(namespace, "mine")
     assert cached is not None and cached["metadata"]["labels"] == {"x": "y"}
     assert_projected(cached, "patched claim")
