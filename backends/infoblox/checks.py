@@ -64,16 +64,14 @@ class PoolChecks:
             message = f"network view {view!r} does not exist on the grid; fix spec.networkView"
             return False, "NetworkViewNotFound", message
         for target in pool.targets:
-            missing_target = await _missing_target(client, target, view)
-            if missing_target is not None:
+            if (missing_target := await _missing_target(client, target, view)) is not None:
                 return missing_target
         missing = sorted(name for name in pool.spec.extensible_attributes if name not in health.ea_names)
         if missing:
             names = ", ".join(missing)
             message = f"spec.extensibleAttributes names {names}, not defined on the grid; define them or remove them"
             return False, "ExtensibleAttributesMissing", message
-        restricted = await restricted_attribute(pool, client)
-        if restricted is not None:
+        if (restricted := await restricted_attribute(pool, client)) is not None:
             return restricted
         dns = await _dns(pool, connection, health)
         if dns is not None and not dns[0]:
@@ -97,8 +95,7 @@ async def _dns(pool: Pool, connection: Connection, health: Health) -> Verdict | 
         if not found:
             return view_missing
         bound = found[0].get("network_view")
-    elsewhere = view_binding(view, bound, connection.network_view(pool), field)
-    if elsewhere is not None:
+    if (elsewhere := view_binding(view, bound, connection.network_view(pool), field)) is not None:
         return elsewhere
     if not settings.configure_for_dns:
         return True, "PoolReady", f", DNS view {view!r}"
