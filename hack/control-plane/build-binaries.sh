@@ -42,6 +42,6 @@ build() {  # build <module dir> <package> <output name> [ldflags]
 build etcd go.etcd.io/etcd/server/v3 etcd
 build kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$k8s_ldflags"
 build kubernetes k8s.io/kubernetes/cmd/kubectl kubectl "$k8s_ldflags"
-# The garbage collector alone (tests/providers): infrastructure providers leave their claims to it, by owner reference.
+# The garbage collector alone (tests/system/test_capv.py, test_capmox.py): infrastructure providers leave their claims to it, by owner reference.
 build kubernetes k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$k8s_ldflags"
 echo "$bin"
