@@ -94,8 +94,8 @@ class PoolIndex:
 
     def take_candidate(self, claim_uid: str) -> int | None:
         """The next address under the policy (never a pinned one, the band last), now marked pending for
-        `claim_uid`; None if nothing is eligible. Choosing and marking happen in one step (no await), so concurrent
-        allocations get distinct candidates. A release record chosen stays in `released`: take it over."""
+        `claim_uid`, in the same step (no await); None if nothing is eligible. A release record chosen stays in
+        `released`: take it over."""
         value = self.chooser.choose(self.allocator, self.clock(), self.reuse_grace_seconds)
         if value is not None:
             self._mark_pending(value, claim_uid)

@@ -3,8 +3,6 @@ are its own reservations (by pool label), read fresh from the API server, never 
 
 - `list_holdings`, `list_pools_holdings`: paged (PAGE_SIZE, `pacer.wait()` before each page); a release record and
   a pin not yet taken hold for no claim (uid ""), so they are never leaks.
-- `release_holding` releases the listed reservation as a claim's release does; one that changed, went, or holds for
-  no claim is left alone (False).
 - `restore`, from a fresh read: none -> created (Recorded); the claim's (Held); an own one under the claim's
   namespace/name with another uid, a pin of the claim, or an own release record -> taken over (Recorded); another
   domain pool's release record -> deleted once its recorded grace period is over and restored, else
@@ -64,7 +62,7 @@ def _api_server_errors(what: str) -> Iterator[None]:
 
 
 def holding_of(reservation: Reservation) -> Holding:
-    """The reservation as a holding: a release record holds for no claim (uid ""), nor does a pin not yet taken."""
+    """The reservation as a holding (see the module)."""
     return Holding(
         address=normalized_address(reservation.address),
         claim=reservation.claim if reservation.claim != "/" else "",
@@ -139,7 +137,8 @@ class Repair:
         return found
 
     async def release_holding(self, pool_ref: PoolRef, pool: Object, holding: Holding) -> bool:
-        """Release the listed reservation as a claim's release would; False when it changed or went."""
+        """Release the listed reservation as a claim's release would; one that changed, went, or holds for no claim is
+        left alone (False)."""
         with self.pools.operation(pool_ref), _api_server_errors(f"the reservations of {pool_ref}"):
             found = await self.ledger.reservations.kube.get(RESERVATIONS, holding.handle)
             reservation = Reservation.parse(found) if found is not None else None
