@@ -6,10 +6,8 @@ index of each pool (`index`), kept in step: a write and the index update it impl
   candidates move to it. It belongs to one pool object (uid), is never replaced by one of an older spec
   (generation), and keeps its holdings over a new allocatable set or policy.
 - Before it serves, the *scan* gives each IPAddress naming the pool (a domain pool: any of the domain) without a
-  reservation one, for its claim (its controller ownerReference, else the claim of its claimRef name, else uid ""
-  until adopted); an address reserved meanwhile is learned.
-- Expired release records are deleted as it is used (not under LeastRecentlyReleased); a reservation made for a
-  domain pool is held at once in the indexes of the domain's pools. A prefix pool's integers are child numbers.
+  reservation one, for its claim (`_claim_of`); an address reserved meanwhile is learned.
+- A reservation made for a domain pool is held at once in the indexes of the domain's pools.
 - Pins (`pin`, at each report): each address pre-allocated to one well-formed key that no IPAddress names nor known
   reservation holds gets a reservation for the named claim with uid "", so a process with a stale spec cannot hand
   it out; an own uid-"" live reservation no longer pinned to its claim and named by no IPAddress is deleted.
