@@ -27,17 +27,17 @@ binaries:
 	hack/control-plane/build-binaries.sh
 
 # clusterctl from the pinned Cluster API module (CAPI_VERSION in hack/versions.env), cached by version like the
-# control-plane binaries; tests/clusterctl uses it.
+# control-plane binaries; the tests marked `clusterctl` use it.
 clusterctl:
 	hack/clusterctl/build.sh
 
 # promtool and the Prometheus server from the pinned Prometheus module (PROMETHEUS_VERSION in hack/versions.env),
-# cached by version; tests/prometheus (alert rules) and the dashboard screenshot use them.
+# cached by version; the tests marked `prometheus` (alert rules, dashboard) and the dashboard screenshot use them.
 prometheus:
 	hack/prometheus/build.sh
 
-# The infrastructure providers' harnesses of tests/providers (hack/providers/<name>/: our wrapper Go modules over
-# CAPV and CAPMOX), cached by provider version and wrapper content.
+# The infrastructure providers' harnesses of the tests marked `providers` (hack/providers/<name>/: our wrapper Go
+# modules over CAPV and CAPMOX), cached by provider version and wrapper content.
 providers:
 	hack/providers/build.sh capv >/dev/null
 	hack/providers/build.sh capmox >/dev/null
@@ -64,9 +64,10 @@ lint: venv
 	$(BIN)/ruff format --check ipam_provider backends
 	$(BIN)/mypy --strict ipam_provider backends tools tests benchmarks
 
-# The Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env), whose CRDs tests/compat runs
-# the contract flow against, and the cert-manager module of CERT_MANAGER_VERSION, whose CRDs the tests install before
-# config/default, into the Go module cache (the tests also fetch them on first use).
+# The Cluster API modules of every release in CAPI_COMPAT_VERSIONS (hack/versions.env), whose CRDs
+# tests/system/test_capi_releases.py runs the contract flow against, and the cert-manager module of
+# CERT_MANAGER_VERSION, whose CRDs the tests install before config/default, into the Go module cache (the tests also
+# fetch them on first use).
 .PHONY: capi-crds
 capi-crds: venv
 	$(BIN)/python -m tools.controlplane capi-crds

@@ -1,7 +1,8 @@
-"""Test-suite wiring: the real control plane and shared helpers are pytest plugins under tests/support.
+"""Test-suite wiring: the real control plane, the fakes and the shared fixtures are pytest plugins under
+tests/support.
 
-Every test is marked by what it needs, from its fixtures, so that `pytest -m "not apiserver and not netbox"` runs
-the tests that need neither (the fast lane):
+Every test is marked by the environment it needs, from its fixtures (never from its folder or file name), so that
+`pytest -m "not apiserver and not netbox"` runs the tests that need neither server (the fast lane):
 
 - `apiserver`: the test uses, directly or through other fixtures, `kubeconfig` (tests/support/cluster.py), which
   starts the real kube-apiserver and etcd. Every fixture that talks to the API server depends on it: `kube`,
@@ -9,11 +10,16 @@ the tests that need neither (the fast lane):
   tests/support/infoblox.py built on them.
 - `netbox`: the test uses `netbox_server` (tests/support/netbox.py), which starts the real NetBox; `netbox`
   depends on it.
+- `clusterctl`, `prometheus`, `providers`: the test uses `clusterctl` (tests/support/clusterctl.py),
+  `prometheus_bins` (tests/support/prometheus.py) or `provider_harness` (tests/support/providers.py), each built
+  with Go on first use. The prometheus and providers tests carry `apiserver` too; three clusterctl tests need no
+  API server and run in the fast lane.
+- `image`: the image build (tests/system/test_image.py), marked by hand with `apiserver`, whose cold build takes
+  minutes.
 
-`item.fixturenames` is the transitive closure of a test's fixtures, so these two roots are enough. A test that
-starts a control plane without these fixtures (tests/tools/controlplane/test_cluster.py) carries the mark by hand (an
-unmarked test that starts one fails, saying so), and so do the image tests (tests/image/), whose cold build takes
-minutes.
+`item.fixturenames` is the transitive closure of a test's fixtures, so these roots are enough. A test that starts a
+control plane without these fixtures (tests/tools/controlplane/test_cluster.py) carries the `apiserver` mark by hand
+(an unmarked test that starts one fails, saying so).
 """
 
 from __future__ import annotations
@@ -47,6 +53,10 @@ pytest_plugins = [
 NEEDS: dict[str, frozenset[str]] = {
     "apiserver": frozenset({"kubeconfig"}),
     "netbox": frozenset({"netbox_server"}),
+    "clusterctl": frozenset({"clusterctl"}),
+    "prometheus": frozenset({"prometheus_bins"}),
+    "providers": frozenset({"provider_harness"}),
+    "image": frozenset(),
 }
 
 

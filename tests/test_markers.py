@@ -97,6 +97,9 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
         "tests/tools/controlplane/test_cluster.py",  # starts control planes without a fixture
         "tests/backends/incluster/test_intervals.py",  # pure
         "tests/system/test_image.py",  # marked by hand: the image build
+        "tests/system/test_capv.py",  # provider_harness
+        "tests/system/test_dashboard.py",  # prometheus_bins
+        "tests/system/test_clusterctl_release.py",  # clusterctl
     ]
     items, _ = pytester.inline_genitems(
         *(str(REPO / name) for name in files), f"--rootdir={REPO}", "-c", str(REPO / "pyproject.toml")
@@ -116,4 +119,7 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
     assert of("tests/tools/controlplane/test_cluster.py::test_two_instances") == [{"apiserver"}]
     assert of("tests/tools/controlplane/test_cluster.py::test_kubebuilder_assets") == [set()]
     assert all(value == set() for value in of("tests/backends/incluster/test_intervals.py::"))
-    assert all(value == {"apiserver"} for value in of("tests/system/test_image.py::"))
+    assert all(value == {"apiserver", "image"} for value in of("tests/system/test_image.py::"))
+    assert all({"apiserver", "providers"} <= value for value in of("tests/system/test_capv.py::test_"))
+    assert of("tests/system/test_dashboard.py::test_every_panel_draws") == [{"apiserver", "prometheus"}]
+    assert of("tests/system/test_clusterctl_release.py::test_clusterctl_describes_the_provider") == [{"clusterctl"}]

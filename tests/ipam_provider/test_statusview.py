@@ -15,8 +15,8 @@ from ipam_provider.backend.contract import PoolKind
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.statusview import pool_rows
-from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
+from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.objects import POOLS, claim, pool, wait_address, wait_claim_reason
 
 MISSING = PoolKind("example.com", "v1", "MissingIPPool", "missingippools", namespaced=True)

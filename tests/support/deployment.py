@@ -32,11 +32,11 @@ from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import LEASES, NAMESPACES, Resource
-from tests.system.test_examples import CONFIG, kubectl_against
 from tests.support.audit import AuditLog
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import POOLS, claim, pool, wait_address
+from tests.system.test_examples import CONFIG, kubectl_against
 from tools.controlplane.assets import capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import CONTROLLER_USER, LocalControlPlane
 from tools.controlplane.crds import install_crds

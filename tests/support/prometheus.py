@@ -1,7 +1,8 @@
 """What the Prometheus tests share: the real promtool and Prometheus server of PROMETHEUS_VERSION (the fixture
-`prometheus_bins`, which fails with the build's output when they cannot be built; its users carry BUILT_WITH_GO), the documented series (read from docs/prometheus-and-grafana.md, the one list of
-metric names the rules and the dashboard may use), a PromQL scanner for the names and labels an expression uses,
-and synthetic history of every documented series in OpenMetrics text, for promtool's backfill."""
+`prometheus_bins`, which fails with the build's output when they cannot be built; its users carry BUILT_WITH_GO),
+the documented series (read from docs/prometheus-and-grafana.md, the one list of metric names the rules and the
+dashboard may use), a PromQL scanner for the names and labels an expression uses, and synthetic history of every
+documented series in OpenMetrics text, for promtool's backfill."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Fixtures of the providers' lane: real infrastructure providers' code, built from their Go modules through our
-wrapper modules (hack/providers/<name>/), drives the controller.
+"""Fixtures of the tests marked `providers`: real infrastructure providers' code, built from their Go modules
+through our wrapper modules (hack/providers/<name>/), drives the controller.
 
-`harness(name)` builds (or finds cached) the wrapper binary of hack/providers/<name>/ and returns a `Harness`: the
-binary and the provider module's source directory (for its CRDs). A missing module or a failed build fails the test
-with Go's reason, never skips it.
+`provider_harness(name)` builds (or finds cached) the wrapper binary of hack/providers/<name>/ and returns a
+`Harness`: the binary and the provider module's source directory (for its CRDs). A missing module or a failed build
+fails the test with Go's reason, never skips it.
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def build_harness(name: str) -> Harness:
 
 
 @pytest.fixture(scope="session")
-def harness() -> Callable[[str], Harness]:
+def provider_harness() -> Callable[[str], Harness]:
     return build_harness

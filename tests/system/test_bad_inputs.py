@@ -1,4 +1,4 @@
-"""The bad-input corpus (tests/corpus/bad, described by its index.yaml), applied against the real API server with
+"""The bad-input corpus (tests/system/bad_inputs, described by its index.yaml), applied against the real API server with
 the CRDs installed and the provider's admission webhook registered, and the controller serving every backend
 (in-cluster address and prefix pools, NetBox, Infoblox).
 

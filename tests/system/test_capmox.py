@@ -28,11 +28,11 @@ import pytest_asyncio
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
-from tests.system.test_admission_process import controller_process, tail, wait_ready
 from tests.ipam_provider.test_cli import free_port
-from tests.support.providers import Harness as Built
 from tests.support.cluster import wait_for
 from tests.support.objects import POOLS, cluster
+from tests.support.providers import Harness as Built
+from tests.system.test_admission_process import controller_process, tail, wait_ready
 from tools.controlplane.crds import install_crds
 
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
@@ -63,10 +63,10 @@ ZONE_POOLS = [f"{NAME}-{ZONE}-v4-icip", f"{NAME}-{ZONE}-v6-icip"]
 
 
 @pytest_asyncio.fixture(scope="module")
-async def capmox_build(harness: Callable[[str], Built], kube: KubeClient) -> Built:
+async def capmox_build(provider_harness: Callable[[str], Built], kube: KubeClient) -> Built:
     """The capmox harness (built in a thread: a cold build takes minutes), with CAPMOX's CRDs installed from its
     module's config/crd/bases."""
-    built = await asyncio.to_thread(harness, "capmox")
+    built = await asyncio.to_thread(provider_harness, "capmox")
     bases = built.module_dir / "config" / "crd" / "bases"
     paths = sorted(bases.glob("infrastructure.cluster.x-k8s.io_proxmox*.yaml"))
     assert paths, f"no ProxmoxCluster/ProxmoxMachine CRDs under {bases}"

@@ -26,11 +26,11 @@ import yaml
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
-from tests.support.netbox_backend import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
-from tests.support.providers import Harness
 from tests.support.cluster import wait_for
 from tests.support.netbox import NetBoxServer
+from tests.support.netbox_backend import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool, ready_condition, wait_claim_reason
+from tests.support.providers import Harness
 from tools.controller_command import controller_command
 from tools.controlplane.assets import binaries_dir
 from tools.controlplane.crds import install_crds
@@ -51,8 +51,8 @@ PLACEMENT = {
 
 
 @pytest.fixture(scope="module")
-def capv(harness: Callable[[str], Harness]) -> Harness:
-    return harness("capv")
+def capv(provider_harness: Callable[[str], Harness]) -> Harness:
+    return provider_harness("capv")
 
 
 @contextlib.asynccontextmanager

@@ -42,12 +42,12 @@ from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
-from tests.support.infoblox import b64
-from tests.support.infoblox import fast_backend as infoblox_backend
-from tests.support.netbox_backend import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
 from tests.support.cluster import dedicated_control_plane, wait_for
 from tests.support.clusterctl import IPAM_NAMESPACE, Clusterctl, init_management_cluster
 from tests.support.controller import run_controller
+from tests.support.infoblox import b64
+from tests.support.infoblox import fast_backend as infoblox_backend
+from tests.support.netbox_backend import NB_POOLS, backend_factory, claim_uid_of, netbox_pool, owned_addresses, prefix
 from tests.support.objects import POOLS as INCLUSTER_POOLS
 from tests.support.objects import claim, pool, ready_condition
 from tools.controlplane.cluster import LocalControlPlane

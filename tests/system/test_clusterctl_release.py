@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from ipam_provider.flags import parse_args
-from tests.system.test_examples import built, kubectl_binary
 from tests.support.cluster import dedicated_control_plane
 from tests.support.clusterctl import Clusterctl, LocalRepository, documents
+from tests.system.test_examples import built, kubectl_binary
 from tools.controlplane.assets import cert_manager_crd_paths
 from tools.controlplane.versions import load_versions
 from tools.release import (

@@ -1,7 +1,7 @@
 """The CAPI IPAM contract, step by step, against the real API server with the in-cluster backend.
 
-The flow itself is in tests/support/contract.py; tests/compat runs the same flow against every Cluster API
-release of the compatibility matrix.
+The flow itself is in tests/support/contract.py; tests/system/test_capi_releases.py runs the same flow against every
+Cluster API release of the compatibility matrix.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from tools.controlplane.assets import AssetError, binaries_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config"
-# Files under config/ that are not Kubernetes objects: the plain Prometheus rules file (tests/prometheus checks it).
+# Files under config/ that are not Kubernetes objects: the plain Prometheus rules file
+# (tests/tools/test_prometheus_rules.py checks it).
 NOT_MANIFESTS = frozenset({CONFIG / "prometheus" / "rules.yaml"})
 EXAMPLES = REPO / "examples" / "incluster"
 DEMO_NAMESPACE = "ipam-demo"

@@ -39,11 +39,11 @@ import yaml
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import LEASES
-from tests.system.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
-from tests.system.test_rbac import remove_bindings, remove_webhook_configuration, status_of
 from tests.support.cluster import wait_for
 from tests.support.metrics import install_cert_manager_crds, scrape
 from tests.support.objects import POOLS, claim, pool, wait_address
+from tests.system.test_examples import CONFIG, SYSTEM_NAMESPACE, kubectl_against
+from tests.system.test_rbac import remove_bindings, remove_webhook_configuration, status_of
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "hack" / "image" / "build.sh"
@@ -53,7 +53,7 @@ DEVICES = ("null", "zero", "random", "urandom")
 # Inside the chroot: where the test puts the ServiceAccount kubeconfig and the API server's CA.
 SECRETS = "/tmp/ipam-image-test"
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.apiserver, pytest.mark.image, pytest.mark.timeout(1500)]
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from prometheus_client.samples import Sample
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS
-from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
-from tests.support.prometheus import documented_metrics, series_names
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
 from tests.support.metrics import scrape
+from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.objects import POOLS, claim, pool, wait_address, wait_claim_reason
+from tests.support.prometheus import documented_metrics, series_names
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

@@ -28,9 +28,9 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
 from ipam_provider.runtime.user_agent import user_agent
-from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
 from tests.support.controller import controller_command
+from tests.support.netbox_backend import NB_POOLS, nb_claim, netbox_pool, prefix
 from tests.support.objects import POOLS, claim, pool, wait_claim_reason
 from tests.support.recorder import recording_server
 from tools.wapi_simulator import WapiSimulator

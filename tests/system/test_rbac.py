@@ -26,12 +26,12 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import EVENTS, LEASES, NAMESPACES, Resource
 from ipam_provider.runtime.leader import LeaderElector
-from tests.system.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tests.ipam_provider.test_admission import WEBHOOK_CONFIGURATIONS
 from tests.support.cluster import wait_for
 from tests.support.controller import run_controller
 from tests.support.metrics import install_cert_manager_crds
 from tests.support.objects import GLOBAL_POOLS, POOLS, claim, global_pool, pool, wait_address
+from tests.system.test_examples import CONFIG, SYSTEM_NAMESPACE, WEBHOOK_CONFIGURATION, kubectl_against
 from tools.rbac_calls import ANY, OWN_NAMESPACE, Request, derive
 
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)

@@ -21,6 +21,9 @@ import pytest
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import LEASES
+from tests.ipam_provider.test_admission import configuration, labelled, refused, registered, serving_pki
+from tests.ipam_provider.test_cli import free_port
+from tests.support.objects import POOLS, pool
 from tests.support.webhook_flood import (
     POSTS,
     Observed,
@@ -31,10 +34,7 @@ from tests.support.webhook_flood import (
     rss_kib,
     run_flood,
 )
-from tests.ipam_provider.test_admission import configuration, labelled, refused, registered, serving_pki
 from tests.system.test_admission_process import controller_process, tail, wait_ready
-from tests.ipam_provider.test_cli import free_port
-from tests.support.objects import POOLS, pool
 
 LEASE = "webhook-load"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 8.0, 5.0, 1.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 from backends.incluster.backend import IN_CLUSTER_POOL, InClusterBackend
 from ipam_provider.backend.contract import BackendContext, ClaimContext
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_existing_from_cache import allocate
 from tests.support.objects import POOLS, pool
+from tests.system.incluster.test_existing_from_cache import allocate
 
 
 async def test_a_reader_of_an_older_spec_allocates_from_the_newer_index(kube: KubeClient, namespace: str) -> None:

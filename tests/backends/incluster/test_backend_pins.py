@@ -25,8 +25,8 @@ from ipam_provider.backend.contract import (
 )
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from tests.system.incluster.test_existing_from_cache import allocate
 from tests.support.objects import POOLS, pool
+from tests.system.incluster.test_existing_from_cache import allocate
 
 
 def requesting(namespace: str, name: str, uid: str, address: str) -> ClaimContext:

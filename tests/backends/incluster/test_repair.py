@@ -23,8 +23,8 @@ from ipam_provider.backend.repair import (
 )
 from ipam_provider.common import Object
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_existing_from_cache import allocate
 from tests.support.objects import GLOBAL_POOLS, POOLS, PREFIX_POOLS, global_pool, pool
+from tests.system.incluster.test_existing_from_cache import allocate
 
 
 class CountingPacer:

@@ -15,9 +15,9 @@ from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.backend.contract import Allocation, AllocationFailedError, BackendContext, ClaimContext, PoolRef
 from ipam_provider.backend.repair import RestoreOutcome
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_existing_from_cache import allocate
 from tests.backends.incluster.test_repair import repairer, stored
 from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool
+from tests.system.incluster.test_existing_from_cache import allocate
 
 
 @pytest.fixture

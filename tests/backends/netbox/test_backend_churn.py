@@ -21,9 +21,9 @@ from ipam_provider.backend.live_pools import LivePools
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.repair.pacer import CountingPacer
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
-from tests.support.netbox_backend import fast_settings, global_netbox_pool, new_claim, prefix
 from tests.support.fake_kube import FakeKube
 from tests.support.footprint import footprint, footprint_growth
+from tests.support.netbox_backend import fast_settings, global_netbox_pool, new_claim, prefix
 
 Object = dict[str, Any]
 SECRET_URL = "http://127.0.0.1:9/the-lenders-secret-url"  # nothing listens here

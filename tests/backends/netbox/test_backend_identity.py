@@ -31,6 +31,7 @@ from ipam_provider.backend.repair import Holding
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     NB_POOLS,
     create_secret,
@@ -41,7 +42,6 @@ from tests.support.netbox_backend import (
     pool_of,
     prefix,
 )
-from tests.support.cluster import wait_for
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

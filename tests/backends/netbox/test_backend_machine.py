@@ -13,8 +13,8 @@ from backends.netbox import NetboxBackend
 from backends.netbox.spec import render
 from ipam_provider.api.capi import MACHINES
 from ipam_provider.backend.contract import AllocationFailedError, BackendContext, ClaimContext, PoolRef
-from tests.support.netbox_backend import fast_settings, pool_of, prefix
 from tests.support.fake_kube import FakeKube
+from tests.support.netbox_backend import fast_settings, pool_of, prefix
 
 Object = dict[str, Any]
 TEMPLATES = {"dnsName": "{machine}.nodes.example.com"}

@@ -22,6 +22,8 @@ from ipam_provider.backend.contract import PoolNotReadyError, PoolRef, ReportCon
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
+from tests.ipam_provider.test_admission import labelled, refused, webhook
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
@@ -35,8 +37,6 @@ from tests.support.netbox_backend import (
     prefix,
     wait_pool_reason,
 )
-from tests.ipam_provider.test_admission import labelled, refused, webhook
-from tests.support.cluster import wait_for
 from tests.support.objects import ready_condition, wait_claim_reason
 from tools.controlplane.pki import write_pki
 

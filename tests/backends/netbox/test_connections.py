@@ -19,6 +19,7 @@ from backends.netbox.spec import OWNER_TAG
 from ipam_provider.backend.contract import BackendContext, PoolNotReadyError, PoolRef
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import SECRETS
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     READ_TYPES,
     create_secret,
@@ -32,7 +33,6 @@ from tests.support.netbox_backend import (
     unique_name,
     user_token,
 )
-from tests.support.cluster import wait_for
 from tools.netbox_proxy import NetboxProxy
 
 if TYPE_CHECKING:

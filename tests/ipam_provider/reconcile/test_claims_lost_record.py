@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.reconcile.context import pool_resource
-from tests.support.fake_backend import GLOBAL_FAKE_POOL
 from tests.ipam_provider.repair.test_pool_restore import forget_in_backend, fulfilled
+from tests.support.fake_backend import GLOBAL_FAKE_POOL
 from tests.support.repair_world import RepairWorld, make_repair_world
 from tests.support.world import NS, claim, pool
 

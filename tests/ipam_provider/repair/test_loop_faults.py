@@ -14,8 +14,8 @@ from ipam_provider.common import Object
 from ipam_provider.repair import RepairSettings
 from ipam_provider.repair.compare import Scope
 from ipam_provider.watch import ClaimKey
-from tests.support.fake_backend import FAKE_POOL
 from tests.ipam_provider.repair.test_pool_restore import forget_in_backend, fulfilled, recorded_condition
+from tests.support.fake_backend import FAKE_POOL
 from tests.support.repair_world import make_repair_world, passes, sample
 from tests.support.world import NS, POOLS, address, claim, pool
 

@@ -15,10 +15,10 @@ from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolExh
 from ipam_provider.common import Object
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_existing_from_cache import allocate
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, claim, pool, wait_address, wait_claim_reason
+from tests.system.incluster.test_existing_from_cache import allocate
 
 
 def addresses(first: str, last: str) -> set[str]:

@@ -10,9 +10,9 @@ from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import ADDRESSES, ANNOTATION_PAUSED, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_no_duplicates import assert_unique_and_complete
 from tests.support.controller import ControllerFactory
 from tests.support.objects import GLOBAL_POOLS, claim, global_pool, wait_address
+from tests.system.incluster.test_no_duplicates import assert_unique_and_complete
 
 
 def go_provider_address(name: str, claim_uid: str, pool_name: str, address: str) -> dict[str, Any]:

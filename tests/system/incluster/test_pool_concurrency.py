@@ -9,10 +9,10 @@ import asyncio
 from backends.incluster.naming import RESERVATIONS
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.system.incluster.test_no_duplicates import assert_unique_and_complete, create_claims
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import POOLS, pool
+from tests.system.incluster.test_no_duplicates import assert_unique_and_complete, create_claims
 
 CLAIM_COUNT = 500
 

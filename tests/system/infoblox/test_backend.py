@@ -16,8 +16,8 @@ from backends.infoblox.spec import ANNOTATION_HOSTNAME, ANNOTATION_INSTANCE, ANN
 from ipam_provider.api.capi import CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
-from tests.support.infoblox import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
+from tests.support.infoblox import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.objects import cluster, wait_address, wait_claim_reason
 from tools.controlplane.crds import install_crds
 

@@ -22,9 +22,9 @@ from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
-from tests.support.infoblox import KIND, POOLS, Grid, wait_pool_reason
 from tests.support.cluster import wait_for
 from tests.support.footprint import footprint, footprint_growth, settled
+from tests.support.infoblox import KIND, POOLS, Grid, wait_pool_reason
 from tests.support.objects import claim, wait_address, wait_claim_reason
 
 Object = dict[str, Any]

@@ -14,8 +14,8 @@ from backends.infoblox.spec import EA_CLUSTER_IDENTITY
 from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolRef
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.support.infoblox import FAST, Grid
 from tests.support.cluster import wait_for
+from tests.support.infoblox import FAST, Grid
 
 REPAIR = RepairSettings(interval=0.5, grace_period=1.0)
 MORE_PASSES = 6

@@ -12,8 +12,8 @@ import pytest
 from backends.infoblox.spec import ANNOTATION_HOSTNAME
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.support.infoblox import POOLS, Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
 from tests.support.cluster import wait_for
+from tests.support.infoblox import POOLS, Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
 from tests.support.objects import ready_condition, wait_address, wait_claim_reason
 from tools.wapi_simulator import WapiError
 

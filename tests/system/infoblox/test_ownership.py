@@ -9,8 +9,8 @@ from typing import Any
 from backends.infoblox.spec import ANNOTATION_REF, INFOBLOX_POOL
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.support.infoblox import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.cluster import wait_for
+from tests.support.infoblox import POOLS, Grid, wait_gone, wait_pool_reason
 from tests.support.objects import wait_address, wait_claim_reason
 
 Object = dict[str, Any]

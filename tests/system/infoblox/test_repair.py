@@ -14,8 +14,8 @@ from typing import Any
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from tests.support.infoblox import POOLS, Grid, events_text
 from tests.support.cluster import wait_for
+from tests.support.infoblox import POOLS, Grid, events_text
 from tests.support.objects import wait_address
 
 REPAIR = RepairSettings(interval=0.5, grace_period=1.0)

@@ -21,6 +21,8 @@ from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES
+from tests.support.cluster import wait_for
+from tests.support.controller import ControllerFactory
 from tests.support.infoblox import (
     FAST,
     KIND,
@@ -31,8 +33,6 @@ from tests.support.infoblox import (
     wait_instance_reason,
     wait_pool_reason,
 )
-from tests.support.cluster import wait_for
-from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason
 
 ATTACK = "../../v1beta2/namespaces/victim/ipaddressclaims/c"

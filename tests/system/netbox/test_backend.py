@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from backends.netbox.spec import ANNOTATION_CLAIM_UID, ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.api.capi import CLAIMS, CLUSTERS, MACHINES
 from ipam_provider.runtime.kube.client import KubeClient
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
@@ -32,7 +33,6 @@ from tests.support.netbox_backend import (
     unique_name,
     wait_pool_reason,
 )
-from tests.support.cluster import wait_for
 from tests.support.objects import cluster, wait_address, wait_claim_reason
 
 if TYPE_CHECKING:

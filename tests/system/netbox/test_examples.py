@@ -12,6 +12,8 @@ import yaml
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
+from tests.support.cluster import wait_for
+from tests.support.controller import ControllerFactory
 from tests.support.netbox_backend import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
@@ -21,8 +23,6 @@ from tests.support.netbox_backend import (
     record_gateway,
     wait_pool_reason,
 )
-from tests.support.cluster import wait_for
-from tests.support.controller import ControllerFactory
 from tests.support.objects import wait_address
 
 if TYPE_CHECKING:

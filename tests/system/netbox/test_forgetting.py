@@ -23,6 +23,8 @@ from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
+from tests.support.cluster import wait_for
+from tests.support.footprint import footprint, footprint_growth, settled
 from tests.support.netbox_backend import (
     GLOBAL_NB_POOLS,
     NB_POOLS,
@@ -34,8 +36,6 @@ from tests.support.netbox_backend import (
     prefix,
     wait_pool_reason,
 )
-from tests.support.cluster import wait_for
-from tests.support.footprint import footprint, footprint_growth, settled
 from tests.support.objects import claim, wait_address, wait_claim_reason
 
 if TYPE_CHECKING:

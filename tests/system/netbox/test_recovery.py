@@ -13,6 +13,7 @@ from backends.netbox.spec import ANNOTATION_IP_ID, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     NB_POOLS,
     claim_uid_of,
@@ -26,7 +27,6 @@ from tests.support.netbox_backend import (
     prefix,
     wait_pool_reason,
 )
-from tests.support.cluster import wait_for
 from tests.support.objects import wait_address, wait_claim_reason
 
 if TYPE_CHECKING:

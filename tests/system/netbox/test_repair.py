@@ -17,8 +17,8 @@ from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
-from tests.support.netbox_backend import NB_POOLS, create_secret, marked, nb_claim, netbox_pool, prefix
 from tests.support.cluster import wait_for
+from tests.support.netbox_backend import NB_POOLS, create_secret, marked, nb_claim, netbox_pool, prefix
 from tests.support.objects import wait_address
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
+from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     NB_POOLS,
     claim_uid_of,
@@ -20,7 +21,6 @@ from tests.support.netbox_backend import (
     owned_addresses,
     prefix,
 )
-from tests.support.cluster import wait_for
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer

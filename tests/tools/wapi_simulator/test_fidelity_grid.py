@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import requests
 
-from tools.wapi_simulator import WapiSimulator
 from tests.tools.wapi_simulator.test_server import call
+from tools.wapi_simulator import WapiSimulator
 
 pytest_plugins = ["tools.wapi_simulator.fixtures"]
 
