@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from ipam_provider.controller import ControllerSettings
 from ipam_provider.repair.pool import RepairSettings
 from ipam_provider.runtime.flagforms import (
-    CLAIM_KIND,
     FlagError,
     MetricsServing,
     WebhookServing,
@@ -32,6 +31,9 @@ from ipam_provider.runtime.flagforms import (
 from ipam_provider.runtime.leader import JITTER_FACTOR
 from ipam_provider.runtime.logconfig import library_level
 from ipam_provider.version import __version__
+
+CLAIM_KIND = "ipaddressclaim"
+"""The kind whose `--<kind>-concurrency` is acted on: claims are reconciled that many at a time."""
 
 NOT_ACTED_ON = "accepted, not acted on"
 DEFAULTS = ControllerSettings()  # the defaults of --workers, --sync-period and the --repair-* flags
@@ -362,7 +364,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse a command line; `run` also gets `args.options`, its resolved RunOptions. Exits 2 on a bad flag."""
     parser = build_parser()
     try:
-        rest, kind_concurrency = take_kind_concurrency(list(sys.argv[1:] if argv is None else argv))
+        rest, kind_concurrency = take_kind_concurrency(list(sys.argv[1:] if argv is None else argv), CLAIM_KIND)
         args = parser.parse_args(rest, argparse.Namespace(kind_concurrency=kind_concurrency))
         if args.command == "run":
             args.options = run_options(args)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam_provider.flags import build_parser
+from ipam_provider.flags import CLAIM_KIND, build_parser
 from ipam_provider.runtime.flagforms import take_kind_concurrency
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def accepted(flag: str, command: str) -> bool:
     flag = re.sub(r"<[^>]*>", "inclusterippool", flag)
     if flag in our_flags()[command]:
         return True
-    rest, others = take_kind_concurrency([command, f"{flag}=1"]) if command == "run" else ([], {})
+    rest, others = take_kind_concurrency([command, f"{flag}=1"], CLAIM_KIND) if command == "run" else ([], {})
     return bool(others) or (len(rest) == 2 and rest[1] in our_flags()["run"] and rest[1] != flag)
 
 

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from ipam_provider.runtime.serving.certificates import CERT_NAME, KEY_NAME, CertificateFiles, TlsOptions
 from ipam_provider.runtime.serving.guard import CONNECTIONS, DEFAULT_LIMITS, HEADER_SECONDS, IDLE_SECONDS, Limits
 
-CLAIM_KIND = "ipaddressclaim"
-
 
 class FlagError(ValueError):
     """A flag's value is invalid, or two flags contradict each other."""
@@ -117,13 +115,13 @@ def split_list(values: Sequence[str] | None) -> list[str]:
 # --- `--<kind>-concurrency=N` ----------------------------------------------------------------------------------
 
 # cluster-api-operator writes one flag per entry of the manager's groupKindConcurrency, lower-cased: the key is a
-# kind ("IPAddressClaim") or a kind with its group ("IPAddressClaim.ipam.cluster.x-k8s.io").
+# kind ("Kind") or a kind with its group ("Kind.example.com").
 _KIND_CONCURRENCY = re.compile(r"--([A-Za-z0-9][A-Za-z0-9.-]*?)-concurrency(?:=(.*))?", re.DOTALL)
 
 
-def take_kind_concurrency(argv: Sequence[str]) -> tuple[list[str], dict[str, int]]:
-    """Take every `--<kind>-concurrency[=]N` out of `run`'s arguments: the claim kind's becomes
-    `--ipaddressclaim-concurrency=N` (a flag of its own, acted on); other kinds' come back as {kind: N}."""
+def take_kind_concurrency(argv: Sequence[str], own: str) -> tuple[list[str], dict[str, int]]:
+    """Take every `--<kind>-concurrency[=]N` out of `run`'s arguments: kind `own` (lower case) becomes
+    `--<own>-concurrency=N` (a flag of its own, acted on); other kinds' come back as {kind: N}."""
     rest: list[str] = []
     others: dict[str, int] = {}
     in_run = False
@@ -139,8 +137,8 @@ def take_kind_concurrency(argv: Sequence[str]) -> tuple[list[str], dict[str, int
         kind, value = match.group(1).lower().split(".")[0], match.group(2)
         if value is None:
             value = next(args, None)
-        if kind == CLAIM_KIND:
-            rest.append(f"--{CLAIM_KIND}-concurrency" if value is None else f"--{CLAIM_KIND}-concurrency={value}")
+        if kind == own:
+            rest.append(f"--{own}-concurrency" if value is None else f"--{own}-concurrency={value}")
             continue
         if value is None or not value.strip().isdigit():
             raise FlagError(f"argument {arg.split('=')[0]}: expected a whole number, got {value!r}")

@@ -1,6 +1,6 @@
 """How the controller names itself to the servers it talks to.
 
-`user_agent()` is the User-Agent of every HTTP request: the API server's, NetBox's and the WAPI's
+`user_agent()` is the User-Agent of every HTTP request: the API server's and the backends'
 (`capi-ipam-provider-py/0.2.0 (linux/amd64) kubernetes-asyncio/36.1.0`). `FIELD_MANAGER` is the field manager of
 every write to the API server, so that an object's managedFields name the controller.
 """

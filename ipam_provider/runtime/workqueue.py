@@ -3,11 +3,11 @@
 Contract:
 - A key waits in the queue at most once (adding it again is a no-op, except that it may raise the key's
   priority), and is never handed to two workers at once.
-- Every key belongs to a tenant (`tenants.of(key)`; by default all keys to one) and to a shard (for claims: their
-  pool; a waiting key keeps the shard of its first add). Tenants are served round-robin, and within a tenant its
-  shards, so that neither a busy tenant nor a busy pool starves the others. At most `shard_limit(shard)` keys of
-  one shard are processed at a time, whatever their tenants (None: no limit but the number of workers);
-  `shard_limit` may also be one number for every shard.
+- Every key belongs to a tenant (`tenants.of(key)`; by default all keys to one) and to a shard (such as the object
+  the key's object draws from; a waiting key keeps the shard of its first add). Tenants are served round-robin, and
+  within a tenant its shards, so that neither a busy tenant nor a busy shard starves the others. At most
+  `shard_limit(shard)` keys of one shard are processed at a time, whatever their tenants (None: no limit but the
+  number of workers); `shard_limit` may also be one number for every shard.
 - A tenant holding `tenants.limit` keys or more (None: no limit) is handed another only while more than
   `tenants.limit` of the queue's `tenants.workers` would stay idle (without `workers`: never). A tenant whose keys stall
   thus never holds the workers another tenant needs: that tenant finds up to `tenants.limit` idle workers, or
@@ -17,8 +17,8 @@ Contract:
   tenant and a shard, keys are handed out in the order they were added.
 - `add_rate_limited` re-adds a failed key after a per-key exponential backoff; `forget` resets it.
 - `add_after` re-adds a key after a delay; the earliest pending delay wins.
-- `busy(key)` tells whether a key is waiting, being processed or due after a delay (the repair loop leaves
-  such claims to their reconcile).
+- `busy(key)` tells whether a key is waiting, being processed or due after a delay (a sweep can leave
+  such keys to their reconcile).
 - After `shutdown`, `get` returns None once no key is ready; keys being processed are finished by their workers.
 - A queue given a `name` reports the `workqueue_*` series under it (`ipam_provider.runtime.telemetry.controller`).
 """

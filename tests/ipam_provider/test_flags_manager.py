@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 
 from ipam_provider.cli import leader_elector
-from ipam_provider.flags import RunOptions, parse_args
+from ipam_provider.flags import CLAIM_KIND, RunOptions, parse_args
 from ipam_provider.runtime.flagforms import WebhookServing, go_bool, go_duration, take_kind_concurrency
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.serving.certificates import CertificateFiles, TlsOptions
@@ -263,8 +263,11 @@ def test_bad_concurrency_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_concurrency_flags_are_only_taken_from_run() -> None:
-    assert take_kind_concurrency(["status", "--x-concurrency=1"]) == (["status", "--x-concurrency=1"], {})
-    assert take_kind_concurrency(["run", "--", "--x-concurrency=1"]) == (["run", "--", "--x-concurrency=1"], {})
+    assert take_kind_concurrency(["status", "--x-concurrency=1"], CLAIM_KIND) == (["status", "--x-concurrency=1"], {})
+    assert take_kind_concurrency(["run", "--", "--x-concurrency=1"], CLAIM_KIND) == (
+        ["run", "--", "--x-concurrency=1"],
+        {},
+    )
 
 
 def test_diagnostics_address_serves_the_metrics_securely_unless_insecure() -> None:

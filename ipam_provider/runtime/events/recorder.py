@@ -42,8 +42,8 @@ class EventRecorder:
         self._full_reported = False
 
     def record(self, obj: Object, type: str, reason: str, message: str, *, related: Object | None = None) -> None:
-        """Record an Event about `obj` (`related`: a second object it concerns, such as a claim's pool, under which
-        bursts of similar Events are combined). Returns at once; never raises."""
+        """Record an Event about `obj` (`related`: a second object it concerns, under which bursts of similar Events
+        are combined). Returns at once; never raises."""
         try:
             outcome = self.correlator.observe(obj, type, reason, message, related)
             count_event(type, outcome)

@@ -22,7 +22,7 @@ DOCUMENT_DEPTH = MAX_DEPTH + 2
 2, so the projection, not the decoder, decides where an object is cut."""
 
 CONDITION_MESSAGE_LENGTH = 32768
-"""metav1.Condition's message maxLength, as the CRDs of IPAddressClaim (Cluster API) and of our kinds enforce it."""
+"""metav1.Condition's message maxLength, as every CRD's conditions enforce it."""
 EVENT_MESSAGE_LENGTH = 1024
 """kube-apiserver's NoteLengthLimit, in bytes: the longest message it accepts on an Event carrying eventTime (core/v1
 Events without one are not checked, but client-go's recorders keep to it too)."""

@@ -415,7 +415,7 @@ def _configuration() -> client.Configuration:
 
 
 _ONE_OFF_PARAMETERS = frozenset({"labelSelector", "continue", "resourceVersion"})
-"""Query parameters whose values are seldom sent twice (a selector may name one claim, a continue token or a watch's
+"""Query parameters whose values are seldom sent twice (a selector may name one object, a continue token or a watch's
 resourceVersion is used once): queries with them are not cached."""
 
 

@@ -1,6 +1,6 @@
 """The validating admission webhook server: HTTPS, in the controller's event loop, on every replica.
 
-One POST path per `Route` given to `use` (the domain gives one per served pool kind); each takes an
+One POST path per `Route` given to `use`; each takes an
 `admission.k8s.io/v1` AdmissionReview and answers one. A body that is not a review (or is JSON nested too deeply to
 read) is answered 400 and logged; a review at another `/validate-...` path (a kind whose backend is not loaded,
 `--backends`) is allowed.
@@ -135,10 +135,11 @@ def review_response(uid: str, verdict: Verdict) -> Object:
 @dataclass(frozen=True)
 class Route:
     """What answers the reviews of one path: `decide`, logged as `kind=label`. It may raise ApiError,
-    aiohttp.ClientError or OSError when it could not read what it needs (answered as a 500 refusal)."""
+    aiohttp.ClientError or OSError when it could not list `reads`, what it needs (answered as a 500 refusal)."""
 
     label: str
     decide: Callable[[ReviewRequest], Awaitable[Verdict]]
+    reads: str = "what it needs"
 
 
 class WebhookServer(Server):
@@ -220,7 +221,7 @@ class WebhookServer(Server):
         except TimeoutError:
             message = f"could not check the change within {budget:g} s; try again"
         except (ApiError, aiohttp.ClientError, OSError) as error:
-            message = f"could not list the pool's IPAddresses to check the change: {error}; try again"
+            message = f"could not list {route.reads} to check the change: {error}; try again"
         except Exception as error:  # a backend's bug must not turn into a hung or crashed webhook
             log.error("admission check failed", kind=route.label, name=review.name, exc_info=True)
             message = f"the check failed: {type(error).__name__}: {error}"

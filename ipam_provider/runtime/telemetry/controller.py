@@ -5,7 +5,7 @@ Work queue: `QueueMetrics` is told of every key added, taken and done. Depth, un
 running processor are computed when Prometheus collects them (from the keys waiting and the start times of the
 keys in process), so they never go stale, not even while a worker hangs.
 
-Reconcilers: `controller` is `ipaddressclaim` for claim keys and the pool kind in lower case for pool keys.
+Reconcilers: `controller` is the lower-case kind of the key's object.
 """
 
 from __future__ import annotations
