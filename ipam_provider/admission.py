@@ -83,7 +83,9 @@ class PoolAdmission:
     def routes(self) -> dict[str, Route]:
         """The webhook's routes: one path per kind of the registry."""
         return {
-            webhook_path(kind): Route(kind.kind, functools.partial(self.decide, path_kind=kind))
+            webhook_path(kind): Route(
+                kind.kind, functools.partial(self.decide, path_kind=kind), reads="the pool's IPAddresses"
+            )
             for kind in self.registry.kinds
         }
 
