@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._support import log_tail, start_process, stop_process
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import LEASES, NAMESPACES
+from tests.support.objects import POOLS, pool
 from tests.support.webhook_flood import (
     POSTS,
     Observed,
@@ -40,7 +41,6 @@ from tests.support.webhook_flood import (
     rss_kib,
     run_flood,
 )
-from tests.support.objects import POOLS, pool
 from tools.controller_command import controller_command
 from tools.controlplane.assets import AssetError, binaries_dir, capi_crd_paths, our_crd_paths
 from tools.controlplane.cluster import LocalControlPlane

@@ -16,7 +16,7 @@ class Versions:
     capi: str
     netbox: str
     cert_manager: str
-    capi_compat: tuple[str, ...] = ()  # the Cluster API releases of the compatibility matrix (tests/system/test_capi_releases.py)
+    capi_compat: tuple[str, ...] = ()  # the compatibility matrix (tests/system/test_capi_releases.py)
 
     def describe(self) -> str:
         return (
