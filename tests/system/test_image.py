@@ -238,12 +238,14 @@ def deployment_flags(kubeconfig: str, namespace: str, lease: str, metrics: int, 
 
 
 async def install_config_default(kube: KubeClient, kubeconfig: Path, as_controller: KubeClient, namespace: str) -> None:
-    """`kubectl apply -k config/default`, and wait until its RBAC lets the controller's ServiceAccount work."""
+    """`kubectl apply --server-side -k config/default` (as config/README.md says, and as tests/system/test_rbac.py
+    applies it to the same API server: a client-side apply here would own fields that its apply then conflicts on),
+    and wait until its RBAC lets the controller's ServiceAccount work."""
     await remove_bindings(kube)  # should an earlier run have left them: the grants come from config/rbac below
     await install_cert_manager_crds(kube)  # config/default holds the metrics endpoint's Certificate
-    code, _, err = await kubectl_against(kubeconfig, "apply", "-k", str(CONFIG / "default"))
+    code, _, err = await kubectl_against(kubeconfig, "apply", "--server-side", "-k", str(CONFIG / "default"))
     try:
-        assert code == 0, f"kubectl apply -k config/default failed:\n{err}"
+        assert code == 0, f"kubectl apply --server-side -k config/default failed:\n{err}"
     finally:
         await remove_webhook_configuration(kube)
 
