@@ -227,14 +227,14 @@ def crd(
     columns: Sequence[Schema],
     *,
     move: Move | None = None,
-    status_subresource: bool = True,
 ) -> Schema:
-    """A CustomResourceDefinition of `kind` in GROUP with one served and stored version, labelled for clusterctl;
-    `move` (see MOVE_LABELS) defaults to "hierarchy" for a namespaced kind and "object" for a cluster-scoped one."""
+    """A CustomResourceDefinition of `kind` in GROUP with one served and stored version, labelled for clusterctl, with
+    the status subresource when `schema` has a status; `move` (see MOVE_LABELS) defaults to "hierarchy" for a
+    namespaced kind and "object" for a cluster-scoped one."""
     plural = kind.lower() + "s"
     move = move or ("hierarchy" if scope == "Namespaced" else "object")
     served: Schema = {"name": version, "served": True, "storage": True}
-    if status_subresource:
+    if "status" in schema.get("properties", {}):
         served["subresources"] = {"status": {}}
     served["additionalPrinterColumns"] = list(columns)
     served["schema"] = {"openAPIV3Schema": schema}
@@ -327,8 +327,8 @@ def prefix_pool_crd(kind: str, namespaced: bool, description: str) -> Schema:
 
 
 # Besides being released, a reservation may change only its claim's uid (and lose releasedAt): the claim of the same
-# namespace/name takes over the reservation made from its IPAddress before the claim existed or before a restore
-# (backends/incluster/existing.py), its pin or its own released reservation (backends/incluster/pins.py), and a
+# namespace/name takes over the reservation made from its IPAddress before the claim existed or before a restore,
+# its pin or its own released reservation (`ReservationClient.take_over`, backends/incluster/reservations.py), and a
 # released pinned claim gives it back to its pin (uid "").
 # `namespace` is a CEL keyword: Kubernetes exposes the property as `__namespace__`.
 SAME_PLACE = (
@@ -341,18 +341,22 @@ TAKE_OVER_RULE = (
     " && self.claim.name == oldSelf.claim.name)"
 )
 # A released reservation (a release record) may be taken over by any claim: the allocation that reuses the address
-# (backends/incluster/released.py). Pool, address, prefix and gateway stay (a record whose pool's prefix or gateway
-# changed since is deleted and the address reserved anew).
+# (`Ledger.reassign`, backends/incluster/ledger.py). Pool, address, prefix and gateway stay (a record whose pool's
+# prefix or gateway changed since is deleted and the address reserved anew).
 REUSE_RULE = f"(has(oldSelf.releasedAt) && {SAME_PLACE})"
 
 
-def reservation_crd() -> Schema:
-    text = {"type": "string"}
+RESERVATION_TEXT: Schema = {"type": "string"}
 
-    def strings(*names: str) -> Schema:
-        return {name: text for name in names}
 
-    spec = {
+def strings(*names: str) -> Schema:
+    """String properties named `names`."""
+    return {name: RESERVATION_TEXT for name in names}
+
+
+def reservation_spec() -> Schema:
+    text = RESERVATION_TEXT
+    return {
         "type": "object",
         "required": ["pool", "address", "prefix", "claim"],
         "x-kubernetes-validations": [
@@ -382,13 +386,16 @@ def reservation_crd() -> Schema:
             },
         },
     }
+
+
+def reservation_crd() -> Schema:
     schema = {
         "description": "InClusterIPReservation records that one address of an in-cluster pool is held. Its name "
         "encodes (pool, address), so the API server's name uniqueness guarantees that no address is held twice. "
         "Managed by the controller; do not edit.",
         "type": "object",
         "required": ["spec"],
-        "properties": {**strings("apiVersion", "kind"), "metadata": {"type": "object"}, "spec": spec},
+        "properties": {**strings("apiVersion", "kind"), "metadata": {"type": "object"}, "spec": reservation_spec()},
     }
     columns = [
         column("Address", "string", ".spec.address"),
@@ -397,9 +404,9 @@ def reservation_crd() -> Schema:
         column("Released", "string", ".spec.releasedAt"),
     ]
     # Internal state, never moved: clusterctl would copy these cluster-scoped objects to the target and leave them at
-    # the source. The target's controller rebuilds them from the IPAddresses that move (backends/incluster/
-    # existing.py), and the source's controller drops those of pools that are gone (backends/incluster/orphans.py).
-    return crd("InClusterIPReservation", "Cluster", "v1alpha2", schema, columns, move="never", status_subresource=False)
+    # the source. The target's controller rebuilds them from the IPAddresses that move (`Ledger`'s rebuild,
+    # backends/incluster/ledger.py), and the source's drops those of pools that are gone (`Repair.sweep_orphaned`).
+    return crd("InClusterIPReservation", "Cluster", "v1alpha2", schema, columns, move="never")
 
 
 def netbox_pool_crd(kind: str, namespaced: bool, description: str) -> Schema:

@@ -1,5 +1,5 @@
-"""Every production function of `ipam_provider/` and `backends/` is at most MAX_LINES long (from its `def` to its
-last line, decorators excluded) and takes at most MAX_PARAMETERS parameters, keyword-only ones and `*args` /
+"""Every production function of `ipam_provider/`, `backends/` and `hack/` is at most MAX_LINES long (from its `def`
+to its last line, decorators excluded) and takes at most MAX_PARAMETERS parameters, keyword-only ones and `*args` /
 `**kwargs` included, `self` and `cls` not."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def offenders(source: str, where: str) -> list[str]:
 def test_no_function_is_too_long_or_takes_too_many_parameters() -> None:
     found = [
         offender
-        for package in ("ipam_provider", "backends")
+        for package in ("ipam_provider", "backends", "hack")
         for path in sorted((ROOT / package).rglob("*.py"))
         for offender in offenders(path.read_text(), str(path.relative_to(ROOT)))
     ]
