@@ -43,7 +43,7 @@ from ipam_provider.backend.contract import (
     PoolNotReadyError,
     PoolRef,
 )
-from ipam_provider.backend.repair import Holding, Pacer, Restore, RestoreOutcome
+from ipam_provider.backend.repair import Holding, Made, Pacer, Restore, RestoreOutcome, made_by
 from ipam_provider.common import Object, normalized_address
 
 log = structlog.get_logger(__name__)
@@ -103,10 +103,10 @@ class NetboxRepair:
                 }
                 async for page in _pages(client, filters, self.page_size, pacer):
                     for obj in page:
-                        made = made_by(obj, self.ledger.cluster_identity)
-                        holding = holding_of(obj, releasable=made == OURS)
+                        made = made_by(stamp_of(obj), self.ledger.cluster_identity)
+                        holding = holding_of(obj, releasable=made == Made.OURS)
                         inside = any(s.contains(holding.address) for s in sources)
-                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id and made != OTHER:
+                        if holding.claim_uid and inside and vrf_id_of(obj) == vrf_id and made != Made.OTHER:
                             found[int(obj["id"])] = holding
             return sorted(found.values(), key=lambda h: int(h.handle))
 
@@ -121,7 +121,7 @@ class NetboxRepair:
                 and is_ours(obj, holding.claim_uid)
                 and (claim_ref_of(obj) or "") == holding.claim
                 and host_of(obj) == holding.address
-                and made_by(obj, self.ledger.cluster_identity) == OURS
+                and made_by(stamp_of(obj), self.ledger.cluster_identity) == Made.OURS
             )
             if not unchanged:
                 log.info("holding changed since it was listed; kept", pool=str(parsed.ref), id=address_id)
@@ -233,20 +233,15 @@ async def _pages(
             page = {"limit": size, "offset": page.get("offset", 0) + len(results)}
 
 
-OURS, UNSTAMPED, OTHER = "ours", "unstamped", "other"
 WHY_UNSTAMPED = (
     f"its custom field {CLUSTER_IDENTITY_FIELD} is empty, so it may belong to another management cluster sharing "
     "this NetBox (addresses made before identities were stamped)"
 )
 
 
-def made_by(obj: Mapping[str, Any], cluster_identity: str) -> str:
-    """Which management cluster made one of our NetBox IP addresses: OURS (our identity; any address when the
-    backend has none), UNSTAMPED (no identity recorded) or OTHER (another cluster's)."""
-    stamped = str((obj.get("custom_fields") or {}).get(CLUSTER_IDENTITY_FIELD) or "")
-    if not cluster_identity or stamped == cluster_identity:
-        return OURS
-    return UNSTAMPED if not stamped else OTHER
+def stamp_of(obj: Mapping[str, Any]) -> str:
+    """The management cluster identity one of our NetBox IP addresses is stamped with ("": none), for `made_by`."""
+    return str((obj.get("custom_fields") or {}).get(CLUSTER_IDENTITY_FIELD) or "")
 
 
 def holding_of(obj: Mapping[str, Any], *, releasable: bool = True) -> Holding:
