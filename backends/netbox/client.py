@@ -150,6 +150,15 @@ def request_operation(method: str, url: str) -> str:
     return f"{method} {'/'.join(segments) or 'api'}"
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """How a NetBox marks what this provider holds: the owner tag's id, and whether NetBox itself refuses a second
+    address for one claim UID."""
+
+    owner_tag_id: int
+    uid_unique: bool
+
+
 class NetboxClient:
     """One NetBox endpoint (URL, token, TLS settings): a bounded thread pool with one pynetbox API per thread."""
 
@@ -171,6 +180,7 @@ class NetboxClient:
         self._requests = itertools.count()
         self.requests_sent = 0  # HTTP answers received; for benchmarks and tests
         self.closed = False
+        self.ownership: tuple[float, Ownership] | None = None  # when `Resolver.ownership` last checked, and what
 
     def _count(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         self.requests_sent = next(self._requests) + 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.netbox import calls, reasons
-from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError
+from backends.netbox.client import HTTPError, NetboxClient, OutcomeUnknownError, Ownership
 from backends.netbox.connections import Connections
 from backends.netbox.reasons import PoolUnusableError
 from backends.netbox.spec import (
@@ -31,12 +31,6 @@ from ipam_provider.backend.repair import Pacer
 from ipam_provider.common import Object, cap_int64
 
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-@dataclass(frozen=True)
-class Ownership:
-    owner_tag_id: int
-    uid_unique: bool  # NetBox itself refuses a second address for one claim UID
 
 
 @dataclass(frozen=True)
@@ -375,7 +369,6 @@ class Resolver:
         self.ownership_seconds = ownership_seconds
         self.known: dict[PoolRef, Pool] = {}  # the last good spec `parse` saw of each pool
         self._resolved: dict[PoolRef, tuple[tuple[str, int], NetboxClient, Resolved]] = {}  # by (uid, generation)
-        self._ownership: dict[NetboxClient, tuple[float, Ownership]] = {}
         self._ownership_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def parse(self, pool_ref: PoolRef, pool: Object) -> Pool:
@@ -392,7 +385,7 @@ class Resolver:
     async def session(self, pool: Pool, doing: str) -> AsyncIterator[NetboxClient]:
         """`pool`'s client, lent for one operation. A failure of one of `reasons.CAUGHT` becomes PoolUnusableError
         (its message begins with "`doing` <pool>"), and every PoolUnusableError first drops what it may have made
-        stale: the resolved pool, and on an authentication failure the Secret and the ownership marks."""
+        stale: the resolved pool, and on an authentication failure the Secret and the client's ownership marks."""
         client: NetboxClient | None = None
         try:
             try:
@@ -405,19 +398,19 @@ class Resolver:
             self._resolved.pop(pool.ref, None)
             if problem.reason == reasons.AUTH_FAILED:
                 self.connections.invalidate(pool)
-                self._ownership.clear()
+                if client is not None:
+                    client.ownership = None
             raise
 
     async def ownership(self, client: NetboxClient, *, any_age: bool = False) -> Ownership:
         """The ownership marks of `client`'s NetBox, checked (and created) by one pool at a time; with `any_age`, a
-        cached answer of any age."""
+        cached answer of any age. The answer is kept on the client, so it goes with it."""
         async with self._one_at_a_time(client.endpoint.url):
-            self._ownership = {c: o for c, o in self._ownership.items() if not c.closed}  # replaced ones go
-            cached = self._ownership.get(client)
+            cached = client.ownership
             if cached is not None and (any_age or time.monotonic() - cached[0] < self.ownership_seconds):
                 return cached[1]
             ownership = await ensure_ownership(client)
-            self._ownership[client] = (time.monotonic(), ownership)
+            client.ownership = (time.monotonic(), ownership)
             return ownership
 
     @contextlib.asynccontextmanager
@@ -459,5 +452,4 @@ class Resolver:
 
     async def close(self) -> None:
         self._resolved.clear()
-        self._ownership.clear()
         await self.connections.close()

@@ -31,9 +31,14 @@ fi
 nb_start_postgres
 nb_start_redis
 nb_load_secrets
+# Under install.sh's lock: two ALTER ROLEs at once fail ("tuple concurrently updated"), and the template is
+# install.sh's to make.
+exec {install_lock}>"$NB_CACHE/.install.lock"
+flock "$install_lock"
 nb_ensure_role
 nb_ensure_template
 nb_gc_databases
+flock -u "$install_lock"
 
 db="netbox_run_$(od -An -N5 -tx1 /dev/urandom | tr -d ' \n')"
 port="${NETBOX_PORT:-$(nb_free_port)}"

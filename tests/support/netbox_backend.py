@@ -193,6 +193,12 @@ def new_claim(namespace: str, name: str) -> ClaimContext:
     return ClaimContext(namespace=namespace, name=name, uid=str(uuid.uuid4()))
 
 
+def recheck_ownership(backend: NetboxBackend) -> None:
+    """Make each current client check NetBox's ownership marks again at its next use."""
+    for client in backend.resolver.connections._clients.values():
+        client.ownership = None
+
+
 async def client_of(backend: NetboxBackend, pool: Object) -> NetboxClient:
     return await backend.resolver.connections.client(backend.resolver.parse(PoolRef.from_object(pool), pool))
 

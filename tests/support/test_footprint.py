@@ -38,6 +38,14 @@ def test_paths_aggregate_elements_and_growth_names_them() -> None:
     assert set(grown) == {"Store._tombstones"}  # a tombstone per deleted object
 
 
+def test_only_the_wildcard_of_a_bounded_path_matches_anything() -> None:
+    sessions = "Controller.registry._backends[*].resolver.{}._sessions"
+    grown = {sessions.format(via): 2 for via in ("_resolved[*][*]", "connections._clients[*]")}
+    assert footprint_growth({}, grown) == {}
+    near = {"Controller.registry._backends.resolver.x._sessions": (0, 1), sessions.format("x") + "[*]": (0, 1)}
+    assert footprint_growth({}, {path: after for path, (_, after) in near.items()}) == near
+
+
 def test_module_state_caches_cycles_and_series(monkeypatch: pytest.MonkeyPatch) -> None:
     memo: dict[str, int] = {}
 

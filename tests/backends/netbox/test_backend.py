@@ -36,6 +36,7 @@ from tests.support.netbox_backend import (
     new_claim,
     pool_of,
     prefix,
+    recheck_ownership,
     record_gateway,
     unique_name,
     user_token,
@@ -261,7 +262,7 @@ async def test_custom_field_that_cannot_be_created(
     # An administrator creates the field without Unique: the pool works, and says what would make it cheaper.
     netbox.create_custom_field(CLAIM_UID_FIELD)
     get_or_create_field(netbox, CLAIM_REF_FIELD)  # made by an earlier test, unless this one runs alone
-    backend.resolver._ownership.clear()
+    recheck_ownership(backend)
     report = await backend.report(PoolRef.from_object(pool), pool, [])
     assert report.ready and "not Unique" in report.message
     claim = new_claim(namespace, "late")

@@ -28,6 +28,7 @@ class StandIn:
     """A NetBox client for these paths: a GET by id answers `objects`, a delete answers True."""
 
     closed = False
+    ownership: tuple[float, object] | None = None
     endpoint = SimpleNamespace(url="https://netbox.invalid")
 
     def __init__(self, objects: dict[int, Object] | None = None) -> None:

@@ -36,6 +36,7 @@ from tests.support.netbox_backend import (
     owned_addresses,
     pool_of,
     prefix,
+    recheck_ownership,
     record_gateway,
     unique_name,
     user_token,
@@ -104,7 +105,7 @@ async def test_a_uid_field_netbox_does_not_filter_by_is_refused(
     field = netbox.api().extras.custom_fields.get(name=CLAIM_UID_FIELD)
     field.update({"filter_logic": "disabled"})
     try:
-        backend.resolver._ownership.clear()
+        recheck_ownership(backend)
         report = await backend.report(PoolRef.from_object(pool), pool, [])
         assert (report.ready, report.reason) == (False, "CustomFieldInvalid"), report.message
         assert "filter logic" in report.message and "Exact" in report.message
@@ -112,7 +113,7 @@ async def test_a_uid_field_netbox_does_not_filter_by_is_refused(
             await backend.allocate(PoolRef.from_object(pool), pool, new_claim(namespace, "unfiltered"))
     finally:
         field.update({"filter_logic": "exact"})
-    backend.resolver._ownership.clear()
+    recheck_ownership(backend)
     assert (await backend.report(PoolRef.from_object(pool), pool, [])).ready
 
 
