@@ -66,6 +66,9 @@ class Controller:
         share = Tenants(tenant_of, limit=max(1, settings.workers // 4), workers=settings.workers)
         self.queue: WorkQueue[QueueKey] = WorkQueue(name="ipam", shard_limit=self._shard_limit, tenants=share)
         self.handlers = EventHandlers(self.caches, self.queue, registry.kind_of, self._observe_pool)
+        for backend in registry.backends:
+            if (accept := registry.capabilities(backend).accept_reporter) is not None:
+                accept(self.handlers.pool_changed)
         self.context = ReconcileContext(
             kube, self.caches, registry, EventRecorder(kube, settings.component), self.handlers.pool_changed
         )

@@ -8,7 +8,7 @@ missing gets no POST. Releases on an instance whose credentials were refused wai
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import structlog
 
@@ -55,17 +55,32 @@ class InfobloxBackend:
     def __init__(self, context: BackendContext, settings: InfobloxSettings | None = None) -> None:
         self.settings = settings or InfobloxSettings()
         self.recorder = EventRecorder(context.kube, context.controller_name)  # Events about InfobloxInstances
-        status = InstanceStatus(context.kube, self.recorder)
-        self.grid = GridHealth(self.settings, status)
+        self.status = InstanceStatus(context.kube, self.recorder)
+        self.grid = GridHealth(self.settings, self.status)
         stamp = ClusterStamp(context.cluster_identity)
-        self.ledger = Ledger(Connections(context.kube, self.settings, status), self.grid, self.settings, stamp)
+        self.ledger = Ledger(Connections(context.kube, self.settings, self.status), self.grid, self.settings, stamp)
         self.allocator = Allocator(context.kube, self.ledger, self.settings)
         self.checks = PoolChecks(self.grid, self.settings)
         self.repair = GridRepair(self.ledger, self.allocator, self.settings)
         self.pools = LivePools(self._forget)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(observe_pool=self.observe_pool, report_interval=self.report_interval, repair=self)
+        return Capabilities(
+            observe_pool=self.observe_pool,
+            accept_reporter=self.accept_reporter,
+            report_interval=self.report_interval,
+            repair=self,
+        )
+
+    def accept_reporter(self, report_soon: Callable[[PoolRef], None]) -> None:
+        """When an instance's Ready condition changes (a call found the grid refusing, or answering again), the
+        pools known to use it are reported again soon, so that their Ready follows at once."""
+
+        def instance_changed(name: str) -> None:
+            for ref in [ref for ref, pool in self.ledger.known.items() if pool.instance == name]:
+                report_soon(ref)
+
+        self.status.ready_changed = instance_changed
 
     def observe_pool(self, kind: PoolKind, old: Object | None, new: Object | None) -> Collection[PoolRef]:
         """A deleted pool's spec, index and check results are forgotten, also when an operation of it ends later

@@ -33,7 +33,7 @@ import ssl
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,12 +254,14 @@ def _private_file(directory: str, name: str, content: bytes) -> str:
 
 
 class InstanceStatus:
-    """Each InfobloxInstance's conditions, written when they change; Warning Events about instances."""
+    """Each InfobloxInstance's conditions, written when they change (`ready_changed(name)` is called when its Ready
+    condition did); Warning Events about instances."""
 
     def __init__(self, kube: KubeClient, recorder: EventRecorder | None = None) -> None:
         self._kube = kube
         self._recorder = recorder
         self.instances: dict[str, Object] = {}  # each InfobloxInstance in use, as last read or written
+        self.ready_changed: Callable[[str], None] = lambda name: None
 
     async def publish(self, name: str, ready: bool, reason: str, message: str, type: str = READY) -> bool:
         """Set condition `type` of the instance (as last read by Connections.connect); whether it changed. An
@@ -282,6 +284,8 @@ class InstanceStatus:
             log.warning("cannot write the InfobloxInstance status", instance=name, error=error.message)
             return False
         log.info("instance condition changed", instance=name, type=type, status=ready, reason=reason, message=message)
+        if type == READY:
+            self.ready_changed(name)
         return True
 
     async def publish_tls(self, name: str, spec: InstanceSpec) -> None:

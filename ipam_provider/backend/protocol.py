@@ -4,7 +4,7 @@ it is registered (`BackendRegistry.register`): the core calls an optional capabi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
@@ -38,6 +38,9 @@ class Capabilities:
       Called in the watch's event handler for every change of the backend's pools (`old` None: added; `new` None:
       deleted), the initial list included, before any reconcile that follows; it answers the other pools whose
       report the change may alter (reported again). It must be quick and must not block.
+    - `accept_reporter(report_soon)`: called once when a controller is built, with `report_soon(pool_ref)`, which
+      has that pool reported again soon; for reports that follow a state several pools share and that a call
+      outside their own reports may change (the health of an external system's connection).
     - `report_interval` (seconds, > 0): how often each live pool is reported again, for reports that follow an
       external system no watch shows; None: on changes and every `--sync-period`.
     - `concurrent_claims`: True when the backend accepts concurrent calls for several claims of one pool (else it
@@ -50,6 +53,7 @@ class Capabilities:
     prepare: Preparer | None = None
     review_pool_change: AdmissionReviewer | None = None
     observe_pool: PoolObserver | None = None
+    accept_reporter: Callable[[Callable[[PoolRef], None]], None] | None = None
     report_interval: float | None = None
     concurrent_claims: bool = False
     repair: Repairable | None = None

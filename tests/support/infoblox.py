@@ -23,7 +23,7 @@ from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES, SECRETS
+from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.objects import claim, ready_condition
@@ -171,10 +171,3 @@ async def wait_gone(kube: KubeClient, namespace: str, name: str, timeout: float 
         return await kube.get(CLAIMS, name, namespace) is None and await kube.get(ADDRESSES, name, namespace) is None
 
     await wait_for(gone, timeout=timeout, message=f"claim {namespace}/{name} and its IPAddress to be gone")
-
-
-async def events_text(kube: KubeClient, namespace: str, controller: Controller) -> str:
-    """Reason and message of every Event in `namespace`, once `controller` has written all it recorded."""
-    await controller.context.recorder.flush()
-    items, _ = await kube.list(EVENTS, namespace)
-    return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in items)

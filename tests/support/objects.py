@@ -7,8 +7,10 @@ from typing import Any
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
 from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_CLUSTER_PREFIX_POOL
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
+from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
+from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 
 POOLS = pool_resource(IN_CLUSTER_POOL)
@@ -87,3 +89,24 @@ async def wait_address(kube: KubeClient, namespace: str, name: str, timeout: flo
 async def addresses_of(kube: KubeClient, namespace: str | None = None) -> list[str]:
     items, _ = await kube.list(ADDRESSES, namespace)
     return [item["spec"]["address"] for item in items]
+
+
+async def events_text(kube: KubeClient, namespace: str, controller: Controller) -> str:
+    """Reason and message of every Event in `namespace`, once `controller` has written all it recorded."""
+    await controller.context.recorder.flush()
+    items, _ = await kube.list(EVENTS, namespace)
+    return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in items)
+
+
+async def wait_event(
+    kube: KubeClient, namespace: str, controller: Controller, reason: str, naming: str = "", timeout: float = 60
+) -> str:
+    """Wait for an Event with `reason` whose message holds `naming`; answer the Events' text. An Event is recorded
+    after the status it reports is written, so a test that saw the status waits for the Event too."""
+
+    async def recorded() -> str | None:
+        text = await events_text(kube, namespace, controller)
+        found = any(line.startswith(f"{reason}: ") and naming in line for line in text.splitlines())
+        return text if found else None
+
+    return await wait_for(recorded, timeout=timeout, message=f"a {reason} Event holding {naming!r}")

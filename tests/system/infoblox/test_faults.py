@@ -15,8 +15,8 @@ from backends.infoblox.spec import INSTANCES
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.support.cluster import wait_for
-from tests.support.infoblox import Grid, b64, events_text, wait_gone, wait_instance_reason, wait_pool_reason
-from tests.support.objects import ready_condition, wait_address, wait_claim_reason
+from tests.support.infoblox import Grid, b64, wait_gone, wait_instance_reason, wait_pool_reason
+from tests.support.objects import events_text, ready_condition, wait_address, wait_claim_reason
 from tools.wapi_simulator import make_tls_material
 
 Object = dict[str, Any]

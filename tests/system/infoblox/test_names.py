@@ -13,8 +13,8 @@ from backends.infoblox.spec import ANNOTATION_HOSTNAME
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.support.cluster import wait_for
-from tests.support.infoblox import POOLS, Grid, events_text, wait_gone, wait_instance_reason, wait_pool_reason
-from tests.support.objects import ready_condition, wait_address, wait_claim_reason
+from tests.support.infoblox import POOLS, Grid, wait_gone, wait_instance_reason, wait_pool_reason
+from tests.support.objects import ready_condition, wait_address, wait_claim_reason, wait_event
 from tools.wapi_simulator import WapiError
 
 ZONE = "nodes.example.com"
@@ -109,11 +109,8 @@ async def test_a_dns_view_that_goes_makes_the_pool_not_ready(
         await grid.create_claim("c1", "dns")
         await wait_claim_reason(kube, namespace, "c1", "PoolNotReady")
         # The claim's first failure (its Event) is the POST's; later ones come from the pool check.
-        events = await events_text(kube, namespace, controller)
-        posted = (
-            "PoolNotReady: network 10.10.0.0/24: the pool's DNS view does not exist on the grid (the grid answered "
-        )
-        assert posted + "'View internal not found'); create it or fix spec.hostRecord.dnsView" in events, events
+        posted = "network 10.10.0.0/24: the pool's DNS view does not exist on the grid (the grid answered "
+        await wait_event(kube, namespace, controller, "PoolNotReady", posted + "'View internal not found'); create it")
         # Release never names a view: the claim whose record went with the view is released all the same.
         await kube.delete(CLAIMS, "c0", namespace)
         await wait_gone(kube, namespace, "c0")

@@ -15,8 +15,8 @@ from ipam_provider.api.capi import ADDRESSES, CLAIMS
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.support.cluster import wait_for
-from tests.support.infoblox import POOLS, Grid, events_text
-from tests.support.objects import wait_address
+from tests.support.infoblox import POOLS, Grid
+from tests.support.objects import wait_address, wait_event
 
 REPAIR = RepairSettings(interval=0.5, grace_period=1.0)
 Object = dict[str, Any]
@@ -24,17 +24,6 @@ Object = dict[str, Any]
 
 def at(grid: Grid, address: str) -> list[Object]:
     return [o for o in grid.sim.state.objects("fixedaddress") if o["ipv4addr"] == address]
-
-
-async def wait_event(kube: KubeClient, namespace: str, controller: Any, reason: str, naming: str) -> str:
-    """Wait for an Event with `reason` whose message names `naming`; answer the Events' text."""
-
-    async def recorded() -> str | None:
-        text = await events_text(kube, namespace, controller)
-        found = any(line.startswith(f"{reason}: ") and naming in line for line in text.splitlines())
-        return text if found else None
-
-    return await wait_for(recorded, timeout=30, message=f"a {reason} Event naming {naming}")
 
 
 async def test_leaked_grid_objects_are_released(

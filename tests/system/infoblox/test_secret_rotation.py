@@ -5,6 +5,7 @@ claims, and no password ever shows in a log line, a condition or an Event."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -15,7 +16,8 @@ from backends.infoblox.spec import INSTANCES
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
-from tests.support.infoblox import POOLS, Grid, b64, wait_instance_reason, wait_pool_reason
+from tests.support.cluster import wait_for
+from tests.support.infoblox import FAST, POOLS, Grid, b64, wait_instance_reason, wait_pool_reason
 from tests.support.objects import wait_address, wait_claim_reason
 
 
@@ -37,6 +39,8 @@ async def test_a_rotated_password_is_used_at_once_and_a_wrong_one_is_reported_no
     grid.sim.auth.add_user(grid.sim.username, first)
     await grid.set_password(first)
     await grid.create_pool("net", subnets=[{"cidr": "10.10.0.0/24"}])
+    grid.sim.state.add_network("10.11.0.0/24")
+    await grid.create_pool("idle", subnets=[{"cidr": "10.11.0.0/24"}])  # no claim: only its reports use the grid
     caplog.set_level(logging.DEBUG)
     with structlog.testing.capture_logs() as logs:
         async with infoblox_controller() as controller:
@@ -50,19 +54,29 @@ async def test_a_rotated_password_is_used_at_once_and_a_wrong_one_is_reported_no
             await wait_address(kube, namespace, "after", timeout=60)
             await wait_pool_reason(kube, namespace, "net", "PoolReady")
 
-            await grid.set_password(wrong)  # seen at the next read of the Secret (the pool's next report)
-            instance = await wait_instance_reason(kube, grid.instance, "AuthenticationFailed", timeout=60)
-            await wait_pool_reason(kube, namespace, "net", "AuthenticationFailed", timeout=60)
+            await grid.set_password(wrong)
+            await asyncio.sleep(2 * FAST.instance_cache_seconds)  # then the next call (the claim's) reads the Secret
             await grid.create_claim("refused", "net")
             await wait_claim_reason(kube, namespace, "refused", "PoolNotReady", timeout=60)
+            instance = await wait_instance_reason(kube, grid.instance, "AuthenticationFailed")
+            # The pools follow their instance at once, well before their next 60 s report.
+            for pool in ("net", "idle"):
+                await wait_pool_reason(kube, namespace, pool, "AuthenticationFailed", timeout=20)
             assert "refused the credentials" in str(instance["status"]["conditions"])
+
+            async def warned() -> set[str]:  # Events are written after the status they report
+                await controller.context.recorder.flush()
+                events, _ = await kube.list(EVENTS, namespace)
+                failed = [e for e in events if (e.get("type"), e.get("reason")) == ("Warning", "AuthenticationFailed")]
+                names = {e["involvedObject"]["name"] for e in failed}
+                return names if names == {"net", "idle"} else set()
+
+            await wait_for(warned, message="an AuthenticationFailed Warning Event on each pool")
             texts = await shown(kube, namespace, grid, controller)
-            events, _ = await kube.list(EVENTS, namespace)
-            warnings = [e for e in events if e.get("type") == "Warning" and e.get("reason") == "AuthenticationFailed"]
-            assert {e["involvedObject"]["name"] for e in warnings} == {"net"}, events
 
             await grid.set_password(second)  # fixed
             await wait_address(kube, namespace, "refused", timeout=60)
+            await wait_pool_reason(kube, namespace, "idle", "PoolReady", timeout=20)
     logged = [repr(entry) for entry in logs] + [record.getMessage() for record in caplog.records] + [caplog.text]
     assert any("AuthenticationFailed" in line for line in logged), "the logs were captured"
     for password in (first, second, wrong):

@@ -28,12 +28,11 @@ from tests.support.infoblox import (
     KIND,
     POOLS,
     Grid,
-    events_text,
     fast_backend,
     wait_instance_reason,
     wait_pool_reason,
 )
-from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason
+from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason, wait_event
 
 ATTACK = "../../v1beta2/namespaces/victim/ipaddressclaims/c"
 Object = dict[str, Any]
@@ -167,7 +166,7 @@ async def test_turning_tls_off_warns_on_the_instance_and_its_pools(
 
         condition = await wait_for(instance_tls, message="the instance's TLSVerified condition")
         assert (condition["status"], condition["reason"]) == ("False", "InsecureSkipVerify")
-        assert "InsecureSkipVerify: " in await events_text(kube, namespace, controller), "the pool's Warning Event"
+        await wait_event(kube, namespace, controller, "InsecureSkipVerify")  # the pool's Warning Event
         found = controller.registry.lookup(INFOBLOX_POOL.group, INFOBLOX_POOL.kind)
         assert found is not None
         await cast(InfobloxBackend, found[0]).recorder.flush()

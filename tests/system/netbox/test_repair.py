@@ -13,37 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, OWNER_TAG
 from ipam_provider.api.capi import ADDRESSES, CLAIMS
-from ipam_provider.controller import Controller
 from ipam_provider.repair import RepairSettings
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
 from tests.support.netbox_backend import NB_POOLS, create_secret, marked, nb_claim, netbox_pool, prefix
-from tests.support.objects import wait_address
+from tests.support.objects import wait_address, wait_event
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
 
 REPAIR = RepairSettings(interval=0.5, grace_period=1.0)
 Object = dict[str, Any]
-
-
-async def events_text(kube: KubeClient, namespace: str, controller: Controller) -> str:
-    """Reason and message of every Event in `namespace`, once `controller` has written all it recorded."""
-    await controller.context.recorder.flush()
-    items, _ = await kube.list(EVENTS, namespace)
-    return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in items)
-
-
-async def wait_event(kube: KubeClient, namespace: str, controller: Controller, reason: str, naming: str) -> str:
-    """Wait for an Event with `reason` whose message names `naming`; answer the Events' text."""
-
-    async def recorded() -> str | None:
-        text = await events_text(kube, namespace, controller)
-        found = any(line.startswith(f"{reason}: ") and naming in line for line in text.splitlines())
-        return text if found else None
-
-    return await wait_for(recorded, timeout=60, message=f"a {reason} Event naming {naming}")
 
 
 async def start_pool(kube: KubeClient, namespace: str, netbox: NetBoxServer, cidr: str) -> None:
