@@ -73,9 +73,13 @@ async def contract_flow(kube: KubeClient, namespace: str, controller: Controller
     ready = ready_condition(claim_obj)
     assert ready is not None and ready["status"] == "True" and ready["reason"] == "AddressAllocated"
     assert "10.10.0.2/24" in ready["message"]
-    await controller.context.recorder.flush()
-    events, _ = await kube.list(EVENTS, namespace)
-    assert any(e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1" for e in events)
+
+    async def allocated_event() -> bool:  # recorded once the status write it reports has returned
+        await controller.context.recorder.flush()
+        events, _ = await kube.list(EVENTS, namespace)
+        return any(e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1" for e in events)
+
+    await wait_for(allocated_event, message="an AddressAllocated Event on claim m1")
 
     # 2. Pause: the Cluster's spec.paused holds the release of a deleted claim and the allocation of a new one. (A
     # Cluster schema without spec.paused would prune the field, and the release would go ahead.)

@@ -169,8 +169,12 @@ async def test_turning_tls_off_warns_on_the_instance_and_its_pools(
         await wait_event(kube, namespace, controller, "InsecureSkipVerify")  # the pool's Warning Event
         found = controller.registry.lookup(INFOBLOX_POOL.group, INFOBLOX_POOL.kind)
         assert found is not None
-        await cast(InfobloxBackend, found[0]).recorder.flush()
-        events, _ = await kube.list(EVENTS, "default")
-        about = [e for e in events if e["involvedObject"].get("name") == grid.instance]
+
+        async def instance_events() -> list[Object]:  # recorded once the condition it reports is written
+            await cast(InfobloxBackend, found[0]).recorder.flush()
+            events, _ = await kube.list(EVENTS, "default")
+            return [e for e in events if e["involvedObject"].get("name") == grid.instance]
+
+        about = await wait_for(instance_events, message="the instance's Warning Event")
         assert [(e["type"], e["reason"]) for e in about] == [("Warning", "InsecureSkipVerify")]
         assert grid.sim.password not in str(about)
