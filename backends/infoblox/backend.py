@@ -97,106 +97,93 @@ class InfobloxBackend:
         self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None = None
     ) -> Allocation:
         with self.pools.operation(pool_ref):
-            return await self._allocate(pool_ref, pool, claim, existing)
-
-    async def _allocate(
-        self, pool_ref: PoolRef, pool: Object, claim: ClaimContext, existing: Allocation | None
-    ) -> Allocation:
-        try:
-            parsed = self.ledger.parse(pool_ref, pool)
-            connection = await self.ledger.connect(parsed.instance, pool_ref)
-            quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
-            if quick is not None:
-                return quick
-            health = await self.grid.health(connection)
-            if not health.ready:
-                raise PoolNotReadyError(
-                    f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
-                )
-            if parsed.spec.mode == HOST_RECORD:
-                check = await self.checks.check(parsed, connection, health)
-                if not check.ready and check.reason in DNS_REASONS:
-                    raise PoolNotReadyError(f"{parsed.ref} is not ready ({check.reason}): {check.message}")
             try:
-                return await self.allocator.allocate(parsed, connection, claim, existing)
-            except PoolNotReadyError:
-                self.checks.forget(parsed.ref)  # the pool's status should say what is wrong, at its next report
+                parsed = self.ledger.parse(pool_ref, pool)
+                connection = await self.ledger.connect(parsed.instance, pool_ref)
+                quick = self.allocator.quick(parsed, connection, claim, existing) if existing is not None else None
+                if quick is not None:
+                    return quick
+                health = await self.grid.health(connection)
+                if not health.ready:
+                    raise PoolNotReadyError(
+                        f"InfobloxInstance {connection.name} is not ready ({health.reason}): {health.message}"
+                    )
+                if parsed.spec.mode == HOST_RECORD:
+                    check = await self.checks.check(parsed, connection, health)
+                    if not check.ready and check.reason in DNS_REASONS:
+                        raise PoolNotReadyError(f"{parsed.ref} is not ready ({check.reason}): {check.message}")
+                try:
+                    return await self.allocator.allocate(parsed, connection, claim, existing)
+                except PoolNotReadyError:
+                    self.checks.forget(parsed.ref)  # the pool's status should say what is wrong, at its next report
+                    raise
+            except PoolNotReadyError as error:
+                if error.retry_after is None:
+                    error.retry_after = self.settings.not_ready_retry_seconds
                 raise
-        except PoolNotReadyError as error:
-            if error.retry_after is None:
-                error.retry_after = self.settings.not_ready_retry_seconds
-            raise
 
     async def release(
         self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
     ) -> None:
         with self.pools.operation(pool_ref):
-            await self._release(pool_ref, pool, claim, allocation)
-
-    async def _release(
-        self, pool_ref: PoolRef, pool: Object | None, claim: ClaimContext, allocation: Allocation | None
-    ) -> None:
-        # The grid that holds the address is the one recorded when it was allocated; the pool may have been
-        # re-pointed at another instance since.
-        instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
-        if instance is not None and subdomain_problem(instance):
-            instance = None  # an edited annotation: the pool's instance decides
-        if instance is None and pool is not None:
-            with contextlib.suppress(PoolNotReadyError):
-                instance = self.ledger.parse(pool_ref, pool).instance
-        known = self.ledger.known.get(pool_ref)
-        instance = instance if instance is not None or known is None else known.instance
-        if instance is None:
-            raise ReleaseImpossibleError(
-                f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
-                f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
-            )
-        try:
-            connection = await self.ledger.connect(instance, pool_ref, unrefused=True)
-        except PoolNotReadyError as error:
-            problem = error.__cause__
-            if isinstance(problem, InstanceProblem) and problem.reason == "InstanceNotFound":
+            # The grid that holds the address is the one recorded when it was allocated; the pool may have been
+            # re-pointed at another instance since.
+            instance = allocation.annotations.get(ANNOTATION_INSTANCE) if allocation is not None else None
+            if instance is not None and subdomain_problem(instance):
+                instance = None  # an edited annotation: the pool's instance decides
+            if instance is None and pool is not None:
+                with contextlib.suppress(PoolNotReadyError):
+                    instance = self.ledger.parse(pool_ref, pool).instance
+            known = self.ledger.known.get(pool_ref)
+            instance = instance if instance is not None or known is None else known.instance
+            if instance is None:
                 raise ReleaseImpossibleError(
-                    f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; its "
-                    f"grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
-                ) from problem
-            raise
-        await self.ledger.release(connection, pool_ref, claim, allocation)
+                    f"{pool_ref} is gone and the IPAddress of claim {claim} named no InfobloxInstance, so its grid is "
+                    f"unknown; its grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
+                )
+            try:
+                connection = await self.ledger.connect(instance, pool_ref, unrefused=True)
+            except PoolNotReadyError as error:
+                problem = error.__cause__
+                if isinstance(problem, InstanceProblem) and problem.reason == "InstanceNotFound":
+                    raise ReleaseImpossibleError(
+                        f"InfobloxInstance {instance} is gone, so claim {claim}'s address cannot be released now; its "
+                        f"grid objects carry the extensible attribute CAPI-Claim-UID={claim.uid}"
+                    ) from problem
+                raise
+            await self.ledger.release(connection, pool_ref, claim, allocation)
 
     async def report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
         with self.pools.operation(pool_ref):
-            return await self._report(pool_ref, pool, addresses)
-
-    async def _report(self, pool_ref: PoolRef, pool: Object, addresses: Sequence[Allocation]) -> PoolReport:
-        try:
-            parsed = self.ledger.known[pool_ref] = parse_pool(pool_ref, pool)
-        except PoolSpecError as error:
-            message = f"{error}; fix the pool's spec"
-            return PoolReport(False, "InvalidConfiguration", message, counts=usage(None, addresses))
-        counts = usage(parsed, addresses)
-        try:
-            connection = await self.ledger.connections.connect(parsed.instance, pool_ref.namespace or "")
-        except InstanceProblem as problem:
-            message = f"InfobloxInstance {parsed.instance}: {problem.message}"
-            return PoolReport(False, problem.reason, message, counts=counts)
-        status = {"networkView": connection.network_view(parsed)}
-        verified, reason, tls_message = tls_condition(connection.spec)
-        conditions = [ReportCondition(TLS_CONDITION, verified, reason, tls_message, warning=not verified)]
-        health = await self.grid.health(connection)
-        if not health.ready:
-            message = f"InfobloxInstance {parsed.instance}: {health.message}"
-            return PoolReport(False, health.reason, message, status, counts, conditions)
-        check = await self.checks.check(parsed, connection, health)
-        if not check.ready:
-            return PoolReport(False, check.reason, check.message, status, counts, conditions)
-        try:
-            await self.ledger.index(parsed, connection)
-        except Exception as error:  # the index is rebuilt on the next allocation anyway
-            log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
-        message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
-        stamped = self.ledger.stamp.condition(connection)
-        conditions += [stamped] if stamped else []
-        return PoolReport(True, "PoolReady", message, status, counts, conditions)
+            try:
+                parsed = self.ledger.known[pool_ref] = parse_pool(pool_ref, pool)
+            except PoolSpecError as error:
+                message = f"{error}; fix the pool's spec"
+                return PoolReport(False, "InvalidConfiguration", message, counts=usage(None, addresses))
+            counts = usage(parsed, addresses)
+            try:
+                connection = await self.ledger.connections.connect(parsed.instance, pool_ref.namespace or "")
+            except InstanceProblem as problem:
+                message = f"InfobloxInstance {parsed.instance}: {problem.message}"
+                return PoolReport(False, problem.reason, message, counts=counts)
+            status = {"networkView": connection.network_view(parsed)}
+            verified, reason, tls_message = tls_condition(connection.spec)
+            conditions = [ReportCondition(TLS_CONDITION, verified, reason, tls_message, warning=not verified)]
+            health = await self.grid.health(connection)
+            if not health.ready:
+                message = f"InfobloxInstance {parsed.instance}: {health.message}"
+                return PoolReport(False, health.reason, message, status, counts, conditions)
+            check = await self.checks.check(parsed, connection, health)
+            if not check.ready:
+                return PoolReport(False, check.reason, check.message, status, counts, conditions)
+            try:
+                await self.ledger.index(parsed, connection)
+            except Exception as error:  # the index is rebuilt on the next allocation anyway
+                log.info("pool index not built", pool=str(parsed.ref), error=type(error).__name__)
+            message = f"{cap_int64(counts.free)} of {cap_int64(counts.total)} addresses free; {check.message}"
+            stamped = self.ledger.stamp.condition(connection)
+            conditions += [stamped] if stamped else []
+            return PoolReport(True, "PoolReady", message, status, counts, conditions)
 
     # The repair capability (ipam_provider.backend.repair.Repairable) is the GridRepair's.
 
