@@ -170,15 +170,30 @@ def _attributes(cls: type) -> Iterable[str]:
     return [name for klass in cls.__mro__ for name in getattr(klass, "__slots__", ())]
 
 
+_CHILD_ATTRIBUTES: dict[type, tuple[str, ...]] = {}
+
+
+def _child_attributes(cls: type) -> tuple[str, ...]:
+    """The attributes of a node class that may hold the nodes inside it (references to definitions left out),
+    worked out once per class."""
+    found = _CHILD_ATTRIBUTES.get(cls)
+    if found is None:
+        found = tuple(name for name in _attributes(cls) if name not in _SKIPPED and not name.startswith("_"))
+        _CHILD_ATTRIBUTES[cls] = found
+    return found
+
+
+_CHILD_TYPES = (nodes.Statement, nodes.Expression, nodes.Block, nodes.Argument)
+
+
 def _children(node: nodes.Node) -> Iterator[nodes.Node]:
     """The statements, expressions, blocks and arguments inside `node` (references to definitions not followed)."""
-    for attribute in _attributes(type(node)):
-        if attribute in _SKIPPED or attribute.startswith("_"):
-            continue
+    for attribute in _child_attributes(type(node)):
         value = getattr(node, attribute, None)
-        for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, (nodes.Statement, nodes.Expression, nodes.Block, nodes.Argument)):
-                yield item
+        if isinstance(value, (list, tuple)):
+            yield from (item for item in value if isinstance(item, _CHILD_TYPES))
+        elif isinstance(value, _CHILD_TYPES):
+            yield value
 
 
 def _walk(tree: nodes.MypyFile) -> Iterator[tuple[nodes.Node, nodes.FuncItem | None]]:
@@ -228,10 +243,10 @@ class Program:
         self._active: set[tuple[int, int, int]] = set()
         self._pool_kinds: frozenset[object] | None = None
         partials: dict[int, tuple[str, nodes.CallExpr]] = {}
-        for module, tree in self.modules.items():
-            for node, func in _walk(tree):
-                self._index(node, Site(module, func), partials)
-        self._index_callers(partials)
+        walked = [(node, Site(module, func)) for module, tree in self.modules.items() for node, func in _walk(tree)]
+        for node, site in walked:
+            self._index(node, site, partials)
+        self._index_callers(partials, walked)
 
     def _index(self, node: nodes.Node, site: Site, partials: dict[int, tuple[str, nodes.CallExpr]]) -> None:
         if isinstance(node, nodes.CallExpr):
@@ -342,7 +357,9 @@ class Program:
             return found.definition.fullname
         return None
 
-    def _index_callers(self, partials: dict[int, tuple[str, nodes.CallExpr]]) -> None:
+    def _index_callers(
+        self, partials: dict[int, tuple[str, nodes.CallExpr]], walked: Sequence[tuple[nodes.Node, Site]]
+    ) -> None:
         callees: set[int] = set()
         for call, site in self.calls:
             callees.add(id(call.callee))
@@ -363,12 +380,11 @@ class Program:
             if name is not None:
                 caller = Caller(tuple(call.args), tuple(call.arg_kinds), tuple(call.arg_names), site)
                 self.callers.setdefault(name, []).append(caller)
-        for module, tree in self.modules.items():
-            for node, func in _walk(tree):
-                if isinstance(node, nodes.RefExpr) and id(node) not in callees:
-                    name = self.target(node) if not isinstance(node.node, nodes.Var) else None
-                    if name is not None:
-                        self.not_called.setdefault(name, []).append(self.where(node, Site(module, func)))
+        for node, site in walked:
+            if isinstance(node, nodes.RefExpr) and id(node) not in callees:
+                name = self.target(node) if not isinstance(node.node, nodes.Var) else None
+                if name is not None:
+                    self.not_called.setdefault(name, []).append(self.where(node, site))
 
     def where(self, expr: nodes.Context, site: Site) -> str:
         """`module:line: source` of an expression."""
