@@ -64,6 +64,7 @@ def sees_backends(tree: ast.AST) -> bool:
 def method_assignments(tree: ast.AST, methods: set[str]) -> list[str]:
     """`line: target` for each assignment of a contract method's name, in a class body or to an attribute."""
     found = []
+    class_body = {id(stmt) for parent in ast.walk(tree) if isinstance(parent, ast.ClassDef) for stmt in parent.body}
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
         if not isinstance(node, ast.stmt):
@@ -74,9 +75,7 @@ def method_assignments(tree: ast.AST, methods: set[str]) -> list[str]:
             targets = [node.target]
         for target in targets:
             name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-            in_class = isinstance(target, ast.Name) and any(
-                isinstance(parent, ast.ClassDef) and node in parent.body for parent in ast.walk(tree)
-            )
+            in_class = isinstance(target, ast.Name) and id(node) in class_body
             if name in methods and (isinstance(target, ast.Attribute) or in_class):
                 found.append(f"{node.lineno}: {ast.unparse(target)}")
     return found
