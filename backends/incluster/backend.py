@@ -12,13 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import cast
 
 from backends.incluster.allocator import Allocator, collisions
-from backends.incluster.domains import (
-    INVALID_POOL_OVERLAP,
-    PoolSurvey,
-    assess,
-    domain_pools,
-    unheld_pinned,
-)
+from backends.incluster.domains import INVALID_POOL_OVERLAP, PoolSurvey, assess, domain_pools, unheld_pinned
 from backends.incluster.intervals import address_value
 from backends.incluster.ledger import Ledger
 from backends.incluster.repair import Repair
