@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from backends.netbox import NetboxBackend
+from backends.netbox import NetboxBackend, NetboxSettings
 from backends.netbox.resolver import Resolver
 from backends.netbox.spec import GLOBAL_NETBOX_POOL
 from ipam_provider.backend.contract import Allocation, BackendContext, BackendError, PoolRef
@@ -36,6 +37,13 @@ def lending_kube() -> FakeKube:
     body = {"metadata": {"name": "netbox", "namespace": LENDER}, "stringData": {"url": SECRET_URL, "token": "t"}}
     kube.put(SECRETS, body)
     return kube
+
+
+def churn_settings() -> NetboxSettings:
+    """`fast_settings` with its one retry (still made) a few milliseconds after the first attempt: nothing listens
+    at SECRET_URL, so every attempt fails at once, and a longer wait between them only makes the churn slow."""
+    client = dataclasses.replace(fast_settings().client, backoff=0.002, max_backoff=0.01)
+    return fast_settings(client=client)
 
 
 def global_pool(name: str) -> Object:
@@ -97,7 +105,7 @@ async def test_a_restores_failure_on_a_claims_event_never_names_the_url() -> Non
 
 
 async def test_pools_created_and_deleted_leave_no_per_pool_state() -> None:
-    backend = NetboxBackend(BackendContext(lending_kube()), fast_settings())
+    backend = NetboxBackend(BackendContext(lending_kube()), churn_settings())
     try:
         before = sizes(backend)
         pools = [global_pool(f"pool-{n}") for n in range(20)]
@@ -162,7 +170,7 @@ async def churn_cycle(backend: NetboxBackend, cycle: int) -> None:
 
 
 async def churn_growth(cycles: int = 3) -> dict[str, tuple[int, int]]:
-    backend = NetboxBackend(BackendContext(lending_kube()), fast_settings())
+    backend = NetboxBackend(BackendContext(lending_kube()), churn_settings())
     try:
         await churn_cycle(backend, 0)  # warm-up
         await settled()
