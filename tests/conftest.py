@@ -43,6 +43,7 @@ pytest_plugins = [
     "tests.support.metrics",
     "tests.support.netbox",
     "tests.support.netbox_backend",
+    "tests.support.order",
     "tests.support.prometheus",
     "tests.support.providers",
     "tests.support.world",
