@@ -20,8 +20,8 @@ LONG_FIRST = (
     "tests/backends/incluster/test_policy_model.py",  # 7 s
     "tests/backends/incluster/test_intervals.py",  # 5.5 s
     "tests/backends/incluster/test_index_concurrent.py",  # 4.5 s
-    "tests/ipam_provider/runtime/serving/test_guard.py",  # 4 s
     "tests/tools/test_rbac_calls.py",  # 4 s, 3 of its tests
+    "tests/ipam_provider/runtime/serving/test_guard.py",  # 2.5 s
     "tests/backends/incluster/test_domains_overlap.py",  # 2.5 s
     "tests/benchmarks/chaos/test_infoblox.py",  # 2 s
     "tests/tools/controlplane/test_cluster.py",  # 1.5 s

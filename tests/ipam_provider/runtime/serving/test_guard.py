@@ -32,7 +32,7 @@ from ipam_provider.runtime.serving.webhook import (
 from tests.support.cluster import wait_for
 
 PATH = "/validate-example-com-v1-pool"
-FAST = Limits(header_seconds=0.6, idle_seconds=2.5, connections=10)  # idle > header: each is seen alone
+FAST = Limits(header_seconds=0.6, idle_seconds=1.5, connections=10)  # idle > header: each is seen alone
 
 
 def review_body(**extra: object) -> bytes:
