@@ -1,4 +1,5 @@
-"""README.md and docs/*.md name only repository paths, make targets and command-line flags that exist.
+"""README.md, the top folders' README.md and docs/*.md name only repository paths, make targets and command-line
+flags that exist.
 
 What is checked, and where it is looked for:
 
@@ -40,7 +41,7 @@ from ipam_provider.flags import CLAIM_KIND, build_parser
 from ipam_provider.runtime.flagforms import take_kind_concurrency
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted(REPO.glob("*/README.md")), *sorted((REPO / "docs").glob("*.md"))]
 FLAG_DOCS = ("docs/running.md", "docs/flags.md")
 CHECKED_SUFFIXES = (".py", ".md", ".sh", ".toml")
 # What the commands make, or caches: named by docs, never in a clone.

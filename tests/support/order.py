@@ -2,12 +2,14 @@
 
 With `pytest -n auto`, xdist hands the tests out in their order, and a worker that draws a test of several seconds
 near the end keeps the run going while the other waits with nothing left. Started first, the long tests are spread
-over the workers while the short ones are still there to even them out. Only the order changes: every test is
-collected, selected and run as before, and the tests of one module keep their order.
+over the workers while the short ones are still there to even them out. A serial run keeps the collection's
+order. Only the order changes: every test is collected, selected and run as before, and the tests of one module
+keep their order.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,4 +44,6 @@ def rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=rank)  # stable: the order within a rank is the collection's
+    """Under xdist only (a worker's collection): a serial run keeps the collection's order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=rank)  # stable: the order within a rank is the collection's
