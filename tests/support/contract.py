@@ -28,9 +28,8 @@ from ipam_provider.api.capi import (
 )
 from ipam_provider.controller import Controller
 from ipam_provider.runtime.kube.client import KubeClient
-from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
-from tests.support.objects import POOLS, claim, cluster, pool, ready_condition, wait_address
+from tests.support.objects import POOLS, claim, cluster, pool, ready_condition, wait_address, wait_events
 
 Object = dict[str, Any]
 
@@ -73,13 +72,13 @@ async def contract_flow(kube: KubeClient, namespace: str, controller: Controller
     ready = ready_condition(claim_obj)
     assert ready is not None and ready["status"] == "True" and ready["reason"] == "AddressAllocated"
     assert "10.10.0.2/24" in ready["message"]
-
-    async def allocated_event() -> bool:  # recorded once the status write it reports has returned
-        await controller.context.recorder.flush()
-        events, _ = await kube.list(EVENTS, namespace)
-        return any(e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1" for e in events)
-
-    await wait_for(allocated_event, message="an AddressAllocated Event on claim m1")
+    await wait_events(
+        kube,
+        namespace,
+        controller.context.recorder,
+        lambda e: e["reason"] == "AddressAllocated" and e["involvedObject"]["name"] == "m1",
+        "an AddressAllocated Event on claim m1",
+    )
 
     # 2. Pause: the Cluster's spec.paused holds the release of a deleted claim and the allocation of a new one. (A
     # Cluster schema without spec.paused would prune the field, and the release would go ahead.)

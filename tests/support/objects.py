@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from backends.incluster.backend import GLOBAL_IN_CLUSTER_POOL, IN_CLUSTER_POOL
@@ -9,6 +10,7 @@ from backends.incluster.prefix_backend import GLOBAL_IN_CLUSTER_PREFIX_POOL, IN_
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, IPAM_GROUP
 from ipam_provider.controller import Controller
 from ipam_provider.reconcile.context import pool_resource
+from ipam_provider.runtime.events.recorder import EventRecorder
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
 from tests.support.cluster import wait_for
@@ -98,11 +100,31 @@ async def events_text(kube: KubeClient, namespace: str, controller: Controller) 
     return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in items)
 
 
+async def wait_events(
+    kube: KubeClient,
+    namespace: str,
+    recorder: EventRecorder,
+    match: Callable[[Object], bool],
+    message: str,
+    until: Callable[[list[Object]], bool] = bool,
+) -> list[Object]:
+    """Wait until the Events of `namespace` that `match`, once `recorder` has written all it recorded, satisfy
+    `until` (default: there is one); answer them. An Event is recorded after the status it reports is written, so
+    a test that saw the status waits for the Event too."""
+
+    async def found() -> list[Object] | None:
+        await recorder.flush()
+        events, _ = await kube.list(EVENTS, namespace)
+        matched = [event for event in events if match(event)]
+        return matched if until(matched) else None
+
+    return await wait_for(found, message=message)
+
+
 async def wait_event(
     kube: KubeClient, namespace: str, controller: Controller, reason: str, naming: str = "", timeout: float = 60
 ) -> str:
-    """Wait for an Event with `reason` whose message holds `naming`; answer the Events' text. An Event is recorded
-    after the status it reports is written, so a test that saw the status waits for the Event too."""
+    """Wait for an Event with `reason` whose message holds `naming` (as `wait_events`); answer the Events' text."""
 
     async def recorded() -> str | None:
         text = await events_text(kube, namespace, controller)

@@ -16,9 +16,8 @@ from backends.infoblox.spec import INSTANCES
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS
-from tests.support.cluster import wait_for
 from tests.support.infoblox import FAST, POOLS, Grid, b64, wait_instance_reason, wait_pool_reason
-from tests.support.objects import wait_address, wait_claim_reason
+from tests.support.objects import wait_address, wait_claim_reason, wait_events
 
 
 async def shown(kube: KubeClient, namespace: str, grid: Grid, controller: Any) -> list[str]:
@@ -63,15 +62,14 @@ async def test_a_rotated_password_is_used_at_once_and_a_wrong_one_is_reported_no
             for pool in ("net", "idle"):
                 await wait_pool_reason(kube, namespace, pool, "AuthenticationFailed", timeout=20)
             assert "refused the credentials" in str(instance["status"]["conditions"])
-
-            async def warned() -> set[str]:  # Events are written after the status they report
-                await controller.context.recorder.flush()
-                events, _ = await kube.list(EVENTS, namespace)
-                failed = [e for e in events if (e.get("type"), e.get("reason")) == ("Warning", "AuthenticationFailed")]
-                names = {e["involvedObject"]["name"] for e in failed}
-                return names if names == {"net", "idle"} else set()
-
-            await wait_for(warned, message="an AuthenticationFailed Warning Event on each pool")
+            await wait_events(
+                kube,
+                namespace,
+                controller.context.recorder,
+                lambda e: (e.get("type"), e.get("reason")) == ("Warning", "AuthenticationFailed"),
+                "an AuthenticationFailed Warning Event on each pool",
+                until=lambda failed: {e["involvedObject"]["name"] for e in failed} == {"net", "idle"},
+            )
             texts = await shown(kube, namespace, grid, controller)
 
             await grid.set_password(second)  # fixed

@@ -20,7 +20,7 @@ from ipam_provider.backend.contract import BackendContext, ClaimContext, PoolNot
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import EVENTS, NAMESPACES
+from ipam_provider.runtime.kube.resources import NAMESPACES
 from tests.support.cluster import wait_for
 from tests.support.controller import ControllerFactory
 from tests.support.infoblox import (
@@ -32,7 +32,7 @@ from tests.support.infoblox import (
     wait_instance_reason,
     wait_pool_reason,
 )
-from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason, wait_event
+from tests.support.objects import claim, ready_condition, wait_address, wait_claim_reason, wait_event, wait_events
 
 ATTACK = "../../v1beta2/namespaces/victim/ipaddressclaims/c"
 Object = dict[str, Any]
@@ -169,12 +169,13 @@ async def test_turning_tls_off_warns_on_the_instance_and_its_pools(
         await wait_event(kube, namespace, controller, "InsecureSkipVerify")  # the pool's Warning Event
         found = controller.registry.lookup(INFOBLOX_POOL.group, INFOBLOX_POOL.kind)
         assert found is not None
-
-        async def instance_events() -> list[Object]:  # recorded once the condition it reports is written
-            await cast(InfobloxBackend, found[0]).recorder.flush()
-            events, _ = await kube.list(EVENTS, "default")
-            return [e for e in events if e["involvedObject"].get("name") == grid.instance]
-
-        about = await wait_for(instance_events, message="the instance's Warning Event")
+        recorder = cast(InfobloxBackend, found[0]).recorder
+        about = await wait_events(
+            kube,
+            "default",
+            recorder,
+            lambda e: bool(e["involvedObject"].get("name") == grid.instance),
+            "the instance's Warning Event",
+        )
         assert [(e["type"], e["reason"]) for e in about] == [("Warning", "InsecureSkipVerify")]
         assert grid.sim.password not in str(about)

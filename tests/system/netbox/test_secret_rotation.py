@@ -16,7 +16,6 @@ from backends.netbox.spec import CLAIM_REF_FIELD, CLAIM_UID_FIELD, CLUSTER_IDENT
 from ipam_provider.api.capi import CLAIMS
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import EVENTS, SECRETS
-from tests.support.cluster import wait_for
 from tests.support.netbox_backend import (
     NB_POOLS,
     READ_TYPES,
@@ -29,7 +28,7 @@ from tests.support.netbox_backend import (
     unique_name,
     wait_pool_reason,
 )
-from tests.support.objects import wait_address, wait_claim_reason
+from tests.support.objects import wait_address, wait_claim_reason, wait_events
 
 if TYPE_CHECKING:
     from tests.support.netbox import NetBoxServer
@@ -113,14 +112,14 @@ async def test_a_rotated_token_is_used_at_once_and_a_wrong_one_is_reported_not_l
             pool = await wait_pool_reason(kube, namespace, "rotated", "AuthenticationFailed", timeout=60)
             await kube.create(CLAIMS, nb_claim("refused", "rotated"), namespace)
             await wait_claim_reason(kube, namespace, "refused", "PoolNotReady", timeout=60)
-
-            async def warned() -> set[str]:  # Events are written after the status they report
-                await controller.context.recorder.flush()
-                events, _ = await kube.list(EVENTS, namespace)
-                failed = [e for e in events if (e.get("type"), e.get("reason")) == ("Warning", "AuthenticationFailed")]
-                return {e["involvedObject"]["name"] for e in failed}
-
-            assert await wait_for(warned, message="an AuthenticationFailed Warning Event") == {"rotated"}
+            failed = await wait_events(
+                kube,
+                namespace,
+                controller.context.recorder,
+                lambda e: (e.get("type"), e.get("reason")) == ("Warning", "AuthenticationFailed"),
+                "an AuthenticationFailed Warning Event",
+            )
+            assert {e["involvedObject"]["name"] for e in failed} == {"rotated"}, failed
             texts = await shown(kube, namespace, controller)
             assert "token" in pool["status"]["conditions"][0]["message"]
 
