@@ -13,7 +13,7 @@ IMAGE_BASE ?= debian
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ipam_provider/version.py)
 IMAGE ?= localhost/capi-ipam-provider-py:v$(VERSION)
 
-.PHONY: venv binaries clusterctl prometheus netbox providers cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
+.PHONY: venv binaries clusterctl capi-core prometheus netbox providers cluster-up cluster-down test test-fast lint run format generate release-manifests docker-build
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -30,6 +30,11 @@ binaries:
 # control-plane binaries; the tests marked `clusterctl` use it.
 clusterctl:
 	hack/clusterctl/build.sh
+
+# Cluster API's core manager (the Cluster, topology and Runtime SDK controllers) from the same module and release,
+# cached by version; the tests marked `capi_core` run it against the local control plane.
+capi-core:
+	hack/clusterctl/build.sh core-manager
 
 # promtool and the Prometheus server from the pinned Prometheus module (PROMETHEUS_VERSION in hack/versions.env),
 # cached by version; the tests marked `prometheus` (alert rules, dashboard) and the dashboard screenshot use them.
@@ -56,7 +61,7 @@ cluster-up: venv
 cluster-down: venv
 	@$(BIN)/python -m tools.controlplane down --dir $(CLUSTER_DIR)
 
-test: venv binaries clusterctl prometheus netbox providers
+test: venv binaries clusterctl capi-core prometheus netbox providers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -10,10 +10,10 @@ Every test is marked by the environment it needs, from its fixtures (never from 
   tests/support/infoblox.py built on them.
 - `netbox`: the test uses `netbox_server` (tests/support/netbox.py), which starts the real NetBox; `netbox`
   depends on it.
-- `clusterctl`, `prometheus`, `providers`: the test uses `clusterctl` (tests/support/clusterctl.py),
-  `prometheus_bins` (tests/support/prometheus.py) or `provider_harness` (tests/support/providers.py), each built
-  with Go on first use. The prometheus and providers tests carry `apiserver` too; three clusterctl tests need no
-  API server and run in the fast lane.
+- `clusterctl`, `prometheus`, `providers`, `capi_core`: the test uses `clusterctl` (tests/support/clusterctl.py),
+  `prometheus_bins` (tests/support/prometheus.py), `provider_harness` (tests/support/providers.py) or
+  `capi_core_manager` (tests/support/capi_core.py), each built with Go on first use. The prometheus, providers and
+  capi_core tests carry `apiserver` too; three clusterctl tests need no API server and run in the fast lane.
 - `image`: the image build (tests/system/test_image.py), marked by hand with `apiserver`, whose cold build takes
   minutes.
 
@@ -36,6 +36,7 @@ settings.load_profile("suite")
 
 pytest_plugins = [
     "pytester",
+    "tests.support.capi_core",
     "tests.support.cluster",
     "tests.support.clusterctl",
     "tests.support.controller",
@@ -57,6 +58,7 @@ NEEDS: dict[str, frozenset[str]] = {
     "clusterctl": frozenset({"clusterctl"}),
     "prometheus": frozenset({"prometheus_bins"}),
     "providers": frozenset({"provider_harness"}),
+    "capi_core": frozenset({"capi_core_manager"}),
     "image": frozenset(),
 }
 
