@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ipam_provider.api.capi import LABEL_CLUSTER_NAME, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolRef
 from ipam_provider.common import Object, normalized_address
+from ipam_provider.endpoint import ANNOTATION_POOL_NAME, CONDITION
 from ipam_provider.runtime.cache.projection import projected, shared, strip_bookkeeping
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient
@@ -27,10 +28,23 @@ def project_claim(obj: Object) -> Object:
 
 
 def project_cluster(obj: Object) -> Object:
-    """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`."""
+    """A Cluster as the caches keep it: KEPT_METADATA and `spec.paused`; for a Cluster that asks for a control-plane
+    endpoint also `spec.controlPlaneEndpoint`, the topology's variables and the endpoint condition."""
     kept = projected(obj)
     spec = obj.get("spec") or {}
     kept["spec"] = {"paused": spec["paused"]} if "paused" in spec else {}  # a bool: nothing to share
+    if ANNOTATION_POOL_NAME in (kept["metadata"].get("annotations") or {}):
+        kept["spec"].update(shared({k: spec[k] for k in ("controlPlaneEndpoint", "topology") if k in spec}))
+        topology = kept["spec"].get("topology")
+        if isinstance(topology, dict):
+            kept["spec"]["topology"] = {"variables": topology.get("variables") or []}
+        conditions = (obj.get("status") or {}).get("conditions")
+        ours = (
+            [c for c in conditions if isinstance(c, dict) and c.get("type") == CONDITION]
+            if isinstance(conditions, list)
+            else []
+        )
+        kept["status"] = {"conditions": ours}
     return kept
 
 

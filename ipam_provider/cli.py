@@ -20,6 +20,7 @@ from ipam_provider.backend.registry import load_registry
 from ipam_provider.cache import Caches
 from ipam_provider.controller import Controller
 from ipam_provider.flags import LeaderElection, RunOptions, parse_args
+from ipam_provider.lifecycle_hook import hook_calls
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError, KubeconfigError
 from ipam_provider.runtime.kube.resources import NAMESPACES
@@ -114,9 +115,10 @@ class Endpoints:
             self.metrics.reviewer = Reviewer(kube)
 
     def use_admission(self, admission: PoolAdmission) -> None:
-        """Let the webhook review pool changes through `admission` (it answers 503 until then)."""
+        """Let the webhook review pool changes through `admission`, and answer the lifecycle hook (it answers 503
+        until then)."""
         if self.webhook is not None:
-            self.webhook.use(admission.routes())
+            self.webhook.use(admission.routes(), hook_calls(lambda: admission.registry.kinds))
 
     async def close(self) -> None:
         if self.webhook is not None:

@@ -25,6 +25,7 @@ from ipam_provider.cache import Caches
 from ipam_provider.common import Object
 from ipam_provider.reconcile.claims import ClaimReconciler
 from ipam_provider.reconcile.context import ReconcileContext, pool_resource
+from ipam_provider.reconcile.endpoints import EndpointReconciler
 from ipam_provider.reconcile.pools import PoolReconciler
 from ipam_provider.repair import RepairLoop, RepairSettings
 from ipam_provider.repair.compare import Scope
@@ -35,7 +36,7 @@ from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.errors import ApiError
 from ipam_provider.runtime.telemetry import controller as telemetry
 from ipam_provider.runtime.workqueue import Tenants, WorkQueue
-from ipam_provider.watch import ClaimKey, EventHandlers, QueueKey, tenant_of
+from ipam_provider.watch import ClaimKey, ClusterKey, EventHandlers, QueueKey, tenant_of
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,7 @@ class Controller:
         )
         self.claims = ClaimReconciler(self.context)
         self.pools = PoolReconciler(self.context, settings.sync_period)
+        self.endpoints = EndpointReconciler(self.context, self.handlers.enqueue_claim)
         self.context.repair_releases = settings.repair.enabled and not settings.repair.report_only
         scope = Scope(settings.namespaces, settings.watch_filter)
         self.repair = RepairLoop(self.context, scope, settings.repair, self.queue.busy)
@@ -149,7 +151,7 @@ class Controller:
                 log.info("stopped before the caches synced")
                 return
             log.info("caches synced", claims=len(self.caches.claims), addresses=len(self.caches.addresses))
-            names = [CLAIM_CONTROLLER, *(kind.kind.lower() for kind in self.registry.kinds)]
+            names = [CLAIM_CONTROLLER, ENDPOINT_CONTROLLER, *(kind.kind.lower() for kind in self.registry.kinds)]
             telemetry.set_max_concurrent_reconciles(names, self.settings.workers)
             workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
             # run() is called in the leader only, and so is the repair loop
@@ -254,7 +256,8 @@ class Controller:
 
     def _reconciled(self, key: QueueKey) -> None:
         """A reconcile of `key` finished, and with it every write to the objects it keeps (a claim and its
-        IPAddress, or a pool): their tombstones the watch has shown go (`Store.forget_tombstone`), and, once its
+        IPAddress, or a pool): a claim holding a Cluster's endpoint has its Cluster looked at (its own writes
+        raise no watch event here), their tombstones the watch has shown go (`Store.forget_tombstone`), and, once its
         object is gone from the cache, what the Event correlator and the context (`ReconcileContext.forget`) keep
         for it."""
         namespace: str | None
@@ -262,6 +265,9 @@ class Controller:
         if isinstance(key, ClaimKey):
             kind, namespace, name, store = CLAIMS.kind, key.namespace, key.name, self.caches.claims
             self.caches.addresses.forget_tombstone((namespace, name))
+            self.handlers.claim_reconciled(store.get(namespace, name))
+        elif isinstance(key, ClusterKey):
+            kind, namespace, name, store = CLUSTERS.kind, key.namespace, key.name, self.caches.clusters
         else:
             kind, namespace, name = key.ref.kind, key.ref.namespace, key.ref.name
             store = self.caches.pools.get((key.ref.group, key.ref.kind))
@@ -298,12 +304,18 @@ class Controller:
     async def _dispatch(self, key: QueueKey) -> float | None:
         if isinstance(key, ClaimKey):
             return await self.claims.reconcile(key.namespace, key.name)
+        if isinstance(key, ClusterKey):
+            return await self.endpoints.reconcile(key.namespace, key.name)
         return await self.pools.reconcile(key.ref)
 
 
 CLAIM_CONTROLLER = "ipaddressclaim"
+ENDPOINT_CONTROLLER = "cluster"
 
 
 def controller_name(key: QueueKey) -> str:
-    """The `controller` label of a key's reconcile: `ipaddressclaim`, or the pool kind in lower case."""
-    return CLAIM_CONTROLLER if isinstance(key, ClaimKey) else key.ref.kind.lower()
+    """The `controller` label of a key's reconcile: `ipaddressclaim`, `cluster` (the endpoint reconciler), or the
+    pool kind in lower case."""
+    if isinstance(key, ClaimKey):
+        return CLAIM_CONTROLLER
+    return ENDPOINT_CONTROLLER if isinstance(key, ClusterKey) else key.ref.kind.lower()

@@ -2,7 +2,9 @@
 predicates and map functions). The caches and their indexes: `cache.py`.
 
 Claim and IPAddress events enqueue the claim (an IPAddress's also its pool, a little later); deletions also the
-claims waiting on the pool. A Cluster event enqueues its claims when its pause state may have changed. A pool event
+claims waiting on the pool; a claim holding a Cluster's endpoint also enqueues its Cluster. A Cluster event enqueues
+its claims when its pause state may have changed, and the Cluster itself when it asks for an endpoint (or did). A
+pool event
 goes to its backend's observer first (the other pools it answers are enqueued later, not for the initial list), then
 enqueues the pool and its claims; a status-only change only the waiting claims, once the pool became usable. Claims
 are sharded by pool and grouped by namespace (`tenant_of`); a fulfilled claim of an initial list gets the low priority.
@@ -16,6 +18,7 @@ from ipam_provider.api.capi import ANNOTATION_PAUSED, KindLookup, referenced_poo
 from ipam_provider.backend.contract import PoolKind, PoolObserver, PoolRef, reported_free
 from ipam_provider.cache import CLUSTER, POOL, Caches
 from ipam_provider.common import Object
+from ipam_provider.endpoint import ANNOTATION_POOL_NAME, endpoint_claim_of
 from ipam_provider.runtime.cache.informer import EventHandler, in_initial_list
 from ipam_provider.runtime.workqueue import Priority, WorkQueue
 
@@ -34,6 +37,17 @@ class ClaimKey:
 
 
 @dataclass(frozen=True)
+class ClusterKey:
+    """A Cluster, reconciled by the endpoint reconciler."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"cluster/{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
 class PoolKey:
     """A pool, reconciled by the pool reconciler."""
 
@@ -43,14 +57,14 @@ class PoolKey:
         return f"pool/{self.ref}"
 
 
-QueueKey = ClaimKey | PoolKey
+QueueKey = ClaimKey | PoolKey | ClusterKey
 Shard = PoolRef | None  # a key's pool: the queue serves pools in turn; None for a claim whose pool is not served
 
 
 def tenant_of(key: QueueKey) -> str | None:
     """A key's tenant, which the queue serves in turn before pools: its namespace; None (one tenant of their
     own) for the cluster-scoped pools."""
-    return key.namespace if isinstance(key, ClaimKey) else key.ref.namespace
+    return key.ref.namespace if isinstance(key, PoolKey) else key.namespace
 
 
 class EventHandlers:
@@ -89,9 +103,16 @@ class EventHandlers:
         if obj is None:
             return
         self.enqueue_claim(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.claim_reconciled(obj)
         ref = referenced_pool(obj, self.kind_of) if type == "DELETED" else None
         if ref is not None:  # released: its address is free now, for claims waiting on the pool
             self._enqueue_claims(self.caches.claims.by_index(POOL, ref), waiting_only=True)
+
+    def claim_reconciled(self, claim: Object | None) -> None:
+        """A claim changed (by its watch or its reconcile): a claim holding a Cluster's endpoint enqueues the
+        Cluster."""
+        if claim is not None and endpoint_claim_of(claim) and (cluster := (claim.get("spec") or {}).get("clusterName")):
+            self.queue.add(ClusterKey(claim["metadata"]["namespace"], str(cluster)), None)
 
     def on_address(self, type: str, old: Object | None, new: Object | None) -> None:
         obj = new or old
@@ -110,9 +131,11 @@ class EventHandlers:
         obj = new or old
         if obj is None:
             return
+        meta = obj["metadata"]
+        if any(ANNOTATION_POOL_NAME in (o["metadata"].get("annotations") or {}) for o in (old, new) if o is not None):
+            self.queue.add(ClusterKey(meta["namespace"], meta["name"]), None)
         if type == "MODIFIED" and old is not None and new is not None and pause_state(old) == pause_state(new):
             return
-        meta = obj["metadata"]
         self._enqueue_claims(self.caches.claims.by_index(CLUSTER, (meta["namespace"], meta["name"])))
 
     def on_pool(self, kind: PoolKind) -> EventHandler:

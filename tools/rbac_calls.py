@@ -64,6 +64,8 @@ NOT_THE_CONTROLLER = {
 BLOCKING_OWNERS = {
     # An IPAddress's owners: its claim (the controller reference) and the claim's pool, of any kind ("pools").
     "ipam_provider.reconcile.addresses.owner_references": ("ipam_provider.api.capi.CLAIMS", "pools"),
+    # A control-plane endpoint's claim: its Cluster.
+    "ipam_provider.endpoint.endpoint_claim": ("ipam_provider.api.capi.CLUSTERS",),
 }
 
 

@@ -249,6 +249,8 @@ class Allocator:
         if settings is None or object_type(job.pool) != HOST:
             return None
         try:
+            if claim.endpoint_of is not None:  # a Cluster's control-plane endpoint: its API server's name
+                return host_fqdn(f"{claim.endpoint_of}-apiserver", settings.dns_zone, claim, "Cluster name")
             if settings.hostname_source == "claimName":
                 return host_fqdn(claim.name, settings.dns_zone, claim, "claim name")
             name = await machine_name(self._kube, claim, self._settings.owners)

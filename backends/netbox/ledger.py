@@ -137,7 +137,9 @@ class Ledger:
             "tags": [{"id": resolved.ownership.owner_tag_id}, *({"id": t} for t in resolved.tag_ids)],
             "custom_fields": {**fields.custom_fields, **marks},
         }
-        if fields.role:
+        if claim.endpoint_of is not None:
+            body["role"] = "vip"  # a Cluster's control-plane endpoint, whatever the pool gives machines
+        elif fields.role:
             body["role"] = fields.role
         if resolved.tenant_id is not None:
             body["tenant"] = resolved.tenant_id

@@ -75,6 +75,9 @@ class ClaimContext:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     owner_references: Sequence[Object] = ()
+    endpoint_of: str | None = None
+    """The Cluster (of the claim's namespace) whose control-plane endpoint the claim holds, or None: a machine's
+    claim, or anyone's (docs/control-plane-endpoints.md). A backend may name or mark such an address as a VIP."""
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"

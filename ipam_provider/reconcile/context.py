@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ipam_provider.api.capi import READY, IPAddressClaim
+from ipam_provider.api.capi import CLUSTERS, READY, IPAddressClaim
 from ipam_provider.backend.contract import (
     ClaimContext,
     PoolKind,
@@ -22,6 +22,7 @@ from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.registry import BackendRegistry
 from ipam_provider.cache import POOL, Caches, patch_cached
 from ipam_provider.common import Object
+from ipam_provider.endpoint import endpoint_claim_of
 from ipam_provider.pool_metrics import PENDING, PoolLabels
 from ipam_provider.runtime.cache.informer import name_of
 from ipam_provider.runtime.cache.store import Store
@@ -160,7 +161,10 @@ class ClaimWork:
 
 
 def claim_context(claim: IPAddressClaim) -> ClaimContext:
+    raw = {"metadata": claim.metadata.wire()}
+    cluster = next((r.name for r in claim.metadata.owner_references if r.kind == CLUSTERS.kind and r.controller), None)
     return ClaimContext(
+        endpoint_of=cluster if endpoint_claim_of(raw) and cluster == claim.cluster_name else None,
         namespace=claim.metadata.namespace or "",
         name=claim.metadata.name,
         uid=claim.metadata.uid,

@@ -52,6 +52,7 @@ BULKY_BODY = 256 * 1024
 CONCURRENT_BULKY_REVIEWS = 1
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+REVIEW = "AdmissionReview"
 
 
 class MalformedReview(ValueError):
@@ -142,6 +143,14 @@ class Route:
     reads: str = "what it needs"
 
 
+class MalformedCall(ValueError):
+    """A call's body is not a request its handler can answer (answered 400 with this message)."""
+
+
+Call = Callable[[Any], Awaitable[Object]]
+"""Answers one call: its JSON body → the JSON body of the answer. Raises MalformedCall for a body it cannot read."""
+
+
 class WebhookServer(Server):
     """The webhook on one address, over HTTPS with `certificate`, within `limits`; it reviews through the routes set
     by `use`."""
@@ -149,6 +158,7 @@ class WebhookServer(Server):
     def __init__(self, certificate: ServingCertificate, limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(certificate, limits)
         self._routes: Mapping[str, Route] | None = None
+        self._calls: Mapping[str, Call] | None = None
         self._slots = asyncio.Semaphore(CONCURRENT_REVIEWS)
         self._bulky_slots = asyncio.Semaphore(CONCURRENT_BULKY_REVIEWS)
         self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="webhook-json")
@@ -158,15 +168,16 @@ class WebhookServer(Server):
         """Listening, and able to review (its API client and backends are set)."""
         return self._runner is not None and self._routes is not None
 
-    def use(self, routes: Mapping[str, Route]) -> None:
-        """Review through `routes` (path → route) from now on."""
+    def use(self, routes: Mapping[str, Route], calls: Mapping[str, Call] | None = None) -> None:
+        """Review through `routes` (path → route), and answer the other paths through `calls`, from now on."""
         self._routes = dict(routes)
-        log.info("admission webhook paths", paths=sorted(self._routes))
+        self._calls = dict(calls or {})
+        log.info("admission webhook paths", paths=sorted(self._routes), calls=sorted(self._calls))
 
     async def start(self, host: str, port: int) -> None:
         """Listen on host:port. Raises OSError when the address cannot be bound."""
         app = web.Application(client_max_size=MAX_BODY)
-        app.add_routes([web.post("/{path:validate-[^/]+}", self._review)])
+        app.add_routes([web.post("/{path:validate-[^/]+}", self._review), web.post("/{path:.+}", self._call)])
         await self.serve(host, port, app)
         source = self.certificate.source if self.certificate is not None else ""
         report = log.warning if source == "self-signed" else log.info
@@ -186,19 +197,13 @@ class WebhookServer(Server):
         budget = max(min(_timeout(request.query.get("timeout")), MAX_TIMEOUT) - MARGIN, MIN_BUDGET)
         deadline = asyncio.get_running_loop().time() + budget
         async with contextlib.AsyncExitStack() as held:
+            body = await self._read_json(request, REVIEW, held, deadline, budget)
+            if isinstance(body, web.Response):
+                return body
             try:
-                async with asyncio.timeout_at(deadline):
-                    if _maybe_bulky(request):
-                        await held.enter_async_context(self._bulky_slots)
-                    await held.enter_async_context(self._slots)
-                    review = parse_review(await self._decode(await read_body(request)))
-            except TimeoutError:
-                return web.Response(status=429, text=f"too many reviews: this one was not read within {budget:g} s\n")
-            except BodyTooLarge:
-                return too_large()
-            except (ValueError, UnicodeDecodeError, RecursionError, RequestPayloadError) as error:  # bad gzip too
-                log.warning("malformed admission review", path=request.path, error=str(error) or type(error).__name__)
-                return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
+                review = parse_review(body)
+            except MalformedReview as error:
+                return _malformed(request, REVIEW, error)
             route = routes.get(request.path)
             if route is None:  # a kind of the configuration whose backend is not loaded here (--backends): not ours
                 log.warning("admission review for a kind no loaded backend serves; allowed", path=request.path)
@@ -206,6 +211,46 @@ class WebhookServer(Server):
             verdict = await self._decide(route, review, deadline, budget)
         _log_verdict(route, review, verdict, time.monotonic() - started)
         return web.json_response(review_response(review.uid, verdict))
+
+    async def _call(self, request: web.Request) -> web.Response:
+        """A call of one of `use`'s `calls` (404 for another path), read and bounded as a review is."""
+        calls = self._calls
+        if calls is None:
+            return web.Response(status=503, text="starting: not connected to the API server yet\n")
+        call = calls.get(request.path)
+        if call is None:
+            return web.Response(status=404, text=f"no handler at {request.path[:200]}\n")
+        budget = max(min(_timeout(request.query.get("timeout")), MAX_TIMEOUT) - MARGIN, MIN_BUDGET)
+        deadline = asyncio.get_running_loop().time() + budget
+        async with contextlib.AsyncExitStack() as held:
+            body = await self._read_json(request, "request", held, deadline, budget)
+            if isinstance(body, web.Response):
+                return body
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return web.json_response(await call(body))
+            except MalformedCall as error:
+                return _malformed(request, "request", error)
+            except TimeoutError:
+                return web.Response(status=503, text=f"not answered within {budget:g} s; try again\n")
+
+    async def _read_json(
+        self, request: web.Request, what: str, held: contextlib.AsyncExitStack, deadline: float, budget: float
+    ) -> Any:
+        """The request's JSON body, read once it holds its slots (kept in `held`), or the Response that answers a
+        request that cannot be read: 429 (no slot or body within the budget), 413 (too large), 400 (malformed)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                if _maybe_bulky(request):
+                    await held.enter_async_context(self._bulky_slots)
+                await held.enter_async_context(self._slots)
+                return await self._decode(await read_body(request))
+        except TimeoutError:
+            return web.Response(status=429, text=f"too many requests: this one was not read within {budget:g} s\n")
+        except BodyTooLarge:
+            return too_large()
+        except (ValueError, UnicodeDecodeError, RecursionError, RequestPayloadError) as error:  # bad gzip too
+            return _malformed(request, what, error)
 
     async def _decode(self, body: bytes) -> Any:
         """The JSON of `body`: a large one in the decoder's one thread, so that the event loop waits at most for one
@@ -239,6 +284,13 @@ def _log_verdict(route: Route, review: ReviewRequest, verdict: Verdict, seconds:
         message=verdict.message or None,
         seconds=round(seconds, 3),
     )
+
+
+def _malformed(request: web.Request, what: str, error: Exception) -> web.Response:
+    """The 400 answer to a body that is not `what` (the review's, "AdmissionReview"), logged."""
+    event = "malformed admission review" if what == REVIEW else "malformed request"
+    log.warning(event, path=request.path[:200], error=str(error) or type(error).__name__)
+    return web.Response(status=400, text=f"malformed {what}: {error}\n")
 
 
 def _maybe_bulky(request: web.Request) -> bool:
