@@ -3,12 +3,13 @@
 Both planes look as `clusterctl init --ipam py` leaves them (Cluster API's CRDs labelled as clusterctl labels them,
 ours, clusterctl's provider inventory with cluster-api and `py`; `init_management_cluster`). The source holds a
 Cluster (provisioned, as clusterctl requires), a pool of the backend's kind (with its Secret or InfobloxInstance),
-a dozen fulfilled claims owned by the Cluster and naming it, and their IPAddresses. The real clusterctl (built from
-the pinned Cluster API module) moves the namespace; then, per backend:
+a dozen fulfilled claims owned by the Cluster and naming it, and their IPAddresses; the Cluster takes its
+control-plane endpoint from the pool (docs/control-plane-endpoints.md), held by one more claim. The real clusterctl
+(built from the pinned Cluster API module) moves the namespace; then, per backend:
 
 - at the target: the pool arrived, every claim is Ready again with the same IPAddress spec (the target's controller
-  adopts the IPAddresses and the backend's record of each address is taken over for the claim's new UID), and new
-  claims there never get an address a moved claim holds;
+  adopts the IPAddresses and the backend's record of each address is taken over for the claim's new UID), the
+  Cluster keeps its endpoint, and new claims there never get an address a moved claim holds;
 - at the source: every object of the namespace is gone, and nothing was released in NetBox or on the grid (each
   moved address is still there, with our marks);
 - afterwards, deleting a claim at the target releases its address in the backend.
@@ -39,6 +40,7 @@ from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS
 from ipam_provider.backend.contract import BackendContext
 from ipam_provider.backend.protocol import Backend
 from ipam_provider.backend.tenancy import SECRET_REFS_LABEL
+from ipam_provider.endpoint import ANNOTATION_POOL_KIND, ANNOTATION_POOL_NAME, claim_name
 from ipam_provider.reconcile.context import pool_resource
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES, SECRETS, Resource
@@ -60,6 +62,7 @@ Object = dict[str, Any]
 CLAIM_COUNT = 12
 NEW_CLAIMS = 4
 CLUSTER_NAME = "workload"
+ENDPOINT_CLAIM = claim_name(CLUSTER_NAME)
 MOVE_LABEL = "clusterctl.cluster.x-k8s.io/move"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 INFOBLOX_POOLS = pool_resource(INFOBLOX_POOL)
@@ -94,13 +97,15 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def provisioned_cluster(kube: KubeClient, namespace: str) -> Object:
+async def provisioned_cluster(kube: KubeClient, namespace: str, pool_kind: str) -> Object:
     """A v1beta2 Cluster that clusterctl accepts to move: a spec with a property besides `paused` (minProperties
-    1 after the un-pause), infrastructure provisioned and the ControlPlaneInitialized condition True."""
+    1 after the un-pause), infrastructure provisioned and the ControlPlaneInitialized condition True; its
+    control-plane endpoint from the pool `net` of `pool_kind`."""
+    annotations = {ANNOTATION_POOL_NAME: "net", ANNOTATION_POOL_KIND: pool_kind}
     body = {
         "apiVersion": CLUSTERS.api_version,
         "kind": CLUSTERS.kind,
-        "metadata": {"name": CLUSTER_NAME},
+        "metadata": {"name": CLUSTER_NAME, "annotations": annotations},
         "spec": {"paused": False, "clusterNetwork": {"serviceDomain": "cluster.local"}},
     }
     created = await kube.create(CLUSTERS, body, namespace)
@@ -220,7 +225,7 @@ async def move_and_check(planes: Planes, clusterctl: Clusterctl, spec: Backend_)
     kinds = [CLUSTERS, spec.pool_resource, CLAIMS, ADDRESSES, *spec.extra_source_kinds]
     try:
         await source.create(NAMESPACES, {"metadata": {"name": namespace}})
-        cluster = await provisioned_cluster(source, namespace)
+        cluster = await provisioned_cluster(source, namespace, spec.pool_kind)
         await spec.create_pool(source, target, namespace)
         for name in names:
             await source.create(CLAIMS, owned_claim(name, "net", spec.pool_kind, cluster), namespace)
@@ -231,9 +236,11 @@ async def move_and_check(planes: Planes, clusterctl: Clusterctl, spec: Backend_)
             "include_in_cluster": spec.include_in_cluster,
         }
         async with run_controller(planes.source, **run), run_controller(planes.target, **run):
-            outcome.moved = await wait_ready(source, namespace, names)
-            moved_addresses = [outcome.moved[n]["spec"]["address"] for n in names]
-            assert len(set(moved_addresses)) == CLAIM_COUNT, moved_addresses
+            outcome.moved = await wait_ready(source, namespace, [*names, ENDPOINT_CLAIM])
+            endpoint = await wait_endpoint(source, namespace)
+            assert endpoint["host"] == outcome.moved.pop(ENDPOINT_CLAIM)["spec"]["address"]
+            moved_addresses = [outcome.moved[n]["spec"]["address"] for n in names] + [endpoint["host"]]
+            assert len(set(moved_addresses)) == CLAIM_COUNT + 1, moved_addresses
             held_before = await spec.held(source, moved_addresses)
             assert set(held_before) == set(moved_addresses), f"the backend does not hold every address: {held_before}"
 
@@ -258,13 +265,15 @@ async def move_and_check(planes: Planes, clusterctl: Clusterctl, spec: Backend_)
 
             # The target: the pool and every claim arrived; each claim is Ready with the same IPAddress spec.
             assert await target.get(spec.pool_resource, "net", namespace) is not None, "the pool did not arrive"
-            outcome.after = await wait_ready(target, namespace, names)
+            outcome.after = await wait_ready(target, namespace, [*names, ENDPOINT_CLAIM])
+            assert outcome.after.pop(ENDPOINT_CLAIM)["spec"]["address"] == endpoint["host"]
             for name in names:
                 assert outcome.after[name]["spec"] == outcome.moved[name]["spec"], name
+            assert await wait_endpoint(target, namespace) == endpoint, "the Cluster's endpoint changed in the move"
             target_claims, _ = await target.list(CLAIMS, namespace)
             outcome.target_uids = {c["metadata"]["name"]: c["metadata"]["uid"] for c in target_claims}
             source_uids = {a["spec"]["claimRef"]["name"]: a for a in outcome.moved.values()}
-            assert set(outcome.target_uids) == set(source_uids)
+            assert set(outcome.target_uids) == {*source_uids, ENDPOINT_CLAIM}
 
             # The source: every object of the namespace is gone.
             async def source_empty() -> bool:
@@ -282,6 +291,8 @@ async def move_and_check(planes: Planes, clusterctl: Clusterctl, spec: Backend_)
             for name in names:
                 recorded = held_after[outcome.moved[name]["spec"]["address"]]
                 assert recorded is None or recorded == outcome.target_uids[name], (name, recorded)
+            recorded = held_after[endpoint["host"]]
+            assert recorded is None or recorded == outcome.target_uids[ENDPOINT_CLAIM], recorded
 
             # New claims at the target never get a moved claim's address.
             cluster_at_target = await target.get(CLUSTERS, CLUSTER_NAME, namespace)
@@ -318,8 +329,21 @@ async def move_and_check(planes: Planes, clusterctl: Clusterctl, spec: Backend_)
     return outcome
 
 
+async def wait_endpoint(kube: KubeClient, namespace: str) -> Object:
+    """Wait until the Cluster carries its control-plane endpoint; answer it."""
+
+    async def probe() -> Object | None:
+        found = await kube.get(CLUSTERS, CLUSTER_NAME, namespace)
+        endpoint: Object | None = ((found or {}).get("spec") or {}).get("controlPlaneEndpoint")
+        return endpoint
+
+    return await wait_for(probe, timeout=60, message=f"Cluster {CLUSTER_NAME} to carry its control-plane endpoint")
+
+
 def check_counts(outcome: Outcome, expected_kinds: dict[str, int]) -> None:
-    """clusterctl created (and deleted) exactly the namespace's objects: per kind as expected."""
+    """clusterctl created (and deleted) exactly the namespace's objects: per kind as expected (the claims and
+    IPAddresses: one more each, the control-plane endpoint's)."""
+    expected_kinds = {k: v + 1 if k in ("IPAddressClaim", "IPAddress") else v for k, v in expected_kinds.items()}
     counted: dict[str, int] = {}
     for kind, _ in outcome.created:
         counted[kind] = counted.get(kind, 0) + 1
