@@ -62,7 +62,7 @@ def endpoint_verdict(cluster: Object, kinds: Sequence[PoolKind]) -> tuple[int, s
     when it may be created: it asks for none, or carries it."""
     try:
         request = requested_endpoint(cluster, kinds)
-    except (EndpointRefused, KeyError, TypeError) as refused:
+    except (EndpointRefused, LookupError, TypeError, AttributeError) as refused:  # a hostile request's shapes too
         return RETRY_REFUSED, f"the control-plane endpoint cannot be allocated: {refused}"
     if request is None:
         return 0, ""

@@ -57,6 +57,16 @@ VERDICTS: list[tuple[dict[str, str], Object, int, str]] = [
 ]
 
 
+def test_a_request_of_any_shape_is_answered() -> None:
+    for value in ("x", [1], None):  # asks for nothing
+        assert endpoint_verdict({"metadata": {"annotations": value}, "spec": 7}, KINDS) == (0, "")
+    asking = {"annotations": {ANNOTATION_POOL_NAME: "v"}}
+    clusters: list[Object] = [{"metadata": {**asking, "namespace": "a"}, "spec": 7}, {"metadata": asking}]
+    for cluster in clusters:  # a spec that is no object; no namespace
+        retry, message = endpoint_verdict(cluster, KINDS)
+        assert retry == RETRY_REFUSED and message.startswith("the control-plane endpoint cannot be allocated")
+
+
 @pytest.mark.parametrize(("annotations", "spec", "retry", "text"), VERDICTS)
 def test_verdicts(annotations: dict[str, str], spec: Object, retry: int, text: str) -> None:
     seconds, message = endpoint_verdict(topology_cluster(annotations, spec), KINDS)
