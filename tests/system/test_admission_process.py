@@ -1,12 +1,14 @@
-"""`ipam-provider run` as a process: with `--webhook-port` and `--webhook-cert-dir` it serves the webhook, /readyz
-counts it, and the API server calls it; once no process answers, the shipped configuration (failurePolicy Fail,
-scoped to our pool kinds) refuses pool changes with the reason and leaves every other object alone; with
-`--webhook-port=0` nothing is served, and the pool's status reports what the webhook would have refused."""
+"""`ipam-provider run` as a process: with `--webhook-port` and `--webhook-cert-dir` it serves the webhook (and the
+Runtime SDK lifecycle hook's discovery), /readyz counts it, and the API server calls it; once no process answers,
+the shipped configuration (failurePolicy Fail, scoped to our pool kinds) refuses pool changes with the reason and
+leaves every other object alone; with `--webhook-port=0` nothing is served, and the pool's status reports what the
+webhook would have refused."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import aiohttp
 import pytest
 
 from ipam_provider.api.capi import CLAIMS
+from ipam_provider.common import Object
+from ipam_provider.lifecycle_hook import DISCOVERY_PATH, HANDLER, HOOKS_API_VERSION
 from ipam_provider.runtime.kube.client import KubeClient
 from tests.ipam_provider.test_admission import (
     CONFIG_MAPS,
@@ -46,6 +50,17 @@ async def controller_process(
         if process.returncode is None:
             process.terminate()
             await asyncio.wait_for(process.wait(), 30)
+
+
+async def hook_discovery(port: int, ca: bytes) -> Object:
+    """The lifecycle hook's discovery answer, over HTTPS verified with `ca`, as Cluster API's Runtime SDK asks."""
+    request = {"apiVersion": HOOKS_API_VERSION, "kind": "DiscoveryRequest"}
+    context = ssl.create_default_context(cadata=ca.decode())
+    url = f"https://127.0.0.1:{port}{DISCOVERY_PATH}"
+    async with aiohttp.ClientSession() as session, session.post(url, json=request, ssl=context) as reply:
+        assert reply.status == 200, await reply.text()
+        answer: Object = await reply.json()
+        return answer
 
 
 def whole(log: Path) -> str:
@@ -85,6 +100,7 @@ async def test_the_process_serves_the_webhook_and_a_dead_one_refuses_only_pool_c
     async with controller_process(kubeconfig, namespace, log, flags) as process:
         await wait_ready(process, health, log)
         assert '"serving the admission webhook over HTTPS"' in whole(log)
+        assert [h["name"] for h in (await hook_discovery(port, ca))["handlers"]] == [HANDLER]
         async with registered(kube, body, namespace):
             await kube.create(CLAIMS, claim("m1", "net"), namespace)
             assert (await wait_address(kube, namespace, "m1"))["spec"]["address"] == "10.66.0.10"
