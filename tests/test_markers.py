@@ -100,6 +100,7 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
         "tests/system/test_capv.py",  # provider_harness
         "tests/system/test_dashboard.py",  # prometheus_bins
         "tests/system/test_clusterctl_release.py",  # clusterctl
+        "tests/system/endpoints/test_topology.py",  # capi_core_manager and in_process_controller
     ]
     items, _ = pytester.inline_genitems(
         *(str(REPO / name) for name in files), f"--rootdir={REPO}", "-c", str(REPO / "pyproject.toml")
@@ -123,3 +124,4 @@ def test_the_suite_is_marked_by_need(pytester: pytest.Pytester) -> None:
     assert all({"apiserver", "providers"} <= value for value in of("tests/system/test_capv.py::test_"))
     assert of("tests/system/test_dashboard.py::test_every_panel_draws") == [{"apiserver", "prometheus"}]
     assert of("tests/system/test_clusterctl_release.py::test_clusterctl_describes_the_provider") == [{"clusterctl"}]
+    assert of("tests/system/endpoints/test_topology.py::") == [{"apiserver", "capi_core"}]
