@@ -13,6 +13,7 @@ are sharded by pool and grouped by namespace (`tenant_of`); a fulfilled claim of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ipam_provider.api.capi import ANNOTATION_PAUSED, KindLookup, referenced_pool
 from ipam_provider.backend.contract import PoolKind, PoolObserver, PoolRef, reported_free
@@ -26,25 +27,27 @@ POOL_STATUS_DELAY = 0.5  # an IPAddress change reaches its pool's status counts 
 
 
 @dataclass(frozen=True)
-class ClaimKey:
-    """An IPAddressClaim, reconciled by the claim reconciler."""
-
+class _NamespacedKey:
     namespace: str
     name: str
+    KIND: ClassVar[str] = ""
 
     def __str__(self) -> str:
-        return f"claim/{self.namespace}/{self.name}"
+        return f"{self.KIND}/{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)
-class ClusterKey:
+class ClaimKey(_NamespacedKey):
+    """An IPAddressClaim, reconciled by the claim reconciler."""
+
+    KIND: ClassVar[str] = "claim"
+
+
+@dataclass(frozen=True)
+class ClusterKey(_NamespacedKey):
     """A Cluster, reconciled by the endpoint reconciler."""
 
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"cluster/{self.namespace}/{self.name}"
+    KIND: ClassVar[str] = "cluster"
 
 
 @dataclass(frozen=True)
