@@ -17,6 +17,7 @@ from ipam_provider.api.capi import (
     LABEL_CLUSTER_NAME,
 )
 from ipam_provider.cache import Caches, patch_cached, project_claim, project_cluster, project_pool
+from ipam_provider.endpoint import ANNOTATION_POOL_NAME, CONDITION
 from ipam_provider.runtime.cache.projection import LAST_APPLIED, strip_bookkeeping
 from ipam_provider.runtime.cache.store import Store
 from ipam_provider.runtime.kube.client import KubeClient
@@ -80,6 +81,25 @@ def test_a_cluster_keeps_only_its_pause_state_of_the_spec() -> None:
         "spec": {"paused": True},
     }
     assert project_cluster({"metadata": {"name": "x"}, "spec": {"topology": {}}})["spec"] == {}
+
+
+def test_a_cluster_asking_for_an_endpoint_keeps_the_endpoint_its_variables_and_our_condition() -> None:
+    ours = {"type": CONDITION, "status": "True", "reason": "AddressAllocated"}
+    served: Object = {
+        "metadata": {"name": "c", "annotations": {ANNOTATION_POOL_NAME: "vips"}},
+        "spec": {
+            "controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443},
+            "topology": {"classRef": {"name": "k"}, "version": "v1", "variables": [{"name": "v", "value": 1}]},
+            "clusterNetwork": {"pods": {"cidrBlocks": ["10.1.0.0/16"]}},
+        },
+        "status": {"conditions": [{"type": "Available", "status": "True"}, ours], "phase": "Provisioned"},
+    }
+    kept = project_cluster(served)
+    assert kept["spec"] == {
+        "controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443},
+        "topology": {"variables": [{"name": "v", "value": 1}]},
+    }
+    assert kept["status"] == {"conditions": [ours]}
 
 
 def test_a_pool_keeps_everything_but_the_bookkeeping() -> None:
