@@ -5,6 +5,9 @@ Everything runs for real: the API server and etcd, NetBox, our controller as a s
 VSphereVM controller with vcsim in the harness of hack/providers/capv/. What vcsim received is read back from vcsim
 (`capv-harness inspect`): the cloud-init metadata CAPV wrote into the clone's guestinfo, with each device's
 addresses and gateways.
+
+The harness also runs CAPV's VSphereCluster controller (govmomi mode): a Cluster whose control-plane endpoint our
+controller allocates from a pool has it copied into its VSphereCluster, which CAPV provisions against vcsim.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +27,22 @@ import pytest
 import yaml
 
 from ipam_provider.api.capi import ADDRESSES, CLAIMS, CLUSTERS, MACHINES
+from ipam_provider.endpoint import ANNOTATION_POOL_NAME, CLAIM_SUFFIX
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import Resource
 from tests.support.cluster import wait_for
 from tests.support.netbox import NetBoxServer
 from tests.support.netbox_backend import NB_POOLS, create_secret, netbox_pool, owned_addresses, prefix, record_gateway
-from tests.support.objects import GLOBAL_POOLS, POOLS, global_pool, pool, ready_condition, wait_claim_reason
+from tests.support.objects import (
+    GLOBAL_POOLS,
+    POOLS,
+    claim,
+    global_pool,
+    pool,
+    ready_condition,
+    wait_address,
+    wait_claim_reason,
+)
 from tests.support.providers import Harness
 from tools.controller_command import controller_command
 from tools.controlplane.assets import binaries_dir
@@ -288,3 +301,102 @@ async def test_capv_clones_vms_with_our_addresses_and_waits_while_a_pool_is_exha
             assert not (await inspect(capv, login, "vm1"))["found"]
     finally:
         await kube.delete(GLOBAL_POOLS, global_name)
+
+
+async def endpoint_of(kube: KubeClient, namespace: str, cluster: str) -> Object:
+    """The Cluster's spec.controlPlaneEndpoint, once our controller has written it from its pool."""
+
+    async def probe() -> Object | None:
+        found = await kube.get(CLUSTERS, cluster, namespace)
+        endpoint: Object | None = ((found or {}).get("spec") or {}).get("controlPlaneEndpoint")
+        return endpoint
+
+    return await wait_for(probe, timeout=60, message=f"Cluster {cluster}'s controlPlaneEndpoint from its pool")
+
+
+async def provisioned_cluster(kube: KubeClient, namespace: str, name: str) -> Object:
+    """The VSphereCluster once CAPV's VSphereCluster controller has it provisioned, Ready and VCenterAvailable."""
+    seen: list[Object] = []
+
+    async def probe() -> Object | None:
+        obj = await kube.get(VSPHERE_CLUSTERS, name, namespace)
+        status = (obj or {}).get("status") or {}
+        seen[:] = status.get("conditions") or []
+        true = {c["type"] for c in seen if c["status"] == "True"}
+        done = (status.get("initialization") or {}).get("provisioned") and {"Ready", "VCenterAvailable"} <= true
+        return obj if done else None
+
+    return await wait_for(probe, timeout=60, message=lambda: f"VSphereCluster {name} provisioned; conditions {seen}")
+
+
+async def free_in(kube: KubeClient, namespace: str, name: str) -> int | None:
+    found = await kube.get(POOLS, name, namespace)
+    free = ((found or {}).get("status") or {}).get("ipAddresses", {}).get("free")
+    return int(free) if free is not None else None
+
+
+async def gone(found: Awaitable[Object | None]) -> bool:
+    return await found is None
+
+
+async def released(kube: KubeClient, namespace: str, cluster: str, pool_name: str, free: int) -> None:
+    """Wait until the Cluster's endpoint claim, its IPAddress and its VSphereCluster are gone and `pool_name`
+    counts `free` free addresses."""
+    left: list[object] = []
+
+    async def probe() -> bool:
+        left[:] = [
+            await kube.get(CLAIMS, f"{cluster}{CLAIM_SUFFIX}", namespace),
+            await kube.get(ADDRESSES, f"{cluster}{CLAIM_SUFFIX}", namespace),
+            await kube.get(VSPHERE_CLUSTERS, cluster, namespace),
+            await free_in(kube, namespace, pool_name),
+        ]
+        return left == [None, None, None, free]
+
+    await wait_for(probe, timeout=60, message=lambda: f"claim, IPAddress, VSphereCluster gone, {free} free: {left}")
+
+
+async def test_capv_accepts_the_control_plane_endpoint_we_allocate_and_machines_never_get_it(
+    kube: KubeClient, kubeconfig: Path, namespace: str, capv: Harness, tmp_path: Path
+) -> None:
+    await install_crds(kube, sorted((capv.module_dir / "config/default/crd/bases").glob("*.yaml")))
+    await kube.create(POOLS, pool("vips", ["10.80.0.10-10.80.0.11"], 24), namespace)
+    controller = [
+        *controller_command(kubeconfig, namespace),
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ]
+    async with (
+        running(*controller, log=tmp_path / "controller.log"),
+        garbage_collector(kubeconfig, tmp_path),
+        vcsim_and_capv(capv, kubeconfig, namespace, tmp_path) as login,
+    ):
+        cluster = await kube.create(CLUSTERS, {
+            "apiVersion": CLUSTERS.api_version, "kind": "Cluster",
+            "metadata": {"name": "c2", "annotations": {ANNOTATION_POOL_NAME: "vips"}},
+            "spec": {"infrastructureRef": {"apiGroup": INFRA, "kind": "VSphereCluster", "name": "c2"}},
+        }, namespace)  # fmt: skip
+        endpoint = await endpoint_of(kube, namespace, "c2")
+        assert endpoint == {"host": "10.80.0.10", "port": 6443}
+
+        # The VSphereCluster as a ClusterClass patch would write it, owned by its Cluster as CAPI's controller does.
+        await kube.create(VSPHERE_CLUSTERS, {
+            "apiVersion": VSPHERE_CLUSTERS.api_version, "kind": "VSphereCluster",
+            "metadata": {"name": "c2", "ownerReferences": [owner(cluster)]},
+            "spec": {"server": login["server"], "controlPlaneEndpoint": endpoint},
+        }, namespace)  # fmt: skip
+        accepted = await provisioned_cluster(kube, namespace, "c2")
+        assert accepted["spec"]["controlPlaneEndpoint"] == endpoint
+        conditions = {c["type"]: c["status"] for c in accepted["status"]["conditions"]}
+        assert conditions == {"Paused": "False", "Ready": "True", "VCenterAvailable": "True"}
+
+        # The pool's other address is the only one a machine can get.
+        await kube.create(CLAIMS, claim("machine", "vips"), namespace)
+        assert (await wait_address(kube, namespace, "machine"))["spec"]["address"] == "10.80.0.11"
+
+        # Deletion in CAPI's order: the VSphereCluster first (CAPV needs its Cluster to finish it), then the Cluster,
+        # which gives the endpoint back.
+        await kube.delete(VSPHERE_CLUSTERS, "c2", namespace)
+        await wait_for(lambda: gone(kube.get(VSPHERE_CLUSTERS, "c2", namespace)), message="CAPV to delete c2")
+        await kube.delete(CLUSTERS, "c2", namespace)
+        await released(kube, namespace, "c2", "vips", 1)

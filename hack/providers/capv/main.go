@@ -1,9 +1,11 @@
-// Command capv-harness runs CAPV's own VSphereVM controller against govmomi's vCenter simulator (vcsim), both in
-// this process, for the providers' lane of the tests. It holds no provider logic of its own.
+// Command capv-harness runs CAPV's own VSphereVM and VSphereCluster controllers (govmomi mode) against govmomi's
+// vCenter simulator (vcsim), all in this process, for the providers' lane of the tests. It holds no provider logic
+// of its own.
 //
 //	capv-harness serve --kubeconfig K --namespace N --state FILE
-//	    starts vcsim, writes {"server", "username", "password"} to FILE (the VSphereVM's spec.server and the
-//	    manager's credentials), and runs the controller on namespace N until SIGTERM or SIGINT.
+//	    starts vcsim, writes {"server", "username", "password"} to FILE (the spec.server of VSphereVMs and
+//	    VSphereClusters, and the manager's credentials), and runs the controllers on namespace N until SIGTERM or
+//	    SIGINT.
 //	capv-harness inspect --state FILE --vm NAME
 //	    prints, as JSON, what vcsim holds for the VM: {"found", "powerState", "metadata"} where metadata is the
 //	    decoded guestinfo.metadata CAPV wrote (the cloud-init network configuration with the claimed addresses).
@@ -85,7 +87,8 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-// serve starts vcsim, then CAPV's VSphereVM controller in a controller-runtime manager restricted to namespace.
+// serve starts vcsim, then CAPV's VSphereVM and VSphereCluster controllers in a controller-runtime manager restricted
+// to namespace.
 func serve(ctx context.Context, kubeconfig, namespace, stateFile string) error {
 	model := simulator.VPX()
 	if err := model.Create(); err != nil {
@@ -135,6 +138,10 @@ func serve(ctx context.Context, kubeconfig, namespace, stateFile string) error {
 		return err
 	}
 	if err := controllers.AddVMControllerToManager(ctx, managerContext, mgr, clusterCache, controller.Options{MaxConcurrentReconciles: 1}); err != nil {
+		return err
+	}
+	// supervisorBased=false: the govmomi-mode reconciler, which logs in to spec.server with the manager's credentials.
+	if err := controllers.AddClusterControllerToManager(ctx, managerContext, mgr, false, controller.Options{MaxConcurrentReconciles: 1}); err != nil {
 		return err
 	}
 	return mgr.Start(logr.NewContext(ctx, ctrl.Log))
