@@ -217,9 +217,9 @@ def endpoint_claim(cluster: Object, request: EndpointRequest, requested: str | N
     return {"apiVersion": CLAIMS.api_version, "kind": CLAIMS.kind, "metadata": claim_meta, "spec": spec}
 
 
-def endpoint_claim_of(claim: Object) -> bool:
-    """Whether the claim holds a Cluster's endpoint (LABEL_ENDPOINT)."""
-    return (claim["metadata"].get("labels") or {}).get(LABEL_ENDPOINT) == "true"
+def endpoint_claim_of(labels: Mapping[str, str] | None) -> bool:
+    """Whether a claim of these labels holds a Cluster's endpoint (LABEL_ENDPOINT)."""
+    return (labels or {}).get(LABEL_ENDPOINT) == "true"
 
 
 def owned_by(claim: Object, cluster: Object) -> bool:
@@ -241,8 +241,7 @@ def endpoint_patch(cluster: Object, request: EndpointRequest, address: str) -> O
     if set_host(cluster) is None:
         spec["controlPlaneEndpoint"] = {"host": address, "port": request.port}
     if request.variable is not None:
-        variables = list((cluster["spec"].get("topology") or {}).get("variables") or [])
-        found = next((v for v in variables if isinstance(v, dict) and v.get("name") == request.variable), None)
+        variables, found = _variable(cluster, request.variable)
         if found is None:
             spec["topology"] = {"variables": [*variables, {"name": request.variable, "value": address}]}
         elif found.get("value") in (None, ""):
@@ -256,8 +255,13 @@ def missing(cluster: Object, request: EndpointRequest) -> str | None:
     if set_host(cluster) is None:
         return "spec.controlPlaneEndpoint"
     if request.variable is not None:
-        variables = (cluster["spec"].get("topology") or {}).get("variables") or []
-        found = next((v for v in variables if isinstance(v, dict) and v.get("name") == request.variable), None)
+        _, found = _variable(cluster, request.variable)
         if found is None or found.get("value") in (None, ""):
             return f"the topology variable {request.variable!r}"
     return None
+
+
+def _variable(cluster: Object, name: str) -> tuple[list[Any], dict[str, Any] | None]:
+    """The Cluster's topology variables, and the one called `name` (None: absent)."""
+    variables = list((cluster["spec"].get("topology") or {}).get("variables") or [])
+    return variables, next((v for v in variables if isinstance(v, dict) and v.get("name") == name), None)

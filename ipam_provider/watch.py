@@ -114,7 +114,9 @@ class EventHandlers:
     def claim_reconciled(self, claim: Object | None) -> None:
         """A claim changed (by its watch or its reconcile): a claim holding a Cluster's endpoint enqueues the
         Cluster."""
-        if claim is not None and endpoint_claim_of(claim) and (cluster := (claim.get("spec") or {}).get("clusterName")):
+        if claim is None or not endpoint_claim_of(claim["metadata"].get("labels")):
+            return
+        if cluster := (claim.get("spec") or {}).get("clusterName"):
             self.queue.add(ClusterKey(claim["metadata"]["namespace"], str(cluster)), None)
 
     def on_address(self, type: str, old: Object | None, new: Object | None) -> None:

@@ -161,10 +161,9 @@ class ClaimWork:
 
 
 def claim_context(claim: IPAddressClaim) -> ClaimContext:
-    raw = {"metadata": claim.metadata.wire()}
     cluster = next((r.name for r in claim.metadata.owner_references if r.kind == CLUSTERS.kind and r.controller), None)
     return ClaimContext(
-        endpoint_of=cluster if endpoint_claim_of(raw) and cluster == claim.cluster_name else None,
+        endpoint_of=cluster if endpoint_claim_of(claim.metadata.labels) and cluster == claim.cluster_name else None,
         namespace=claim.metadata.namespace or "",
         name=claim.metadata.name,
         uid=claim.metadata.uid,

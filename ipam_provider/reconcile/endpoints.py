@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import structlog
+from pydantic import ValidationError
 
 from ipam_provider.api.capi import (
     ANNOTATION_DELETE_FOR_MOVE,
     CLAIMS,
     CLUSTERS,
     READY,
+    Condition,
     cluster_paused,
+    set_condition,
 )
 from ipam_provider.backend.contract import REQUESTED_ADDRESS_ANNOTATION
 from ipam_provider.cache import CLUSTER, patch_cached
@@ -43,7 +46,6 @@ from ipam_provider.reconcile.context import ReconcileContext
 from ipam_provider.runtime.events import NORMAL, WARNING
 from ipam_provider.runtime.kube.client import apply_patch
 from ipam_provider.runtime.kube.errors import ApiError
-from ipam_provider.runtime.kube.resources import now_rfc3339
 
 log = structlog.get_logger(__name__)
 
@@ -105,7 +107,7 @@ class EndpointReconciler:
             for ref in meta.get("ownerReferences") or []
             if ref.get("name") == cluster["metadata"]["name"]
         }
-        if endpoint_claim_of(claim) and CLUSTERS.kind in previous:
+        if endpoint_claim_of(meta.get("labels")) and CLUSTERS.kind in previous:
             if not meta.get("deletionTimestamp"):
                 await self.ctx.kube.delete(CLAIMS, meta["name"], meta["namespace"], uid=meta.get("uid"))
             return RETRY_STALE_CLAIM
@@ -154,30 +156,21 @@ class EndpointReconciler:
 
     async def _condition(self, cluster: Object, status: bool, reason: str, message: str) -> None:
         """Write CONDITION on the Cluster's status (a server-side apply of that one condition: the others are Cluster
-        API's), with an Event when its reason changes; nothing when it says this already."""
+        API's), made by `set_condition`, with an Event when its reason changes; nothing when it says this already."""
         meta = cluster["metadata"]
         previous = condition_of(cluster)
-        wanted = "True" if status else "False"
-        if previous is not None and (previous.get("status"), previous.get("reason"), previous.get("message")) == (
-            wanted,
-            reason,
-            message,
-        ):
+        try:
+            current = [Condition.model_validate(previous)] if previous is not None else []
+        except ValidationError:  # not as this controller writes it: replaced
+            current = []
+        conditions, changed = set_condition(current, CONDITION, status, reason, message, meta.get("generation"))
+        if not changed:
             return
-        keep = previous is not None and previous.get("status") == wanted and previous.get("lastTransitionTime")
-        condition = {
-            "type": CONDITION,
-            "status": wanted,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": previous["lastTransitionTime"] if keep and previous else now_rfc3339(),
-            "observedGeneration": meta.get("generation"),
-        }
         body = {
             "apiVersion": CLUSTERS.api_version,
             "kind": CLUSTERS.kind,
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "status": {"conditions": [condition]},
+            "status": {"conditions": [c.wire() for c in conditions]},
         }
         updated = await self.ctx.kube.patch(
             CLUSTERS, meta["name"], body, meta["namespace"], subresource="status", form=apply_patch(force=True)
@@ -194,7 +187,7 @@ class EndpointReconciler:
         for claim in self.ctx.caches.claims.by_index(CLUSTER, (namespace, name)):
             meta = claim["metadata"]
             moving = ANNOTATION_DELETE_FOR_MOVE in (meta.get("annotations") or {})
-            if endpoint_claim_of(claim) and not meta.get("deletionTimestamp") and not moving:
+            if endpoint_claim_of(meta.get("labels")) and not meta.get("deletionTimestamp") and not moving:
                 log.info("control-plane endpoint released: its Cluster is gone", claim=f"{namespace}/{meta['name']}")
                 await self.ctx.kube.delete(CLAIMS, meta["name"], namespace, uid=meta.get("uid"))
 
