@@ -94,4 +94,4 @@ generate: venv
 
 # The fast lane: every test that needs no control plane, NetBox or Go toolchain, on every core (see docs/testing.md).
 test-fast: venv
-	$(BIN)/pytest -n auto -m "not apiserver and not netbox" $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto -m "not apiserver and not netbox" --hypothesis-profile=fast $(PYTEST_ARGS)

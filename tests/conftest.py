@@ -25,14 +25,12 @@ control plane without these fixtures (tests/tools/controlplane/test_cluster.py) 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
+from tests.support.properties import SUITE
 from tools.controlplane.cluster import LocalControlPlane
 
-# Hypothesis' timing checks (the per-example deadline, the too-slow-to-generate health check) measure the machine,
-# not the code: on a shared, loaded machine they fail at random. Every property test runs without them.
-settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("suite")
+settings.load_profile(SUITE)  # `pytest --hypothesis-profile=fast` then replaces it (tests/support/properties.py)
 
 pytest_plugins = [
     "pytester",

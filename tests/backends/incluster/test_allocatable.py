@@ -23,6 +23,7 @@ from backends.incluster.allocatable import (
 )
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int, int_to_address
 from backends.validation import PoolSpecError
+from tests.support.properties import examples
 
 
 def texts(allocatable: IntervalSet, family: int) -> list[str]:
@@ -248,7 +249,7 @@ def brute_force(entry: str) -> set[int]:
     return set(range(ip4(low), ip4(high or low) + 1))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     addresses=st.lists(entries(), min_size=1, max_size=5),
     excluded=st.lists(entries(), max_size=4),

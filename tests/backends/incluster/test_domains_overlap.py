@@ -27,6 +27,7 @@ from backends.incluster.policy import AllocationPolicy, AllocationStrategy
 from backends.incluster.reservations import Reservation
 from ipam_provider.backend.contract import BackendContext, PoolKind, PoolRef
 from ipam_provider.common import Object
+from tests.support.properties import examples
 
 A = IN_CLUSTER_POOL.ref("ns", "a")
 LRR = AllocationStrategy.LEAST_RECENTLY_RELEASED
@@ -190,7 +191,7 @@ SPANS = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), min_size=1, m
 STEPS = st.lists(st.tuples(st.integers(0, 5), st.one_of(st.none(), SPANS)), max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(STEPS)
 def test_the_survey_answers_as_looking_at_every_pool_would(
     steps: list[tuple[int, list[tuple[int, int]] | None]],
@@ -233,7 +234,7 @@ def _meet(obj: Object, *changed: Object | None) -> bool:
     return any(other is not None and _addresses(obj) & _addresses(other) for other in changed)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.one_of(st.none(), SPANS)), max_size=30))
 def test_the_coverage_keeps_two_boundaries_per_interval_at_most(steps: list[tuple[int, Any]]) -> None:
     """Pools added and removed: `covering` matches a brute force, and the map keeps no boundary it does not need

@@ -19,6 +19,7 @@ from backends.incluster.allocatable import AllocatableSet
 from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, int_to_address
 from backends.incluster.reservations import Reservation
+from tests.support.properties import examples
 
 FAMILY = 4
 BASE = 0x0A000000  # 10.0.0.0
@@ -126,4 +127,4 @@ class ConcurrentIndexMachine(RuleBasedStateMachine):
 
 
 TestConcurrentIndex = ConcurrentIndexMachine.TestCase
-TestConcurrentIndex.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+TestConcurrentIndex.settings = settings(max_examples=examples(300), stateful_step_count=40, deadline=None)

@@ -17,6 +17,7 @@ from backends.incluster.intervals import (
     int_to_address,
 )
 from ipam_provider.common import INT64_MAX, cap_int64
+from tests.support.properties import examples
 
 UNIVERSE = 200  # model addresses are 0..UNIVERSE
 
@@ -48,7 +49,7 @@ def assert_normalized(interval_set: IntervalSet) -> None:
 # ---------------------------------------------------------------------------------------------- IntervalSet
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(interval_lists)
 def test_interval_set_matches_the_set_it_covers(spans: list[tuple[int, int]]) -> None:
     model = expand(spans)
@@ -73,7 +74,7 @@ def test_interval_set_matches_the_set_it_covers(spans: list[tuple[int, int]]) ->
     assert hash(interval_set) == hash(IntervalSet.from_points(model))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(interval_lists, interval_lists)
 def test_interval_set_operations_match_set_operations(
     left_spans: list[tuple[int, int]], right_spans: list[tuple[int, int]]
@@ -174,7 +175,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
-TestAllocatorMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestAllocatorMachine.settings = settings(max_examples=examples(200), stateful_step_count=40, deadline=None)
 
 
 def test_allocate_returns_none_when_full_and_reuses_freed_addresses() -> None:

@@ -30,6 +30,7 @@ from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import address_to_int, int_to_address
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, static_band_size
 from backends.incluster.reservations import Reservation
+from tests.support.properties import examples
 
 FAMILY = 4
 BASE = 0x0A000000  # 10.0.0.0
@@ -273,4 +274,4 @@ class AllocationPolicyMachine(RuleBasedStateMachine):
 
 
 TestAllocationPolicyModel = AllocationPolicyMachine.TestCase
-TestAllocationPolicyModel.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
+TestAllocationPolicyModel.settings = settings(max_examples=examples(300), stateful_step_count=50, deadline=None)

@@ -13,11 +13,12 @@ from backends.incluster.index import PoolIndex
 from backends.incluster.intervals import IntervalSet, PoolAllocator, address_to_int
 from backends.incluster.policy import AllocationPolicy, AllocationStrategy, Region, Zone
 from backends.incluster.spec import InClusterPoolSpec, allocation_policy
+from tests.support.properties import examples
 
 points = st.sets(st.integers(min_value=0, max_value=80), min_size=1, max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(members=points)
 def test_rank_and_select_match_the_sorted_members(members: set[int]) -> None:
     region = Region(IntervalSet.from_points(members))
@@ -30,7 +31,7 @@ def test_rank_and_select_match_the_sorted_members(members: set[int]) -> None:
         assert region.rank(value) == sum(1 for member in ordered if member < value)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     start=st.sets(st.integers(0, 200), max_size=60),
     changes=st.lists(st.tuples(st.booleans(), st.integers(0, 200)), max_size=80),
@@ -49,7 +50,7 @@ def test_the_exact_random_choice_follows_the_zone_s_changes(start: set[int], cha
     assert [zone._kth_free(k) for k in range(len(free))] == free
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(members=points, data=st.data())
 def test_the_exact_random_choice_is_the_kth_free_address(members: set[int], data: st.DataObject) -> None:
     used = data.draw(st.sets(st.sampled_from(sorted(members))))

@@ -23,6 +23,7 @@ from ipam_provider.runtime.kube.bounds import (
     cut_message,
     loads,
 )
+from tests.support.properties import examples
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -101,7 +102,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=json_values, max_depth=st.integers(min_value=0, max_value=6), ascii_only=st.booleans())
 def test_the_cut_is_the_brute_force_models_on_any_document(value: Any, max_depth: int, ascii_only: bool) -> None:
     raw = json.dumps(value, ensure_ascii=ascii_only).encode()
