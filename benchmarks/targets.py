@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes.util
 import math
+import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from benchmarks.report import RunResult
 from ipam_provider.api.capi import IPAM_GROUP
 from ipam_provider.runtime.kube.client import KubeClient
 from ipam_provider.runtime.kube.resources import NAMESPACES, Resource
+from ipam_provider.runtime.memory import ALLOCATOR_ENV
 from tools.controller_command import controller_command
 from tools.controlplane.assets import capi_crd_paths, capi_crd_paths_of, our_crd_paths
 from tools.controlplane.cluster import ControlPlaneState, LocalControlPlane
@@ -58,6 +61,7 @@ class Target:
     crd_paths: list[Path]
     argv: Callable[[Path, bool], list[str]]
     synced_line: str = ""
+    env: dict[str, str] | None = None  # the process environment; None: the benchmark's own
 
     @property
     def claims(self) -> Resource:
@@ -82,7 +86,15 @@ def ours(workers: int, metrics_address: str = "0") -> Target:
         )
 
     crds = [*capi_crd_paths(load_versions()), *our_crd_paths()]
-    return Target("ours (python)", "ours", "v1beta2", crds, argv, synced_line=r"caches synced")
+    return Target("ours (python)", "ours", "v1beta2", crds, argv, r"caches synced", image_allocator())
+
+
+def image_allocator() -> dict[str, str]:
+    """The benchmark's environment with the image's allocator (jemalloc, ALLOCATOR_ENV), so that ours runs as the
+    image runs it; exits, saying why, where libjemalloc2 is not installed."""
+    if ctypes.util.find_library("jemalloc") is None:
+        raise SystemExit("ours runs under the image's allocator: install libjemalloc2 (apt-get install libjemalloc2)")
+    return {**os.environ, **ALLOCATOR_ENV}
 
 
 def go_baseline(peer: GoPeer) -> Target:
@@ -200,7 +212,7 @@ class Session:
 
     def start_controller(self, verbose: bool = False) -> subprocess.Popen[bytes]:
         self.stop_controller()
-        self.process = start_process(self.target.argv(self.kubeconfig, verbose), self.log)
+        self.process = start_process(self.target.argv(self.kubeconfig, verbose), self.log, self.target.env)
         return self.process
 
     def stop_controller(self) -> None:

@@ -2,7 +2,8 @@
 fast lane: the Dockerfile's default base is python:3.<minor>-slim pinned by digest, and it is the base of both
 stages (so that one build argument swaps it); the build context is deny-by-default (`.dockerignore`), so local
 state (.venv, kubeconfigs, test clusters, .git) can never reach an image; and what the build stage copies is let
-through, which the real build also finds out, but only minutes later.
+through, which the real build also finds out, but only minutes later. The run-time stage sets the allocator's
+environment (ALLOCATOR_ENV); the real build proves the library is there and loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import fnmatch
 import re
 import tomllib
 from pathlib import Path
+
+from ipam_provider.runtime.memory import ALLOCATOR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -68,3 +71,9 @@ def test_build_stage_copies_are_in_the_context() -> None:
     assert not hidden, f".dockerignore hides {hidden} from the image build context"
     missing = [s for s in sources if not (REPO / s).exists()]
     assert not missing, f"the Dockerfile copies {missing}, which do not exist"
+
+
+def test_the_image_runs_the_controller_under_jemalloc() -> None:
+    env = dict(re.findall(r"^\s*(?:ENV\s+)?([A-Z_]+)=(\S+?)\s*\\?$", DOCKERFILE, re.M))
+    assert {k: env.get(k) for k in ALLOCATOR_ENV} == ALLOCATOR_ENV, "the run-time ENV must set ALLOCATOR_ENV"
+    assert re.search(r"apt-get install [^\n]*\blibjemalloc2\b", DOCKERFILE), "the image must install libjemalloc2"

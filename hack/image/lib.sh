@@ -7,7 +7,7 @@ REPO_ROOT="$(cd "$IMAGE_HACK/../.." && pwd)"
 BASE_RELEASE="${BASE_RELEASE:-bookworm}"
 BASE_MIRROR="${BASE_MIRROR:-http://deb.debian.org/debian}"
 # What the base has on top of debootstrap's minbase (which already has passwd: groupadd, useradd).
-BASE_PACKAGES="python3,python3-venv,ca-certificates"
+BASE_PACKAGES="python3,python3-venv,ca-certificates,libjemalloc2"
 # Part of the base's cache key with the three above: bump it when base.sh changes what it builds.
 BASE_RECIPE=1
 BASE_IMAGE_NAME="localhost/ipam-provider-base"

@@ -329,6 +329,8 @@ async def test_the_image_serves_a_claim_as_its_nonroot_user(
         assert proc_ids(process.pid, "Uid") == {"65532"}, proc_ids(process.pid, "Uid")
         assert proc_ids(process.pid, "Gid") == {"65532"}, proc_ids(process.pid, "Gid")
         assert os.readlink(f"/proc/{process.pid}/root") == str(rootfs), "not in the image's root filesystem"
+        maps = await asyncio.to_thread(Path(f"/proc/{process.pid}/maps").read_text)
+        assert "/libjemalloc.so.2" in maps, "the controller does not run under jemalloc (the Dockerfile's ENV)"
 
         # The admission webhook serves in the image too (its certificate self-signed here): a body that is no
         # review is answered 400.
