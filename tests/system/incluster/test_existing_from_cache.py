@@ -94,6 +94,12 @@ async def test_the_controller_answers_only_for_pools_whose_namespaces_it_watches
     async with controller_factory() as everywhere:
         assert everywhere.caches.cached_addresses(global_ref) == []
         assert everywhere.caches.cached_addresses(namespaced_ref) is not None
+        await kube.delete(GLOBAL_POOLS, global_ref.name)  # cluster-scoped: no namespace's deletion takes it away
+
+        async def gone() -> bool:
+            return await kube.get(GLOBAL_POOLS, global_ref.name) is None
+
+        await wait_for(gone, timeout=30, message=f"{global_ref.name} to be gone (the controller lifts its finalizer)")
 
 
 def test_an_unsynced_controller_does_not_answer() -> None:
