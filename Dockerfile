@@ -41,7 +41,7 @@ LABEL org.opencontainers.image.title="capi-ipam-provider-py" \
 RUN groupadd --system --gid 65532 nonroot \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin nonroot
-# jemalloc (ipam_provider/runtime/memory.py, ALLOCATOR_ENV): glibc's heap grows under claim churn, jemalloc's far less.
+# jemalloc (ipam_provider/runtime/memory.py, ALLOCATOR_ENV): under claim churn glibc's heap grows, jemalloc's less.
 # The local Debian base has it already; another Debian base gets it from its package mirror.
 RUN dpkg -s libjemalloc2 >/dev/null 2>&1 \
  || { apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/*; }

@@ -14,8 +14,9 @@ from __future__ import annotations
 import ctypes
 
 ALLOCATOR_ENV = {"LD_PRELOAD": "libjemalloc.so.2", "MALLOC_CONF": "narenas:1"}
-"""The environment that runs a process under jemalloc (Debian's libjemalloc2), with one arena: the controller's
-allocations come from its event loop's thread, and each further arena would hold memory of its own."""
+"""The environment that runs a process under jemalloc (Debian's libjemalloc2), with one arena: most allocations
+come from the event loop's thread, and under jemalloc's defaults each other thread that allocates (the blocking
+clients' threads) would get an arena of its own, holding memory of its own."""
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 MMAP_THRESHOLD = 64 * 1024
 """Blocks of this many bytes or more are mapped on their own (glibc starts at 128 KiB, then rises)."""
